@@ -1,0 +1,28 @@
+// Entry points of the binding files: the torch module and the pieces it is
+// assembled from.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <lua.hpp>
+
+#include <vector>
+
+namespace anatomy::lua {
+
+/// Pushes the `torch` table (the native half; lua/anatomy/init.lua adds the rest).
+int luaopen_anatomy_core(lua_State* L);
+/// Pushes the methods table (torch.Tensor) after creating the metatable.
+int luaopen_anatomy_tensor(lua_State* L);
+/// Adds math, reductions and comparisons to the methods table at idx.
+void register_tensor_math(lua_State* L, int methods);
+/// Adds backward, hooks, detach, ... to the methods table at idx.
+void register_tensor_autograd(lua_State* L, int methods);
+/// Pushes a Lua array of tensors.
+void push_tensor_table(lua_State* L, const std::vector<at::Tensor>& ts);
+/// Reads a Lua array of tensors at idx (argument `arg` for errors).
+std::vector<at::Tensor> check_tensor_table(lua_State* L, int idx);
+/// Lua state used by gradient hooks while backward() runs.
+void set_hook_state(lua_State* L);
+/// Marks the Lua state as closing: hooks still held by tensors stop using it.
+void close_hook_state();
+
+}  // namespace anatomy::lua

@@ -1,0 +1,122 @@
+// What every binding file shares: the Tensor userdata, argument checks, the
+// 1-based index helper, and the wrapper that turns C++ exceptions into Lua
+// errors. Only bindings/ and the files owning the Lua state include this.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <lua.hpp>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace anatomy::lua {
+
+constexpr const char* kTensorMeta = "anatomy.Tensor";
+
+/// A bad argument: raised as Lua's "bad argument #arg to 'f' (message)".
+struct ArgError : std::runtime_error {
+  int arg;
+  ArgError(int arg, const std::string& message) : std::runtime_error(message), arg(arg) {}
+};
+
+/// An error about the call as a whole, raised with the caller's position.
+struct CallError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Raises the Lua error for an exception caught by guarded(); the message is on
+// the stack top. kind: 1 ArgError, 2 CallError, 3 anything else.
+int raise_error(lua_State* L, int kind, int arg);
+// Set by Ctrl-C; every binding call checks it so that loops calling tensor
+// code stop even when LuaJIT has compiled them (compiled code skips hooks).
+extern volatile int g_interrupted;
+void check_interrupt();
+
+/// Wraps a binding body: exceptions become Lua errors, raised after the catch
+/// block (a Lua error unwinds the C++ stack; it must not start inside a catch).
+/// Never catch (...): it would swallow LuaJIT's own error unwinding.
+template <lua_CFunction F>
+int guarded(lua_State* L) {
+  int kind = 0, arg = 0;
+  try {
+    if (g_interrupted) check_interrupt();
+    return F(L);
+  } catch (const ArgError& e) {
+    kind = 1;
+    arg = e.arg;
+    lua_pushstring(L, e.what());
+  } catch (const CallError& e) {
+    kind = 2;
+    lua_pushstring(L, e.what());
+  } catch (const c10::Error& e) {
+    kind = 3;
+    lua_pushstring(L, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    kind = 3;
+    lua_pushstring(L, e.what());
+  }
+  return raise_error(L, kind, arg);
+}
+
+// ---- tensors --------------------------------------------------------------
+
+/// The tensor at stack index idx, or ArgError "Tensor expected, got X".
+at::Tensor& check_tensor(lua_State* L, int idx);
+/// The tensor at idx, or nullptr if the value is not a tensor.
+at::Tensor* to_tensor(lua_State* L, int idx);
+/// Pushes a tensor (nil if undefined).
+void push_tensor(lua_State* L, at::Tensor t);
+/// A tensor from a tensor or a number at idx (numbers become 0-dim wrapped
+/// scalars, which keep the other operand's dtype as in PyTorch).
+at::Tensor tensor_or_scalar(lua_State* L, int idx, const char* expected = "Tensor or number");
+
+/// True when two shapes broadcast against each other (PyTorch's rules).
+bool broadcastable(at::IntArrayRef a, at::IntArrayRef b);
+
+// ---- plain arguments ------------------------------------------------------
+
+int64_t check_integer(lua_State* L, int idx);
+double check_number(lua_State* L, int idx);
+bool opt_boolean(lua_State* L, int idx, bool fallback);
+std::string check_string(lua_State* L, int idx);
+/// Lua's type name for the value at idx ("no value" past the top).
+std::string type_name(lua_State* L, int idx);
+/// True if idx holds a table with string keys only (an options table).
+bool is_options(lua_State* L, int idx);
+/// Reads the options table at idx; any key not in `allowed` is an ArgError.
+void check_option_keys(lua_State* L, int idx, const std::vector<const char*>& allowed);
+/// Field `key` of the options table at idx (nil if idx is not a table).
+/// Leaves the value on the stack; returns its Lua type.
+int get_option(lua_State* L, int idx, const char* key);
+
+/// Sizes from numbers at start.. (stopping at a non-number) or one table.
+std::vector<int64_t> check_sizes(lua_State* L, int start, int* next = nullptr);
+/// dtype from its name ("float32", "float", "int64", "long", ...).
+c10::ScalarType parse_dtype(const std::string& name, int arg);
+c10::Device parse_device_arg(const std::string& name, int arg);
+
+/// Factory options: {dtype=, device=, requires_grad=} at idx (may be absent).
+struct FactoryOptions {
+  at::TensorOptions options;
+  bool requires_grad = false;
+};
+FactoryOptions check_factory_options(lua_State* L, int idx, c10::ScalarType default_dtype = at::kFloat);
+
+// ---- 1-based indices and dimensions --------------------------------------
+//
+// Lua counts from 1, ATen from 0. Every dim and index crosses here and only
+// here: 1..n map to 0..n-1, and -n..-1 count from the end (-1 is the last).
+// 0 and anything outside the range is an ArgError that states the range.
+
+/// A dimension of a tensor with `ndim` dimensions ("dim" must name a real one).
+int64_t wrap_dim(int64_t dim, int64_t ndim, int arg);
+/// A position in a dimension of `size` elements.
+int64_t wrap_index(int64_t index, int64_t size, int arg, int64_t dim_for_message = -1);
+/// Reads a dim argument at idx and wraps it.
+int64_t check_dim(lua_State* L, int idx, int64_t ndim);
+/// An index tensor (1-based, integer dtype) as ATen's 0-based int64 tensor;
+/// its values must lie in 1..size.
+at::Tensor zero_based_index(const at::Tensor& index, int64_t size, int arg);
+
+}  // namespace anatomy::lua

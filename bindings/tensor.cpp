@@ -1,0 +1,670 @@
+// The Lua-visible Tensor: userdata holding an at::Tensor by value, its
+// metatable (operators, indexing, printing) and the shape/conversion methods.
+// Math lives in tensor_math.cpp, autograd in tensor_autograd.cpp.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <cmath>
+
+#include "bindings/common.h"
+#include "bindings/bindings.h"
+#include "host/tensor_format.h"
+
+namespace anatomy::lua {
+namespace {
+
+void push_sizes(lua_State* L, at::IntArrayRef sizes) {
+  lua_createtable(L, static_cast<int>(sizes.size()), 0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    lua_pushnumber(L, static_cast<lua_Number>(sizes[i]));
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+}
+
+// Dims given as numbers from `start` on, or as one table: wrapped to 0-based.
+std::vector<int64_t> check_dims(lua_State* L, int start, int64_t ndim) {
+  std::vector<int64_t> dims = check_sizes(L, start);
+  for (auto& d : dims) d = wrap_dim(d, ndim, start);
+  return dims;
+}
+
+// ---- metamethods ------------------------------------------------------------
+
+int tensor_gc(lua_State* L) {
+  // Runs once per userdata; the at::Tensor was placement-new'ed into it.
+  static_cast<at::Tensor*>(lua_touserdata(L, 1))->~Tensor();
+  return 0;
+}
+
+int tensor_tostring(lua_State* L) {
+  std::string s = format_tensor(check_tensor(L, 1));
+  lua_pushlstring(L, s.data(), s.size());
+  return 1;
+}
+
+// Two userdata are the same tensor when they share storage and view.
+int tensor_eq(lua_State* L) {
+  at::Tensor* a = to_tensor(L, 1);
+  at::Tensor* b = to_tensor(L, 2);
+  lua_pushboolean(L, a && b && a->unsafeGetTensorImpl() == b->unsafeGetTensorImpl());
+  return 1;
+}
+
+int tensor_len(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (t.dim() == 0) throw CallError("attempt to get length of a 0-dimensional tensor");
+  lua_pushnumber(L, static_cast<lua_Number>(t.size(0)));
+  return 1;
+}
+
+// Operands of an arithmetic operator: tensors or numbers, broadcastable.
+struct Operands {
+  at::Tensor a, b;
+};
+
+Operands operands(lua_State* L, const char* op) {
+  at::Tensor* ta = to_tensor(L, 1);
+  at::Tensor* tb = to_tensor(L, 2);
+  auto kind = [&](int i) { return lua_type(L, i) == LUA_TNUMBER || to_tensor(L, i); };
+  if (!kind(1) || !kind(2))
+    throw CallError(std::string("bad operands to '") + op + "' (" + type_name(L, 1) + " and " + type_name(L, 2) + ")");
+  if (ta && tb && !broadcastable(ta->sizes(), tb->sizes()))
+    throw CallError(std::string("bad operands to '") + op + "' (shapes " + shape_string(ta->sizes()) + " and " +
+                    shape_string(tb->sizes()) + " cannot be broadcast)");
+  return {tensor_or_scalar(L, 1), tensor_or_scalar(L, 2)};
+}
+
+int tensor_add(lua_State* L) {
+  auto o = operands(L, "+");
+  push_tensor(L, at::add(o.a, o.b));
+  return 1;
+}
+int tensor_sub(lua_State* L) {
+  auto o = operands(L, "-");
+  push_tensor(L, at::sub(o.a, o.b));
+  return 1;
+}
+int tensor_mul(lua_State* L) {
+  auto o = operands(L, "*");
+  push_tensor(L, at::mul(o.a, o.b));
+  return 1;
+}
+int tensor_div(lua_State* L) {
+  auto o = operands(L, "/");
+  push_tensor(L, at::div(o.a, o.b));
+  return 1;
+}
+int tensor_mod(lua_State* L) {
+  auto o = operands(L, "%");
+  push_tensor(L, at::remainder(o.a, o.b));
+  return 1;
+}
+int tensor_pow(lua_State* L) {
+  auto o = operands(L, "^");
+  if (lua_type(L, 2) == LUA_TNUMBER)
+    push_tensor(L, at::pow(o.a, lua_tonumber(L, 2)));
+  else if (lua_type(L, 1) == LUA_TNUMBER)
+    push_tensor(L, at::pow(lua_tonumber(L, 1), o.b));
+  else
+    push_tensor(L, at::pow(o.a, o.b));
+  return 1;
+}
+int tensor_unm(lua_State* L) {
+  push_tensor(L, at::neg(check_tensor(L, 1)));
+  return 1;
+}
+
+// ---- indexing ---------------------------------------------------------------
+//
+// x[i]                  select along the first dimension (1-based, negative from the end)
+// x[{i, j}]             one entry per dimension: a number selects (the dim goes away),
+//                       {} keeps the dim, {a} narrows to a, {a, b} to a..b inclusive,
+//                       {a, b, step} strides (Torch7's form)
+// x[mask]               a bool tensor selects elements (masked_select)
+// x[index]              an integer tensor picks rows (index_select along dim 1)
+
+int64_t entry_integer(lua_State* L, int idx, int k) {
+  double v = lua_tonumber(L, idx);
+  if (lua_type(L, idx) != LUA_TNUMBER || v != std::floor(v))
+    throw CallError("bad index entry " + std::to_string(k) + " (integer expected, got " +
+                    (lua_type(L, idx) == LUA_TNUMBER ? std::to_string(v) : type_name(L, idx)) + ")");
+  return static_cast<int64_t>(v);
+}
+
+at::Tensor index_with_table(lua_State* L, at::Tensor t, int key) {
+  int n = static_cast<int>(lua_objlen(L, key));
+  if (n > t.dim())
+    throw CallError("too many indices for a " + std::to_string(t.dim()) + "-dimensional tensor (got " +
+                    std::to_string(n) + ")");
+  int64_t d = 0;  // the dimension of `t` that entry k addresses
+  for (int k = 1; k <= n; ++k) {
+    lua_rawgeti(L, key, k);
+    int type = lua_type(L, -1);
+    if (type == LUA_TNUMBER) {
+      int64_t i = entry_integer(L, -1, k);
+      t = t.select(d, wrap_index(i, t.size(d), 0, k - 1));
+    } else if (type == LUA_TTABLE) {
+      if (lua_objlen(L, -1) > 0) {
+        int64_t size = t.size(d);
+        lua_rawgeti(L, -1, 1);
+        lua_rawgeti(L, -2, 2);
+        lua_rawgeti(L, -3, 3);  // entry, first, last, step
+        int64_t first = wrap_index(entry_integer(L, -3, k), size, 0, k - 1);
+        int64_t last = lua_isnil(L, -2) ? first : wrap_index(entry_integer(L, -2, k), size, 0, k - 1);
+        int64_t step = lua_isnil(L, -1) ? 1 : entry_integer(L, -1, k);
+        lua_pop(L, 3);
+        if (step < 1) throw CallError("slice step must be positive (got " + std::to_string(step) + ")");
+        t = t.slice(d, first, std::max(first, last + 1), step);  // {3, 2} is an empty range
+      }
+      ++d;
+    } else {
+      std::string got = type_name(L, -1);
+      lua_pop(L, 1);
+      throw CallError("bad index entry " + std::to_string(k) + " (number or table expected, got " + got + ")");
+    }
+    lua_pop(L, 1);
+  }
+  return t;
+}
+
+at::Tensor index_view(lua_State* L, const at::Tensor& t, int key) {
+  switch (lua_type(L, key)) {
+    case LUA_TNUMBER: {
+      if (t.dim() == 0) throw CallError("cannot index a 0-dimensional tensor (use x:item())");
+      return t.select(0, wrap_index(check_integer(L, key), t.size(0), 0, 0));
+    }
+    case LUA_TTABLE:
+      return index_with_table(L, t, key);
+    default:
+      throw CallError("bad index (number, table or Tensor expected, got " + type_name(L, key) + ")");
+  }
+}
+
+// Properties read as fields: x.shape, x.grad, x.dtype, ...
+bool push_property(lua_State* L, const at::Tensor& t, const char* key) {
+  std::string k(key);
+  if (k == "shape") push_sizes(L, t.sizes());
+  else if (k == "grad") push_tensor(L, t.grad());
+  else if (k == "requires_grad") lua_pushboolean(L, t.requires_grad());
+  else if (k == "dtype") lua_pushstring(L, dtype_name(t.scalar_type()));
+  else if (k == "device") lua_pushstring(L, t.device().is_cpu() ? "cpu" : t.device().str().c_str());
+  else if (k == "is_leaf") lua_pushboolean(L, t.is_leaf());
+  else if (k == "ndim") lua_pushnumber(L, static_cast<lua_Number>(t.dim()));
+  else if (k == "grad_fn") {
+    if (t.grad_fn()) lua_pushstring(L, t.grad_fn()->name().c_str());
+    else lua_pushnil(L);
+  } else if (k == "T") push_tensor(L, t.dim() < 2 ? t : t.permute([&] {
+             std::vector<int64_t> p(t.dim());
+             for (int64_t i = 0; i < t.dim(); ++i) p[i] = t.dim() - 1 - i;
+             return p;
+           }()));
+  else if (k == "is_cuda") lua_pushboolean(L, t.is_cuda());
+  else return false;
+  return true;
+}
+
+// __index(x, key); upvalue 1 is the methods table (torch.Tensor).
+int tensor_index(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (lua_type(L, 2) == LUA_TSTRING) {
+    lua_pushvalue(L, 2);
+    lua_rawget(L, lua_upvalueindex(1));
+    if (!lua_isnil(L, -1)) return 1;
+    lua_pop(L, 1);
+    if (push_property(L, t, lua_tostring(L, 2))) return 1;
+    lua_pushnil(L);  // unknown field: nil, as for any Lua value
+    return 1;
+  }
+  if (at::Tensor* key = to_tensor(L, 2)) {
+    if (key->scalar_type() == at::kBool) {
+      push_tensor(L, t.masked_select(*key));
+    } else {
+      if (t.dim() == 0) throw CallError("cannot index a 0-dimensional tensor");
+      push_tensor(L, t.index_select(0, zero_based_index(*key, t.size(0), 2).reshape({-1})));
+    }
+    return 1;
+  }
+  push_tensor(L, index_view(L, t, 2));
+  return 1;
+}
+
+// __newindex(x, key, value): x[...] = v copies into the view; a few fields are settable.
+int tensor_newindex(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (lua_type(L, 2) == LUA_TSTRING) {
+    std::string k = lua_tostring(L, 2);
+    if (k == "requires_grad") {
+      t.requires_grad_(lua_toboolean(L, 3));
+    } else if (k == "grad") {
+      if (lua_isnil(L, 3)) t.mutable_grad() = at::Tensor();
+      else t.mutable_grad() = check_tensor(L, 3);
+    } else {
+      throw CallError("cannot set field '" + k + "' of a Tensor (settable: requires_grad, grad)");
+    }
+    return 0;
+  }
+  at::Tensor* key = to_tensor(L, 2);
+  if (key && key->scalar_type() == at::kBool) {
+    if (lua_type(L, 3) == LUA_TNUMBER) t.masked_fill_(*key, lua_tonumber(L, 3));
+    else t.index_put_({*key}, check_tensor(L, 3));
+    return 0;
+  }
+  at::Tensor view = key ? at::Tensor() : index_view(L, t, 2);
+  if (key) {
+    at::Tensor idx = zero_based_index(*key, t.size(0), 2).reshape({-1});
+    if (lua_type(L, 3) == LUA_TNUMBER) t.index_fill_(0, idx, lua_tonumber(L, 3));
+    else t.index_copy_(0, idx, check_tensor(L, 3).expand_as(t.index_select(0, idx)));
+    return 0;
+  }
+  if (lua_type(L, 3) == LUA_TNUMBER) view.fill_(lua_tonumber(L, 3));
+  else if (lua_type(L, 3) == LUA_TBOOLEAN) view.fill_(static_cast<bool>(lua_toboolean(L, 3)));
+  else if (at::Tensor* v = to_tensor(L, 3)) view.copy_(*v);
+  else throw CallError("bad value for tensor assignment (number or Tensor expected, got " + type_name(L, 3) + ")");
+  return 0;
+}
+
+// ---- shape ------------------------------------------------------------------
+
+int tensor_size(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (lua_isnoneornil(L, 2)) {
+    push_sizes(L, t.sizes());
+  } else {
+    lua_pushnumber(L, static_cast<lua_Number>(t.size(check_dim(L, 2, t.dim()))));
+  }
+  return 1;
+}
+
+int tensor_stride(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (lua_isnoneornil(L, 2)) push_sizes(L, t.strides());
+  else lua_pushnumber(L, static_cast<lua_Number>(t.stride(check_dim(L, 2, t.dim()))));
+  return 1;
+}
+
+int tensor_dim(lua_State* L) {
+  lua_pushnumber(L, static_cast<lua_Number>(check_tensor(L, 1).dim()));
+  return 1;
+}
+
+int tensor_numel(lua_State* L) {
+  lua_pushnumber(L, static_cast<lua_Number>(check_tensor(L, 1).numel()));
+  return 1;
+}
+
+int tensor_is_contiguous(lua_State* L) {
+  lua_pushboolean(L, check_tensor(L, 1).is_contiguous());
+  return 1;
+}
+
+// view/reshape: the element counts must agree (one size may be -1).
+void check_reshape(const at::Tensor& t, const std::vector<int64_t>& sizes, int arg) {
+  int64_t known = 1, infer = 0;
+  for (int64_t s : sizes) {
+    if (s == -1) ++infer;
+    else if (s < 0) throw ArgError(arg, "invalid size " + std::to_string(s));
+    else known *= s;
+  }
+  bool ok = infer == 0 ? known == t.numel() : (infer == 1 && known != 0 && t.numel() % known == 0);
+  if (!ok)
+    throw ArgError(arg, "shape " + shape_string(sizes) + " is invalid for a tensor of " + std::to_string(t.numel()) +
+                            " elements (shape " + shape_string(t.sizes()) + ")");
+}
+
+int tensor_view(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  auto sizes = check_sizes(L, 2);
+  check_reshape(t, sizes, 2);
+  push_tensor(L, t.view(sizes));
+  return 1;
+}
+
+int tensor_reshape(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  auto sizes = check_sizes(L, 2);
+  check_reshape(t, sizes, 2);
+  push_tensor(L, t.reshape(sizes));
+  return 1;
+}
+
+int tensor_view_as(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  at::Tensor& o = check_tensor(L, 2);
+  check_reshape(t, o.sizes().vec(), 2);
+  push_tensor(L, t.view_as(o));
+  return 1;
+}
+
+int tensor_flatten(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  int64_t n = std::max<int64_t>(t.dim(), 1);
+  int64_t start = lua_isnoneornil(L, 2) ? 0 : check_dim(L, 2, n);
+  int64_t end = lua_isnoneornil(L, 3) ? n - 1 : check_dim(L, 3, n);
+  if (start > end) throw ArgError(3, "end dimension must not come before start dimension");
+  push_tensor(L, t.flatten(start, end));
+  return 1;
+}
+
+int tensor_transpose(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  push_tensor(L, t.transpose(check_dim(L, 2, t.dim()), check_dim(L, 3, t.dim())));
+  return 1;
+}
+
+int tensor_t(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (t.dim() > 2) throw ArgError(1, "t() expects a tensor with at most 2 dimensions, got " + std::to_string(t.dim()));
+  push_tensor(L, t.t());
+  return 1;
+}
+
+int tensor_permute(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  auto dims = check_dims(L, 2, t.dim());
+  if (static_cast<int64_t>(dims.size()) != t.dim())
+    throw ArgError(2, "permute needs " + std::to_string(t.dim()) + " dimensions, got " + std::to_string(dims.size()));
+  std::vector<bool> seen(t.dim());
+  for (int64_t d : dims) {
+    if (seen[d]) throw ArgError(2, "dimension " + std::to_string(d + 1) + " repeats in permute");
+    seen[d] = true;
+  }
+  push_tensor(L, t.permute(dims));
+  return 1;
+}
+
+int tensor_contiguous(lua_State* L) {
+  push_tensor(L, check_tensor(L, 1).contiguous());
+  return 1;
+}
+
+int tensor_squeeze(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (lua_isnoneornil(L, 2)) push_tensor(L, t.squeeze());
+  else push_tensor(L, t.squeeze(check_dim(L, 2, t.dim())));
+  return 1;
+}
+
+int tensor_unsqueeze(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  // The new dimension may go anywhere from 1 to dim+1; -1 puts it last.
+  push_tensor(L, t.unsqueeze(check_dim(L, 2, t.dim() + 1)));
+  return 1;
+}
+
+int tensor_expand(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  auto sizes = check_sizes(L, 2);
+  if (static_cast<int64_t>(sizes.size()) < t.dim())
+    throw ArgError(2, "expanded shape " + shape_string(sizes) + " has fewer dimensions than " + shape_string(t.sizes()));
+  size_t off = sizes.size() - t.dim();
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    int64_t want = sizes[off + i];
+    if (want != -1 && want != t.size(i) && t.size(i) != 1)
+      throw ArgError(2, "cannot expand shape " + shape_string(t.sizes()) + " to " + shape_string(sizes));
+  }
+  push_tensor(L, t.expand(sizes));
+  return 1;
+}
+
+int tensor_expand_as(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  at::Tensor& o = check_tensor(L, 2);
+  push_tensor(L, t.expand_as(o));
+  return 1;
+}
+
+int tensor_repeat(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  auto sizes = check_sizes(L, 2);
+  if (static_cast<int64_t>(sizes.size()) < t.dim())
+    throw ArgError(2, "repeat needs at least " + std::to_string(t.dim()) + " counts, got " + std::to_string(sizes.size()));
+  push_tensor(L, t.repeat(sizes));
+  return 1;
+}
+
+int tensor_narrow(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  int64_t d = check_dim(L, 2, t.dim());
+  int64_t start = wrap_index(check_integer(L, 3), t.size(d), 3, d);
+  int64_t length = check_integer(L, 4);
+  if (length < 0 || start + length > t.size(d))
+    throw ArgError(4, "length " + std::to_string(length) + " from index " + std::to_string(start + 1) +
+                          " runs past dimension " + std::to_string(d + 1) + " of size " + std::to_string(t.size(d)));
+  push_tensor(L, t.narrow(d, start, length));
+  return 1;
+}
+
+int tensor_select(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  int64_t d = check_dim(L, 2, t.dim());
+  push_tensor(L, t.select(d, wrap_index(check_integer(L, 3), t.size(d), 3, d)));
+  return 1;
+}
+
+void push_tensor_list(lua_State* L, const std::vector<at::Tensor>& ts) {
+  lua_createtable(L, static_cast<int>(ts.size()), 0);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    push_tensor(L, ts[i]);
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+}
+
+int tensor_chunk(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  int64_t n = check_integer(L, 2);
+  if (n < 1) throw ArgError(2, "number of chunks must be positive, got " + std::to_string(n));
+  int64_t d = lua_isnoneornil(L, 3) ? 0 : check_dim(L, 3, t.dim());
+  push_tensor_list(L, t.chunk(n, d));
+  return 1;
+}
+
+int tensor_split(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  int64_t d = lua_isnoneornil(L, 3) ? 0 : check_dim(L, 3, t.dim());
+  if (lua_type(L, 2) == LUA_TTABLE) {
+    auto sizes = check_sizes(L, 2);
+    int64_t total = 0;
+    for (int64_t s : sizes) total += s;
+    if (total != t.size(d))
+      throw ArgError(2, "split sizes add up to " + std::to_string(total) + " but dimension " + std::to_string(d + 1) +
+                            " has size " + std::to_string(t.size(d)));
+    push_tensor_list(L, t.split_with_sizes(sizes, d));
+  } else {
+    int64_t size = check_integer(L, 2);
+    if (size < 1) throw ArgError(2, "split size must be positive, got " + std::to_string(size));
+    push_tensor_list(L, t.split(size, d));
+  }
+  return 1;
+}
+
+int tensor_unbind(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  push_tensor_list(L, t.unbind(lua_isnoneornil(L, 2) ? 0 : check_dim(L, 2, t.dim())));
+  return 1;
+}
+
+// ---- conversion -------------------------------------------------------------
+
+// x:to('float64'), x:to('cuda'), x:to(other), x:to{dtype=, device=}
+int tensor_to(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (at::Tensor* o = to_tensor(L, 2)) {
+    push_tensor(L, t.to(o->device(), o->scalar_type()));
+    return 1;
+  }
+  at::TensorOptions opts = at::TensorOptions().dtype(t.scalar_type()).device(t.device());
+  for (int i = 2; i <= lua_gettop(L); ++i) {
+    if (lua_type(L, i) == LUA_TSTRING) {
+      std::string s = lua_tostring(L, i);
+      bool is_device = s == "cpu" || s.rfind("cuda", 0) == 0;
+      if (is_device) opts = opts.device(parse_device_arg(s, i));
+      else opts = opts.dtype(parse_dtype(s, i));
+    } else if (is_options(L, i)) {
+      check_option_keys(L, i, {"dtype", "device"});
+      if (get_option(L, i, "dtype") == LUA_TSTRING) opts = opts.dtype(parse_dtype(lua_tostring(L, -1), i));
+      lua_pop(L, 1);
+      if (get_option(L, i, "device") == LUA_TSTRING) opts = opts.device(parse_device_arg(lua_tostring(L, -1), i));
+      lua_pop(L, 1);
+    } else {
+      throw ArgError(i, "dtype, device, Tensor or options expected, got " + type_name(L, i));
+    }
+  }
+  push_tensor(L, t.to(opts.device(), opts.dtype().toScalarType()));
+  return 1;
+}
+
+template <c10::ScalarType T>
+int tensor_cast(lua_State* L) {
+  push_tensor(L, check_tensor(L, 1).to(T));
+  return 1;
+}
+
+int tensor_cpu(lua_State* L) {
+  push_tensor(L, check_tensor(L, 1).to(at::kCPU));
+  return 1;
+}
+
+int tensor_cuda(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  push_tensor(L, t.to(parse_device_arg(lua_isnoneornil(L, 2) ? "cuda" : check_string(L, 2), 2)));
+  return 1;
+}
+
+void push_scalar(lua_State* L, const at::Tensor& e) {
+  if (e.scalar_type() == at::kBool) lua_pushboolean(L, e.item<bool>());
+  else lua_pushnumber(L, e.item<double>());
+}
+
+int tensor_item(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (t.numel() != 1)
+    throw ArgError(1, "item() needs a tensor with one element, got " + std::to_string(t.numel()) + " (shape " +
+                          shape_string(t.sizes()) + ")");
+  push_scalar(L, t);
+  return 1;
+}
+
+// Nested Lua tables, one level per dimension.
+void push_list(lua_State* L, const at::Tensor& t, const double* data, const bool* flags, int64_t dim, int64_t offset,
+               const std::vector<int64_t>& strides) {
+  if (dim == t.dim()) {
+    if (flags) lua_pushboolean(L, flags[offset]);
+    else lua_pushnumber(L, data[offset]);
+    return;
+  }
+  int64_t n = t.size(dim);
+  lua_createtable(L, static_cast<int>(n), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    push_list(L, t, data, flags, dim + 1, offset + i * strides[dim], strides);
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+}
+
+int tensor_tolist(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  bool is_bool = t.scalar_type() == at::kBool;
+  at::Tensor c = t.detach().to(at::kCPU, is_bool ? at::kBool : at::kDouble).contiguous();
+  std::vector<int64_t> strides = c.strides().vec();
+  if (is_bool) push_list(L, c, nullptr, c.data_ptr<bool>(), 0, 0, strides);
+  else push_list(L, c, c.data_ptr<double>(), nullptr, 0, 0, strides);
+  return 1;
+}
+
+const luaL_Reg tensor_metamethods[] = {
+    {"__gc", tensor_gc},                     // plain: must not raise
+    {"__tostring", guarded<tensor_tostring>},
+    {"__eq", guarded<tensor_eq>},
+    {"__len", guarded<tensor_len>},
+    {"__add", guarded<tensor_add>},
+    {"__sub", guarded<tensor_sub>},
+    {"__mul", guarded<tensor_mul>},
+    {"__div", guarded<tensor_div>},
+    {"__mod", guarded<tensor_mod>},
+    {"__pow", guarded<tensor_pow>},
+    {"__unm", guarded<tensor_unm>},
+    {"__newindex", guarded<tensor_newindex>},
+    {nullptr, nullptr},
+};
+
+const luaL_Reg tensor_methods[] = {
+    {"size", guarded<tensor_size>},
+    {"stride", guarded<tensor_stride>},
+    {"dim", guarded<tensor_dim>},
+    {"numel", guarded<tensor_numel>},
+    {"nelement", guarded<tensor_numel>},
+    {"is_contiguous", guarded<tensor_is_contiguous>},
+    {"view", guarded<tensor_view>},
+    {"reshape", guarded<tensor_reshape>},
+    {"view_as", guarded<tensor_view_as>},
+    {"flatten", guarded<tensor_flatten>},
+    {"transpose", guarded<tensor_transpose>},
+    {"t", guarded<tensor_t>},
+    {"permute", guarded<tensor_permute>},
+    {"contiguous", guarded<tensor_contiguous>},
+    {"squeeze", guarded<tensor_squeeze>},
+    {"unsqueeze", guarded<tensor_unsqueeze>},
+    {"expand", guarded<tensor_expand>},
+    {"expand_as", guarded<tensor_expand_as>},
+    {"repeat", guarded<tensor_repeat>},
+    {"narrow", guarded<tensor_narrow>},
+    {"select", guarded<tensor_select>},
+    {"chunk", guarded<tensor_chunk>},
+    {"split", guarded<tensor_split>},
+    {"unbind", guarded<tensor_unbind>},
+    {"to", guarded<tensor_to>},
+    {"float", guarded<tensor_cast<at::kFloat>>},
+    {"double", guarded<tensor_cast<at::kDouble>>},
+    {"half", guarded<tensor_cast<at::kHalf>>},
+    {"bfloat16", guarded<tensor_cast<at::kBFloat16>>},
+    {"long", guarded<tensor_cast<at::kLong>>},
+    {"int", guarded<tensor_cast<at::kInt>>},
+    {"bool", guarded<tensor_cast<at::kBool>>},
+    {"cpu", guarded<tensor_cpu>},
+    {"cuda", guarded<tensor_cuda>},
+    {"item", guarded<tensor_item>},
+    {"tolist", guarded<tensor_tolist>},
+    {nullptr, nullptr},
+};
+
+}  // namespace
+
+void push_tensor_table(lua_State* L, const std::vector<at::Tensor>& ts) { push_tensor_list(L, ts); }
+
+std::vector<at::Tensor> check_tensor_table(lua_State* L, int idx) {
+  if (lua_type(L, idx) != LUA_TTABLE) throw ArgError(idx, "table of tensors expected, got " + type_name(L, idx));
+  std::vector<at::Tensor> ts;
+  size_t n = lua_objlen(L, idx);
+  for (size_t i = 1; i <= n; ++i) {
+    lua_rawgeti(L, idx, static_cast<int>(i));
+    at::Tensor* t = to_tensor(L, -1);
+    if (!t) {
+      std::string got = type_name(L, -1);
+      lua_pop(L, 1);
+      throw ArgError(idx, "entry " + std::to_string(i) + " is " + got + ", expected a Tensor");
+    }
+    ts.push_back(*t);
+    lua_pop(L, 1);
+  }
+  if (ts.empty()) throw ArgError(idx, "expected a non-empty table of tensors");
+  return ts;
+}
+
+// Creates the Tensor metatable and its methods table (left on the stack:
+// it becomes torch.Tensor, which Lua code may extend like any class).
+int luaopen_anatomy_tensor(lua_State* L) {
+  luaL_newmetatable(L, kTensorMeta);   // mt
+  luaL_register(L, nullptr, tensor_metamethods);
+  lua_pushliteral(L, "Tensor");
+  lua_setfield(L, -2, "__metatable");  // getmetatable(x) gives a string: __gc stays put
+  lua_newtable(L);                     // mt methods
+  luaL_register(L, nullptr, tensor_methods);
+  register_tensor_math(L, lua_gettop(L));
+  register_tensor_autograd(L, lua_gettop(L));
+  lua_pushvalue(L, -1);
+  lua_pushcclosure(L, guarded<tensor_index>, 1);
+  lua_setfield(L, -3, "__index");
+  lua_remove(L, -2);                   // methods
+  return 1;
+}
+
+}  // namespace anatomy::lua

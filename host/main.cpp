@@ -1,0 +1,136 @@
+// The `anatomy` executable: runs a script, a string of code or the REPL in a
+// LuaJIT state with `torch` loaded. Options mirror the standalone `lua`.
+#include <lua.hpp>
+
+#include "host/lua_state.h"
+#include "host/repl.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char* kUsage =
+    "usage: anatomy [options] [script [args...]]\n"
+    "\n"
+    "Runs Lua scripts over LibTorch; with no script, opens the REPL.\n"
+    "\n"
+    "  -e CODE          run CODE (may be repeated)\n"
+    "  -i               enter the REPL after the script or -e\n"
+    "  -l NAME          require library NAME before the script\n"
+    "  -                run the script read from standard input\n"
+    "  --device=NAME    default device: cpu, cuda or cuda:N\n"
+    "                   (default: $ANATOMY_DEVICE, else cuda if a GPU is present, else cpu)\n"
+    "  --threads=N      CPU threads (default: $ANATOMY_THREADS, else the number of cores)\n"
+    "  --seed=N         seed torch's generators and math.random\n"
+    "  -v, --version    print versions and exit\n"
+    "  -h, --help       print this help and exit\n"
+    "\n"
+    "Arguments after the script go to it as the global table `arg` and as `...`.\n";
+
+struct Action {
+  char kind;  // 'e' code, 'l' library
+  std::string value;
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "anatomy: %s\n%s", message.c_str(), kUsage);
+  std::exit(2);
+}
+
+// "--name=value" or "--name value"
+bool take_value(int argc, char** argv, int& i, const char* name, std::string& value) {
+  size_t n = std::strlen(name);
+  if (std::strncmp(argv[i], name, n) != 0) return false;
+  if (argv[i][n] == '=') {
+    value = argv[i] + n + 1;
+    return true;
+  }
+  if (argv[i][n] == '\0') {
+    if (i + 1 >= argc) usage_error(std::string(name) + " needs a value");
+    value = argv[++i];
+    return true;
+  }
+  return false;
+}
+
+long parse_positive(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < 0) usage_error(flag + " expects a non-negative integer, got '" + v + "'");
+  return n;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  anatomy::RuntimeOptions options;
+  std::vector<Action> actions;
+  bool interactive = false, version = false;
+  int script = 0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i], v;
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "-v" || a == "--version") {
+      version = true;
+    } else if (a == "-i") {
+      interactive = true;
+    } else if (a == "-e" || a == "-l") {
+      if (i + 1 >= argc) usage_error("'" + a + "' needs an argument");
+      actions.push_back({a[1], argv[++i]});
+    } else if (take_value(argc, argv, i, "--device", v)) {
+      options.device = v;
+    } else if (take_value(argc, argv, i, "--threads", v)) {
+      options.threads = static_cast<int>(parse_positive("--threads", v));
+    } else if (take_value(argc, argv, i, "--seed", v)) {
+      options.seed = static_cast<uint64_t>(parse_positive("--seed", v));
+    } else if (a == "--") {
+      if (i + 1 < argc) script = i + 1;
+      break;
+    } else if (a.size() > 1 && a[0] == '-') {
+      usage_error("unknown option '" + a + "'");
+    } else {
+      script = i;
+      break;
+    }
+  }
+
+  try {
+    anatomy::LuaState state(options);
+    lua_State* L = state.get();
+    if (version) {
+      lua_getglobal(L, "torch");
+      lua_getfield(L, -1, "banner");
+      if (state.call(0, 1)) std::printf("%s\n", lua_tostring(L, -1));
+      return 0;
+    }
+    for (const Action& act : actions) {
+      bool ok = act.kind == 'e' ? state.run_string(act.value)
+                                : state.run_string("require('" + act.value + "')", "=(command line)");
+      if (!ok) {
+        std::fprintf(stderr, "anatomy: %s\n", state.error().c_str());
+        return 1;
+      }
+    }
+    if (script) {
+      std::vector<std::string> args(argv + script + 1, argv + argc);
+      if (!state.run_file(argv[script], args)) {
+        std::fprintf(stderr, "anatomy: %s\n", state.error().c_str());
+        return 1;
+      }
+    }
+    if (interactive || (!script && actions.empty())) return anatomy::run_repl(state);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "anatomy: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,77 @@
+// Process-wide settings: devices, threads, seed (see runtime.h).
+#include "host/runtime.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/api/include/torch/version.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <thread>
+
+namespace anatomy {
+namespace {
+c10::Device g_default_device(c10::kCPU);
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n <= 0) {
+    spdlog::warn("ignoring {}={} (expected a positive integer)", name, v);
+    return fallback;
+  }
+  return static_cast<int>(n);
+}
+}  // namespace
+
+c10::Device parse_device(const std::string& name) {
+  if (name == "cpu") return c10::Device(c10::kCPU);
+  if (name.rfind("cuda", 0) == 0) {
+    int index = -1;
+    if (name.size() > 4) {
+      if (name[4] != ':' || name.size() == 5) throw std::invalid_argument("unknown device '" + name + "' (expected cpu, cuda or cuda:N)");
+      std::string digits = name.substr(5);
+      for (char c : digits)
+        if (c < '0' || c > '9') throw std::invalid_argument("unknown device '" + name + "' (expected cpu, cuda or cuda:N)");
+      index = std::stoi(digits);
+    }
+    if (!at::hasCUDA())
+      throw std::invalid_argument("device '" + name + "' is not available (this LibTorch has no CUDA, or no GPU is visible)");
+    return index < 0 ? c10::Device(c10::kCUDA) : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  throw std::invalid_argument("unknown device '" + name + "' (expected cpu, cuda or cuda:N)");
+}
+
+bool cuda_available() { return at::hasCUDA(); }
+
+void configure_runtime(const RuntimeOptions& options) {
+  int threads = options.threads > 0 ? options.threads : env_int("ANATOMY_THREADS", 0);
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+
+  std::string device = options.device;
+  if (device.empty()) {
+    const char* env = std::getenv("ANATOMY_DEVICE");
+    device = env && *env ? env : (cuda_available() ? "cuda" : "cpu");
+  }
+  g_default_device = parse_device(device);
+  if (options.seed) at::manual_seed(*options.seed);
+}
+
+c10::Device default_device() { return g_default_device; }
+void set_default_device(c10::Device device) { g_default_device = device; }
+
+std::string device_name(c10::Device device) {
+  if (device.is_cpu()) return "cpu";
+  return device.str();
+}
+
+std::string torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+}  // namespace anatomy

@@ -1,0 +1,35 @@
+// Process-wide settings that sit below Lua: the default device, CPU threads
+// and the RNG seed. Kept free of Lua so C++ code and tests can use them alone.
+#pragma once
+#include <c10/core/Device.h>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace anatomy {
+
+/// What the command line and the environment asked for; empty means "decide".
+struct RuntimeOptions {
+  /// "cpu", "cuda", "cuda:N"; empty: $ANATOMY_DEVICE, else cuda when present, else cpu.
+  std::string device;
+  /// CPU threads; 0: $ANATOMY_THREADS, else the machine's core count.
+  int threads = 0;
+  /// Seed for torch's generators and math.random; unset: LibTorch's default.
+  std::optional<uint64_t> seed;
+};
+
+/// Parses "cpu", "cuda", "cuda:1"; throws std::invalid_argument with a readable reason.
+c10::Device parse_device(const std::string& name);
+/// True when LibTorch was built with CUDA and at least one GPU is visible.
+bool cuda_available();
+/// Applies options: sets threads, seeds, and picks the default device.
+void configure_runtime(const RuntimeOptions& options);
+/// The device that factories and models use when none is named.
+c10::Device default_device();
+void set_default_device(c10::Device device);
+/// The canonical name of a device ("cpu", "cuda:0").
+std::string device_name(c10::Device device);
+/// LibTorch's version, e.g. "1.13.0".
+std::string torch_version();
+
+}  // namespace anatomy

@@ -1,0 +1,43 @@
+-- anatomy: the `torch` table seen by scripts and the REPL. The native half
+-- (anatomy.core) holds tensors and kernels; this file completes it in Lua.
+local torch = require 'anatomy.core'
+
+torch.version = '0.1.0'
+
+-- dtype names, so that torch.float32 reads as in PyTorch
+for _, name in ipairs{'float32', 'float64', 'float16', 'bfloat16', 'int64', 'int32', 'int16', 'int8', 'uint8', 'bool'} do
+  torch[name] = name
+end
+torch.float, torch.double, torch.half, torch.long, torch.int = 'float32', 'float64', 'float16', 'int64', 'int32'
+
+-- torch.manual_seed(n): seeds LibTorch's generators and math.random alike.
+function torch.manual_seed(seed)
+  torch._manual_seed(seed)
+  math.randomseed(seed)
+end
+
+-- The one-line description printed by the REPL and --version.
+function torch.banner()
+  return string.format('anatomy %s  (%s, LibTorch %s, %s, %d threads)',
+    torch.version, jit and jit.version or _VERSION, torch.libtorch_version, torch.device(), torch.get_num_threads())
+end
+
+require 'anatomy.tensor'
+
+-- Names of native functions, for error messages where Lua's debug info has
+-- none (a tail call such as `return x:matmul(y)` loses the call site's name).
+do
+  local names = {}
+  local function record(t, prefix)
+    for k, v in pairs(t) do
+      if type(v) == 'function' and names[v] == nil then names[v] = prefix .. k end
+    end
+  end
+  record(torch.Tensor, '')
+  record(torch, '')
+  record(torch.linalg, 'linalg.')
+  record(torch.cuda, 'cuda.')
+  debug.getregistry()['anatomy.names'] = names
+end
+
+return torch
