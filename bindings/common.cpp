@@ -20,30 +20,29 @@ void check_interrupt() {
 }
 
 namespace {
-// The running C function's name: Lua's debug info when the call site gives one,
-// else the name init.lua recorded for that function (tail calls lose theirs).
-// Sets *method when the call was written obj:name(...).
+// The running C function's name, as init.lua recorded it for that function
+// (registry "anatomy.names"), else as Lua's debug info gives it. Debug info
+// names the call site, which a tail call (`return x:f()`) replaces with the
+// caller's; so it decides only whether the call was written obj:name(...).
 std::string current_function_name(lua_State* L, bool* method) {
   lua_Debug ar;
   *method = false;
   if (!lua_getstack(L, 0, &ar)) return "?";
   lua_getinfo(L, "nf", &ar);  // pushes the function
-  std::string name = "?";
-  if (ar.name) {
-    name = ar.name;
-    *method = std::strcmp(ar.namewhat, "method") == 0;
-  } else {
-    lua_getfield(L, LUA_REGISTRYINDEX, "anatomy.names");
-    if (lua_istable(L, -1)) {
-      lua_pushvalue(L, -2);
-      lua_rawget(L, -2);
-      if (lua_isstring(L, -1)) name = lua_tostring(L, -1);
-      lua_pop(L, 1);
-    }
+  std::string name;
+  lua_getfield(L, LUA_REGISTRYINDEX, "anatomy.names");
+  if (lua_istable(L, -1)) {
+    lua_pushvalue(L, -2);
+    lua_rawget(L, -2);
+    if (lua_isstring(L, -1)) name = lua_tostring(L, -1);
     lua_pop(L, 1);
   }
-  lua_pop(L, 1);
-  return name;
+  lua_pop(L, 2);
+  if (ar.name && (name.empty() || name == ar.name)) {
+    *method = std::strcmp(ar.namewhat, "method") == 0;
+    name = ar.name;
+  }
+  return name.empty() ? "?" : name;
 }
 
 // ATen's messages can run to several lines (notes, hints); keep the first.
@@ -192,7 +191,7 @@ void check_option_keys(lua_State* L, int idx, const std::vector<const char*>& al
       for (const char* a : allowed) names += (names.empty() ? "" : ", ") + std::string(a);
       std::string key = lua_type(L, -1) == LUA_TSTRING ? "'" + std::string(lua_tostring(L, -1)) + "'" : type_name(L, -1);
       lua_pop(L, 1);
-      throw ArgError(idx, "unknown option " + key + " (expected " + names + ")");
+      throw ArgError(idx, "unknown option " + key + ", expected " + names);
     }
   }
 }
@@ -243,7 +242,7 @@ c10::ScalarType parse_dtype(const std::string& name, int arg) {
   for (const auto& e : table)
     if (n == e.name) return e.type;
   throw ArgError(arg, "unknown dtype '" + name +
-                          "' (expected float32, float64, float16, bfloat16, int64, int32, int16, int8, uint8 or bool)");
+                          "', expected float32, float64, float16, bfloat16, int64, int32, int16, int8, uint8 or bool");
 }
 
 c10::Device parse_device_arg(const std::string& name, int arg) {
@@ -293,7 +292,7 @@ int64_t wrap_index(int64_t index, int64_t size, int arg, int64_t dim_for_message
   if (index <= -1 && index >= -size) return index + size;
   std::string where = dim_for_message >= 0 ? " for dimension " + std::to_string(dim_for_message + 1) : "";
   std::string msg = "index " + std::to_string(index) + " out of range" + where + " of size " + std::to_string(size) +
-                    (index == 0 ? " (indices start at 1)" : "");
+                    (index == 0 ? "; indices start at 1" : "");
   if (arg > 0) throw ArgError(arg, msg);
   throw CallError(msg);
 }
@@ -311,7 +310,7 @@ at::Tensor zero_based_index(const at::Tensor& index, int64_t size, int arg) {
     if (lo < 1 || hi > size) {
       int64_t bad = lo < 1 ? lo : hi;
       throw ArgError(arg, "index " + std::to_string(bad) + " out of range of size " + std::to_string(size) +
-                              (bad == 0 ? " (indices start at 1)" : ""));
+                              (bad == 0 ? "; indices start at 1" : ""));
     }
   }
   return index.to(at::kLong) - 1;

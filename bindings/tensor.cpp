@@ -307,8 +307,8 @@ void check_reshape(const at::Tensor& t, const std::vector<int64_t>& sizes, int a
   }
   bool ok = infer == 0 ? known == t.numel() : (infer == 1 && known != 0 && t.numel() % known == 0);
   if (!ok)
-    throw ArgError(arg, "shape " + shape_string(sizes) + " is invalid for a tensor of " + std::to_string(t.numel()) +
-                            " elements (shape " + shape_string(t.sizes()) + ")");
+    throw ArgError(arg, "shape " + shape_string(sizes) + " does not match " + std::to_string(t.numel()) +
+                            " elements of shape " + shape_string(t.sizes()));
 }
 
 int tensor_view(lua_State* L) {
@@ -538,8 +538,8 @@ void push_scalar(lua_State* L, const at::Tensor& e) {
 int tensor_item(lua_State* L) {
   at::Tensor& t = check_tensor(L, 1);
   if (t.numel() != 1)
-    throw ArgError(1, "item() needs a tensor with one element, got " + std::to_string(t.numel()) + " (shape " +
-                          shape_string(t.sizes()) + ")");
+    throw ArgError(1, "item() needs a tensor with one element, got " + std::to_string(t.numel()) + " of shape " +
+                          shape_string(t.sizes()));
   push_scalar(L, t);
   return 1;
 }

@@ -51,7 +51,7 @@ int tensor_backward(lua_State* L) {
     throw ArgError(2, "gradient Tensor or options expected, got " + type_name(L, 2));
   }
   if (!t.requires_grad())
-    throw ArgError(1, "tensor does not require grad and has no grad_fn (set requires_grad on a leaf it depends on)");
+    throw ArgError(1, "tensor does not require grad; set requires_grad on a leaf it depends on");
   if (!gradient.defined() && t.numel() != 1)
     throw ArgError(1, "backward() without a gradient needs a tensor with one element, got shape " + shape_string(t.sizes()));
   bool create_graph = false;
@@ -142,7 +142,7 @@ int tensor_register_hook(lua_State* L) {
     } else if (!lua_isnil(HL, -1)) {
       std::string got = type_name(HL, -1);
       lua_settop(HL, top);
-      throw std::runtime_error("gradient hook returned " + got + " (expected a Tensor or nil)");
+      throw std::runtime_error("gradient hook returned " + got + ", expected a Tensor or nil");
     }
     lua_settop(HL, top);
     if (out.defined() && !out.sizes().equals(grad.sizes()))

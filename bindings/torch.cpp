@@ -28,7 +28,7 @@ void read_nested(lua_State* L, int idx, size_t depth, NestedData& out, int arg) 
   int type = lua_type(L, idx);
   if (type == LUA_TNUMBER || type == LUA_TBOOLEAN) {
     if (depth != out.shape.size())
-      throw ArgError(arg, "ragged nested table (a number at depth " + std::to_string(depth + 1) + ", expected a table)");
+      throw ArgError(arg, "ragged nested table: a number at depth " + std::to_string(depth + 1) + ", expected a table");
     if (type == LUA_TNUMBER) {
       out.any_number = true;
       out.values.push_back(lua_tonumber(L, idx));
@@ -44,11 +44,11 @@ void read_nested(lua_State* L, int idx, size_t depth, NestedData& out, int arg) 
   int64_t n = static_cast<int64_t>(lua_objlen(L, idx));
   if (depth == out.shape.size()) {
     if (!out.values.empty())
-      throw ArgError(arg, "ragged nested table (a table at depth " + std::to_string(depth + 1) + ", expected a number)");
+      throw ArgError(arg, "ragged nested table: a table at depth " + std::to_string(depth + 1) + ", expected a number");
     out.shape.push_back(n);
   } else if (out.shape[depth] != n) {
-    throw ArgError(arg, "ragged nested table (a row of " + std::to_string(n) + " at depth " + std::to_string(depth + 1) +
-                            ", expected " + std::to_string(out.shape[depth]) + ")");
+    throw ArgError(arg, "ragged nested table: a row of " + std::to_string(n) + " at depth " + std::to_string(depth + 1) +
+                            ", expected " + std::to_string(out.shape[depth]));
   }
   for (int64_t i = 1; i <= n; ++i) {
     lua_rawgeti(L, idx, static_cast<int>(i));
@@ -200,8 +200,8 @@ int torch_cat(lua_State* L) {
     for (int64_t k = 0; ok && k < ndim; ++k) ok = k == d || ts[i].size(k) == ts[0].size(k);
     if (!ok)
       throw ArgError(1, "tensor " + std::to_string(i + 1) + " has shape " + shape_string(ts[i].sizes()) +
-                            ", which does not fit tensor 1's " + shape_string(ts[0].sizes()) +
-                            " (all dimensions but " + std::to_string(d + 1) + " must match)");
+                            " and tensor 1 has " + shape_string(ts[0].sizes()) + "; all dimensions but " +
+                            std::to_string(d + 1) + " must match");
   }
   push_tensor(L, at::cat(ts, d));
   return 1;
