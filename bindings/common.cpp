@@ -105,10 +105,16 @@ void push_tensor(lua_State* L, at::Tensor t) {
   lua_setmetatable(L, -2);
 }
 
+at::Scalar number_scalar(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 9.007199254740992e15) return at::Scalar(static_cast<int64_t>(v));
+  return at::Scalar(v);
+}
+
 at::Tensor tensor_or_scalar(lua_State* L, int idx, const char* expected) {
   if (at::Tensor* t = to_tensor(L, idx)) return *t;
   if (lua_type(L, idx) == LUA_TNUMBER) {
-    at::Tensor s = at::scalar_tensor(lua_tonumber(L, idx), at::kDouble);
+    at::Scalar v = number_scalar(lua_tonumber(L, idx));
+    at::Tensor s = at::scalar_tensor(v, at::TensorOptions().dtype(v.type()));
     s.unsafeGetTensorImpl()->set_wrapped_number(true);
     return s;
   }

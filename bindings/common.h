@@ -67,6 +67,9 @@ at::Tensor& check_tensor(lua_State* L, int idx);
 at::Tensor* to_tensor(lua_State* L, int idx);
 /// Pushes a tensor (nil if undefined).
 void push_tensor(lua_State* L, at::Tensor t);
+/// A Lua number as a Scalar: integral values become integers, so that an int
+/// tensor times 2 stays int (as 2 is a Python int in PyTorch), while x * 0.5 is float.
+at::Scalar number_scalar(double v);
 /// A tensor from a tensor or a number at idx (numbers become 0-dim wrapped
 /// scalars, which keep the other operand's dtype as in PyTorch).
 at::Tensor tensor_or_scalar(lua_State* L, int idx, const char* expected = "Tensor or number");

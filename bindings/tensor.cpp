@@ -102,9 +102,9 @@ int tensor_mod(lua_State* L) {
 int tensor_pow(lua_State* L) {
   auto o = operands(L, "^");
   if (lua_type(L, 2) == LUA_TNUMBER)
-    push_tensor(L, at::pow(o.a, lua_tonumber(L, 2)));
+    push_tensor(L, at::pow(o.a, number_scalar(lua_tonumber(L, 2))));
   else if (lua_type(L, 1) == LUA_TNUMBER)
-    push_tensor(L, at::pow(lua_tonumber(L, 1), o.b));
+    push_tensor(L, at::pow(number_scalar(lua_tonumber(L, 1)), o.b));
   else
     push_tensor(L, at::pow(o.a, o.b));
   return 1;
@@ -422,6 +422,17 @@ int tensor_repeat(lua_State* L) {
   return 1;
 }
 
+// x:tile(reps...): `repeat` is a Lua keyword, so x:repeat(...) cannot be written;
+// tile is PyTorch's other name for it (fewer reps than dims are padded with 1).
+int tensor_tile(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  auto reps = check_sizes(L, 2);
+  for (int64_t r : reps)
+    if (r < 0) throw ArgError(2, "repetitions must be non-negative, got " + shape_string(reps));
+  push_tensor(L, t.tile(reps));
+  return 1;
+}
+
 int tensor_narrow(lua_State* L) {
   at::Tensor& t = check_tensor(L, 1);
   int64_t d = check_dim(L, 2, t.dim());
@@ -605,7 +616,8 @@ const luaL_Reg tensor_methods[] = {
     {"unsqueeze", guarded<tensor_unsqueeze>},
     {"expand", guarded<tensor_expand>},
     {"expand_as", guarded<tensor_expand_as>},
-    {"repeat", guarded<tensor_repeat>},
+    {"repeat", guarded<tensor_repeat>},  // x['repeat'](x, ...)
+    {"tile", guarded<tensor_tile>},
     {"narrow", guarded<tensor_narrow>},
     {"select", guarded<tensor_select>},
     {"chunk", guarded<tensor_chunk>},

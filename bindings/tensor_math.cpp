@@ -122,7 +122,7 @@ int tensor_binary(lua_State* L) {
 int tensor_pow(lua_State* L) {
   at::Tensor& self = check_tensor(L, 1);
   if (lua_type(L, 2) == LUA_TNUMBER) {
-    push_tensor(L, at::pow(self, lua_tonumber(L, 2)));
+    push_tensor(L, at::pow(self, number_scalar(lua_tonumber(L, 2))));
   } else {
     at::Tensor& e = check_tensor(L, 2);
     check_broadcast(self, e, 2);

@@ -1,0 +1,68 @@
+-- A small harness for Lua tests run by `anatomy`: test(name, fn), checks that
+-- raise on failure (numeric ones print the largest difference), and a closing
+-- "N passed, N failed" line with a matching exit code.
+local H = {passed = 0, failed = 0}
+
+function H.test(name, fn)
+  local ok, err = xpcall(fn, debug.traceback)
+  if ok then
+    H.passed = H.passed + 1
+    print('ok    ' .. name)
+  else
+    H.failed = H.failed + 1
+    print('FAIL  ' .. name .. '\n' .. tostring(err))
+  end
+end
+
+local function show(v)
+  if type(v) == 'table' then
+    local parts = {}
+    for i, x in ipairs(v) do parts[i] = show(x) end
+    return '{' .. table.concat(parts, ', ') .. '}'
+  end
+  return tostring(v)
+end
+
+-- equal values (tables compared element by element, recursively)
+function H.eq(got, want, what)
+  local function same(a, b)
+    if type(a) ~= 'table' or type(b) ~= 'table' then return a == b end
+    if #a ~= #b then return false end
+    for i = 1, #a do if not same(a[i], b[i]) then return false end end
+    return true
+  end
+  if not same(got, want) then
+    error(('%s: expected %s, got %s'):format(what or 'value', show(want), show(got)), 2)
+  end
+end
+
+-- tensors (or nested tables, or a number for a 0-dim tensor) equal in shape and within tol elementwise
+function H.close(got, want, tol, what)
+  tol = tol or 1e-6
+  local g = torch.is_tensor(got) and got:double() or torch.tensor(got, {dtype = 'float64'})
+  local w = torch.is_tensor(want) and want:double() or torch.tensor(want, {dtype = 'float64'})
+  if table.concat(g:size(), 'x') ~= table.concat(w:size(), 'x') then
+    error(('%s: shape %s, expected %s'):format(what or 'tensor', table.concat(g:size(), 'x'), table.concat(w:size(), 'x')), 2)
+  end
+  local maxdiff = g:numel() == 0 and 0 or (g - w):abs():max():item()
+  if not (maxdiff <= tol) then
+    error(('%s: maxdiff %.3g exceeds tolerance %.3g\ngot %s\nexpected %s'):format(what or 'tensor', maxdiff, tol, tostring(g), tostring(w)), 2)
+  end
+end
+
+-- fn raises an error whose message ends with `expected` (the position prefix varies)
+function H.raises(fn, expected)
+  local ok, err = pcall(fn)
+  if ok then error('expected an error: ' .. expected, 2) end
+  err = tostring(err)
+  if err:sub(-#expected) ~= expected then
+    error(('wrong error\n  got:      %s\n  expected: ...%s'):format(err, expected), 2)
+  end
+end
+
+function H.done()
+  print(('%d passed, %d failed'):format(H.passed, H.failed))
+  os.exit(H.failed == 0 and 0 or 1)
+end
+
+return H
