@@ -4,10 +4,12 @@
 #include "host/repl.h"
 
 #include <lua.hpp>
+#include <luajit.h>
 
 #include <editline/readline.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -80,6 +82,11 @@ bool is_incomplete(lua_State* L, int status) {
   const char* msg = lua_tolstring(L, -1, &n);
   const char mark[] = "'<eof>'";
   return msg && n >= sizeof(mark) - 1 && std::strcmp(msg + n - (sizeof(mark) - 1), mark) == 0;
+}
+
+std::string strip_semicolons(std::string s) {
+  while (!s.empty() && (s.back() == ';' || std::isspace(static_cast<unsigned char>(s.back())))) s.pop_back();
+  return s;
 }
 
 bool ends_with_semicolon(const std::string& s) {
@@ -162,8 +169,10 @@ int run_repl(LuaState& state) {
     if (chunk.empty() && line.find_first_not_of(" \t\r") == std::string::npos) continue;
     chunk += chunk.empty() ? line : "\n" + line;
 
-    // An expression prints its values; otherwise run it as a statement.
-    std::string as_expression = "return " + chunk;
+    // An expression prints its values; otherwise run it as a statement. The
+    // values pass through a function call so that `x:f(y)` is not a tail call,
+    // which would lose its line and name in error messages.
+    std::string as_expression = "local function values(...) return ... end return values(" + strip_semicolons(chunk) + "\n)";
     int status = luaL_loadbuffer(L, as_expression.data(), as_expression.size(), "=stdin");
     if (status != 0) {
       lua_pop(L, 1);
@@ -183,6 +192,10 @@ int run_repl(LuaState& state) {
       chunk.clear();
       continue;
     }
+    // Code typed at the prompt runs in LuaJIT's interpreter: compiled traces
+    // skip the hook that Ctrl-C sets, so a typed `while true do end` could not
+    // be stopped. Functions from scripts and the library stay compiled.
+    luaJIT_setmode(L, lua_gettop(L), LUAJIT_MODE_ALLFUNC | LUAJIT_MODE_OFF);
     bool quiet = ends_with_semicolon(chunk);
     chunk.clear();
     int base = lua_gettop(L);  // the loaded chunk sits at base
