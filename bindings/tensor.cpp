@@ -74,31 +74,28 @@ Operands operands(lua_State* L, const char* op) {
   return {tensor_or_scalar(L, 1), tensor_or_scalar(L, 2)};
 }
 
-int tensor_add(lua_State* L) {
-  auto o = operands(L, "+");
-  push_tensor(L, at::add(o.a, o.b));
+// The arithmetic metamethods share one body; upvalue 1 is their Operator entry.
+struct Operator {
+  const char* event;   // "__add"
+  const char* symbol;  // "+", for messages
+  at::Tensor (*fn)(const at::Tensor&, const at::Tensor&);
+};
+
+const Operator operators[] = {
+    {"__add", "+", [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }},
+    {"__sub", "-", [](const at::Tensor& a, const at::Tensor& b) { return at::sub(a, b); }},
+    {"__mul", "*", [](const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); }},
+    {"__div", "/", [](const at::Tensor& a, const at::Tensor& b) { return at::div(a, b); }},
+    {"__mod", "%", [](const at::Tensor& a, const at::Tensor& b) { return at::remainder(a, b); }},
+};
+
+int tensor_operator(lua_State* L) {
+  auto* op = static_cast<const Operator*>(lua_touserdata(L, lua_upvalueindex(1)));
+  auto o = operands(L, op->symbol);
+  push_tensor(L, op->fn(o.a, o.b));
   return 1;
 }
-int tensor_sub(lua_State* L) {
-  auto o = operands(L, "-");
-  push_tensor(L, at::sub(o.a, o.b));
-  return 1;
-}
-int tensor_mul(lua_State* L) {
-  auto o = operands(L, "*");
-  push_tensor(L, at::mul(o.a, o.b));
-  return 1;
-}
-int tensor_div(lua_State* L) {
-  auto o = operands(L, "/");
-  push_tensor(L, at::div(o.a, o.b));
-  return 1;
-}
-int tensor_mod(lua_State* L) {
-  auto o = operands(L, "%");
-  push_tensor(L, at::remainder(o.a, o.b));
-  return 1;
-}
+
 int tensor_pow(lua_State* L) {
   auto o = operands(L, "^");
   if (lua_type(L, 2) == LUA_TNUMBER)
@@ -586,11 +583,6 @@ const luaL_Reg tensor_metamethods[] = {
     {"__tostring", guarded<tensor_tostring>},
     {"__eq", guarded<tensor_eq>},
     {"__len", guarded<tensor_len>},
-    {"__add", guarded<tensor_add>},
-    {"__sub", guarded<tensor_sub>},
-    {"__mul", guarded<tensor_mul>},
-    {"__div", guarded<tensor_div>},
-    {"__mod", guarded<tensor_mod>},
     {"__pow", guarded<tensor_pow>},
     {"__unm", guarded<tensor_unm>},
     {"__newindex", guarded<tensor_newindex>},
@@ -666,6 +658,11 @@ std::vector<at::Tensor> check_tensor_table(lua_State* L, int idx) {
 int luaopen_anatomy_tensor(lua_State* L) {
   luaL_newmetatable(L, kTensorMeta);   // mt
   luaL_register(L, nullptr, tensor_metamethods);
+  for (const Operator& op : operators) {
+    lua_pushlightuserdata(L, const_cast<Operator*>(&op));
+    lua_pushcclosure(L, guarded<tensor_operator>, 1);
+    lua_setfield(L, -2, op.event);
+  }
   lua_pushliteral(L, "Tensor");
   lua_setfield(L, -2, "__metatable");  // getmetatable(x) gives a string: __gc stays put
   lua_newtable(L);                     // mt methods

@@ -97,11 +97,15 @@ bool ends_with_semicolon(const std::string& s) {
 enum class Read { kLine, kEnd, kInterrupted };
 
 Read read_line(bool tty, const char* prompt, std::string& line) {
+  g_prompt_interrupted = 0;
   if (!tty) {
-    if (!std::getline(std::cin, line)) return Read::kEnd;
+    while (!std::getline(std::cin, line)) {
+      if (!g_prompt_interrupted) return Read::kEnd;
+      g_prompt_interrupted = 0;  // Ctrl-C while waiting for input: keep reading
+      std::cin.clear();
+    }
     return Read::kLine;
   }
-  g_prompt_interrupted = 0;
   char* s = readline(prompt);
   if (g_prompt_interrupted) {
     std::free(s);
@@ -158,7 +162,7 @@ int run_repl(LuaState& state) {
 
   std::string chunk;
   for (;;) {
-    if (tty) set_prompt_sigint();
+    set_prompt_sigint();
     std::string line;
     Read r = read_line(tty, chunk.empty() ? "> " : ">> ", line);
     if (r == Read::kEnd) break;

@@ -86,8 +86,8 @@ TEST_CASE("the options help and version and threads and device and seed", "[repl
   CHECK(run("--bogus").status == 2);
 }
 
-// Starts the REPL on pipes, feeds `loop`, sends SIGINT after 1.5 s, then feeds
-// `after`; returns everything the REPL printed.
+// Starts the REPL on pipes, feeds `loop`, sends SIGINT once it runs, then
+// feeds `after`; returns everything the REPL printed.
 std::string interrupt_repl(const std::string& loop, const std::string& after) {
   int in[2], out[2];
   REQUIRE(pipe(in) == 0);
@@ -105,14 +105,17 @@ std::string interrupt_repl(const std::string& loop, const std::string& after) {
   }
   close(in[0]);
   close(out[1]);
-  REQUIRE(write(in[1], loop.data(), loop.size()) == static_cast<ssize_t>(loop.size()));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  kill(pid, SIGINT);
-  REQUIRE(write(in[1], after.data(), after.size()) == static_cast<ssize_t>(after.size()));
-  close(in[1]);
+  // The loop's own line announces that it runs; SIGINT goes only then.
+  std::string start = "kept = 'yes'\nn = 0\nprint('started') io.stdout:flush() " + loop + "\n";
+  REQUIRE(write(in[1], start.data(), start.size()) == static_cast<ssize_t>(start.size()));
   std::string output;
   char buf[4096];
   ssize_t n;
+  while (output.find("started") == std::string::npos && (n = read(out[0], buf, sizeof buf)) > 0) output.append(buf, n);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  kill(pid, SIGINT);
+  REQUIRE(write(in[1], after.data(), after.size()) == static_cast<ssize_t>(after.size()));
+  close(in[1]);
   while ((n = read(out[0], buf, sizeof buf)) > 0) output.append(buf, n);
   close(out[0]);
   int status = 0;
@@ -123,13 +126,13 @@ std::string interrupt_repl(const std::string& loop, const std::string& after) {
 
 TEST_CASE("Ctrl-C interrupts a running loop, not the REPL", "[repl]") {
   SECTION("a loop calling tensor functions") {
-    std::string out = interrupt_repl("kept = 'yes'\nn = 0\nwhile true do n = n + torch.ones(1):item() end\n",
+    std::string out = interrupt_repl("while true do n = n + torch.ones(1):item() end",
                                      "print(kept, n > 0)\n");
     CHECK(contains(out, "interrupted"));
     CHECK(contains(out, "yes\ttrue"));
   }
   SECTION("a pure Lua loop (which LuaJIT would otherwise compile)") {
-    std::string out = interrupt_repl("kept = 'yes'\nn = 0\nwhile true do n = n + 1 end\n", "print(kept, n > 1000)\n");
+    std::string out = interrupt_repl("while true do n = n + 1 end", "print(kept, n > 1000)\n");
     CHECK(contains(out, "interrupted"));
     CHECK(contains(out, "yes\ttrue"));
   }

@@ -62,7 +62,7 @@ end
 
 function H.done()
   print(('%d passed, %d failed'):format(H.passed, H.failed))
-  os.exit(H.failed == 0 and 0 or 1)
+  os.exit(H.failed == 0 and 0 or 1, true)  -- true: close the state, freeing every tensor
 end
 
 return H
