@@ -12,8 +12,12 @@ namespace anatomy::lua {
 int luaopen_anatomy_core(lua_State* L);
 /// Pushes the methods table (torch.Tensor) after creating the metatable.
 int luaopen_anatomy_tensor(lua_State* L);
-/// Adds math, reductions and comparisons to the methods table at idx.
+/// Adds size, view, reshape, permute, narrow, split, ... to the methods table at idx.
+void register_tensor_shape(lua_State* L, int methods);
+/// Adds elementwise math, products and comparisons to the methods table at idx.
 void register_tensor_math(lua_State* L, int methods);
+/// Adds reductions, index-tensor selection and in-place fills to the methods table at idx.
+void register_tensor_reduce(lua_State* L, int methods);
 /// Adds backward, hooks, detach, ... to the methods table at idx.
 void register_tensor_autograd(lua_State* L, int methods);
 /// Pushes a Lua array of tensors.

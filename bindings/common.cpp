@@ -105,6 +105,14 @@ void push_tensor(lua_State* L, at::Tensor t) {
   lua_setmetatable(L, -2);
 }
 
+void push_sizes(lua_State* L, at::IntArrayRef sizes) {
+  lua_createtable(L, static_cast<int>(sizes.size()), 0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    lua_pushnumber(L, static_cast<lua_Number>(sizes[i]));
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+}
+
 at::Scalar number_scalar(double v) {
   if (v == std::floor(v) && std::fabs(v) < 9.007199254740992e15) return at::Scalar(static_cast<int64_t>(v));
   return at::Scalar(v);
@@ -134,6 +142,11 @@ bool broadcastable(at::IntArrayRef a, at::IntArrayRef b) {
     if (x != y && x != 1 && y != 1) return false;
   }
   return true;
+}
+
+void check_broadcast(const at::Tensor& a, const at::Tensor& b, int arg) {
+  if (!broadcastable(a.sizes(), b.sizes()))
+    throw ArgError(arg, "shapes " + shape_string(a.sizes()) + " and " + shape_string(b.sizes()) + " cannot be broadcast");
 }
 
 // ---- plain arguments ------------------------------------------------------

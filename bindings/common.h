@@ -65,6 +65,8 @@ int guarded(lua_State* L) {
 at::Tensor& check_tensor(lua_State* L, int idx);
 /// The tensor at idx, or nullptr if the value is not a tensor.
 at::Tensor* to_tensor(lua_State* L, int idx);
+/// Pushes sizes (or strides) as a Lua array.
+void push_sizes(lua_State* L, at::IntArrayRef sizes);
 /// Pushes a tensor (nil if undefined).
 void push_tensor(lua_State* L, at::Tensor t);
 /// A Lua number as a Scalar: integral values become integers, so that an int
@@ -76,6 +78,9 @@ at::Tensor tensor_or_scalar(lua_State* L, int idx, const char* expected = "Tenso
 
 /// True when two shapes broadcast against each other (PyTorch's rules).
 bool broadcastable(at::IntArrayRef a, at::IntArrayRef b);
+
+/// ArgError "shapes AxB and C cannot be broadcast" unless they can.
+void check_broadcast(const at::Tensor& a, const at::Tensor& b, int arg);
 
 // ---- plain arguments ------------------------------------------------------
 
