@@ -20,6 +20,10 @@ void register_tensor_math(lua_State* L, int methods);
 void register_tensor_reduce(lua_State* L, int methods);
 /// Adds backward, hooks, detach, ... to the methods table at idx.
 void register_tensor_autograd(lua_State* L, int methods);
+/// Pushes the table of built-in block constructors (torch._native).
+int luaopen_anatomy_module(lua_State* L);
+/// Adds save_safetensors and load_safetensors to the torch table on the stack top.
+void register_safetensors(lua_State* L, int torch);
 /// Pushes a Lua array of tensors.
 void push_tensor_table(lua_State* L, const std::vector<at::Tensor>& ts);
 /// Reads a Lua array of tensors at idx (argument `arg` for errors).

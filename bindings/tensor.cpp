@@ -182,6 +182,7 @@ bool push_property(lua_State* L, const at::Tensor& t, const char* key) {
              return p;
            }()));
   else if (k == "is_cuda") lua_pushboolean(L, t.is_cuda());
+  else if (k == "data") push_tensor(L, t.detach());
   else return false;
   return true;
 }
@@ -218,11 +219,15 @@ int tensor_newindex(lua_State* L) {
     std::string k = lua_tostring(L, 2);
     if (k == "requires_grad") {
       t.requires_grad_(lua_toboolean(L, 3));
+    } else if (k == "data") {
+      // x.data = y: x takes y's values, shape, dtype and device, and keeps its
+      // identity (what an optimizer or a module holds), as in PyTorch.
+      t.set_data(check_tensor(L, 3));
     } else if (k == "grad") {
       if (lua_isnil(L, 3)) t.mutable_grad() = at::Tensor();
       else t.mutable_grad() = check_tensor(L, 3);
     } else {
-      throw CallError("cannot set field '" + k + "' of a Tensor (settable: requires_grad, grad)");
+      throw CallError("cannot set field '" + k + "' of a Tensor (settable: requires_grad, grad, data)");
     }
     return 0;
   }

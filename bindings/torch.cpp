@@ -364,6 +364,25 @@ int torch_set_printoptions(lua_State* L) {
   return 0;
 }
 
+// ---- losses -------------------------------------------------------------------------
+
+// _cross_entropy(logits (..., V), targets (...) int64, 1-based) -> mean loss
+int torch_cross_entropy(lua_State* L) {
+  at::Tensor& logits = check_tensor(L, 1);
+  at::Tensor& targets = check_tensor(L, 2);
+  if (logits.dim() < 1) throw ArgError(1, "logits need a class dimension");
+  if (targets.scalar_type() != at::kLong)
+    throw ArgError(2, std::string("targets must be int64 class ids, got ") + dtype_name(targets.scalar_type()));
+  std::vector<int64_t> lead(logits.sizes().begin(), logits.sizes().end() - 1);
+  if (!targets.sizes().equals(lead))
+    throw ArgError(2, "targets have shape " + shape_string(targets.sizes()) + ", expected " + shape_string(lead) +
+                          " for logits of shape " + shape_string(logits.sizes()));
+  int64_t V = logits.size(-1);
+  at::Tensor t0 = zero_based_index(targets, V, 2);
+  push_tensor(L, at::cross_entropy_loss(logits.reshape({-1, V}), t0.reshape({-1})));
+  return 1;
+}
+
 // ---- torch.linalg ---------------------------------------------------------------
 
 int linalg_svdvals(lua_State* L) {
@@ -432,6 +451,7 @@ const luaL_Reg torch_functions[] = {
     {"get_num_threads", guarded<torch_get_num_threads>},
     {"set_num_threads", guarded<torch_set_num_threads>},
     {"set_printoptions", guarded<torch_set_printoptions>},
+    {"_cross_entropy", guarded<torch_cross_entropy>},
     {nullptr, nullptr},
 };
 
@@ -460,6 +480,9 @@ int luaopen_anatomy_core(lua_State* L) {
   lua_newtable(L);
   luaL_register(L, nullptr, cuda_functions);
   lua_setfield(L, -2, "cuda");
+  register_safetensors(L, lua_gettop(L));
+  luaopen_anatomy_module(L);
+  lua_setfield(L, -2, "_native");
   lua_pushstring(L, torch_version().c_str());
   lua_setfield(L, -2, "libtorch_version");
   return 1;

@@ -53,7 +53,7 @@ TEST_CASE("bad inputs raise Lua errors with exact texts", "[errors]") {
         "test:1: bad argument #2 to 'gather' (index 5 out of range of size 4)");
   CHECK(error_of("local c = a:item()") ==
         "test:1: calling 'item' on bad self (item() needs a tensor with one element, got 12 of shape 4x3)");
-  CHECK(error_of("a.foo = 1") == "test:1: cannot set field 'foo' of a Tensor (settable: requires_grad, grad)");
+  CHECK(error_of("a.foo = 1") == "test:1: cannot set field 'foo' of a Tensor (settable: requires_grad, grad, data)");
   CHECK(error_of("setmetatable(a, nil)") == "test:1: bad argument #1 to 'setmetatable' (table expected, got userdata)");
   CHECK(error_of("local c = torch.cat({a, torch.ones(2, 2)})") ==
         "test:1: bad argument #1 to 'cat' (tensor 2 has shape 2x2 and tensor 1 has 4x3; all dimensions but 1 must match)");

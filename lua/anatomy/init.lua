@@ -1,6 +1,7 @@
 -- anatomy: the `torch` table seen by scripts and the REPL. The native half
 -- (anatomy.core) holds tensors and kernels; this file completes it in Lua.
 local torch = require 'anatomy.core'
+_G.torch = torch  -- the rest of the library refers to the global, as scripts do
 
 torch.version = '0.1.0'
 
@@ -24,6 +25,11 @@ end
 
 require 'anatomy.tensor'
 
+-- nn and models are globals in scripts and the REPL, like torch.
+torch.nn = require 'anatomy.nn'
+nn = torch.nn
+models = require 'anatomy.models'
+
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).
 do
@@ -37,6 +43,7 @@ do
   record(torch, '')
   record(torch.linalg, 'linalg.')
   record(torch.cuda, 'cuda.')
+  record(torch._native, 'nn.')
   debug.getregistry()['anatomy.names'] = names
 end
 

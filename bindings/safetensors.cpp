@@ -1,0 +1,103 @@
+// torch.save_safetensors and torch.load_safetensors: Lua tables of named
+// tensors to and from safetensors files (host/io/safetensors.h).
+#include <ATen/ATen.h>
+
+#include "bindings/bindings.h"
+#include "bindings/common.h"
+#include "host/io/safetensors.h"
+#include "host/runtime.h"
+
+#include <algorithm>
+
+namespace anatomy::lua {
+namespace {
+
+// A string-keyed Lua table at idx, sorted by key for a deterministic file.
+io::NamedTensors check_named_tensors(lua_State* L, int idx) {
+  if (lua_type(L, idx) != LUA_TTABLE) throw ArgError(idx, "table of name = Tensor expected, got " + type_name(L, idx));
+  io::NamedTensors out;
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    if (lua_type(L, -2) != LUA_TSTRING) {
+      std::string got = type_name(L, -2);
+      lua_pop(L, 2);
+      throw ArgError(idx, "tensor names must be strings, got a " + got + " key");
+    }
+    std::string name = lua_tostring(L, -2);
+    at::Tensor* t = to_tensor(L, -1);
+    if (!t) {
+      std::string got = type_name(L, -1);
+      lua_pop(L, 2);
+      throw ArgError(idx, "entry '" + name + "' is " + got + ", expected a Tensor");
+    }
+    out.emplace_back(name, *t);
+    lua_pop(L, 1);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+// torch.save_safetensors(path, {name = tensor, ...}, [{key = 'value', ...}])
+int torch_save_safetensors(lua_State* L) {
+  std::string path = check_string(L, 1);
+  io::NamedTensors tensors = check_named_tensors(L, 2);
+  std::map<std::string, std::string> metadata;
+  if (!lua_isnoneornil(L, 3)) {
+    if (lua_type(L, 3) != LUA_TTABLE) throw ArgError(3, "metadata table expected, got " + type_name(L, 3));
+    lua_pushnil(L);
+    while (lua_next(L, 3)) {
+      if (lua_type(L, -2) != LUA_TSTRING || !lua_isstring(L, -1)) {
+        lua_pop(L, 2);
+        throw ArgError(3, "metadata keys and values must be strings");
+      }
+      lua_pushvalue(L, -1);  // tostring a number without touching the key
+      metadata[lua_tostring(L, -3)] = lua_tostring(L, -1);
+      lua_pop(L, 2);
+    }
+  }
+  try {
+    io::save_safetensors(path, tensors, metadata);
+  } catch (const io::SafetensorsError& e) {
+    throw CallError(e.what());
+  }
+  return 0;
+}
+
+// torch.load_safetensors(path) -> {name = tensor, ...}, metadata, names (file order)
+int torch_load_safetensors(lua_State* L) {
+  std::string path = check_string(L, 1);
+  io::SafetensorsFile file;
+  try {
+    file = io::load_safetensors(path);
+  } catch (const io::SafetensorsError& e) {
+    throw CallError(e.what());
+  }
+  lua_createtable(L, 0, static_cast<int>(file.tensors.size()));
+  for (const auto& [name, t] : file.tensors) {
+    push_tensor(L, t.to(default_device()));
+    lua_setfield(L, -2, name.c_str());
+  }
+  lua_createtable(L, 0, static_cast<int>(file.metadata.size()));
+  for (const auto& [k, v] : file.metadata) {
+    lua_pushlstring(L, v.data(), v.size());
+    lua_setfield(L, -2, k.c_str());
+  }
+  lua_createtable(L, static_cast<int>(file.tensors.size()), 0);
+  for (size_t i = 0; i < file.tensors.size(); ++i) {
+    lua_pushstring(L, file.tensors[i].first.c_str());
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+  return 3;
+}
+
+const luaL_Reg safetensors_functions[] = {
+    {"save_safetensors", guarded<torch_save_safetensors>},
+    {"load_safetensors", guarded<torch_load_safetensors>},
+    {nullptr, nullptr},
+};
+
+}  // namespace
+
+void register_safetensors(lua_State* L, int torch) { luaL_register(L, nullptr, safetensors_functions); }
+
+}  // namespace anatomy::lua

@@ -1,0 +1,216 @@
+// Built-in blocks (see blocks.h). Each forward checks its input and says what
+// it expected; the arithmetic is ATen's.
+#include "host/nn/blocks.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+#include "host/runtime.h"
+#include "host/tensor_format.h"
+
+namespace anatomy::nn {
+namespace {
+
+std::string bool_str(bool b) { return b ? "true" : "false"; }
+
+std::string number_str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Parameters are made on the default device, like every factory.
+at::TensorOptions param_options() { return at::TensorOptions().dtype(at::kFloat).device(default_device()); }
+
+void require_last_dim(const at::Tensor& x, int64_t dim, const char* what) {
+  if (x.dim() == 0 || x.size(-1) != dim)
+    throw InputError(std::string(what) + " expects inputs whose last dimension is " + std::to_string(dim) +
+                     ", got shape " + shape_of(x));
+  if (!at::isFloatingType(x.scalar_type()))
+    throw InputError(std::string(what) + " expects a floating-point input, got " + dtype_name(x.scalar_type()));
+}
+
+void require_btc(const at::Tensor& x, int64_t dim, const char* what) {
+  if (x.dim() != 3 || (dim > 0 && x.size(2) != dim))
+    throw InputError(std::string(what) + " expects input of shape (B, T, " + (dim > 0 ? std::to_string(dim) : "C") +
+                     "), got " + shape_of(x));
+  if (!at::isFloatingType(x.scalar_type()))
+    throw InputError(std::string(what) + " expects a floating-point input, got " + dtype_name(x.scalar_type()));
+}
+
+// -inf above the diagonal: position t sees positions 1..t.
+at::Tensor causal_mask(int64_t T, const at::Device& device) {
+  return at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1);
+}
+
+}  // namespace
+
+std::string shape_of(const at::Tensor& x) {
+  std::string s;
+  for (int64_t i = 0; i < x.dim(); ++i) s += (i ? "x" : "") + std::to_string(x.size(i));
+  return s.empty() ? "scalar" : s;
+}
+
+// ---- Linear -----------------------------------------------------------------------
+
+Linear::Linear(int64_t in, int64_t out, bool has_bias) : in_features(in), out_features(out) {
+  double bound = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in, 1)));
+  weight = register_parameter("weight", at::empty({out, in}, param_options()).uniform_(-bound, bound));
+  if (has_bias) bias = register_parameter("bias", at::empty({out}, param_options()).uniform_(-bound, bound));
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) {
+  require_last_dim(x, in_features, "Linear");
+  return at::linear(x, weight, bias);
+}
+
+std::string Linear::describe() const {
+  return std::to_string(in_features) + " -> " + std::to_string(out_features) + ", bias=" + bool_str(bias.defined());
+}
+
+// ---- Embedding --------------------------------------------------------------------
+
+Embedding::Embedding(int64_t n, int64_t dim, int64_t pos) : num_embeddings(n), embedding_dim(dim), positions(pos) {
+  weight = register_parameter("weight", at::randn({n, dim}, param_options()));
+  if (pos > 0) pos_weight = register_parameter("pos_weight", at::randn({pos, dim}, param_options()));
+}
+
+at::Tensor Embedding::forward(const at::Tensor& ids) {
+  if (ids.scalar_type() != at::kLong)
+    throw InputError(std::string("Embedding expects int64 token ids, got ") + dtype_name(ids.scalar_type()) +
+                     " (use {dtype = 'int64'} or x:long())");
+  if (ids.numel() > 0) {
+    int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+    if (lo < 1 || hi > num_embeddings)
+      throw InputError("token id " + std::to_string(lo < 1 ? lo : hi) + " is out of range 1.." +
+                       std::to_string(num_embeddings) + " (ids are 1-based)");
+  }
+  at::Tensor x = at::embedding(weight, ids - 1);
+  if (pos_weight.defined()) {
+    if (ids.dim() < 1) throw InputError("Embedding with positions expects ids of shape (B, T) or (T)");
+    int64_t T = ids.size(-1);
+    if (T > positions)
+      throw InputError("sequence length " + std::to_string(T) + " exceeds the " + std::to_string(positions) +
+                       " learned positions");
+    x = x + pos_weight.narrow(0, 0, T);
+  }
+  return x;
+}
+
+std::string Embedding::describe() const {
+  std::string s = std::to_string(num_embeddings) + ", " + std::to_string(embedding_dim);
+  if (positions > 0) s += ", positions=" + std::to_string(positions);
+  return s;
+}
+
+// ---- norms ----------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(int64_t d, double e) : dim(d), eps(e) {
+  weight = register_parameter("weight", at::ones({d}, param_options()));
+  bias = register_parameter("bias", at::zeros({d}, param_options()));
+}
+
+at::Tensor LayerNorm::forward(const at::Tensor& x) {
+  require_last_dim(x, dim, "LayerNorm");
+  return at::layer_norm(x, {dim}, weight, bias, eps);
+}
+
+std::string LayerNorm::describe() const { return std::to_string(dim) + ", eps=" + number_str(eps); }
+
+RMSNorm::RMSNorm(int64_t d, double e) : dim(d), eps(e) {
+  weight = register_parameter("weight", at::ones({d}, param_options()));
+}
+
+at::Tensor RMSNorm::forward(const at::Tensor& x) {
+  require_last_dim(x, dim, "RMSNorm");
+  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+}
+
+std::string RMSNorm::describe() const { return std::to_string(dim) + ", eps=" + number_str(eps); }
+
+// ---- activations and dropout ---------------------------------------------------------
+
+Activation::Activation(std::string n) : name(std::move(n)) {
+  if (name != "gelu" && name != "gelu_tanh" && name != "relu")
+    throw std::invalid_argument("unknown activation '" + name + "', expected gelu, gelu_tanh or relu");
+}
+
+at::Tensor Activation::forward(const at::Tensor& x) {
+  if (name == "relu") return at::relu(x);
+  return at::gelu(x, name == "gelu_tanh" ? "tanh" : "none");
+}
+
+std::string Activation::kind() const { return name == "relu" ? "ReLU" : "GELU"; }
+std::string Activation::describe() const { return name == "gelu_tanh" ? "approximate='tanh'" : ""; }
+
+Dropout::Dropout(double rate) : p(rate) {
+  if (p < 0 || p >= 1) throw std::invalid_argument("dropout probability must be in [0, 1), got " + number_str(p));
+}
+
+at::Tensor Dropout::forward(const at::Tensor& x) { return p == 0 ? x : at::dropout(x, p, is_training()); }
+std::string Dropout::describe() const { return "p=" + number_str(p); }
+
+// ---- attention ----------------------------------------------------------------------
+
+Attention::Attention(int64_t d, int64_t h, bool c, bool bias) : dim(d), heads(h), causal(c) {
+  if (h < 1 || d % h != 0)
+    throw std::invalid_argument("dim " + std::to_string(d) + " is not divisible by " + std::to_string(h) + " heads");
+  qkv = register_module("qkv", std::make_shared<Linear>(d, 3 * d, bias));
+  proj = register_module("proj", std::make_shared<Linear>(d, d, bias));
+}
+
+at::Tensor Attention::forward(const at::Tensor& x) {
+  require_btc(x, dim, "Attention");
+  const int64_t B = x.size(0), T = x.size(1), C = dim, H = heads, D = C / H;
+  auto parts = qkv->forward(x).split(C, -1);  // q, k, v: (B, T, C)
+  auto split_heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
+  at::Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
+  at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
+  if (causal) att = att.masked_fill(causal_mask(T, x.device()), -std::numeric_limits<double>::infinity());
+  att = at::softmax(att, -1);
+  if (keep_pattern) pattern = pattern_grad ? att : att.detach();
+  at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+  return proj->forward(y);
+}
+
+std::string Attention::describe() const {
+  return std::to_string(dim) + ", heads=" + std::to_string(heads) + ", causal=" + bool_str(causal);
+}
+
+VibeAttention::VibeAttention(bool c) : causal(c) {}
+
+at::Tensor VibeAttention::forward(const at::Tensor& x) {
+  require_btc(x, 0, "VibeAttention");
+  const int64_t T = x.size(1), C = x.size(2);
+  at::Tensor att = at::matmul(x, x.transpose(1, 2)) * (1.0 / std::sqrt(static_cast<double>(C)));  // (B, T, T)
+  if (causal) att = att.masked_fill(causal_mask(T, x.device()), -std::numeric_limits<double>::infinity());
+  att = at::softmax(att, -1);
+  if (keep_pattern) pattern = (pattern_grad ? att : att.detach()).unsqueeze(1);  // (B, 1, T, T)
+  return at::matmul(att, x);
+}
+
+std::string VibeAttention::describe() const { return "causal=" + bool_str(causal); }
+
+// ---- MLP -------------------------------------------------------------------------------
+
+MLP::MLP(int64_t d, int64_t h, const std::string& act, bool bias) : dim(d), hidden(h), activation(act) {
+  Activation check(act);  // validates the name
+  fc = register_module("fc", std::make_shared<Linear>(d, h, bias));
+  proj = register_module("proj", std::make_shared<Linear>(h, d, bias));
+}
+
+at::Tensor MLP::forward(const at::Tensor& x) {
+  require_last_dim(x, dim, "MLP");
+  at::Tensor h = fc->forward(x);
+  h = activation == "relu" ? at::relu(h) : at::gelu(h, activation == "gelu_tanh" ? "tanh" : "none");
+  return proj->forward(h);
+}
+
+std::string MLP::describe() const {
+  return std::to_string(dim) + " -> " + std::to_string(hidden) + " -> " + std::to_string(dim) + ", activation='" +
+         activation + "'";
+}
+
+}  // namespace anatomy::nn

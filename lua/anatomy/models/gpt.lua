@@ -1,0 +1,67 @@
+-- models.gpt{vocab, dim, heads, layers, seq, ffn, residual = true, norm = 'post'|'pre', activation = 'relu'}
+-- The standard character transformer. Each block has attention and an MLP
+-- (dim -> ffn -> dim), with LayerNorm:
+--   post  x = ln1(x + attn(x)); x = ln2(x + mlp(x))        (residual = false drops both adds)
+--   pre   x = x + attn(ln1(x)); x = x + mlp(ln2(x)); a final ln_f before the head
+-- With layers = 1, dim = 64, heads = 2, ffn = 128, norm = 'post' it is the
+-- one-layer model of the residual-ablation experiment.
+local models = require 'anatomy.models'
+
+local GPTBlock = nn.block('models.GPTBlock', function(self, cfg)
+  rawset(self, 'residual', cfg.residual ~= false)
+  rawset(self, 'pre', cfg.norm == 'pre')
+  self.attn = nn.Attention(cfg.dim, cfg.heads, {causal = true})
+  self.ln1 = nn.LayerNorm(cfg.dim)
+  self.mlp = nn.MLP(cfg.dim, cfg.ffn, {activation = cfg.activation or 'relu'})
+  self.ln2 = nn.LayerNorm(cfg.dim)
+end)
+models.GPTBlock = GPTBlock
+
+function GPTBlock:forward(x)
+  if self.pre then
+    if self.residual then
+      x = x + self.attn(self.ln1(x))
+      return x + self.mlp(self.ln2(x))
+    end
+    return self.mlp(self.ln2(self.attn(self.ln1(x))))
+  end
+  if self.residual then
+    x = self.ln1(x + self.attn(x))
+    return self.ln2(x + self.mlp(x))
+  end
+  return self.ln2(self.mlp(self.ln1(self.attn(x))))
+end
+
+function GPTBlock:extra_repr()
+  return ('%s-norm%s'):format(self.pre and 'pre' or 'post', self.residual and '' or ', no residual')
+end
+
+local GPT = nn.block('models.GPT', function(self, cfg)
+  models.check_config('gpt', cfg, {'vocab', 'dim', 'heads', 'layers', 'seq', 'ffn'}, {'residual', 'norm', 'activation'})
+  local norm = cfg.norm or 'post'
+  if norm ~= 'post' and norm ~= 'pre' then
+    error(("models.gpt: norm must be 'post' or 'pre', got '%s'"):format(tostring(norm)), 4)
+  end
+  rawset(self, 'config', cfg)
+  self.embed = nn.Embedding(cfg.vocab, cfg.dim, {positions = cfg.seq})
+  self.blocks = nn.Repeat(cfg.layers, function() return GPTBlock(cfg) end)
+  if norm == 'pre' then self.ln_f = nn.LayerNorm(cfg.dim) end
+  self.head = nn.Linear(cfg.dim, cfg.vocab)
+end)
+models.GPT = GPT
+
+-- ids (B, T) int64, 1-based -> logits (B, T, V)
+function GPT:forward(ids)
+  local x = self.blocks(self.embed(ids))
+  if self.ln_f then x = self.ln_f(x) end
+  return self.head(x)
+end
+
+function GPT:extra_repr()
+  local c = self.config
+  return ('vocab=%d, dim=%d, heads=%d, layers=%d, seq=%d, ffn=%d'):format(c.vocab, c.dim, c.heads, c.layers, c.seq, c.ffn)
+end
+
+function models.gpt(cfg) return GPT(cfg) end
+
+return GPT

@@ -1,0 +1,19 @@
+-- nn.Gate(f, dim): gate(x) + f(x), the identity replaced by a learnable
+-- Linear(dim, dim) gate, so gradient to earlier layers passes through it.
+local nn = require 'anatomy.nn'
+
+local Gate = nn.class('nn.Gate', nn.Module)
+nn.Gate = Gate
+
+function Gate:__init(inner, dim)
+  nn.Module.__init(self)
+  if type(dim) ~= 'number' then error('nn.Gate(f, dim): dim must be a number', 3) end
+  self.gate = nn.Linear(dim, dim)
+  self.inner = inner
+end
+
+function Gate:forward(x)
+  return nn.call_child(self, 'gate', self.gate, x) + nn.call_child(self, 'inner', self.inner, x)
+end
+
+return Gate

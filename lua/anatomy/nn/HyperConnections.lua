@@ -1,0 +1,104 @@
+-- nn.HyperConnections(f, dim, {streams = 4, constraint = 'sinkhorn'|'none', iters = 20, init_std = 0.2})
+--
+-- The residual stream widened to n copies. With x_l of shape (..., n, C):
+--   x_{l+1} = H_res x_l + H_postᵀ f(H_pre x_l)
+-- where H_res is n x n (mixes the streams), H_pre is 1 x n (reads f's input
+-- from the streams) and H_post is 1 x n (writes f's output back to them).
+--
+-- Parameterisation: static coefficients (learned, not computed from the
+-- input), one set per wrapped block:
+--   res_logits (n x n), init I + N(0, init_std²); pre_logits, post_logits (1 x n), init 0.
+--   constraint = 'sinkhorn' (DeepSeek's mHC):
+--     H_res  = Sinkhorn–Knopp(exp(res_logits)): `iters` rounds of row then
+--              column normalisation, a doubly-stochastic matrix (rows and
+--              columns sum to 1), so mixing cannot amplify the streams;
+--     H_pre  = 2 sigmoid(pre_logits) / n, a mean of the streams at init;
+--     H_post = 2 sigmoid(post_logits), 1 at init.
+--   constraint = 'none' (the original hyper-connections, unconstrained):
+--     H_res = res_logits, H_pre = 1/n + pre_logits, H_post = 1 + post_logits.
+-- Use nn.ExpandStreams(n) before the first block and nn.MergeStreams() after
+-- the last to go between (..., C) and (..., n, C).
+local nn = require 'anatomy.nn'
+
+local HC = nn.class('nn.HyperConnections', nn.Module)
+nn.HyperConnections = HC
+
+function HC:__init(inner, dim, opts)
+  nn.Module.__init(self)
+  opts = opts or {}
+  local n = opts.streams or 4
+  local constraint = opts.constraint or 'sinkhorn'
+  if constraint ~= 'sinkhorn' and constraint ~= 'none' then
+    error(("nn.HyperConnections: constraint must be 'sinkhorn' or 'none', got '%s'"):format(tostring(constraint)), 3)
+  end
+  rawset(self, 'streams', n)
+  rawset(self, 'dim', dim)
+  rawset(self, 'constraint', constraint)
+  rawset(self, 'iters', opts.iters or 20)
+  local std = opts.init_std or 0.2
+  self.res_logits = nn.Parameter(torch.eye(n) + torch.randn(n, n) * std)
+  self.pre_logits = nn.Parameter(torch.zeros(1, n))
+  self.post_logits = nn.Parameter(torch.zeros(1, n))
+  self.inner = inner
+end
+
+-- Sinkhorn–Knopp: alternately normalise rows and columns of a positive matrix.
+function nn.sinkhorn(logits, iters)
+  local m = logits:exp()
+  for _ = 1, iters do
+    m = m / m:sum(2, true)   -- rows sum to 1
+    m = m / m:sum(1, true)   -- columns sum to 1
+  end
+  return m
+end
+
+-- hc:mixing() -> H_res (n x n), H_pre (1 x n), H_post (1 x n) as used by forward.
+function HC:mixing()
+  local n = self.streams
+  if self.constraint == 'sinkhorn' then
+    return nn.sinkhorn(self.res_logits, self.iters), self.pre_logits:sigmoid() * (2 / n), self.post_logits:sigmoid() * 2
+  end
+  return self.res_logits, self.pre_logits + 1 / n, self.post_logits + 1
+end
+
+-- x: (..., n, C)
+function HC:forward(x)
+  if x:dim() < 2 or x:size(-2) ~= self.streams or x:size(-1) ~= self.dim then
+    error(('nn.HyperConnections expects input of shape (..., %d, %d), got %s (use nn.ExpandStreams(%d) first)')
+      :format(self.streams, self.dim, table.concat(x:size(), 'x'), self.streams), 2)
+  end
+  local res, pre, post = self:mixing()
+  local h = pre:matmul(x):squeeze(-2)                       -- (..., C): f's input
+  local y = nn.call_child(self, 'inner', self.inner, h)     -- (..., C)
+  return res:matmul(x) + post:t() * y:unsqueeze(-2)         -- (..., n, C)
+end
+
+function HC:extra_repr()
+  return ('%d, streams=%d, constraint=%s'):format(self.dim, self.streams, self.constraint)
+end
+
+-- nn.ExpandStreams(n): (..., C) -> (..., n, C), n copies of the stream.
+local Expand = nn.class('nn.ExpandStreams', nn.Module)
+nn.ExpandStreams = Expand
+
+function Expand:__init(n)
+  nn.Module.__init(self)
+  rawset(self, 'streams', n)
+end
+
+function Expand:forward(x)
+  local size = x:size()
+  table.insert(size, #size, self.streams)
+  return x:unsqueeze(-2):expand(size)
+end
+
+function Expand:extra_repr() return tostring(self.streams) end
+
+-- nn.MergeStreams(): (..., n, C) -> (..., C), the sum of the streams.
+local Merge = nn.class('nn.MergeStreams', nn.Module)
+nn.MergeStreams = Merge
+
+function Merge:__init() nn.Module.__init(self) end
+function Merge:forward(x) return x:sum(-2) end
+
+return HC

@@ -1,0 +1,274 @@
+-- nn.Module: the protocol every block follows. Children and parameters are
+-- registered by assigning fields (self.fc = nn.Linear(...), self.w =
+-- nn.Parameter(t)), in definition order; names are dotted paths with 1-based
+-- indices for numbered children (blocks.3.attn.weight).
+local nn = require 'anatomy.nn'
+
+local Module = nn.class('nn.Module')
+nn.Module = Module
+
+-- Tensors marked by nn.Parameter (weak keys: marking keeps nothing alive).
+local marked = setmetatable({}, {__mode = 'k'})
+
+-- nn.Parameter(t): t as a trainable parameter; assigned to a module field, it registers.
+function nn.Parameter(t)
+  assert(torch.is_tensor(t), 'nn.Parameter expects a Tensor')
+  if not t.requires_grad then t = t:detach():requires_grad_() end
+  marked[t] = true
+  return t
+end
+
+function nn.is_module(v) return nn.is_instance(v, Module) end
+
+function Module:__init()
+  rawset(self, '_children', {})     -- child names, in definition order
+  rawset(self, '_params', {})       -- parameter names, in definition order
+  rawset(self, '_param_values', {}) -- name -> tensor (for names that are not fields)
+  rawset(self, 'training', true)
+end
+
+-- A new field: a module or a marked tensor registers; anything else is stored.
+function Module:_set_field(key, value)
+  if type(key) == 'string' and rawget(self, '_children') then
+    if nn.is_module(value) then
+      self:add_module(key, value)
+      return
+    elseif torch.is_tensor(value) and marked[value] then
+      self:register_parameter(key, value)
+      return
+    end
+  end
+  rawset(self, key, value)
+end
+
+local function append_once(list, name)
+  for _, n in ipairs(list) do if n == name then return end end
+  list[#list + 1] = name
+end
+
+-- m:add_module(name, child): registers child under name (a field unless the name has a dot).
+function Module:add_module(name, child)
+  assert(nn.is_module(child), ('add_module: %s is not a module'):format(nn.typename(child)))
+  append_once(self._children, tostring(name))
+  rawset(self, name, child)
+  return child
+end
+
+-- m:register_parameter(name, t): t becomes a parameter called name.
+function Module:register_parameter(name, t)
+  assert(torch.is_tensor(t), ('register_parameter: %s is not a Tensor'):format(type(t)))
+  append_once(self._params, name)
+  self._param_values[name] = t
+  if not name:find('.', 1, true) then rawset(self, name, t) end
+  return t
+end
+
+local function param_value(self, name)
+  if name:find('.', 1, true) then return self._param_values[name] end
+  return rawget(self, name)
+end
+
+-- m:forward(...): what the module computes; every class defines it.
+function Module:forward()
+  error(('%s has no forward method'):format(nn.typename(self)), 2)
+end
+
+-- m(x) runs forward; the probe system hooks in here.
+function Module:_call(...)
+  return self:forward(...)
+end
+
+-- Iterates (name, child) over direct children, in definition order.
+function Module:named_children()
+  local i = 0
+  return function()
+    while true do
+      i = i + 1
+      local name = self._children[i]
+      if name == nil then return nil end
+      local child = rawget(self, name)
+      if child ~= nil then return name, child end
+    end
+  end
+end
+
+-- An array of the direct children.
+function Module:children()
+  local out = {}
+  for _, c in self:named_children() do out[#out + 1] = c end
+  return out
+end
+
+-- Iterates (dotted name, module) over this module ('') and all below it, depth first.
+function Module:named_modules(prefix)
+  local list = {}
+  local function walk(m, p)
+    list[#list + 1] = {p, m}
+    for name, c in m:named_children() do walk(c, p == '' and name or p .. '.' .. name) end
+  end
+  walk(self, prefix or '')
+  local i = 0
+  return function()
+    i = i + 1
+    if list[i] then return list[i][1], list[i][2] end
+  end
+end
+
+-- Iterates (dotted name, tensor): own parameters first, then each child's.
+function Module:named_parameters(prefix)
+  local list = {}
+  local function walk(m, p)
+    for _, name in ipairs(m._params) do
+      local t = param_value(m, name)
+      if t ~= nil then list[#list + 1] = {p .. name, t} end
+    end
+    for name, c in m:named_children() do walk(c, p .. name .. '.') end
+  end
+  walk(self, prefix and prefix .. '.' or '')
+  local i = 0
+  return function()
+    i = i + 1
+    if list[i] then return list[i][1], list[i][2] end
+  end
+end
+
+-- An array of all parameters.
+function Module:parameters()
+  local out = {}
+  for _, p in self:named_parameters() do out[#out + 1] = p end
+  return out
+end
+
+function Module:num_parameters()
+  local n = 0
+  for _, p in self:named_parameters() do n = n + p:numel() end
+  return n
+end
+
+-- m:train(mode = true) / m:eval(): sets training on this module and all below.
+function Module:train(mode)
+  if mode == nil then mode = true end
+  for _, m in self:named_modules() do
+    rawset(m, 'training', mode)
+    if m._set_training then m:_set_training(mode) end
+  end
+  return self
+end
+
+function Module:eval() return self:train(false) end
+
+function Module:zero_grad()
+  for _, p in self:named_parameters() do p.grad = nil end
+  return self
+end
+
+-- m:state_dict() -> {name = tensor}: detached views of the parameters.
+function Module:state_dict()
+  local sd = {}
+  for name, p in self:named_parameters() do sd[name] = p:detach() end
+  return sd
+end
+
+-- m:load_state_dict(sd, {strict = true}): copies values into the parameters.
+-- Missing, unexpected or wrong-shape names are an error that lists them all.
+function Module:load_state_dict(sd, opts)
+  local strict = not (opts and opts.strict == false)
+  local missing, mismatched, seen = {}, {}, {}
+  for name, p in self:named_parameters() do
+    local v = sd[name]
+    seen[name] = true
+    if v == nil then
+      missing[#missing + 1] = name
+    elseif not torch.is_tensor(v) then
+      mismatched[#mismatched + 1] = ('%s (a %s, not a Tensor)'):format(name, type(v))
+    elseif table.concat(v:size(), 'x') ~= table.concat(p:size(), 'x') then
+      mismatched[#mismatched + 1] = ('%s (%s in the state dict, %s in the model)'):format(
+        name, table.concat(v:size(), 'x'), table.concat(p:size(), 'x'))
+    end
+  end
+  local unexpected = {}
+  for name in pairs(sd) do if not seen[name] then unexpected[#unexpected + 1] = name end end
+  table.sort(unexpected)
+  local problems = {}
+  if #mismatched > 0 then problems[#problems + 1] = 'wrong shape: ' .. table.concat(mismatched, ', ') end
+  if strict and #missing > 0 then problems[#problems + 1] = 'missing: ' .. table.concat(missing, ', ') end
+  if strict and #unexpected > 0 then problems[#problems + 1] = 'unexpected: ' .. table.concat(unexpected, ', ') end
+  if #problems > 0 then
+    error(('load_state_dict of %s failed (%s)'):format(nn.typename(self), table.concat(problems, '; ')), 2)
+  end
+  torch.no_grad(function()
+    for name, p in self:named_parameters() do
+      if sd[name] ~= nil then p:copy_(sd[name]) end
+    end
+  end)
+  return self, missing, unexpected
+end
+
+-- m:to(device_or_dtype): moves or casts every parameter in place (the tensors
+-- keep their identity, so references and optimizers stay valid).
+function Module:to(what)
+  for _, p in self:named_parameters() do
+    p.data = p:detach():to(what)
+    if p.grad ~= nil then p.grad = p.grad:to(what) end
+  end
+  return self
+end
+
+-- m:save(path): the parameters as a safetensors file (written atomically).
+function Module:save(path)
+  torch.save_safetensors(path, self:state_dict(), {format = 'anatomy', class = nn.typename(self)})
+  return path
+end
+
+-- m:load(path, opts): load_state_dict from a safetensors file.
+function Module:load(path, opts)
+  local sd = torch.load_safetensors(path)
+  return self:load_state_dict(sd, opts)
+end
+
+-- What tostring shows inside the parentheses; classes override it.
+function Module:extra_repr() return '' end
+
+local function count(n)
+  local s = tostring(math.floor(n))
+  return s:reverse():gsub('(%d%d%d)', '%1,'):reverse():gsub('^,', '')
+end
+nn.format_count = count
+
+local function own_shapes(m)
+  local parts = {}
+  for _, name in ipairs(m._params) do
+    local t = param_value(m, name)
+    if t then parts[#parts + 1] = name .. ' ' .. table.concat(t:size(), 'x') end
+  end
+  return table.concat(parts, ', ')
+end
+
+-- The module tree, like PyTorch's print(model), with parameter shapes and
+-- counts; runs of identical children print once ("(2-12): 11 x ...").
+function Module:tostring(indent)
+  indent = indent or ''
+  local n = self:num_parameters()
+  local count_note = n > 0 and ('  -- ' .. count(n) .. ' params') or ''
+  if #self._children == 0 then
+    local shapes = own_shapes(self)
+    return nn.typename(self) .. '(' .. self:extra_repr() .. ')' .. count_note .. (shapes ~= '' and (': ' .. shapes) or '')
+  end
+  local extra = self:extra_repr()
+  local lines = {nn.typename(self) .. (extra ~= '' and ('(' .. extra .. ')') or '') .. ' {' .. count_note}
+  local entries = {}
+  for name, c in self:named_children() do entries[#entries + 1] = {name, c:tostring(indent .. '  ')} end
+  local i = 1
+  while i <= #entries do
+    local j = i
+    while j < #entries and entries[j + 1][2] == entries[i][2] do j = j + 1 end
+    local label = j > i and ('(%s-%s): %d x '):format(entries[i][1], entries[j][1], j - i + 1)
+      or ('(%s): '):format(entries[i][1])
+    lines[#lines + 1] = indent .. '  ' .. label .. entries[i][2]
+    i = j + 1
+  end
+  lines[#lines + 1] = indent .. '}'
+  return table.concat(lines, '\n')
+end
+
+return Module

@@ -1,0 +1,21 @@
+-- nn.Repeat(n, factory): n blocks made by factory(i), run in order; named 1..n.
+local nn = require 'anatomy.nn'
+
+local Repeat = nn.class('nn.Repeat', nn.Sequential)
+nn.Repeat = Repeat
+
+function Repeat:__init(n, factory)
+  nn.Module.__init(self)
+  if type(n) ~= 'number' or n < 0 or n % 1 ~= 0 then error('nn.Repeat: n must be a non-negative integer', 3) end
+  if type(factory) ~= 'function' then error('nn.Repeat: factory must be a function returning a module', 3) end
+  rawset(self, 'n', n)
+  for i = 1, n do
+    local m = factory(i)
+    if not nn.is_module(m) then error(('nn.Repeat: factory(%d) returned %s, not a module'):format(i, nn.typename(m)), 3) end
+    self:add_module(tostring(i), m)
+  end
+end
+
+function Repeat:extra_repr() return tostring(self.n) end
+
+return Repeat

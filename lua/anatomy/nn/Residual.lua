@@ -1,0 +1,29 @@
+-- nn.Residual(f): x + f(x). The identity path is what carries gradient past f.
+-- nn.NoResidual(f): f(x) alone, the ablation that removes that path.
+local nn = require 'anatomy.nn'
+
+local Residual = nn.class('nn.Residual', nn.Module)
+nn.Residual = Residual
+
+function Residual:__init(inner)
+  nn.Module.__init(self)
+  self.inner = inner
+end
+
+function Residual:forward(x)
+  return x + nn.call_child(self, 'inner', self.inner, x)
+end
+
+local NoResidual = nn.class('nn.NoResidual', nn.Module)
+nn.NoResidual = NoResidual
+
+function NoResidual:__init(inner)
+  nn.Module.__init(self)
+  self.inner = inner
+end
+
+function NoResidual:forward(x)
+  return nn.call_child(self, 'inner', self.inner, x)
+end
+
+return Residual

@@ -1,0 +1,43 @@
+-- nn.Sequential{m1, m2, ...}: runs its children in order; children are
+-- named 1, 2, ... An error names the block it came from.
+local nn = require 'anatomy.nn'
+
+local Sequential = nn.class('nn.Sequential', nn.Module)
+nn.Sequential = Sequential
+
+function Sequential:__init(list)
+  nn.Module.__init(self)
+  for i, m in ipairs(list or {}) do
+    if not nn.is_module(m) then
+      error(('nn.Sequential: entry %d is %s, not a module'):format(i, nn.typename(m)), 3)
+    end
+    self:add_module(tostring(i), m)
+  end
+end
+
+-- seq:add(m): appends a child.
+function Sequential:add(m)
+  return self:add_module(tostring(#self._children + 1), m)
+end
+
+function Sequential:__len() return #self._children end
+
+-- Calls child `name` of `self` on x; an error is re-raised with where it happened.
+function nn.call_child(self, name, child, x, ...)
+  local ok, y = pcall(child._call, child, x, ...)
+  if not ok then
+    error(('in %s (%s) of %s: %s'):format(
+      tonumber(name) and 'block ' .. name or "'" .. name .. "'", nn.typename(child), nn.typename(self), tostring(y)), 0)
+  end
+  return y
+end
+
+function Sequential:forward(x)
+  for name, child in self:named_children() do x = nn.call_child(self, name, child, x) end
+  return x
+end
+
+-- seq[i] is child i.
+function Sequential:get(i) return rawget(self, tostring(i)) end
+
+return Sequential

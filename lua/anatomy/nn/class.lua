@@ -1,0 +1,47 @@
+-- nn.class(name, parent): a minimal class system. Calling the class makes an
+-- instance and runs __init; instances are callable (m(x) runs the module) and
+-- print through their class's __tostring.
+local nn = require 'anatomy.nn'
+
+local function class(name, parent)
+  local cls = {}
+  cls.__typename = name
+  cls.__index = cls
+  -- Metamethods are looked up raw in the metatable, so each class forwards
+  -- them to ordinary methods, which do inherit.
+  cls.__call = function(self, ...) return self:_call(...) end
+  cls.__tostring = function(self) return self:tostring() end
+  cls.__newindex = function(self, key, value) self:_set_field(key, value) end
+  setmetatable(cls, {
+    __index = parent,
+    __call = function(c, ...)
+      local self = setmetatable({}, c)
+      self:__init(...)
+      return self
+    end,
+    __tostring = function() return name end,
+  })
+  return cls
+end
+
+-- True if v is an instance of cls or of a class derived from it.
+local function is_instance(v, cls)
+  if type(v) ~= 'table' then return false end
+  local mt = getmetatable(v)
+  while mt do
+    if mt == cls then return true end
+    local up = getmetatable(mt)
+    mt = up and up.__index
+  end
+  return false
+end
+
+nn.class = class
+nn.is_instance = is_instance
+-- The class name of a value: 'nn.Linear', 'VibeNet', or Lua's type name.
+function nn.typename(v)
+  local mt = type(v) == 'table' and getmetatable(v)
+  return mt and rawget(mt, '__typename') or type(v)
+end
+
+return class
