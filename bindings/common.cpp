@@ -53,6 +53,24 @@ std::string first_line(const std::string& message) {
 }
 }  // namespace
 
+// "file:line: " of the code that made the failing call: the first Lua frame
+// outside anatomy's own Lua library (registry "anatomy.lua_dir"), so that an
+// error inside nn.Linear's forward points at the user's line, not the library's.
+void push_where(lua_State* L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, "anatomy.lua_dir");
+  std::string library = lua_isstring(L, -1) ? "@" + std::string(lua_tostring(L, -1)) : "";
+  lua_pop(L, 1);
+  lua_Debug ar;
+  for (int level = 1; !library.empty() && lua_getstack(L, level, &ar); ++level) {
+    lua_getinfo(L, "Sl", &ar);
+    if (ar.currentline <= 0) continue;
+    if (std::strncmp(ar.source, library.c_str(), library.size()) == 0) continue;
+    lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
+    return;
+  }
+  luaL_where(L, 1);
+}
+
 int raise_error(lua_State* L, int kind, int arg) {
   std::string text;
   {
@@ -70,7 +88,7 @@ int raise_error(lua_State* L, int kind, int arg) {
     }
   }
   lua_pop(L, 1);
-  luaL_where(L, 1);
+  push_where(L);
   lua_pushlstring(L, text.data(), text.size());
   text = std::string();  // nothing of ours may be left to free: lua_error unwinds
   lua_concat(L, 2);

@@ -78,6 +78,8 @@ LuaState::LuaState(const RuntimeOptions& options) {
   if (!has_library(lua_dir_))
     throw std::runtime_error("the Lua library was not found in '" + lua_dir_ +
                              "'\n---> HINT: set ANATOMY_LUA_PATH to the folder that holds anatomy/init.lua");
+  lua_pushstring(L_, lua_dir_.c_str());
+  lua_setfield(L_, LUA_REGISTRYINDEX, "anatomy.lua_dir");
   lua_getglobal(L_, "package");
   std::string path = lua_dir_ + "/?.lua;" + lua_dir_ + "/?/init.lua;";
   lua_getfield(L_, -1, "path");

@@ -49,8 +49,12 @@ end
 -- m:add_module(name, child): registers child under name (a field unless the name has a dot).
 function Module:add_module(name, child)
   assert(nn.is_module(child), ('add_module: %s is not a module'):format(nn.typename(child)))
-  append_once(self._children, tostring(name))
+  name = tostring(name)
+  append_once(self._children, name)
   rawset(self, name, child)
+  -- numbered children are also m[i], so #m counts them
+  local i = tonumber(name)
+  if i and i % 1 == 0 and i >= 1 then rawset(self, i, child) end
   return child
 end
 

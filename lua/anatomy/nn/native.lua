@@ -13,7 +13,10 @@ function Native:_wrap(block)
   for _, pair in ipairs(block:named_parameters()) do self:register_parameter(pair[1], pair[2]) end
 end
 
-function Native:forward(x) return self._native:forward(x) end
+function Native:forward(x)
+  local y = self._native:forward(x)  -- not a tail call: errors keep the name 'forward'
+  return y
+end
 function Native:extra_repr() return self._native:describe() end
 function Native:_set_training(mode) self._native:train(mode) end
 

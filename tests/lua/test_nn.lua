@@ -1,0 +1,250 @@
+-- The module protocol, built-in blocks, wrappers and models, checked through
+-- behaviour: names, values, gradients, errors and saved files.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require 'harness'
+local test, eq, close, raises = H.test, H.eq, H.close, H.raises
+
+local function names(m)
+  local out = {}
+  for n in m:named_parameters() do out[#out + 1] = n end
+  return out
+end
+
+test('named_parameters: dotted names in definition order, 1-based indices', function()
+  local m = nn.Sequential{nn.Linear(3, 4), nn.ReLU(), nn.Residual(nn.Linear(4, 4, {bias = false}))}
+  eq(names(m), {'1.weight', '1.bias', '3.inner.weight'})
+  eq(#m:parameters(), 3)
+  eq(m:num_parameters(), 3 * 4 + 4 + 16)
+  eq(#m:children(), 3)
+  eq(#m, 3)
+  local mods = {}
+  for n, c in m:named_modules() do mods[#mods + 1] = n .. '=' .. nn.typename(c) end
+  eq(mods, {'=nn.Sequential', '1=nn.Linear', '2=nn.ReLU', '3=nn.Residual', '3.inner=nn.Linear'})
+  eq(m[1].weight:size(), {4, 3}, 'a Linear weight is [out, in]')
+end)
+
+test('Lua blocks register fields and parameters in definition order', function()
+  local B = nn.block('TestBlock', function(self, d)
+    self.scale = nn.Parameter(torch.ones(d))
+    self.fc = nn.Linear(d, d)
+    self.note = 'not a module'
+    self.bias = nn.Parameter(torch.zeros(d))
+  end)
+  function B:forward(x) return self.fc(x) * self.scale + self.bias end
+  local b = B(2)
+  eq(names(b), {'scale', 'bias', 'fc.weight', 'fc.bias'})
+  eq(b.note, 'not a module')
+  local y = b(torch.ones(1, 2))
+  eq(y:size(), {1, 2})
+  y:sum():backward()
+  assert(b.scale.grad ~= nil and b.fc.weight.grad ~= nil, 'gradients reach Lua and native parameters')
+  b:zero_grad()
+  eq(b.scale.grad, nil)
+end)
+
+test('train and eval reach every module, native ones included', function()
+  local m = nn.Sequential{nn.Dropout(0.5), nn.Linear(4, 4)}
+  m:eval()
+  eq(m[1].training, false)
+  local x = torch.ones(1000, 4)
+  close(m[1](x), x, 0, 'dropout is the identity in eval mode')
+  m:train()
+  local y = m[1](x)
+  local zeros = y:eq(0):double():mean():item()
+  assert(zeros > 0.4 and zeros < 0.6, 'about half dropped in training mode: ' .. zeros)
+  close(y:max(), 2, 1e-6, 'survivors scaled by 1/(1-p)')
+end)
+
+test('state_dict round trip and load_state_dict errors list every problem', function()
+  torch.manual_seed(1)
+  local a = nn.Sequential{nn.Linear(3, 4), nn.LayerNorm(4)}
+  local b = nn.Sequential{nn.Linear(3, 4), nn.LayerNorm(4)}
+  b:load_state_dict(a:state_dict())
+  close(b[1].weight, a[1].weight, 0)
+  local x = torch.randn(2, 3)
+  close(b(x), a(x), 0)
+  local sd = a:state_dict()
+  sd['1.bias'] = nil
+  sd['2.weight'] = torch.ones(5)
+  sd['extra'] = torch.ones(1)
+  raises(function() b:load_state_dict(sd) end,
+    'load_state_dict of nn.Sequential failed (wrong shape: 2.weight (5 in the state dict, 4 in the model); missing: 1.bias; unexpected: extra)')
+  sd['2.weight'] = torch.ones(4)
+  b:load_state_dict(sd, {strict = false})
+  close(b[2].weight, torch.ones(4), 0)
+end)
+
+test('save and load through safetensors', function()
+  local path = os.tmpname()
+  local a = models.gpt{vocab = 11, dim = 8, heads = 2, layers = 2, seq = 6, ffn = 16}
+  a:save(path)
+  local sd, meta, order = torch.load_safetensors(path)
+  eq(meta.class, 'models.GPT')
+  eq(#order, #names(a))
+  local b = models.gpt{vocab = 11, dim = 8, heads = 2, layers = 2, seq = 6, ffn = 16}
+  b:load(path)
+  local ids = torch.tensor({{1, 5, 11, 2}}, {dtype = 'int64'})
+  close(b(ids), a(ids), 0)
+  os.remove(path)
+end)
+
+test('to(dtype) converts parameters in place, keeping their identity', function()
+  local m = nn.Sequential{nn.Linear(2, 2), nn.block('P', function(self) self.p = nn.Parameter(torch.ones(2)) end)()}
+  m[2].forward = function(self, x) return x * self.p end
+  local w, p = m[1].weight, m[2].p
+  m:to('float64')
+  eq(w.dtype, 'float64')
+  eq(p.dtype, 'float64')
+  eq(m[1].weight == w, true)
+  eq(m(torch.ones(1, 2, {dtype = 'float64'})).dtype, 'float64')
+  eq(p.requires_grad, true)
+end)
+
+test('tostring prints the tree with shapes and counts', function()
+  local m = models.vibenet{vocab = 65, dim = 64, layers = 4, seq = 64}
+  local s = tostring(m)
+  assert(s:find('models.VibeNet(vocab=65, dim=64, layers=4, seq=64, block=plain) {  -- 33,537 params', 1, true), s)
+  assert(s:find('(1-4): 4 x nn.Residual {', 1, true), s)
+  assert(s:find('(head): nn.Linear(192 -> 65, bias=true)  -- 12,545 params: weight 65x192, bias 65', 1, true), s)
+end)
+
+test('built-in blocks compute what they document', function()
+  torch.manual_seed(2)
+  local x = torch.randn(2, 5, 8)
+  local lin = nn.Linear(8, 3)
+  close(lin(x), x:matmul(lin.weight:t()) + lin.bias, 1e-6)
+  local rms = nn.RMSNorm(8)
+  close(rms(x), x / ((x * x):mean(-1, true) + 1e-6):sqrt(), 1e-5)
+  local ln = nn.LayerNorm(8)
+  local centred = x - x:mean(-1, true)
+  close(ln(x), centred / ((centred * centred):mean(-1, true) + 1e-5):sqrt(), 1e-5)
+  local vibe = nn.VibeAttention()
+  local att = (x:matmul(x:transpose(2, 3)) / math.sqrt(8)):masked_fill(torch.ones(5, 5):triu(1):bool(), -math.huge):softmax(-1)
+  close(vibe(x), att:matmul(x), 1e-5)
+  local emb = nn.Embedding(10, 4, {positions = 6})
+  local ids = torch.tensor({{1, 10, 3}}, {dtype = 'int64'})
+  close(emb(ids)[1][2], emb.weight[10] + emb.pos_weight[2], 1e-6)
+  local mlp = nn.MLP(8, 16, {activation = 'relu'})
+  eq(names(mlp), {'fc.weight', 'fc.bias', 'proj.weight', 'proj.bias'})
+end)
+
+test('attention publishes its pattern when asked', function()
+  local a = nn.Attention(8, 2)
+  eq(names(a), {'qkv.weight', 'qkv.bias', 'proj.weight', 'proj.bias'})
+  eq(a:pattern(), nil)
+  a:keep_pattern(true)
+  a(torch.randn(3, 4, 8))
+  local p = a:pattern()
+  eq(p:size(), {3, 2, 4, 4})
+  close(p:sum(-1), torch.ones(3, 2, 4), 1e-6, 'rows sum to 1')
+  eq(p:triu(1):abs():sum():item(), 0, 'causal: nothing above the diagonal')
+  local v = nn.VibeAttention()
+  v:keep_pattern(true)
+  v(torch.randn(1, 3, 4))
+  eq(v:pattern():size(), {1, 1, 3, 3})
+end)
+
+test('bad inputs name the block and both shapes', function()
+  local lin = nn.Linear(64, 8)
+  raises(function() lin(torch.ones(2, 5, 32)) end,
+    "bad argument #1 to 'forward' (Linear expects inputs whose last dimension is 64, got shape 2x5x32)")
+  local seq = nn.Sequential{nn.Linear(4, 4), nn.Linear(5, 2)}
+  raises(function() seq(torch.ones(1, 4)) end,
+    "test_nn.lua:152: in block 2 (nn.Linear) of nn.Sequential: bad argument #1 to 'forward' (Linear expects inputs whose last dimension is 5, got shape 1x4)")
+  local emb = nn.Embedding(10, 4)
+  raises(function() emb(torch.tensor({{0, 3}}, {dtype = 'int64'})) end, '(token id 0 is out of range 1..10 (ids are 1-based))')
+  raises(function() emb(torch.tensor({{1, 3}})) end, "(Embedding expects int64 token ids, got float32 (use {dtype = 'int64'} or x:long()))")
+  raises(function() nn.Attention(10, 3) end, "bad argument #2 to 'nn.Attention' (dim 10 is not divisible by 3 heads)")
+  raises(function() nn.Linear(3, 4, {biass = false}) end, "nn.Linear: unknown option 'biass' (expected bias, name)")
+  raises(function() nn.Sequential{nn.Linear(2, 2), 'x'} end, 'nn.Sequential: entry 2 is string, not a module')
+  raises(function() models.gpt{vocab = 5} end, 'models.gpt: config needs dim')
+  raises(function() models.vibenet{vocab = 5, dim = 4, layers = 1, seq = 4, block = 'wide'} end,
+    "models.vibenet: block must be 'plain', 'ffn', 'gate' or 'hyper', got 'wide'")
+end)
+
+test('a Lua-defined gate trains and matches nn.Gate on the same weights', function()
+  local LuaGate = nn.block('LuaGate', function(self, inner, dim)
+    self.gate = nn.Linear(dim, dim)
+    self.inner = inner
+  end)
+  function LuaGate:forward(x) return self.gate(x) + self.inner(x) end
+
+  torch.manual_seed(3)
+  local builtin = nn.Sequential{nn.Gate(nn.Sequential{nn.Linear(6, 6), nn.GELU()}, 6), nn.Linear(6, 3)}
+  local written = nn.Sequential{LuaGate(nn.Sequential{nn.Linear(6, 6), nn.GELU()}, 6), nn.Linear(6, 3)}
+  eq(names(written), names(builtin))
+  written:load_state_dict(builtin:state_dict())
+  local x, target = torch.randn(32, 6), torch.randint(1, 4, {32})
+  local losses = {}
+  for _, m in ipairs{builtin, written} do
+    local trace = {}
+    for step = 1, 30 do
+      m:zero_grad()
+      local loss = nn.functional.cross_entropy(m(x), target)
+      loss:backward()
+      torch.no_grad(function() for _, p in ipairs(m:parameters()) do p:sub_(p.grad * 0.5) end end)
+      trace[step] = loss:item()
+    end
+    losses[#losses + 1] = trace
+  end
+  assert(losses[1][30] < losses[1][1] * 0.8, ('it trains: %.4f -> %.4f'):format(losses[1][1], losses[1][30]))
+  for step = 1, 30 do close(losses[2][step], losses[1][step], 1e-6, 'loss at step ' .. step) end
+  close(written[1].gate.weight, builtin[1].gate.weight, 1e-6)
+end)
+
+test('mHC: Sinkhorn mixing is doubly stochastic and keeps deep stacks bounded', function()
+  torch.manual_seed(4)
+  local hc = nn.HyperConnections(nn.Linear(8, 8), 8, {streams = 4, constraint = 'sinkhorn'})
+  local res, pre, post = hc:mixing()
+  close(res:sum(2), torch.ones(4), 1e-5, 'rows sum to 1')
+  close(res:sum(1), torch.ones(4), 1e-5, 'columns sum to 1')
+  assert(res:min():item() >= 0, 'entries are non-negative')
+  eq(pre:size(), {1, 4})
+  local function growth(constraint)
+    torch.manual_seed(5)
+    local stack = nn.Sequential{nn.ExpandStreams(4),
+      nn.Repeat(24, function() return nn.HyperConnections(nn.Sequential{nn.RMSNorm(16), nn.Linear(16, 16)}, 16,
+        {streams = 4, constraint = constraint, init_std = 0.5}) end)}
+    local x = torch.randn(2, 8, 16)
+    local h = stack[1](x)
+    local stds = {}
+    torch.no_grad(function()
+      for i = 1, 24 do
+        h = stack[2][i](h)
+        stds[i] = h:std():item()
+      end
+    end)
+    return stds
+  end
+  local free, sink = growth('none'), growth('sinkhorn')
+  print(('       activation std at layers 1, 8, 16, 24   none: %.3g %.3g %.3g %.3g   sinkhorn: %.3g %.3g %.3g %.3g')
+    :format(free[1], free[8], free[16], free[24], sink[1], sink[8], sink[16], sink[24]))
+  assert(free[24] / free[1] > 100, 'unconstrained mixing amplifies layer by layer')
+  assert(sink[24] / sink[1] < 5, 'doubly-stochastic mixing does not')
+  raises(function() hc(torch.randn(2, 3, 8)) end, 'nn.HyperConnections expects input of shape (..., 4, 8), got 2x3x8 (use nn.ExpandStreams(4) first)')
+end)
+
+test('vibenet blocks, funnel and stateful models run and shape their outputs', function()
+  local ids = torch.randint(1, 21, {2, 8})
+  for _, block in ipairs{'plain', 'ffn', 'gate', 'hyper'} do
+    local m = models.vibenet{vocab = 20, dim = 16, layers = 2, seq = 8, block = block}
+    eq(m(ids):size(), {2, 8, 20}, block)
+  end
+  local f = models.funnel{vocab = 20, seq = 8, widths = {32, 16, 8}, attentions = {1, 2, 3}}
+  eq(f(ids):size(), {2, 8, 20})
+  eq(names(f)[3], 'stages.1.blocks.1.inner.norm.weight')
+  local s = models.stateful{vocab = 20, dim = 16, heads = 2, layers = 2, seq = 8, ffn = 32}
+  local logits, h = s(ids)
+  eq(logits:size(), {2, 8, 20})
+  eq(h:size(), {2, 8, 16})
+  local enriched = s(ids, h)
+  assert((enriched - logits):abs():max():item() > 0, 'the previous pass changes the result')
+  -- as an RNN: the state grows by one position per step
+  local state
+  local step_logits
+  for t = 1, 3 do step_logits, state = s:step(ids:narrow(2, 1, t), state) end
+  eq(step_logits:size(), {2, 20})
+  eq(state.hidden:size(), {2, 3, 16})
+end)
+
+H.done()
