@@ -249,7 +249,7 @@ local function own_shapes(m)
 end
 
 -- The module tree, like PyTorch's print(model), with parameter shapes and
--- counts; runs of identical children print once ("(2-12): 11 x ...").
+-- counts; runs of identical numbered children print once ("(1-12): 12 x ...").
 function Module:tostring(indent)
   indent = indent or ''
   local n = self:num_parameters()
@@ -265,7 +265,9 @@ function Module:tostring(indent)
   local i = 1
   while i <= #entries do
     local j = i
-    while j < #entries and entries[j + 1][2] == entries[i][2] do j = j + 1 end
+    while j < #entries and tonumber(entries[j + 1][1]) and tonumber(entries[i][1]) and entries[j + 1][2] == entries[i][2] do
+      j = j + 1
+    end
     local label = j > i and ('(%s-%s): %d x '):format(entries[i][1], entries[j][1], j - i + 1)
       or ('(%s): '):format(entries[i][1])
     lines[#lines + 1] = indent .. '  ' .. label .. entries[i][2]

@@ -1,0 +1,39 @@
+-- torch.save_safetensors / torch.load_safetensors from Lua.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require 'harness'
+local test, eq, close, raises = H.test, H.eq, H.close, H.raises
+
+test('round trip with metadata and file order', function()
+  local path = os.tmpname()
+  local a, b = torch.randn(3, 4), torch.arange(5)
+  torch.save_safetensors(path, {b = b, a = a, mask = a:gt(0)}, {note = 'hello', step = 12})
+  local t, meta, order = torch.load_safetensors(path)
+  close(t.a, a, 0)
+  eq(t.b:tolist(), b:tolist())
+  eq(t.b.dtype, 'int64')
+  eq(t.mask.dtype, 'bool')
+  eq(meta.note, 'hello')
+  eq(meta.step, '12')
+  eq(order, {'a', 'b', 'mask'}, 'written sorted by name')
+  os.remove(path)
+end)
+
+test('bad arguments and bad files are errors, not crashes', function()
+  raises(function() torch.save_safetensors('/tmp/x.safetensors', {a = 1}) end,
+    "bad argument #2 to 'save_safetensors' (entry 'a' is number, expected a Tensor)")
+  raises(function() torch.save_safetensors('/tmp/x.safetensors', {torch.ones(1)}) end,
+    "bad argument #2 to 'save_safetensors' (tensor names must be strings, got a number key)")
+  raises(function() torch.load_safetensors('/no/such.safetensors') end,
+    "cannot open '/no/such.safetensors': No such file or directory")
+  local path = os.tmpname()
+  local f = io.open(path, 'wb')
+  f:write('\16\0\0\0\0\0\0\0{"a": [1, 2, 3]}')
+  f:close()
+  raises(function() torch.load_safetensors(path) end,
+    "'" .. path .. "' is not a valid safetensors file: tensor 'a' lacks dtype, shape or data_offsets")
+  os.remove(path)
+  raises(function() torch.save_safetensors('/no/such/dir/x.safetensors', {a = torch.ones(1)}) end,
+    "cannot write '/no/such/dir/x.safetensors': No such file or directory")
+end)
+
+H.done()

@@ -1,0 +1,176 @@
+// safetensors: every dtype round-trips; malformed files give a clear error
+// and never a crash or an over-read; a failed write leaves no file behind
+// and the previous file intact.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+
+#include "host/io/safetensors.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+using anatomy::io::load_safetensors;
+using anatomy::io::save_safetensors;
+using anatomy::io::SafetensorsError;
+
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return "/tmp/anatomy_st_" + std::to_string(getpid()) + "_" + name + ".safetensors";
+}
+
+// Writes a file from a header text and `data_bytes` zero bytes.
+std::string write_raw(const std::string& name, const std::string& header, size_t data_bytes, int64_t length_field = -1) {
+  std::string path = temp_path(name);
+  std::ofstream f(path, std::ios::binary);
+  uint64_t n = length_field < 0 ? header.size() : static_cast<uint64_t>(length_field);
+  for (int i = 0; i < 8; ++i) f.put(static_cast<char>((n >> (8 * i)) & 0xff));
+  f << header << std::string(data_bytes, '\0');
+  return path;
+}
+
+// The error message from loading `path`.
+std::string load_error(const std::string& path) {
+  try {
+    load_safetensors(path);
+  } catch (const SafetensorsError& e) {
+    std::remove(path.c_str());
+    return e.what();
+  }
+  std::remove(path.c_str());
+  return "(no error)";
+}
+
+bool exists(const std::string& path) { return std::ifstream(path).good(); }
+
+}  // namespace
+
+TEST_CASE("every dtype round-trips with metadata", "[safetensors]") {
+  std::string path = temp_path("roundtrip");
+  anatomy::io::NamedTensors in = {
+      {"f32", at::randn({2, 3})},
+      {"f64", at::randn({4}, at::kDouble)},
+      {"f16", at::randn({3}).to(at::kHalf)},
+      {"bf16", at::randn({3}).to(at::kBFloat16)},
+      {"i64", at::arange(5)},
+      {"i32", at::arange(3).to(at::kInt)},
+      {"u8", at::arange(4).to(at::kByte)},
+      {"bool", at::arange(4).gt(1)},
+      {"scalar", at::scalar_tensor(2.5)},
+      {"empty", at::zeros({0, 3})},
+      {"strided", at::randn({3, 4}).t()},
+  };
+  save_safetensors(path, in, {{"format", "anatomy"}});
+  auto file = load_safetensors(path);
+  std::remove(path.c_str());
+  CHECK(file.metadata.at("format") == "anatomy");
+  REQUIRE(file.tensors.size() == in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    INFO(in[i].first);
+    CHECK(file.tensors[i].first == in[i].first);  // file order is the order written
+    CHECK(file.tensors[i].second.scalar_type() == in[i].second.scalar_type());
+    CHECK(file.tensors[i].second.sizes() == in[i].second.sizes());
+    CHECK(at::equal(file.tensors[i].second, in[i].second));
+  }
+}
+
+TEST_CASE("malformed files give clear errors", "[safetensors]") {
+  const std::string ok = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  SECTION("shorter than the length field") {
+    std::string path = temp_path("short");
+    std::ofstream(path) << "abc";
+    CHECK(load_error(path) == "'" + path + "' is not a valid safetensors file: it is 3 bytes long, shorter than the 8-byte header length");
+  }
+  SECTION("header length past the end") {
+    std::string path = write_raw("pastend", ok, 8, 1000);
+    CHECK(load_error(path).find("the header length 1000 runs past the end of the file") != std::string::npos);
+  }
+  SECTION("header that is not JSON") {
+    std::string path = write_raw("json", "{not json", 0);
+    CHECK(load_error(path).find("the header is not JSON") != std::string::npos);
+  }
+  SECTION("truncated data") {
+    std::string path = write_raw("truncated", ok, 4);
+    CHECK(load_error(path).find("tensor 'a' has data_offsets [0, 8] outside the 4 data bytes") != std::string::npos);
+  }
+  SECTION("offsets out of bounds") {
+    std::string path = write_raw("bounds", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 8);
+    CHECK(load_error(path).find("tensor 'a' has data_offsets [8, 16] outside the 8 data bytes") != std::string::npos);
+  }
+  SECTION("overlapping tensors") {
+    std::string path = write_raw("overlap",
+        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
+    CHECK(load_error(path).find("tensors 'a' and 'b' overlap") != std::string::npos);
+  }
+  SECTION("unknown dtype") {
+    std::string path = write_raw("dtype", R"({"a":{"dtype":"F8","shape":[2],"data_offsets":[0,2]}})", 2);
+    CHECK(load_error(path).find("tensor 'a' has unknown dtype \"F8\"") != std::string::npos);
+  }
+  SECTION("shape and size disagree") {
+    std::string path = write_raw("size", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
+    CHECK(load_error(path).find("tensor 'a' of shape [3] needs 12 bytes but its data_offsets span 8") != std::string::npos);
+  }
+  SECTION("negative size") {
+    std::string path = write_raw("negative", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8);
+    CHECK(load_error(path).find("has a negative or non-integer size") != std::string::npos);
+  }
+  SECTION("a shape too large to exist") {
+    std::string path = write_raw("huge",
+        R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})", 8);
+    CHECK(load_error(path).find("has a shape too large to exist") != std::string::npos);
+  }
+  SECTION("missing fields") {
+    std::string path = write_raw("fields", R"({"a":{"dtype":"F32","shape":[2]}})", 8);
+    CHECK(load_error(path).find("tensor 'a' lacks dtype, shape or data_offsets") != std::string::npos);
+  }
+  SECTION("a file that does not exist") {
+    CHECK(load_error("/no/such/file.safetensors").find("cannot open '/no/such/file.safetensors'") != std::string::npos);
+  }
+}
+
+TEST_CASE("bool data other than 0 and 1 loads as true", "[safetensors]") {
+  std::string path = temp_path("bool");
+  {
+    std::ofstream f(path, std::ios::binary);
+    std::string header = R"({"b":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})";
+    uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) f.put(static_cast<char>((n >> (8 * i)) & 0xff));
+    f << header << '\0' << '\x01' << '\x07';
+  }
+  auto file = load_safetensors(path);
+  std::remove(path.c_str());
+  CHECK(at::equal(file.tensors[0].second, at::tensor({0, 1, 1}).to(at::kBool)));
+}
+
+TEST_CASE("a failed write leaves no partial file and the previous file intact", "[safetensors]") {
+  std::string dir_missing = "/tmp/anatomy_no_such_dir_" + std::to_string(getpid()) + "/x.safetensors";
+  CHECK_THROWS_WITH(save_safetensors(dir_missing, {{"a", at::ones({2})}}),
+                    Catch::Contains("cannot write '" + dir_missing + "'"));
+  CHECK_FALSE(exists(dir_missing));
+
+  std::string path = temp_path("keep");
+  save_safetensors(path, {{"a", at::ones({2})}});
+  // A tensor that cannot be stored fails before anything is written.
+  CHECK_THROWS_WITH(save_safetensors(path, {{"a", at::ones({2})}, {"c", at::ones({2}, at::kComplexFloat)}}),
+                    Catch::Contains("cannot be stored in safetensors"));
+  auto file = load_safetensors(path);
+  CHECK(at::equal(file.tensors[0].second, at::ones({2})));
+  CHECK_FALSE(exists(path + ".tmp." + std::to_string(getpid())));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a write that fails midway keeps the previous file", "[safetensors]") {
+  // The temporary file is where the data goes first; make it /dev/full so the
+  // data write fails with ENOSPC after the file was opened.
+  std::string path = temp_path("full");
+  save_safetensors(path, {{"a", at::ones({2})}});
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  REQUIRE(symlink("/dev/full", tmp.c_str()) == 0);
+  CHECK_THROWS_WITH(save_safetensors(path, {{"a", at::zeros({1 << 16})}}), Catch::Contains("No space left on device"));
+  CHECK(at::equal(load_safetensors(path).tensors[0].second, at::ones({2})));
+  CHECK_FALSE(exists(tmp));
+  std::remove(path.c_str());
+}
