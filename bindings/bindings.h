@@ -22,6 +22,10 @@ void register_tensor_reduce(lua_State* L, int methods);
 void register_tensor_autograd(lua_State* L, int methods);
 /// Pushes the table of built-in block constructors (torch._native).
 int luaopen_anatomy_module(lua_State* L);
+/// Pushes the table of optimizer constructors (torch._optim).
+int luaopen_anatomy_optim(lua_State* L);
+/// Pushes the table of corpus constructors (torch._data).
+int luaopen_anatomy_corpus(lua_State* L);
 /// Adds save_safetensors and load_safetensors to the torch table on the stack top.
 void register_safetensors(lua_State* L, int torch);
 /// Pushes a Lua array of tensors.

@@ -3,6 +3,9 @@
 // torch.linalg. Tensor methods live in tensor*.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
 
 #include "bindings/common.h"
 #include "bindings/bindings.h"
@@ -317,6 +320,29 @@ int torch_manual_seed(lua_State* L) {
   return 0;
 }
 
+// torch.get_rng_state() -> uint8 tensor: the CPU generator's state (PyTorch's layout)
+int torch_get_rng_state(lua_State* L) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  push_tensor(L, gen.get_state());
+  return 1;
+}
+
+// torch.set_rng_state(state): restores what get_rng_state returned
+int torch_set_rng_state(lua_State* L) {
+  at::Tensor& state = check_tensor(L, 1);
+  if (state.scalar_type() != at::kByte || state.dim() != 1)
+    throw ArgError(1, "expected the uint8 tensor that get_rng_state returns");
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  try {
+    gen.set_state(state.cpu());
+  } catch (const c10::Error& e) {
+    throw ArgError(1, "not a generator state (" + std::string(e.what_without_backtrace()).substr(0, 80) + ")");
+  }
+  return 0;
+}
+
 // torch.device() -> the default device's name; torch.device('cuda') -> its canonical name.
 int torch_device(lua_State* L) {
   c10::Device d = lua_isnoneornil(L, 1) ? default_device() : parse_device_arg(check_string(L, 1), 1);
@@ -446,6 +472,8 @@ const luaL_Reg torch_functions[] = {
     {"is_grad_enabled", guarded<torch_is_grad_enabled>},
     {"set_grad_enabled", guarded<torch_set_grad_enabled>},
     {"_manual_seed", guarded<torch_manual_seed>},
+    {"get_rng_state", guarded<torch_get_rng_state>},
+    {"set_rng_state", guarded<torch_set_rng_state>},
     {"device", guarded<torch_device>},
     {"set_default_device", guarded<torch_set_default_device>},
     {"get_num_threads", guarded<torch_get_num_threads>},
@@ -483,6 +511,10 @@ int luaopen_anatomy_core(lua_State* L) {
   register_safetensors(L, lua_gettop(L));
   luaopen_anatomy_module(L);
   lua_setfield(L, -2, "_native");
+  luaopen_anatomy_corpus(L);
+  lua_setfield(L, -2, "_data");
+  luaopen_anatomy_optim(L);
+  lua_setfield(L, -2, "_optim");
   lua_pushstring(L, torch_version().c_str());
   lua_setfield(L, -2, "libtorch_version");
   return 1;

@@ -25,10 +25,12 @@ end
 
 require 'anatomy.tensor'
 
--- nn and models are globals in scripts and the REPL, like torch.
+-- nn, models, data and optim are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
+data = require 'anatomy.data'
+optim = require 'anatomy.optim'
 
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).
@@ -44,6 +46,11 @@ do
   record(torch.linalg, 'linalg.')
   record(torch.cuda, 'cuda.')
   record(torch._native, 'nn.')
+  record(torch._data, 'data.')
+  record(torch._optim, 'optim.')
+  for _, meta in ipairs{'anatomy.Corpus', 'anatomy.NativeModule', 'anatomy.Optimizer'} do
+    record(debug.getregistry()[meta].__index, '')
+  end
   debug.getregistry()['anatomy.names'] = names
 end
 

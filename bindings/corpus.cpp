@@ -1,0 +1,173 @@
+// The Lua-visible Corpus: userdata holding a tokenized text (host/io/corpus.h).
+// lua/anatomy/data.lua wraps it as data.text(...).
+#include <ATen/ATen.h>
+
+#include "bindings/bindings.h"
+#include "bindings/common.h"
+#include "host/io/corpus.h"
+
+namespace anatomy::lua {
+namespace {
+
+constexpr const char* kCorpusMeta = "anatomy.Corpus";
+using CorpusPtr = std::shared_ptr<io::Corpus>;
+
+io::Corpus& check_corpus(lua_State* L, int idx) {
+  void* p = luaL_testudata(L, idx, kCorpusMeta);
+  if (!p) throw ArgError(idx, "Corpus expected, got " + type_name(L, idx));
+  return **static_cast<CorpusPtr*>(p);
+}
+
+void push_corpus(lua_State* L, std::unique_ptr<io::Corpus> c) {
+  void* p = lua_newuserdata(L, sizeof(CorpusPtr));
+  new (p) CorpusPtr(std::move(c));
+  luaL_getmetatable(L, kCorpusMeta);
+  lua_setmetatable(L, -2);
+}
+
+double split_fraction(lua_State* L, int idx) {
+  double f = lua_isnoneornil(L, idx) ? 0.9 : check_number(L, idx);
+  if (!(f > 0 && f <= 1)) throw ArgError(idx, "split must be a fraction in (0, 1], got " + std::to_string(f));
+  return f;
+}
+
+// text(path, tokenizer, split)
+int data_text(lua_State* L) {
+  std::string path = check_string(L, 1);
+  io::TokenizerSpec spec;
+  if (!lua_isnoneornil(L, 2)) spec.kind = check_string(L, 2);
+  if (spec.kind != "char" && spec.kind != "byte")
+    throw ArgError(2, "unknown tokenizer '" + spec.kind + "', expected char or byte");
+  double fraction = split_fraction(L, 3);
+  try {
+    push_corpus(L, io::load_text_corpus(path, spec, fraction));
+  } catch (const std::runtime_error& e) {
+    throw CallError(e.what());
+  }
+  return 1;
+}
+
+// from_string(text, tokenizer, split)
+int data_from_string(lua_State* L) {
+  std::string text = check_string(L, 1);
+  std::string tok = lua_isnoneornil(L, 2) ? "char" : check_string(L, 2);
+  if (tok != "char" && tok != "byte") throw ArgError(2, "unknown tokenizer '" + tok + "', expected char or byte");
+  push_corpus(L, io::make_text_corpus(text, tok, split_fraction(L, 3)));
+  return 1;
+}
+
+int corpus_gc(lua_State* L) {
+  static_cast<CorpusPtr*>(lua_touserdata(L, 1))->~CorpusPtr();
+  return 0;
+}
+
+// c:batch(B, T, split) -> inputs (B, T), targets (B, T)
+int corpus_batch(lua_State* L) {
+  io::Corpus& c = check_corpus(L, 1);
+  int64_t B = check_integer(L, 2), T = check_integer(L, 3);
+  if (B < 1) throw ArgError(2, "batch size must be positive, got " + std::to_string(B));
+  if (T < 1) throw ArgError(3, "sequence length must be positive, got " + std::to_string(T));
+  std::string split = lua_isnoneornil(L, 4) ? "train" : check_string(L, 4);
+  if (split != "train" && split != "val") throw ArgError(4, "split must be 'train' or 'val', got '" + split + "'");
+  try {
+    auto [x, y] = c.batch(B, T, split);
+    push_tensor(L, x);
+    push_tensor(L, y);
+  } catch (const std::invalid_argument& e) {
+    throw ArgError(3, e.what());
+  }
+  return 2;
+}
+
+int corpus_encode(lua_State* L) {
+  io::Corpus& c = check_corpus(L, 1);
+  std::string text = check_string(L, 2);
+  try {
+    std::vector<int64_t> ids = c.tokenizer().encode(text);
+    push_tensor(L, ids.empty() ? at::empty({0}, at::kLong) : at::tensor(ids, at::kLong));
+  } catch (const std::invalid_argument& e) {
+    throw ArgError(2, e.what());
+  }
+  return 1;
+}
+
+// c:decode(ids): a tensor of any shape (flattened) or a Lua array of ids
+int corpus_decode(lua_State* L) {
+  io::Corpus& c = check_corpus(L, 1);
+  std::vector<int64_t> ids;
+  if (at::Tensor* t = to_tensor(L, 2)) {
+    if (!at::isIntegralType(t->scalar_type(), false)) throw ArgError(2, "token ids must be an integer tensor");
+    at::Tensor flat = t->detach().to(at::kCPU, at::kLong).contiguous().reshape({-1});
+    ids.assign(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel());
+  } else if (lua_type(L, 2) == LUA_TTABLE) {
+    for (int64_t v : check_sizes(L, 2)) ids.push_back(v);
+  } else {
+    throw ArgError(2, "Tensor or table of token ids expected, got " + type_name(L, 2));
+  }
+  try {
+    std::string s = c.tokenizer().decode(ids);
+    lua_pushlstring(L, s.data(), s.size());
+  } catch (const std::out_of_range& e) {
+    throw ArgError(2, e.what());
+  }
+  return 1;
+}
+
+int corpus_vocab_size(lua_State* L) {
+  lua_pushnumber(L, static_cast<lua_Number>(check_corpus(L, 1).tokenizer().vocab_size()));
+  return 1;
+}
+
+int corpus_tokenizer(lua_State* L) {
+  lua_pushstring(L, check_corpus(L, 1).tokenizer().kind().c_str());
+  return 1;
+}
+
+// c:tokens(split = nil) -> all ids, or one split's
+int corpus_tokens(lua_State* L) {
+  io::Corpus& c = check_corpus(L, 1);
+  if (lua_isnoneornil(L, 2)) {
+    push_tensor(L, c.tokens());
+    return 1;
+  }
+  std::string split = check_string(L, 2);
+  if (split != "train" && split != "val") throw ArgError(2, "split must be 'train' or 'val', got '" + split + "'");
+  push_tensor(L, c.split(split));
+  return 1;
+}
+
+const luaL_Reg corpus_methods[] = {
+    {"batch", guarded<corpus_batch>},
+    {"encode", guarded<corpus_encode>},
+    {"decode", guarded<corpus_decode>},
+    {"vocab_size", guarded<corpus_vocab_size>},
+    {"tokenizer", guarded<corpus_tokenizer>},
+    {"tokens", guarded<corpus_tokens>},
+    {nullptr, nullptr},
+};
+
+const luaL_Reg data_functions[] = {
+    {"text", guarded<data_text>},
+    {"from_string", guarded<data_from_string>},
+    {nullptr, nullptr},
+};
+
+}  // namespace
+
+// Pushes the table of corpus constructors (torch._data).
+int luaopen_anatomy_corpus(lua_State* L) {
+  luaL_newmetatable(L, kCorpusMeta);
+  lua_pushcfunction(L, corpus_gc);
+  lua_setfield(L, -2, "__gc");
+  lua_pushliteral(L, "Corpus");
+  lua_setfield(L, -2, "__metatable");
+  lua_newtable(L);
+  luaL_register(L, nullptr, corpus_methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+  lua_newtable(L);
+  luaL_register(L, nullptr, data_functions);
+  return 1;
+}
+
+}  // namespace anatomy::lua

@@ -1,0 +1,206 @@
+// Corpora and tokenizers (see corpus.h).
+#include "host/io/corpus.h"
+
+#include <ATen/ATen.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+
+namespace anatomy::io {
+namespace {
+
+// The next UTF-8 code point of text at i (advancing i). A byte that does not
+// start a valid sequence stands for itself (read as Latin-1).
+uint32_t next_code_point(std::string_view text, size_t& i) {
+  unsigned char c = static_cast<unsigned char>(text[i]);
+  int extra = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
+  if (extra <= 0 || i + extra >= text.size()) {
+    ++i;
+    return c;
+  }
+  uint32_t cp = c & (0x3f >> extra);
+  for (int k = 1; k <= extra; ++k) {
+    unsigned char cc = static_cast<unsigned char>(text[i + k]);
+    if ((cc >> 6) != 0x2) {
+      ++i;
+      return c;
+    }
+    cp = (cp << 6) | (cc & 0x3f);
+  }
+  i += extra + 1;
+  return cp;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xc0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xe0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    out += static_cast<char>(0xf0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+}
+
+std::string describe_char(uint32_t cp) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "U+%04X", cp);
+  std::string shown;
+  append_utf8(shown, cp);
+  return "'" + shown + "' (" + buf + ")";
+}
+
+class CharTokenizer : public Tokenizer {
+ public:
+  explicit CharTokenizer(std::string_view text) {
+    std::vector<bool> seen_ascii(128, false);
+    std::map<uint32_t, int> other;
+    for (size_t i = 0; i < text.size();) {
+      uint32_t cp = next_code_point(text, i);
+      if (cp < 128) seen_ascii[cp] = true;
+      else other[cp] = 0;
+    }
+    for (uint32_t c = 0; c < 128; ++c)
+      if (seen_ascii[c]) chars_.push_back(c);
+    for (const auto& kv : other) chars_.push_back(kv.first);
+    for (size_t k = 0; k < chars_.size(); ++k) index_[chars_[k]] = static_cast<int64_t>(k + 1);
+  }
+  std::string kind() const override { return "char"; }
+  int64_t vocab_size() const override { return static_cast<int64_t>(chars_.size()); }
+  std::vector<int64_t> encode(std::string_view text) const override {
+    std::vector<int64_t> ids;
+    ids.reserve(text.size());
+    for (size_t i = 0; i < text.size();) {
+      uint32_t cp = next_code_point(text, i);
+      auto it = index_.find(cp);
+      if (it == index_.end()) throw std::invalid_argument("character " + describe_char(cp) + " is not in the vocabulary");
+      ids.push_back(it->second);
+    }
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::string out;
+    for (int64_t id : ids) {
+      if (id < 1 || id > vocab_size())
+        throw std::out_of_range("token id " + std::to_string(id) + " is out of range 1.." + std::to_string(vocab_size()));
+      append_utf8(out, chars_[id - 1]);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<uint32_t> chars_;
+  std::map<uint32_t, int64_t> index_;
+};
+
+class ByteTokenizer : public Tokenizer {
+ public:
+  std::string kind() const override { return "byte"; }
+  int64_t vocab_size() const override { return 256; }
+  std::vector<int64_t> encode(std::string_view text) const override {
+    std::vector<int64_t> ids(text.size());
+    for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]) + 1;
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::string out;
+    for (int64_t id : ids) {
+      if (id < 1 || id > 256) throw std::out_of_range("token id " + std::to_string(id) + " is out of range 1..256");
+      out += static_cast<char>(id - 1);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+MappedFile::MappedFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    throw std::runtime_error("'" + path + "' is not a regular file");
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      close(fd);
+      throw std::runtime_error("cannot map '" + path + "': " + std::strerror(errno));
+    }
+    data_ = static_cast<const char*>(p);
+  }
+  close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (data_) munmap(const_cast<char*>(data_), size_);
+}
+
+std::unique_ptr<Tokenizer> make_char_tokenizer(std::string_view text) { return std::make_unique<CharTokenizer>(text); }
+std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+Corpus::Corpus(std::unique_ptr<Tokenizer> tokenizer, at::Tensor tokens, double train_fraction)
+    : tokenizer_(std::move(tokenizer)), tokens_(std::move(tokens)) {
+  if (!(train_fraction > 0 && train_fraction <= 1))
+    throw std::invalid_argument("split must be in (0, 1], got " + std::to_string(train_fraction));
+  train_end_ = static_cast<int64_t>(static_cast<double>(tokens_.numel()) * train_fraction);
+}
+
+at::Tensor Corpus::split(const std::string& name) const {
+  if (name == "train") return tokens_.narrow(0, 0, train_end_);
+  if (name == "val") return tokens_.narrow(0, train_end_, tokens_.numel() - train_end_);
+  throw std::invalid_argument("split must be 'train' or 'val', got '" + name + "'");
+}
+
+std::pair<at::Tensor, at::Tensor> Corpus::batch(int64_t B, int64_t T, const std::string& split_name) const {
+  at::Tensor ids = split(split_name);
+  if (B < 1 || T < 1) throw std::invalid_argument("batch size and length must be positive");
+  if (ids.numel() < T + 1)
+    throw std::invalid_argument("the " + split_name + " split has " + std::to_string(ids.numel()) +
+                                " tokens, too few for windows of " + std::to_string(T) + " plus a target");
+  at::Tensor starts = at::randint(0, ids.numel() - T, {B, 1}, at::kLong);   // (B, 1)
+  at::Tensor index = starts + at::arange(T, at::kLong);                       // (B, T)
+  return {ids.index_select(0, index.reshape({-1})).reshape({B, T}),
+          ids.index_select(0, (index + 1).reshape({-1})).reshape({B, T})};
+}
+
+std::unique_ptr<Corpus> make_corpus(std::unique_ptr<Tokenizer> tok, std::string_view text, double train_fraction) {
+  std::vector<int64_t> ids = tok->encode(text);
+  at::Tensor tokens = at::tensor(ids, at::kLong);
+  if (ids.empty()) tokens = at::empty({0}, at::kLong);
+  return std::make_unique<Corpus>(std::move(tok), tokens, train_fraction);
+}
+
+std::unique_ptr<Corpus> make_text_corpus(std::string_view text, const std::string& tokenizer, double train_fraction) {
+  if (tokenizer == "char") return make_corpus(make_char_tokenizer(text), text, train_fraction);
+  if (tokenizer == "byte") return make_corpus(make_byte_tokenizer(), text, train_fraction);
+  throw std::invalid_argument("unknown tokenizer '" + tokenizer + "', expected char or byte");
+}
+
+std::unique_ptr<Corpus> load_text_corpus(const std::string& path, const TokenizerSpec& spec, double train_fraction) {
+  MappedFile file(path);
+  if (spec.kind != "char" && spec.kind != "byte")
+    throw std::invalid_argument("unknown tokenizer '" + spec.kind + "', expected char or byte");
+  return make_text_corpus(file.text(), spec.kind, train_fraction);
+}
+
+}  // namespace anatomy::io

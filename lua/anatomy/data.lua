@@ -1,0 +1,75 @@
+-- data: text corpora for training. A corpus is a tokenized text (the file is
+-- memory-mapped, never read into a Lua string) with a train/val split, and
+-- hands out random windows as batches. Token ids are 1-based.
+local data = {}
+local native = torch._data
+
+local Corpus = {}
+Corpus.__index = Corpus
+data.Corpus = Corpus
+
+local function check_options(opts, allowed, where)
+  opts = opts or {}
+  if type(opts) ~= 'table' then error(('%s: options must be a table, got %s'):format(where, type(opts)), 3) end
+  for k in pairs(opts) do
+    if not allowed[k] then
+      local names = {}
+      for a in pairs(allowed) do names[#names + 1] = a end
+      table.sort(names)
+      error(("%s: unknown option '%s' (expected %s)"):format(where, tostring(k), table.concat(names, ', ')), 3)
+    end
+  end
+  return opts
+end
+
+local function wrap(handle, source)
+  return setmetatable({_native = handle, source = source, vocab_size = handle:vocab_size(),
+    tokenizer = handle:tokenizer()}, Corpus)
+end
+
+-- data.text(path, {tokenizer = 'char'|'byte', split = 0.9}) -> corpus
+function data.text(path, opts)
+  opts = check_options(opts, {tokenizer = true, split = true}, 'data.text')
+  return wrap(native.text(path, opts.tokenizer or 'char', opts.split), path)
+end
+
+-- data.from_string(text, {tokenizer = 'char'|'byte', split = 0.9}): a corpus from text in memory
+function data.from_string(text, opts)
+  opts = check_options(opts, {tokenizer = true, split = true}, 'data.from_string')
+  return wrap(native.from_string(text, opts.tokenizer or 'char', opts.split), '(string)')
+end
+
+-- corpus:batch(B, T, {split = 'train'|'val', device}) -> inputs (B, T), targets (B, T):
+-- B random windows of T tokens, and the same windows one token later.
+function Corpus:batch(B, T, opts)
+  opts = check_options(opts, {split = true, device = true}, 'batch')
+  local x, y = self._native:batch(B, T, opts.split or 'train')
+  local device = opts.device or torch.device()
+  if device ~= 'cpu' then x, y = x:to(device), y:to(device) end
+  return x, y
+end
+
+-- corpus:encode(text) -> int64 ids (1-based); corpus:decode(ids) -> text
+-- (no tail calls: errors keep the method's name and argument numbers)
+function Corpus:encode(text)
+  local ids = self._native:encode(text)
+  return ids
+end
+
+function Corpus:decode(ids)
+  local text = self._native:decode(ids)
+  return text
+end
+
+-- corpus:tokens([split]) -> the ids of the whole text or of one split
+function Corpus:tokens(split) return self._native:tokens(split) end
+
+-- corpus:size([split]) -> number of tokens
+function Corpus:size(split) return self._native:tokens(split):numel() end
+
+function Corpus:__tostring()
+  return ('data.Corpus(%s, %s tokenizer, vocab %d, %d train + %d val tokens)'):format(
+    self.source, self.tokenizer, self.vocab_size, self:size('train'), self:size('val'))
+end
+
+return data
