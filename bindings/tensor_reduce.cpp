@@ -201,6 +201,18 @@ int tensor_sort(lua_State* L) {
   return 2;
 }
 
+// x:multinomial(n, replacement = false) -> 1-based indices drawn with weights x (rows)
+int tensor_multinomial(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (t.dim() < 1 || t.dim() > 2) throw ArgError(1, "multinomial needs a 1- or 2-dimensional tensor of weights");
+  int64_t n = check_integer(L, 2);
+  bool replacement = opt_boolean(L, 3, false);
+  if (n < 1 || (!replacement && n > t.size(-1)))
+    throw ArgError(2, "cannot draw " + std::to_string(n) + " of " + std::to_string(t.size(-1)) + " categories");
+  push_tensor(L, at::multinomial(t, n, replacement) + 1);
+  return 1;
+}
+
 // ---- selection with index tensors ------------------------------------------
 
 int tensor_index_select(lua_State* L) {
@@ -362,6 +374,7 @@ const luaL_Reg reduce_methods[] = {
     {"fill_", guarded<tensor_fill_>},
     {"uniform_", guarded<tensor_uniform_>},
     {"normal_", guarded<tensor_normal_>},
+    {"multinomial", guarded<tensor_multinomial>},
     {nullptr, nullptr},
 };
 

@@ -6,6 +6,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <mutex>
+#include <chrono>
+
+#include <unistd.h>
+#include <zlib.h>
 
 #include "bindings/common.h"
 #include "bindings/bindings.h"
@@ -409,6 +413,34 @@ int torch_cross_entropy(lua_State* L) {
   return 1;
 }
 
+// ---- clocks, terminals, compression ------------------------------------------
+
+// torch._now() -> seconds on a monotonic clock (for rates and ETAs)
+int torch_now(lua_State* L) {
+  lua_pushnumber(L, std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  return 1;
+}
+
+// torch._isatty(fd) -> whether the file descriptor is a terminal
+int torch_isatty(lua_State* L) {
+  lua_pushboolean(L, isatty(static_cast<int>(check_integer(L, 1))));
+  return 1;
+}
+
+// torch._compressed_size(s, level = 9) -> bytes of s after zlib compression
+int torch_compressed_size(lua_State* L) {
+  size_t n;
+  const char* s = luaL_checklstring(L, 1, &n);
+  int level = lua_isnoneornil(L, 2) ? 9 : static_cast<int>(check_integer(L, 2));
+  if (level < 0 || level > 9) throw ArgError(2, "zlib level must be 0..9");
+  uLongf out = compressBound(n);
+  std::vector<Bytef> buf(out);
+  if (compress2(buf.data(), &out, reinterpret_cast<const Bytef*>(s), n, level) != Z_OK)
+    throw CallError("zlib could not compress the text");
+  lua_pushnumber(L, static_cast<lua_Number>(out));
+  return 1;
+}
+
 // ---- torch.linalg ---------------------------------------------------------------
 
 int linalg_svdvals(lua_State* L) {
@@ -480,6 +512,9 @@ const luaL_Reg torch_functions[] = {
     {"set_num_threads", guarded<torch_set_num_threads>},
     {"set_printoptions", guarded<torch_set_printoptions>},
     {"_cross_entropy", guarded<torch_cross_entropy>},
+    {"_now", guarded<torch_now>},
+    {"_isatty", guarded<torch_isatty>},
+    {"_compressed_size", guarded<torch_compressed_size>},
     {nullptr, nullptr},
 };
 

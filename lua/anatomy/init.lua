@@ -25,12 +25,15 @@ end
 
 require 'anatomy.tensor'
 
--- nn, models, data and optim are globals in scripts and the REPL, like torch.
+-- nn, models, data, optim, train and text are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
 data = require 'anatomy.data'
 optim = require 'anatomy.optim'
+train = require 'anatomy.train'
+text = require 'anatomy.text'
+require 'anatomy.generate'
 
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).

@@ -19,6 +19,11 @@ function Tensor:register_hook(fn)
   return setmetatable({tensor = self, id = self:_register_hook(fn)}, Handle)
 end
 
+local floating = {float32 = true, float64 = true, float16 = true, bfloat16 = true}
+
+-- x:is_floating_point(): float32, float64, float16 or bfloat16
+function Tensor:is_floating_point() return floating[self.dtype] == true end
+
 -- Methods that PyTorch also offers as torch.name(tensor, ...).
 local functions = {
   'exp', 'log', 'log2', 'log10', 'log1p', 'expm1', 'sqrt', 'rsqrt', 'square', 'abs', 'neg', 'sign',

@@ -1,0 +1,282 @@
+-- train: the training loop (AdamW, schedules, clipping, evaluation,
+-- checkpoints that resume exactly), evaluation of a model on a text, and
+-- checks that stop at the first NaN with its place named.
+local train = {}
+
+local defaults = {
+  steps = 1000, batch = 32, lr = 3e-3, weight_decay = 0.1, betas = {0.9, 0.95}, warmup = 0,
+  schedule = 'cosine', clip = 1.0, eval_batches = 8, resume = true, decay = 'matrices',
+}
+local known = {
+  steps = true, batch = true, seq = true, lr = true, weight_decay = true, betas = true, warmup = true,
+  schedule = true, clip = true, eval_every = true, eval_batches = true, log_every = true, seed = true,
+  checkpoint = true, checkpoint_every = true, resume = true, on_step = true, log = true, decay = true,
+  quiet = true,
+}
+
+local function options(opts, model)
+  opts = opts or {}
+  for k in pairs(opts) do
+    if not known[k] then
+      local names = {}
+      for n in pairs(known) do names[#names + 1] = n end
+      table.sort(names)
+      error(("train.fit: unknown option '%s' (expected %s)"):format(tostring(k), table.concat(names, ', ')), 3)
+    end
+  end
+  local o = {}
+  for k, v in pairs(defaults) do o[k] = v end
+  for k, v in pairs(opts) do o[k] = v end
+  o.seq = o.seq or (rawget(model, 'config') and model.config.seq) or 64
+  o.eval_every = o.eval_every or math.max(1, math.floor(o.steps / 10))
+  o.log_every = o.log_every or math.max(1, math.floor(o.steps / 50))
+  return o
+end
+
+-- The logits of a model's output (models may also return hidden states).
+local function logits_of(model, x)
+  local out = model(x)
+  return out
+end
+
+-- Runs the model once more with every module's output checked; returns the
+-- dotted name and class of the first module whose output is not finite.
+function train.find_nonfinite(model, x)
+  local found
+  local wrapped = {}
+  for name, m in model:named_modules() do
+    if name ~= '' then
+      wrapped[#wrapped + 1] = m
+      rawset(m, '_call', function(self, ...)
+        local y = nn.Module._call(self, ...)
+        if found == nil and torch.is_tensor(y) and y:is_floating_point() and not y:isfinite():all():item() then
+          found = ('%s (%s)'):format(name, nn.typename(self))
+        end
+        return y
+      end)
+    end
+  end
+  local ok, err = pcall(function() torch.no_grad(function() model(x) end) end)
+  for _, m in ipairs(wrapped) do rawset(m, '_call', nil) end
+  if not ok then error(err, 0) end
+  return found
+end
+
+-- The first parameter (by name) whose gradient is not finite.
+local function first_bad_grad(model)
+  for name, p in model:named_parameters() do
+    if p.grad ~= nil and not p.grad:isfinite():all():item() then return name end
+  end
+end
+
+-- The total gradient norm, clipped to max_norm when given (one sync, not one per parameter).
+local function grad_norm(params, max_norm)
+  local norms = {}
+  for _, p in ipairs(params) do if p.grad ~= nil then norms[#norms + 1] = p.grad:norm() end end
+  if #norms == 0 then return 0 end
+  local total = torch.stack(norms):norm():item()
+  if max_norm and max_norm > 0 and total > max_norm then
+    local scale = max_norm / (total + 1e-6)
+    torch.no_grad(function() for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(scale) end end end)
+  end
+  return total
+end
+
+-- Windows of seq + 1 tokens laid end to end over ids, at most `limit` of
+-- them: deterministic, and drawing nothing from the random generator.
+local function windows(ids, seq, limit)
+  local n = math.floor((ids:numel() - 1) / seq)
+  if limit then n = math.min(n, limit) end
+  if n < 1 then return nil end
+  local x = ids:narrow(1, 1, n * seq):view(n, seq)
+  local y = ids:narrow(1, 2, n * seq):view(n, seq)
+  return x, y
+end
+
+-- train.evaluate(model, corpus, {split = 'val', text = nil, seq, batches = 8, batch = 16})
+-- -> {nats = mean cross-entropy per token, bits = the same in bits, tokens = count}.
+-- With text, the model is judged on that text (encoded with the corpus's
+-- tokenizer), such as samples from another model.
+function train.evaluate(model, corpus, opts)
+  opts = opts or {}
+  local seq = opts.seq or (rawget(model, 'config') and model.config.seq) or 64
+  local ids = opts.text and corpus:encode(opts.text) or corpus:tokens(opts.split or 'val')
+  local x, y = windows(ids, seq, (opts.batches or 8) * (opts.batch or 16))
+  if not x then
+    seq = ids:numel() - 1
+    if seq < 1 then error('train.evaluate: the text has fewer than 2 tokens', 2) end
+    x, y = ids:narrow(1, 1, seq):view(1, seq), ids:narrow(1, 2, seq):view(1, seq)
+  end
+  local was_training = model.training
+  model:eval()
+  local total, count = 0, 0
+  torch.no_grad(function()
+    local B = opts.batch or 16
+    for first = 1, x:size(1), B do
+      local n = math.min(B, x:size(1) - first + 1)
+      local xb, yb = x:narrow(1, first, n), y:narrow(1, first, n)
+      if torch.device() ~= 'cpu' then xb, yb = xb:to(torch.device()), yb:to(torch.device()) end
+      local loss = nn.functional.cross_entropy(logits_of(model, xb), yb)
+      total = total + loss:item() * yb:numel()
+      count = count + yb:numel()
+    end
+  end)
+  model:train(was_training)
+  local nats = total / count
+  return {nats = nats, bits = nats / math.log(2), tokens = count}
+end
+
+-- train.save_checkpoint(path, model, opt, step, metadata): model, optimizer
+-- state, RNG state and step in one safetensors file, written atomically.
+function train.save_checkpoint(path, model, opt, step, metadata)
+  local tensors = {}
+  for name, p in model:named_parameters() do tensors['model.' .. name] = p:detach() end
+  for name, t in pairs(opt:state_tensors('optim.')) do tensors[name] = t end
+  tensors.rng = torch.get_rng_state()
+  local meta = {format = 'anatomy-checkpoint', step = tostring(step), class = nn.typename(model)}
+  for k, v in pairs(metadata or {}) do meta[k] = tostring(v) end
+  torch.save_safetensors(path, tensors, meta)
+end
+
+-- train.load_checkpoint(path, model, opt) -> step, metadata
+function train.load_checkpoint(path, model, opt)
+  local t, meta = torch.load_safetensors(path)
+  if meta.format ~= 'anatomy-checkpoint' then error(("'%s' is not an anatomy checkpoint"):format(path), 2) end
+  local sd = {}
+  for name, v in pairs(t) do
+    local n = name:match('^model%.(.*)$')
+    if n then sd[n] = v end
+  end
+  model:load_state_dict(sd)
+  if opt then opt:load_state_tensors(t, 'optim.') end
+  torch.set_rng_state(t.rng)
+  return tonumber(meta.step), meta
+end
+
+local function file_exists(path)
+  local f = io.open(path, 'rb')
+  if f then f:close() end
+  return f ~= nil
+end
+
+local function format_time(seconds)
+  seconds = math.max(0, math.floor(seconds + 0.5))
+  if seconds >= 3600 then return ('%d:%02d:%02d'):format(seconds / 3600, seconds % 3600 / 60, seconds % 60) end
+  return ('%d:%02d'):format(seconds / 60, seconds % 60)
+end
+
+local Run = {}
+Run.__index = Run
+train.Run = Run
+
+function Run:__tostring()
+  local last_val = self.val[#self.val]
+  return ('train.Run(%d steps%s, train loss %.4f%s, %.1f s, %.0f tokens/s)'):format(
+    self.steps, self.interrupted and ', interrupted' or '', self.train[#self.train] or 0 / 0,
+    last_val and (', val loss %.4f'):format(last_val.loss) or '', self.seconds, self.tokens_per_second)
+end
+
+-- train.fit(model, corpus, opts) -> run
+-- opts: steps, batch, seq, lr, weight_decay, betas, warmup, schedule ('cosine'|
+-- 'constant'), clip, eval_every, eval_batches, log_every, seed, checkpoint
+-- (path), checkpoint_every, resume (default true), on_step(step, info), log
+-- (a JSON-lines file), decay ('matrices'|'all'), quiet.
+-- The run: train (loss per step), val ({step, loss} per evaluation), steps,
+-- seconds, tokens_per_second, interrupted (Ctrl-C stopped it at a step boundary).
+function train.fit(model, corpus, opts)
+  local o = options(opts, model)
+  if o.seed then torch.manual_seed(o.seed) end
+  model:train()
+  local params = model:parameters()
+  local opt = optim.AdamW(params, {lr = o.lr, betas = o.betas, weight_decay = o.weight_decay, decay = o.decay})
+  local lr_at = optim.schedule(o.schedule, o.lr, o.steps, o.warmup)
+  local run = setmetatable({train = {}, val = {}, steps = 0, seconds = 0, tokens_per_second = 0, first_step = 1}, Run)
+
+  if o.checkpoint and o.resume and file_exists(o.checkpoint) then
+    local step = train.load_checkpoint(o.checkpoint, model, opt)
+    run.first_step = step + 1
+    run.resumed_from = step
+    if not o.quiet then print(('resuming from %s at step %d'):format(o.checkpoint, step)) end
+  end
+  local log = o.log and assert(io.open(o.log, 'a'))
+  local tty = torch._isatty(1) and not o.quiet
+  local started = torch._now()
+  local tokens = 0
+  local steps_done = 0
+
+  local function step_once(step)
+    local lr = lr_at(step)
+    opt:set_lr(lr)
+    local x, y = corpus:batch(o.batch, o.seq)
+    local loss = nn.functional.cross_entropy(logits_of(model, x), y)
+    local value = loss:item()
+    if value ~= value or value == math.huge or value == -math.huge then
+      local where = train.find_nonfinite(model, x)
+      error(('train.fit: the loss is %s at step %d; first non-finite value in the output of %s'):format(
+        tostring(value), step, where or 'no module (the loss itself)'), 0)
+    end
+    opt:zero_grad()
+    loss:backward()
+    local norm = grad_norm(params, o.clip)
+    if norm ~= norm or norm == math.huge then
+      error(('train.fit: the gradient of %s is not finite at step %d'):format(first_bad_grad(model) or '?', step), 0)
+    end
+    opt:step()
+    tokens = tokens + o.batch * o.seq
+    return value, lr, norm
+  end
+
+  for step = run.first_step, o.steps do
+    local ok, value, lr, norm = pcall(step_once, step)
+    if not ok then
+      if tostring(value):match('interrupted$') then
+        run.interrupted = true
+        if tty then io.write('\n') end
+        print(('interrupted at step %d: the model keeps what it learned in %d steps'):format(step, step - 1))
+        break
+      end
+      if log then log:close() end
+      error(value, 0)
+    end
+    steps_done = steps_done + 1
+    run.train[#run.train + 1] = value
+    run.steps = step
+    local info = {step = step, loss = value, lr = lr, grad_norm = norm}
+    if step % o.eval_every == 0 or step == o.steps then
+      info.val_loss = train.evaluate(model, corpus, {seq = o.seq, batches = o.eval_batches, batch = o.batch}).nats
+      run.val[#run.val + 1] = {step = step, loss = info.val_loss}
+    end
+    local elapsed = torch._now() - started
+    info.tokens_per_second = tokens / math.max(elapsed, 1e-9)
+    if log then
+      log:write(('{"step": %d, "loss": %.6f, "lr": %.6g, "grad_norm": %.6g%s, "tokens_per_second": %.1f, "time": %.3f}\n')
+        :format(step, value, lr, norm, info.val_loss and (', "val_loss": %.6f'):format(info.val_loss) or '',
+          info.tokens_per_second, elapsed))
+      log:flush()
+    end
+    if not o.quiet then
+      local eta = elapsed / steps_done * (o.steps - step)
+      local last_val = run.val[#run.val]
+      local line = ('step %d/%d | loss %.4f%s | %.0f tok/s | ETA %s'):format(step, o.steps, value,
+        last_val and (' | val %.4f'):format(last_val.loss) or '', info.tokens_per_second, format_time(eta))
+      if tty then
+        io.write('\r\27[K' .. line)
+        if step == o.steps then io.write('\n') end
+        io.flush()
+      elseif step % o.log_every == 0 or step == o.steps or info.val_loss then
+        print(line)
+      end
+    end
+    if o.checkpoint and ((o.checkpoint_every and step % o.checkpoint_every == 0) or step == o.steps) then
+      train.save_checkpoint(o.checkpoint, model, opt, step)
+    end
+    if o.on_step then o.on_step(step, info) end
+  end
+  if log then log:close() end
+  run.seconds = torch._now() - started
+  run.tokens_per_second = tokens / math.max(run.seconds, 1e-9)
+  run.optimizer = opt
+  return run
+end
+
+return train

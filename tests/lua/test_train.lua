@@ -1,0 +1,147 @@
+-- Data, training, checkpoints and sampling, on small texts made here.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require 'harness'
+local test, eq, close, raises = H.test, H.eq, H.close, H.raises
+
+local sample_text = ('First Citizen: we are accounted poor citizens, the patricians good. '):rep(40)
+
+local function tmpfile(content)
+  local path = os.tmpname()
+  local f = assert(io.open(path, 'wb'))
+  f:write(content)
+  f:close()
+  return path
+end
+
+test('char and byte tokenizers round-trip, ids are 1-based', function()
+  local path = tmpfile('héllo wörld\nline two ✓')
+  local c = data.text(path)
+  eq(c.tokenizer, 'char')
+  local ids = c:tokens()
+  eq(c:decode(ids), 'héllo wörld\nline two ✓')
+  eq(ids:min():item(), 1)
+  eq(ids:max():item(), c.vocab_size)
+  eq(c:decode(c:encode('wörld')), 'wörld')
+  raises(function() c:encode('z') end, "bad argument #1 to 'encode' (character 'z' (U+007A) is not in the vocabulary)")
+  raises(function() c:decode({0}) end, "bad argument #1 to 'decode' (token id 0 is out of range 1.." .. c.vocab_size .. ')')
+  local b = data.text(path, {tokenizer = 'byte'})
+  eq(b.vocab_size, 256)
+  eq(b:decode(b:tokens()), 'héllo wörld\nline two ✓')
+  eq(b:encode('A'):item(), 66, "byte 65 ('A') is id 66")
+  os.remove(path)
+  raises(function() data.text('/no/such/file.txt') end, "cannot open '/no/such/file.txt': No such file or directory")
+  raises(function() data.text(path, {tokenizer = 'words'}) end, "bad argument #2 to 'data.text' (unknown tokenizer 'words', expected char or byte)")
+end)
+
+test('batches are windows of the split, targets shifted by one', function()
+  local c = data.from_string(sample_text, {split = 0.9})
+  eq(c:size('train') + c:size('val'), c:size())
+  eq(c:size('train'), math.floor(c:size() * 0.9))
+  torch.manual_seed(0)
+  local x, y = c:batch(4, 16)
+  eq(x:size(), {4, 16})
+  eq(y:size(), {4, 16})
+  eq(x.dtype, 'int64')
+  close(x[{{}, {2, 16}}], y[{{}, {1, 15}}], 0, 'targets are the inputs shifted by one')
+  -- each row is a real window of the training text
+  local train_text = c:decode(c:tokens('train'))
+  for b = 1, 4 do
+    assert(train_text:find(c:decode(x[b]) .. c:decode(y[b][16]), 1, true), 'row ' .. b .. ' is a window of the text')
+  end
+  local vx = c:batch(2, 8, {split = 'val'})
+  assert(c:decode(c:tokens('val')):find(c:decode(vx[1]), 1, true), 'val batches come from the val split')
+  raises(function() c:batch(2, 10000) end, ("bad argument #2 to 'batch' (the train split has %d tokens, too few for windows of 10000 plus a target)"):format(c:size('train')))
+end)
+
+test('a tiny model overfits a short text', function()
+  torch.manual_seed(1)
+  local c = data.from_string(('abcdefgh'):rep(50), {split = 0.9})
+  local m = models.gpt{vocab = c.vocab_size, dim = 32, heads = 2, layers = 1, seq = 16, ffn = 64}
+  local run = train.fit(m, c, {steps = 150, batch = 16, lr = 1e-2, warmup = 10, quiet = true})
+  assert(run.train[150] < 0.05, ('final loss %.4f should be near zero'):format(run.train[150]))
+  assert(run.val[#run.val].loss < 0.05, 'and so should the val loss')
+  eq(c:sample(m, 'abc', {max_new = 10, temperature = 0}), 'abcdefghabcde')
+end)
+
+test('a resumed run gives bit-identical losses', function()
+  local c = data.from_string(sample_text)
+  local path = os.tmpname()
+  os.remove(path)
+  local function model() torch.manual_seed(7); return models.vibenet{vocab = c.vocab_size, dim = 16, layers = 2, seq = 16, block = 'gate'} end
+  local opts = {steps = 20, batch = 4, lr = 3e-3, warmup = 3, eval_every = 5, seed = 11, quiet = true}
+  local whole = train.fit(model(), c, opts)
+  -- the same run, stopped after 10 steps, then resumed from its checkpoint
+  local first = {}
+  for k, v in pairs(opts) do first[k] = v end
+  first.checkpoint, first.checkpoint_every = path, 10
+  first.on_step = function(step) if step == 10 then error('stop here') end end
+  pcall(train.fit, model(), c, first)
+  first.on_step = nil
+  local resumed = train.fit(model(), c, first)
+  eq(resumed.resumed_from, 10)
+  eq(#resumed.train, 10)
+  for i = 1, 10 do
+    if resumed.train[i] ~= whole.train[10 + i] then
+      error(('step %d: resumed %.17g, uninterrupted %.17g'):format(10 + i, resumed.train[i], whole.train[10 + i]))
+    end
+  end
+  os.remove(path)
+end)
+
+test('a NaN from a Lua block is reported with the block\'s name', function()
+  local Bad = nn.block('Bad', function(self) self.fc = nn.Linear(16, 16) end)
+  function Bad:forward(x) return self.fc(x):log() end     -- log of negatives: NaN
+  local m = models.vibenet{vocab = 30, dim = 16, layers = 3, seq = 16}
+  m.blocks[2].inner = Bad()
+  local c = data.from_string(sample_text)
+  raises(function() train.fit(m, c, {steps = 5, batch = 2, quiet = true}) end,
+    'train.fit: the loss is nan at step 1; first non-finite value in the output of blocks.2.inner (Bad)')
+end)
+
+test('a failed checkpoint write keeps the previous checkpoint loadable', function()
+  local c = data.from_string(sample_text)
+  torch.manual_seed(3)
+  local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
+  local path = os.tmpname()
+  os.remove(path)
+  train.fit(m, c, {steps = 4, batch = 2, checkpoint = path, quiet = true})
+  local before = io.open(path, 'rb'):read('*a')
+  -- the next write's temporary file is /dev/full: the write fails midway
+  local pid = io.open('/proc/self/stat'):read('*n')
+  os.execute(('ln -sf /dev/full %s.tmp.%d'):format(path, pid))
+  raises(function() train.fit(m, c, {steps = 8, batch = 2, checkpoint = path, quiet = true}) end,
+    ("cannot write '%s': No space left on device"):format(path))
+  eq(io.open(path, 'rb'):read('*a') == before, true, 'the previous checkpoint is untouched')
+  local m2 = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
+  eq(train.load_checkpoint(path, m2), 4)
+  os.remove(path)
+  os.remove(('%s.tmp.%d'):format(path, pid))
+end)
+
+test('evaluate judges any text; compression measures it', function()
+  local c = data.from_string(sample_text)
+  torch.manual_seed(4)
+  local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
+  local r = train.evaluate(m, c, {text = 'we are accounted poor citizens'})
+  close(r.bits, r.nats / math.log(2), 1e-12)
+  assert(r.nats > 0 and r.tokens > 0)
+  local uniform = math.log(c.vocab_size)
+  assert(math.abs(r.nats - uniform) < 1.5, 'an untrained model is near uniform')
+  local repetitive = ('abc'):rep(200)
+  assert(text.compression_ratio(repetitive) < 0.1, 'repetition compresses')
+  eq(text.compressed_size(''), 8)
+end)
+
+test('options are checked', function()
+  local c = data.from_string(sample_text)
+  local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
+  raises(function() train.fit(m, c, {stepz = 3}) end, "train.fit: unknown option 'stepz' (expected batch, betas, "
+    .. 'checkpoint, checkpoint_every, clip, decay, eval_batches, eval_every, log, log_every, lr, on_step, quiet, '
+    .. 'resume, schedule, seed, seq, steps, warmup, weight_decay)')
+  local empty = os.tmpname()
+  raises(function() train.fit(m, c, {steps = 2, checkpoint = empty, quiet = true}) end,
+    ("'%s' is not a valid safetensors file: it is 0 bytes long, shorter than the 8-byte header length"):format(empty))
+  os.remove(empty)
+end)
+
+H.done()
