@@ -131,6 +131,14 @@ TEST_CASE("Ctrl-C interrupts a running loop, not the REPL", "[repl]") {
     CHECK(contains(out, "interrupted"));
     CHECK(contains(out, "yes\ttrue"));
   }
+  SECTION("train.fit stops at a step boundary and returns its run") {
+    std::string out = interrupt_repl(
+        "c = data.from_string(('abcdefgh '):rep(100)) m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, "
+        "layers = 1, seq = 8, ffn = 32} run = train.fit(m, c, {steps = 1000000, batch = 4, quiet = true})",
+        "print(kept, run.interrupted, run.steps > 0, #run.train == run.steps)\n");
+    CHECK(contains(out, "the model keeps what it learned"));
+    CHECK(contains(out, "yes\ttrue\ttrue\ttrue"));
+  }
   SECTION("a pure Lua loop (which LuaJIT would otherwise compile)") {
     std::string out = interrupt_repl("while true do n = n + 1 end", "print(kept, n > 1000)\n");
     CHECK(contains(out, "interrupted"));

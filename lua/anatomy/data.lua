@@ -39,6 +39,49 @@ function data.from_string(text, opts)
   return wrap(native.from_string(text, opts.tokenizer or 'char', opts.split), '(string)')
 end
 
+local function cache_dir()
+  local base = os.getenv('XDG_CACHE_HOME')
+  if not base or base == '' then base = (os.getenv('HOME') or '/tmp') .. '/.cache' end
+  return base .. '/anatomy'
+end
+
+local function exists(path)
+  local f = io.open(path, 'rb')
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- data.default_text() -> the path of the default corpus: the King James Bible
+-- (public domain) from Debian's bible-kjv package, dumped once with its
+-- `bible` program into the cache folder, one verse per line, references stripped.
+function data.default_text()
+  local dir = cache_dir()
+  local path = dir .. '/kjv.txt'
+  if exists(path) then return path end
+  local probe = io.popen('command -v bible 2>/dev/null')
+  local found = probe:read('*l')
+  probe:close()
+  if not found or found == '' then
+    error('the default corpus needs the `bible` program from Debian\'s bible-kjv package\n'
+      .. '---> HINT: apt-get install bible-kjv (scripts/setup does), or pass a text with --data=FILE', 2)
+  end
+  os.execute(("mkdir -p '%s'"):format(dir))
+  local pipe = io.popen('bible -l100000 gen1:1-rev22:21')
+  local verses = {}
+  for line in pipe:lines() do
+    local verse = line:match('^ +%d+ (.*)$')        -- "  12 And God said..." ; chapter headings are skipped
+    if verse then verses[#verses + 1] = verse end
+  end
+  pipe:close()
+  if #verses < 30000 then error(('the bible program gave %d verses, expected 31102'):format(#verses), 2) end
+  local tmp = path .. '.tmp'
+  local f = assert(io.open(tmp, 'wb'))
+  f:write(table.concat(verses, '\n'), '\n')
+  f:close()
+  assert(os.rename(tmp, path))
+  return path
+end
+
 -- corpus:batch(B, T, {split = 'train'|'val', device}) -> inputs (B, T), targets (B, T):
 -- B random windows of T tokens, and the same windows one token later.
 function Corpus:batch(B, T, opts)

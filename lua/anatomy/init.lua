@@ -34,6 +34,7 @@ optim = require 'anatomy.optim'
 train = require 'anatomy.train'
 text = require 'anatomy.text'
 require 'anatomy.generate'
+torch.config = require 'anatomy.config'
 
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).

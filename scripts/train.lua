@@ -1,0 +1,59 @@
+-- Train a model on a text, evaluate it, save a checkpoint and print a sample.
+--   anatomy scripts/train.lua --model=gpt --data=FILE --steps=2000
+-- Every key below can be overridden with --key=value; --help lists them.
+local cfg = torch.config.parse({
+  model = 'gpt',           -- gpt | vibenet | funnel | stateful
+  block = 'plain',         -- vibenet's block: plain | ffn | gate | hyper
+  norm = 'post',           -- gpt: post | pre
+  residual = true,         -- gpt: false drops the residual adds
+  data = '',               -- a text file; empty: the King James Bible (Debian's bible-kjv)
+  tokenizer = 'char',      -- char | byte
+  dim = 64, heads = 2, layers = 1, ffn = 128, seq = 64,
+  steps = 2000, batch = 32, lr = 3e-3, warmup = 100, weight_decay = 0.1, clip = 1.0,
+  schedule = 'cosine',     -- cosine | constant
+  eval_every = 200, eval_batches = 8,
+  seed = 1337,
+  out = 'out/train',       -- folder for the checkpoint and the metrics log
+  resume = false,          -- continue from out/checkpoint.safetensors if it exists
+  sample = 300,            -- characters (tokens) to sample at the end; 0 for none
+  temperature = 0.8, top_k = 0,
+}, arg, 'usage: anatomy scripts/train.lua [--key=value ...]')
+
+torch.manual_seed(cfg.seed)
+local path = cfg.data ~= '' and cfg.data or data.default_text()
+local corpus = data.text(path, {tokenizer = cfg.tokenizer})
+print(corpus)
+
+local V = corpus.vocab_size
+local builders = {
+  gpt = function() return models.gpt{vocab = V, dim = cfg.dim, heads = cfg.heads, layers = cfg.layers, seq = cfg.seq,
+    ffn = cfg.ffn, norm = cfg.norm, residual = cfg.residual} end,
+  vibenet = function() return models.vibenet{vocab = V, dim = cfg.dim, layers = cfg.layers, seq = cfg.seq, block = cfg.block} end,
+  funnel = function() return models.funnel{vocab = V, seq = cfg.seq} end,
+  stateful = function() return models.stateful{vocab = V, dim = cfg.dim, heads = cfg.heads, layers = cfg.layers,
+    seq = cfg.seq, ffn = cfg.ffn} end,
+}
+if not builders[cfg.model] then error(("--model must be gpt, vibenet, funnel or stateful, got '%s'"):format(cfg.model), 0) end
+local model = builders[cfg.model]()
+print(('%s: %s parameters'):format(nn.typename(model), nn.format_count(model:num_parameters())))
+
+os.execute(("mkdir -p '%s'"):format(cfg.out))
+local checkpoint = cfg.out .. '/checkpoint.safetensors'
+if not cfg.resume then os.remove(checkpoint) end
+local run = train.fit(model, corpus, {
+  steps = cfg.steps, batch = cfg.batch, seq = cfg.seq, lr = cfg.lr, warmup = cfg.warmup,
+  weight_decay = cfg.weight_decay, clip = cfg.clip, schedule = cfg.schedule, eval_every = cfg.eval_every,
+  eval_batches = cfg.eval_batches, checkpoint = checkpoint, checkpoint_every = cfg.eval_every,
+  resume = cfg.resume, log = cfg.out .. '/metrics.jsonl',
+})
+print(run)
+
+local val = train.evaluate(model, corpus, {seq = cfg.seq, batches = 32, batch = cfg.batch})
+print(('val loss %.4f nats/token (%.3f bits) over %d tokens'):format(val.nats, val.bits, val.tokens))
+print(('checkpoint: %s   metrics: %s'):format(checkpoint, cfg.out .. '/metrics.jsonl'))
+if cfg.sample > 0 then
+  local sample = corpus:sample(model, '', {max_new = cfg.sample, temperature = cfg.temperature,
+    top_k = cfg.top_k > 0 and cfg.top_k or nil, seed = cfg.seed})
+  print('\n' .. sample)
+  print(('\n(zlib compression ratio of the sample: %.3f)'):format(text.compression_ratio(sample)))
+end
