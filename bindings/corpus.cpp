@@ -31,14 +31,18 @@ double split_fraction(lua_State* L, int idx) {
   return f;
 }
 
-// text(path, tokenizer, split)
+// text(path, tokenizer, split, vocab_size, type, model)
 int data_text(lua_State* L) {
   std::string path = check_string(L, 1);
   io::TokenizerSpec spec;
   if (!lua_isnoneornil(L, 2)) spec.kind = check_string(L, 2);
-  if (spec.kind != "char" && spec.kind != "byte")
-    throw ArgError(2, "unknown tokenizer '" + spec.kind + "', expected char or byte");
+  if (spec.kind != "char" && spec.kind != "byte" && spec.kind != "sentencepiece")
+    throw ArgError(2, "unknown tokenizer '" + spec.kind + "', expected char, byte or sentencepiece");
   double fraction = split_fraction(L, 3);
+  if (!lua_isnoneornil(L, 4)) spec.vocab_size = check_integer(L, 4);
+  if (spec.vocab_size < 2) throw ArgError(4, "vocab_size must be at least 2");
+  if (!lua_isnoneornil(L, 5)) spec.type = check_string(L, 5);
+  if (!lua_isnoneornil(L, 6)) spec.model = check_string(L, 6);
   try {
     push_corpus(L, io::load_text_corpus(path, spec, fraction));
   } catch (const std::runtime_error& e) {

@@ -70,6 +70,7 @@ long parse_positive(const std::string& flag, const std::string& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);  // progress lines show up promptly in logs and pipes
   anatomy::RuntimeOptions options;
   std::vector<Action> actions;
   bool interactive = false, version = false;

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 
@@ -129,7 +131,150 @@ class ByteTokenizer : public Tokenizer {
   }
 };
 
+// ---- SentencePiece, through the plugin (host/io/sentencepiece_plugin.cpp) ----
+
+struct SpmApi {
+  int (*train)(const char*, char*, size_t);
+  void* (*load)(const char*, char*, size_t);
+  void (*free_model)(void*);
+  int (*vocab_size)(void*);
+  int (*encode)(void*, const char*, size_t, int**, size_t*, char*, size_t);
+  int (*decode)(void*, const int*, size_t, char**, size_t*, char*, size_t);
+};
+
+std::string plugin_path() {
+  if (const char* env = std::getenv("ANATOMY_SPM_PLUGIN"); env && *env) return env;
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::vector<std::filesystem::path> candidates = {
+      exe.parent_path() / "libanatomy_sentencepiece.so",                        // the build tree
+      exe.parent_path().parent_path() / "lib" / "anatomy" / "libanatomy_sentencepiece.so",  // an install
+      ANATOMY_PLUGIN_DIR "/libanatomy_sentencepiece.so",
+  };
+  for (const auto& c : candidates)
+    if (std::filesystem::exists(c, ec)) return c.string();
+  return candidates.front().string();
+}
+
+const SpmApi& spm_api() {
+  static SpmApi api = [] {
+#if defined(__SANITIZE_ADDRESS__)
+    throw std::runtime_error("SentencePiece is not available in a sanitizer build (its plugin needs RTLD_DEEPBIND, "
+                             "which AddressSanitizer does not support)");
+#endif
+    std::string path = plugin_path();
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (!lib)
+      throw std::runtime_error(std::string("cannot load the SentencePiece plugin: ") + dlerror() +
+                               "\n---> HINT: build anatomy with libsentencepiece-dev installed, or set ANATOMY_SPM_PLUGIN");
+    SpmApi a{};
+    auto sym = [&](const char* name) {
+      void* f = dlsym(lib, name);
+      if (!f) throw std::runtime_error(std::string("the SentencePiece plugin lacks ") + name);
+      return f;
+    };
+    a.train = reinterpret_cast<decltype(a.train)>(sym("anatomy_spm_train"));
+    a.load = reinterpret_cast<decltype(a.load)>(sym("anatomy_spm_load"));
+    a.free_model = reinterpret_cast<decltype(a.free_model)>(sym("anatomy_spm_free"));
+    a.vocab_size = reinterpret_cast<decltype(a.vocab_size)>(sym("anatomy_spm_vocab_size"));
+    a.encode = reinterpret_cast<decltype(a.encode)>(sym("anatomy_spm_encode"));
+    a.decode = reinterpret_cast<decltype(a.decode)>(sym("anatomy_spm_decode"));
+    return a;
+  }();
+  return api;
+}
+
+// SentencePiece pieces; its ids 0..V-1 are ours 1..V.
+class SentencePieceTokenizer : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(const std::string& model_path) : api_(spm_api()) {
+    char err[512] = "";
+    model_ = api_.load(model_path.c_str(), err, sizeof err);
+    if (!model_) throw std::runtime_error("cannot load SentencePiece model '" + model_path + "': " + err);
+    vocab_ = api_.vocab_size(model_);
+  }
+  ~SentencePieceTokenizer() override { api_.free_model(model_); }
+  std::string kind() const override { return "sentencepiece"; }
+  int64_t vocab_size() const override { return vocab_; }
+  std::vector<int64_t> encode(std::string_view text) const override {
+    int* pieces = nullptr;
+    size_t n = 0;
+    char err[512] = "";
+    if (api_.encode(model_, text.data(), text.size(), &pieces, &n, err, sizeof err) != 0)
+      throw std::invalid_argument(std::string("SentencePiece could not encode the text: ") + err);
+    std::vector<int64_t> ids(n);
+    for (size_t i = 0; i < n; ++i) ids[i] = pieces[i] + 1;
+    std::free(pieces);
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override {
+    std::vector<int> pieces;
+    for (int64_t id : ids) {
+      if (id < 1 || id > vocab_)
+        throw std::out_of_range("token id " + std::to_string(id) + " is out of range 1.." + std::to_string(vocab_));
+      pieces.push_back(static_cast<int>(id - 1));
+    }
+    char* text = nullptr;
+    size_t n = 0;
+    char err[512] = "";
+    if (api_.decode(model_, pieces.data(), pieces.size(), &text, &n, err, sizeof err) != 0)
+      throw std::invalid_argument(std::string("SentencePiece could not decode: ") + err);
+    std::string out(text, n);
+    std::free(text);
+    return out;
+  }
+
+ private:
+  const SpmApi& api_;
+  void* model_ = nullptr;
+  int64_t vocab_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& model_path) {
+  return std::make_unique<SentencePieceTokenizer>(model_path);
+}
+
+std::string train_sentencepiece(const std::string& text_path, int64_t vocab_size, const std::string& type) {
+  if (type != "bpe" && type != "unigram")
+    throw std::invalid_argument("SentencePiece model type must be 'bpe' or 'unigram', got '" + type + "'");
+  namespace fs = std::filesystem;
+  // Cached beside the text, or in ~/.cache/anatomy when that folder is read-only.
+  fs::path text(text_path);
+  fs::path dir = text.has_parent_path() ? text.parent_path() : fs::path(".");
+  // A folder without write bits counts as read-only even for root, who could write anyway.
+  struct stat st {};
+  bool writable = stat(dir.c_str(), &st) == 0 && (st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) &&
+                  access(dir.c_str(), W_OK) == 0;
+  if (!writable) {
+    const char* home = std::getenv("HOME");
+    dir = fs::path(home && *home ? home : "/tmp") / ".cache" / "anatomy";
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw std::runtime_error("cannot create the cache folder " + dir.string() + ": " + ec.message());
+  }
+  std::string prefix = (dir / (text.filename().string() + ".sp" + std::to_string(vocab_size) + "." + type)).string();
+  std::string model = prefix + ".model";
+  if (access(model.c_str(), R_OK) == 0) return model;
+  const SpmApi& api = spm_api();
+  std::string tmp = prefix + ".tmp" + std::to_string(getpid());
+  std::string flags = "--input=" + text_path + " --model_prefix=" + tmp + " --vocab_size=" + std::to_string(vocab_size) +
+                      " --model_type=" + type + " --character_coverage=1.0 --hard_vocab_limit=false" +
+                      " --minloglevel=2 --max_sentence_length=16384 --input_sentence_size=2000000" +
+                      " --shuffle_input_sentence=true --num_threads=2";
+  char err[512] = "";
+  int rc = api.train(flags.c_str(), err, sizeof err);
+  if (rc != 0) {
+    std::remove((tmp + ".model").c_str());
+    std::remove((tmp + ".vocab").c_str());
+    throw std::runtime_error("SentencePiece training on '" + text_path + "' failed: " + err);
+  }
+  std::rename((tmp + ".vocab").c_str(), (prefix + ".vocab").c_str());
+  if (std::rename((tmp + ".model").c_str(), model.c_str()) != 0)
+    throw std::runtime_error("cannot write the SentencePiece model " + model + ": " + std::strerror(errno));
+  return model;
+}
 
 MappedFile::MappedFile(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY);
@@ -198,8 +343,12 @@ std::unique_ptr<Corpus> make_text_corpus(std::string_view text, const std::strin
 
 std::unique_ptr<Corpus> load_text_corpus(const std::string& path, const TokenizerSpec& spec, double train_fraction) {
   MappedFile file(path);
+  if (spec.kind == "sentencepiece") {
+    std::string model = spec.model.empty() ? train_sentencepiece(path, spec.vocab_size, spec.type) : spec.model;
+    return make_corpus(make_sentencepiece_tokenizer(model), file.text(), train_fraction);
+  }
   if (spec.kind != "char" && spec.kind != "byte")
-    throw std::invalid_argument("unknown tokenizer '" + spec.kind + "', expected char or byte");
+    throw std::invalid_argument("unknown tokenizer '" + spec.kind + "', expected char, byte or sentencepiece");
   return make_text_corpus(file.text(), spec.kind, train_fraction);
 }
 

@@ -1,5 +1,5 @@
-// Text corpora for training: a memory-mapped file, a tokenizer (characters
-// or bytes), the token ids as one tensor, a train/val split and
+// Text corpora for training: a memory-mapped file, a tokenizer (characters,
+// bytes or SentencePiece), the token ids as one tensor, a train/val split and
 // random windows of it as batches. Token ids are 1-based, as every index in
 // anatomy: a vocabulary of V tokens uses ids 1..V.
 #pragma once
@@ -64,9 +64,19 @@ class Corpus {
   int64_t train_end_;
 };
 
+/// A SentencePiece model file (.model), through the plugin library.
+std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const std::string& model_path);
+/// Trains a SentencePiece model ("bpe" or "unigram") on a text file, or finds
+/// the one trained before; returns its path. Cached beside the text as
+/// NAME.sp<vocab>.<type>.model, or in ~/.cache/anatomy if that folder is read-only.
+std::string train_sentencepiece(const std::string& text_path, int64_t vocab_size, const std::string& type);
+
 /// Which tokenizer a corpus uses.
 struct TokenizerSpec {
-  std::string kind = "char";  ///< "char" or "byte"
+  std::string kind = "char";  ///< "char", "byte" or "sentencepiece"
+  int64_t vocab_size = 4000;  ///< sentencepiece: the vocabulary to train
+  std::string type = "bpe";   ///< sentencepiece: "bpe" or "unigram"
+  std::string model;          ///< sentencepiece: an existing .model file (no training)
 };
 
 /// Reads `path` through a memory map (never a copy of the whole text) and tokenizes it.

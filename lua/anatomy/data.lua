@@ -27,10 +27,13 @@ local function wrap(handle, source)
     tokenizer = handle:tokenizer()}, Corpus)
 end
 
--- data.text(path, {tokenizer = 'char'|'byte', split = 0.9}) -> corpus
+-- data.text(path, {tokenizer = 'char'|'byte'|'sentencepiece', vocab_size = 4000,
+--   type = 'bpe'|'unigram', model = 'file.model', split = 0.9}) -> corpus
+-- SentencePiece trains on the text the first time (or loads `model`) and
+-- caches the model beside the text (~/.cache/anatomy if that is read-only).
 function data.text(path, opts)
-  opts = check_options(opts, {tokenizer = true, split = true}, 'data.text')
-  return wrap(native.text(path, opts.tokenizer or 'char', opts.split), path)
+  opts = check_options(opts, {tokenizer = true, vocab_size = true, type = true, model = true, split = true}, 'data.text')
+  return wrap(native.text(path, opts.tokenizer or 'char', opts.split, opts.vocab_size, opts.type, opts.model), path)
 end
 
 -- data.from_string(text, {tokenizer = 'char'|'byte', split = 0.9}): a corpus from text in memory

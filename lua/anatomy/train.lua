@@ -11,7 +11,7 @@ local known = {
   steps = true, batch = true, seq = true, lr = true, weight_decay = true, betas = true, warmup = true,
   schedule = true, clip = true, eval_every = true, eval_batches = true, log_every = true, seed = true,
   checkpoint = true, checkpoint_every = true, resume = true, on_step = true, log = true, decay = true,
-  quiet = true,
+  quiet = true, recurrence = true,
 }
 
 local function options(opts, model)
@@ -180,9 +180,11 @@ end
 -- opts: steps, batch, seq, lr, weight_decay, betas, warmup, schedule ('cosine'|
 -- 'constant'), clip, eval_every, eval_batches, log_every, seed, checkpoint
 -- (path), checkpoint_every, resume (default true), on_step(step, info), log
--- (a JSON-lines file), decay ('matrices'|'all'), quiet.
+-- (a JSON-lines file), decay ('matrices'|'all'), quiet, recurrence (k extra
+-- passes of a stateful model, fed its previous pass's hidden states).
 -- The run: train (loss per step), val ({step, loss} per evaluation), steps,
--- seconds, tokens_per_second, interrupted (Ctrl-C stopped it at a step boundary).
+-- seconds, tokens_per_second, interrupted (Ctrl-C stopped it at a step boundary),
+-- depth_losses (with recurrence: per step, the loss of each pass, depth 0 first).
 function train.fit(model, corpus, opts)
   local o = options(opts, model)
   if o.seed then torch.manual_seed(o.seed) end
@@ -190,7 +192,14 @@ function train.fit(model, corpus, opts)
   local params = model:parameters()
   local opt = optim.AdamW(params, {lr = o.lr, betas = o.betas, weight_decay = o.weight_decay, decay = o.decay})
   local lr_at = optim.schedule(o.schedule, o.lr, o.steps, o.warmup)
-  local run = setmetatable({train = {}, val = {}, steps = 0, seconds = 0, tokens_per_second = 0, first_step = 1}, Run)
+  local run = setmetatable({train = {}, val = {}, depth_losses = {}, steps = 0, seconds = 0, tokens_per_second = 0,
+    first_step = 1}, Run)
+  if o.recurrence and not (o.recurrence >= 1 and o.recurrence % 1 == 0) then
+    error('train.fit: recurrence must be a positive integer', 2)
+  end
+  if o.recurrence and not model.step then
+    error(('train.fit: recurrence needs a stateful model (models.stateful), got %s'):format(nn.typename(model)), 2)
+  end
 
   if o.checkpoint and o.resume and file_exists(o.checkpoint) then
     local step = train.load_checkpoint(o.checkpoint, model, opt)
@@ -208,21 +217,35 @@ function train.fit(model, corpus, opts)
     local lr = lr_at(step)
     opt:set_lr(lr)
     local x, y = corpus:batch(o.batch, o.seq)
-    local loss = nn.functional.cross_entropy(logits_of(model, x), y)
-    local value = loss:item()
-    if value ~= value or value == math.huge or value == -math.huge then
-      local where = train.find_nonfinite(model, x)
-      error(('train.fit: the loss is %s at step %d; first non-finite value in the output of %s'):format(
-        tostring(value), step, where or 'no module (the loss itself)'), 0)
-    end
     opt:zero_grad()
-    loss:backward()
+    local value, depth_losses
+    -- One ordinary pass; with recurrence = k (a stateful model), k more passes
+    -- that take the previous pass's last hidden states, each with its own
+    -- loss and backward. The step's loss is the deepest pass's.
+    local hidden
+    for depth = 0, o.recurrence or 0 do
+      local logits, h = model(x, hidden)
+      local loss = nn.functional.cross_entropy(logits, y)
+      value = loss:item()
+      if value ~= value or value == math.huge or value == -math.huge then
+        local where = train.find_nonfinite(model, x)
+        error(('train.fit: the loss is %s at step %d; first non-finite value in the output of %s'):format(
+          tostring(value), step, where or 'no module (the loss itself)'), 0)
+      end
+      loss:backward()
+      if o.recurrence then
+        depth_losses = depth_losses or {}
+        depth_losses[depth + 1] = value
+        hidden = h:detach()
+      end
+    end
+    if depth_losses then run.depth_losses[#run.depth_losses + 1] = depth_losses end
     local norm = grad_norm(params, o.clip)
     if norm ~= norm or norm == math.huge then
       error(('train.fit: the gradient of %s is not finite at step %d'):format(first_bad_grad(model) or '?', step), 0)
     end
     opt:step()
-    tokens = tokens + o.batch * o.seq
+    tokens = tokens + o.batch * o.seq * (1 + (o.recurrence or 0))
     return value, lr, norm
   end
 

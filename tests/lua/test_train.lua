@@ -30,7 +30,37 @@ test('char and byte tokenizers round-trip, ids are 1-based', function()
   eq(b:encode('A'):item(), 66, "byte 65 ('A') is id 66")
   os.remove(path)
   raises(function() data.text('/no/such/file.txt') end, "cannot open '/no/such/file.txt': No such file or directory")
-  raises(function() data.text(path, {tokenizer = 'words'}) end, "bad argument #2 to 'data.text' (unknown tokenizer 'words', expected char or byte)")
+  raises(function() data.text(path, {tokenizer = 'words'}) end, "bad argument #2 to 'data.text' (unknown tokenizer 'words', expected char, byte or sentencepiece)")
+end)
+
+test('sentencepiece trains on the text, caches its model and round-trips', function()
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute("mkdir -p '" .. dir .. "'")
+  local path = dir .. '/corpus.txt'
+  local f = assert(io.open(path, 'wb'))
+  f:write(sample_text:rep(5), 'Second Citizen: would you proceed especially against Caius Marcius?\n')
+  f:close()
+  local ok, c = pcall(data.text, path, {tokenizer = 'sentencepiece', vocab_size = 60})
+  if not ok and tostring(c):find('sanitizer build', 1, true) then
+    print('       (skipped: ' .. tostring(c):match('%((.*)') .. ')')
+    return
+  end
+  assert(ok, c)
+  eq(c.tokenizer, 'sentencepiece')
+  assert(c.vocab_size <= 60 and c.vocab_size > 20, 'vocabulary of about the size asked: ' .. c.vocab_size)
+  local model = dir .. '/corpus.txt.sp60.bpe.model'
+  assert(io.open(model, 'rb'), 'the model is cached beside the text')
+  local phrase = 'we are accounted poor citizens'
+  eq(c:decode(c:encode(phrase)), phrase)
+  assert(c:encode(phrase):numel() < #phrase, 'subwords are longer than characters')
+  local again = data.text(path, {tokenizer = 'sentencepiece', model = model})
+  eq(again:encode(phrase):tolist(), c:encode(phrase):tolist())
+  local u = data.text(path, {tokenizer = 'sentencepiece', vocab_size = 60, type = 'unigram'})
+  eq(u:decode(u:encode(phrase)), phrase)
+  raises(function() data.text(path, {tokenizer = 'sentencepiece', model = dir .. '/missing.model'}) end,
+    ("cannot load SentencePiece model '%s/missing.model': Not found: \"%s/missing.model\": No such file or directory Error #2"):format(dir, dir))
+  os.execute("rm -rf '" .. dir .. "'")
 end)
 
 test('batches are windows of the split, targets shifted by one', function()
@@ -132,12 +162,27 @@ test('evaluate judges any text; compression measures it', function()
   eq(text.compressed_size(''), 8)
 end)
 
+test('stateful recurrence trains with a loss per depth, and generates as an RNN', function()
+  local c = data.from_string(sample_text)
+  torch.manual_seed(5)
+  local m = models.stateful{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
+  local run = train.fit(m, c, {steps = 30, batch = 8, lr = 1e-2, recurrence = 2, quiet = true})
+  eq(#run.depth_losses, 30)
+  eq(#run.depth_losses[1], 3, 'one ordinary pass and two recurrent ones')
+  eq(run.train[30], run.depth_losses[30][3], "the step's loss is the deepest pass's")
+  assert(run.depth_losses[30][1] < run.depth_losses[1][1], 'it learns')
+  local out = m:generate(c:encode('First'), {max_new = 12, temperature = 0})
+  eq(out:numel(), 5 + 12)
+  raises(function() train.fit(models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}, c,
+    {steps = 1, recurrence = 1, quiet = true}) end, 'train.fit: recurrence needs a stateful model (models.stateful), got models.GPT')
+end)
+
 test('options are checked', function()
   local c = data.from_string(sample_text)
   local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
   raises(function() train.fit(m, c, {stepz = 3}) end, "train.fit: unknown option 'stepz' (expected batch, betas, "
     .. 'checkpoint, checkpoint_every, clip, decay, eval_batches, eval_every, log, log_every, lr, on_step, quiet, '
-    .. 'resume, schedule, seed, seq, steps, warmup, weight_decay)')
+    .. 'recurrence, resume, schedule, seed, seq, steps, warmup, weight_decay)')
   local empty = os.tmpname()
   raises(function() train.fit(m, c, {steps = 2, checkpoint = empty, quiet = true}) end,
     ("'%s' is not a valid safetensors file: it is 0 bytes long, shorter than the 8-byte header length"):format(empty))
