@@ -192,8 +192,18 @@ function train.fit(model, corpus, opts)
   local params = model:parameters()
   local opt = optim.AdamW(params, {lr = o.lr, betas = o.betas, weight_decay = o.weight_decay, decay = o.decay})
   local lr_at = optim.schedule(o.schedule, o.lr, o.steps, o.warmup)
+  -- the run's settings, saved in every checkpoint's metadata as config.<key>
+  local config = {}
+  for k, v in pairs(o) do
+    if type(v) == 'number' or type(v) == 'string' or type(v) == 'boolean' then config['config.' .. k] = v end
+  end
+  if rawget(model, 'config') then
+    for k, v in pairs(model.config) do
+      if type(v) ~= 'table' then config['model.' .. k] = v end
+    end
+  end
   local run = setmetatable({train = {}, val = {}, depth_losses = {}, steps = 0, seconds = 0, tokens_per_second = 0,
-    first_step = 1}, Run)
+    first_step = 1, config = config}, Run)
   if o.recurrence and not (o.recurrence >= 1 and o.recurrence % 1 == 0) then
     error('train.fit: recurrence must be a positive integer', 2)
   end
@@ -291,7 +301,7 @@ function train.fit(model, corpus, opts)
       end
     end
     if o.checkpoint and ((o.checkpoint_every and step % o.checkpoint_every == 0) or step == o.steps) then
-      train.save_checkpoint(o.checkpoint, model, opt, step)
+      train.save_checkpoint(o.checkpoint, model, opt, step, run.config)
     end
     if o.on_step then o.on_step(step, info) end
   end

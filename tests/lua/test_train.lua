@@ -135,6 +135,7 @@ test('a failed checkpoint write keeps the previous checkpoint loadable', functio
   local path = os.tmpname()
   os.remove(path)
   train.fit(m, c, {steps = 4, batch = 2, checkpoint = path, quiet = true})
+  local head_at_4 = m.head.weight:clone()
   local before = io.open(path, 'rb'):read('*a')
   -- the next write's temporary file is /dev/full: the write fails midway
   local pid = io.open('/proc/self/stat'):read('*n')
@@ -143,7 +144,11 @@ test('a failed checkpoint write keeps the previous checkpoint loadable', functio
     ("cannot write '%s': No space left on device"):format(path))
   eq(io.open(path, 'rb'):read('*a') == before, true, 'the previous checkpoint is untouched')
   local m2 = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
-  eq(train.load_checkpoint(path, m2), 4)
+  local step, meta = train.load_checkpoint(path, m2)
+  eq(step, 4)
+  eq(meta['config.steps'], '4')
+  eq(meta['model.dim'], '16')
+  close(m2.head.weight, head_at_4, 0, 'the checkpoint holds the weights of step 4')
   os.remove(path)
   os.remove(('%s.tmp.%d'):format(path, pid))
 end)
