@@ -25,7 +25,7 @@ end
 
 require 'anatomy.tensor'
 
--- nn, models, data, optim, train and text are globals in scripts and the REPL, like torch.
+-- nn, models, data, optim, train, text and probe are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
@@ -35,6 +35,7 @@ train = require 'anatomy.train'
 text = require 'anatomy.text'
 require 'anatomy.generate'
 torch.config = require 'anatomy.config'
+probe = require 'anatomy.probe'
 
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).

@@ -77,9 +77,12 @@ function Module:forward()
   error(('%s has no forward method'):format(nn.typename(self)), 2)
 end
 
--- m(x) runs forward; the probe system hooks in here.
+-- m(x) runs forward. A module with probes attached (lua/anatomy/probe.lua)
+-- has a _probe field; without one, this branch is the whole cost.
 function Module:_call(...)
-  return self:forward(...)
+  local p = rawget(self, '_probe')
+  if p == nil then return self:forward(...) end
+  return p(self, ...)
 end
 
 -- Iterates (name, child) over direct children, in definition order.

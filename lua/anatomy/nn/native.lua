@@ -102,8 +102,11 @@ define('MLP', function(dim, hidden, opts)
   return native.MLP(dim, hidden, opts.activation or 'gelu', opts.bias ~= false)
 end)
 
--- Attention blocks publish their attention matrix (B, H, T, T) when asked.
-function Native:keep_pattern(keep, grad) self._native:keep_pattern(keep, grad) end
-function Native:pattern() return self._native:pattern() end
+-- Attention blocks publish their attention matrix (B, H, T, T) when asked:
+-- m:keep_pattern(true[, grad]) keeps the last one, m:pattern() returns it.
+for _, name in ipairs{'Attention', 'VibeAttention'} do
+  nn[name].keep_pattern = function(self, keep, grad) self._native:keep_pattern(keep, grad) end
+  nn[name].pattern = function(self) return self._native:pattern() end
+end
 
 return Native
