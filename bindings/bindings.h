@@ -22,6 +22,8 @@ void register_tensor_reduce(lua_State* L, int methods);
 void register_tensor_autograd(lua_State* L, int methods);
 /// Pushes the table of built-in block constructors (torch._native).
 int luaopen_anatomy_module(lua_State* L);
+/// Pushes torch.metrics, the autopsy's measurement kernels.
+int luaopen_anatomy_metrics(lua_State* L);
 /// Pushes the table of optimizer constructors (torch._optim).
 int luaopen_anatomy_optim(lua_State* L);
 /// Pushes the table of corpus constructors (torch._data).

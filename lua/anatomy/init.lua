@@ -53,6 +53,7 @@ do
   record(torch._native, 'nn.')
   record(torch._data, 'data.')
   record(torch._optim, 'optim.')
+  record(torch.metrics, 'metrics.')
   for _, meta in ipairs{'anatomy.Corpus', 'anatomy.NativeModule', 'anatomy.Optimizer'} do
     record(debug.getregistry()[meta].__index, '')
   end

@@ -1,0 +1,34 @@
+// Measurement kernels of the autopsy. Each takes tensors as the probes
+// capture them and returns plain numbers (or a small tensor), computed in
+// float64 on the tensor's device. Formulas are stated with each function.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace anatomy::probes {
+
+/// Effective rank (Roy & Vetterli 2007) of a matrix, or of an activation
+/// flattened to (tokens, channels): exp(−Σ pᵢ log pᵢ), pᵢ = σᵢ / Σσ over the
+/// singular values σ. Between 1 and min(rows, cols); 0 for an all-zero matrix.
+double effective_rank(const at::Tensor& x);
+
+/// Attention entropy: for patterns (B, H, T, T) whose rows sum to 1, the mean
+/// over batch and queries of −Σ_k a log a (nats), per head: a tensor (H).
+at::Tensor attention_entropy_per_head(const at::Tensor& pattern);
+/// The same averaged over heads.
+double attention_entropy(const at::Tensor& pattern);
+/// Mean attention a query pays to itself: mean over B, H, T of a[t, t].
+double diagonal_mass(const at::Tensor& pattern);
+
+struct ActivationStats {
+  double mean, std, max_abs, rms;  ///< over all elements; std is the population std
+};
+ActivationStats activation_stats(const at::Tensor& x);
+
+/// Block influence (ShortGPT): 1 − mean over tokens of cos(input, output),
+/// both flattened to (tokens, channels).
+double block_influence(const at::Tensor& input, const at::Tensor& output);
+
+/// Residual contribution: mean over tokens of ‖f(x)‖ / ‖x‖, where f(x) = output − input.
+double residual_ratio(const at::Tensor& input, const at::Tensor& output);
+
+}  // namespace anatomy::probes
