@@ -39,6 +39,20 @@ function Funnel:forward(ids)
   return self.head(self.act(self.expand(self.stages(self.embed(ids)))))
 end
 
+-- The head applied to a hidden state of the last stage's width: the logit lens.
+function Funnel:readout(h)
+  return self.head(self.act(self.expand(h)))
+end
+
+-- Every attention block of every stage, as {name, module} pairs.
+function Funnel:layers()
+  local out = {}
+  for s, stage in self.stages:named_children() do
+    for i, m in stage.blocks:named_children() do out[#out + 1] = {('stages.%s.blocks.%s'):format(s, i), m} end
+  end
+  return out
+end
+
 function Funnel:extra_repr()
   return ('widths={%s}, attentions={%s}'):format(table.concat(self.config.widths, ', '), table.concat(self.config.attentions, ', '))
 end

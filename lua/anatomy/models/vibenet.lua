@@ -59,6 +59,19 @@ function VibeNet:forward(ids)
   return self.head(self.act(self.expand(x)))
 end
 
+-- The head applied to a hidden state (B, T, C) or streams (B, T, n, C): the logit lens.
+function VibeNet:readout(h)
+  if self.merge and h:dim() == 4 then h = self.merge(h) end
+  return self.head(self.act(self.expand(h)))
+end
+
+-- The main stack, as {name, module} pairs (the autopsy's layers).
+function VibeNet:layers()
+  local out = {}
+  for name, m in self.blocks:named_children() do out[#out + 1] = {'blocks.' .. name, m} end
+  return out
+end
+
 function VibeNet:extra_repr()
   local c = self.config
   return ('vocab=%d, dim=%d, layers=%d, seq=%d, block=%s'):format(c.vocab, c.dim, c.layers, c.seq, c.block or 'plain')
