@@ -95,6 +95,7 @@ function autopsy.run(model, source, opts)
   local acc = {}            -- name -> sum over batches
   local function add(key, v) if v ~= nil and v == v then acc[key] = (acc[key] or 0) + v end end
   local last
+  local entropy_heads, patterns = {}, {}   -- of the last batch: per head, and (T, T) maps of the first sequence
   for _ = 1, steps do
     local x, y = batch()
     local d = dissect_batch(model, layers, x, y, want)
@@ -130,8 +131,11 @@ function autopsy.run(model, source, opts)
       if want.attn_entropy then
         for name, pattern in pairs(d.patterns) do
           if name ~= 'grads' and starts_with(name, l[1] .. '.') then
-            local mean = torch.metrics.attention_entropy(pattern)
+            local mean, heads = torch.metrics.attention_entropy(pattern)
             add(i .. ':entropy', mean)
+            entropy_heads[l[1]] = heads:tolist()
+            local T = math.min(pattern:size(3), 24)
+            patterns[l[1]] = pattern[1][1]:narrow(1, 1, T):narrow(2, 1, T):tolist()
             add(i .. ':diag', torch.metrics.diagonal_mass(pattern))
             break
           end
@@ -143,7 +147,8 @@ function autopsy.run(model, source, opts)
 
   -- rows: the input (embedding), each layer, the output (everything after the stack)
   local a = setmetatable({model = nn.typename(model), loss = avg('loss'), rows = {}, params = {}, weights = {},
-    thresholds = thresholds, metrics = opts.metrics or autopsy.all_metrics, history = opts.history}, Autopsy)
+    thresholds = thresholds, metrics = opts.metrics or autopsy.all_metrics, history = opts.history,
+    entropy_heads = entropy_heads, patterns = patterns}, Autopsy)
   local first_child
   for name in model:named_children() do first_child = first_child or name end
   local input_row = {name = first_child or 'input', kind = 'input', grads = {}}
@@ -286,7 +291,9 @@ function Autopsy:data()
   end
   return {model = self.model, loss = self.loss, rows = rows, params = self.params, weights = self.weights,
     removal = self.removal, thresholds = self.thresholds,
-    history = self.history and {train = self.history.train, val = self.history.val, probes = self.history.probes} or nil}
+    entropy_heads = self.entropy_heads, patterns = self.patterns,
+    history = self.history and {train = self.history.train, val = self.history.val, probes = self.history.probes,
+      first_step = self.history.first_step} or nil}
 end
 
 -- a:json(path): writes the autopsy as JSON; returns path

@@ -37,6 +37,7 @@ require 'anatomy.generate'
 torch.config = require 'anatomy.config'
 probe = require 'anatomy.probe'
 autopsy = require 'anatomy.autopsy'
+require 'anatomy.report'
 
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).

@@ -11,7 +11,7 @@ local known = {
   steps = true, batch = true, seq = true, lr = true, weight_decay = true, betas = true, warmup = true,
   schedule = true, clip = true, eval_every = true, eval_batches = true, log_every = true, seed = true,
   checkpoint = true, checkpoint_every = true, resume = true, on_step = true, log = true, decay = true,
-  quiet = true, recurrence = true,
+  quiet = true, recurrence = true, probe = true,
 }
 
 local function options(opts, model)
@@ -181,10 +181,13 @@ end
 -- 'constant'), clip, eval_every, eval_batches, log_every, seed, checkpoint
 -- (path), checkpoint_every, resume (default true), on_step(step, info), log
 -- (a JSON-lines file), decay ('matrices'|'all'), quiet, recurrence (k extra
--- passes of a stateful model, fed its previous pass's hidden states).
+-- passes of a stateful model, fed its previous pass's hidden states), probe
+-- ({every = 50, filter, grad, fn(step, capture, record)}: captures during
+-- that step's own forward and backward, at step 1 and every `every` steps).
 -- The run: train (loss per step), val ({step, loss} per evaluation), steps,
 -- seconds, tokens_per_second, interrupted (Ctrl-C stopped it at a step boundary),
--- depth_losses (with recurrence: per step, the loss of each pass, depth 0 first).
+-- depth_losses (with recurrence: per step, the loss of each pass, depth 0 first),
+-- probes (with probe: per probed step, {step, grad_norm = {param = norm}, act_std = {point = std}}).
 function train.fit(model, corpus, opts)
   local o = options(opts, model)
   if o.seed then torch.manual_seed(o.seed) end
@@ -202,8 +205,14 @@ function train.fit(model, corpus, opts)
       if type(v) ~= 'table' then config['model.' .. k] = v end
     end
   end
-  local run = setmetatable({train = {}, val = {}, depth_losses = {}, steps = 0, seconds = 0, tokens_per_second = 0,
-    first_step = 1, config = config}, Run)
+  local run = setmetatable({train = {}, val = {}, depth_losses = {}, probes = {}, steps = 0, seconds = 0,
+    tokens_per_second = 0, first_step = 1, config = config}, Run)
+  -- what the probes capture by default: the output of every layer of the stack
+  local probe_filter
+  if o.probe and not o.probe.filter and model.layers then
+    probe_filter = {}
+    for _, l in ipairs(model:layers()) do probe_filter[#probe_filter + 1] = l[1] end
+  end
   if o.recurrence and not (o.recurrence >= 1 and o.recurrence % 1 == 0) then
     error('train.fit: recurrence must be a positive integer', 2)
   end
@@ -227,6 +236,11 @@ function train.fit(model, corpus, opts)
     local lr = lr_at(step)
     opt:set_lr(lr)
     local x, y = corpus:batch(o.batch, o.seq)
+    -- probes ride along on this step's own forward and backward: no extra pass
+    local capture, capture_handle
+    if o.probe and (step % (o.probe.every or 50) == 0 or step == 1) then
+      capture, capture_handle = probe.attach_capture(model, {filter = o.probe.filter or probe_filter, grad = o.probe.grad})
+    end
     opt:zero_grad()
     local value, depth_losses
     -- One ordinary pass; with recurrence = k (a stateful model), k more passes
@@ -250,6 +264,18 @@ function train.fit(model, corpus, opts)
       end
     end
     if depth_losses then run.depth_losses[#run.depth_losses + 1] = depth_losses end
+    if capture_handle then
+      capture_handle:remove()
+      local record = {step = step, grad_norm = {}, act_std = {}}
+      for name, p in model:named_parameters() do
+        if p.grad ~= nil then record.grad_norm[name] = p.grad:norm():item() end
+      end
+      for name, t in pairs(capture) do
+        if name ~= 'grads' and not name:find('%.pattern$') then record.act_std[name] = t:detach():std():item() end
+      end
+      if o.probe.fn then o.probe.fn(step, capture, record) end
+      run.probes[#run.probes + 1] = record
+    end
     local norm = grad_norm(params, o.clip)
     if norm ~= norm or norm == math.huge then
       error(('train.fit: the gradient of %s is not finite at step %d'):format(first_bad_grad(model) or '?', step), 0)
