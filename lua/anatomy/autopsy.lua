@@ -96,10 +96,12 @@ function autopsy.run(model, source, opts)
   local function add(key, v) if v ~= nil and v == v then acc[key] = (acc[key] or 0) + v end end
   local last
   local entropy_heads, patterns = {}, {}   -- of the last batch: per head, and (T, T) maps of the first sequence
+  local seen_batches = {}
   for _ = 1, steps do
     local x, y = batch()
     local d = dissect_batch(model, layers, x, y, want)
     last = {x = x, y = y, d = d}
+    seen_batches[#seen_batches + 1] = {x, y}
     add('loss', d.loss)
     for name, p in model:named_parameters() do
       if p.grad ~= nil then add('grad:' .. name, p.grad:norm():item()) end
@@ -179,17 +181,21 @@ function autopsy.run(model, source, opts)
   a.rows[#a.rows + 1] = output_row
   for _, r in ipairs(a.rows) do r.grad_norm = #r.grads > 0 and l2(r.grads) or nil end
 
-  -- removal sweep: each block skipped in turn, then the k least influential together
+  -- removal sweep: each block skipped in turn, then the k least influential
+  -- together; the loss is averaged over the same batches as the full model's
   if want.removal then
-    local x, y = last.x, last.y
     local function loss_without(names)
       local hs = {}
       for _, n in ipairs(names) do hs[#hs + 1] = probe.skip(model, n) end
-      local ok, l = pcall(function()
-        return torch.no_grad(function() return nn.functional.cross_entropy(model(x), y):item() end)
+      local ok, total = pcall(function()
+        return torch.no_grad(function()
+          local sum = 0
+          for _, b in ipairs(seen_batches) do sum = sum + nn.functional.cross_entropy(model(b[1]), b[2]):item() end
+          return sum / #seen_batches
+        end)
       end)
       for _, h in ipairs(hs) do h:remove() end
-      return ok and l or nil
+      return ok and total or nil
     end
     for _, r in ipairs(block_rows) do r.removal_loss = loss_without({r.name}) end
     local ranked = {}

@@ -50,7 +50,7 @@ function report.bars(title, labels, values, note)
       parts[#parts + 1] = ('<rect x="%s" y="%s" width="%s" height="%s" fill="%s"><title>%s: %s</title></rect>'):format(
         num(PAD + (i - 1) * bw + 2), num(H - 24 - h), num(math.max(bw - 4, 1)), num(h), palette[1], esc(labels[i]), autopsy.format(v))
     end
-    if n <= 24 then
+    if n <= 12 then
       parts[#parts + 1] = ('<text x="%s" y="%d" class="label">%s</text>'):format(num(PAD + (i - 0.5) * bw), H - 8, esc(labels[i]:match('[^.]*$')))
     end
   end
@@ -137,7 +137,7 @@ h1 { font-size: 20px; } table { border-collapse: collapse; font: 12px monospace;
 td, th { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; } td:first-child, th:first-child { text-align: left; }
 .passenger { color: #888; } .boundary { color: #d62728; font-weight: bold; } .exploding { color: #ff7f0e; font-weight: bold; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; border: 1px solid #eee; padding: 8px; }
-figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .tick, .label, .label-left, .legend { font-size: 10px; fill: #555; }
+figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .tick, .label, .label-left { font-size: 10px; fill: #555; } .legend { font-size: 11px; }
 .label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
 ]]
 

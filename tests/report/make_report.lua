@@ -1,0 +1,14 @@
+-- Writes an autopsy report of a small model trained for a few steps with
+-- probes, for test_report.sh to open in a browser:  anatomy make_report.lua OUT.html
+local out = arg[1]
+torch.manual_seed(0)
+local corpus = data.from_string(('It was the best of times, it was the worst of times, it was the age of wisdom. '):rep(60))
+local model = models.gpt{vocab = corpus.vocab_size, dim = 32, heads = 2, layers = 3, seq = 32, ffn = 64}
+local run = train.fit(model, corpus, {steps = 40, batch = 8, quiet = true, probe = {every = 10}})
+local a = autopsy.run(model, corpus, {history = run, batch = 4})
+a:report(out)
+-- the charts the report must have, one per line, for the test to count
+local expected = {'Loss', 'Gradient norm: parameter', 'Activation std of each layer over training', 'Gradient norm per row',
+  'Effective rank per layer', 'Effective rank of each weight', 'Attention entropy per layer', 'Attention entropy: layer x head',
+  'Activation std per layer', 'Logit lens', 'Loss with each layer removed', 'Attention patterns'}
+print(#expected)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The HTML report in a real browser: headless Chromium (Debian's chromium)
+# loads it with no console errors, and every chart has data. Installs
+# chromium when it is missing; exits 77 (skipped) only if it cannot.
+#   test_report.sh ANATOMY_EXECUTABLE SOURCE_DIR
+set -uo pipefail
+exe="$1"
+src="$2"
+dir="$(mktemp -d)"
+trap 'rm -rf "$dir"' EXIT
+
+browser="$(command -v chromium || true)"
+if [[ -z "$browser" ]]; then
+  echo "chromium is missing: installing it"
+  if [[ $(id -u) -eq 0 ]] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; then
+    browser="$(command -v chromium)"
+  else
+    echo "SKIPPED: chromium is not installed and could not be installed (apt-get install chromium)"
+    exit 77
+  fi
+fi
+
+expected="$("$exe" --threads=1 "$src/tests/report/make_report.lua" "$dir/report.html")" || { echo "FAIL: the report was not written"; exit 1; }
+"$browser" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+  --disable-component-update --disable-sync --user-data-dir="$dir/profile" --enable-logging=stderr --v=0 \
+  --dump-dom "file://$dir/report.html" >"$dir/dom.html" 2>"$dir/console.log"
+
+passed=0
+failed=0
+check() {  # check NAME CONDITION-RESULT DETAIL
+  if [[ "$2" == 0 ]]; then echo "ok    $1"; passed=$((passed + 1)); else echo "FAIL  $1: $3"; failed=$((failed + 1)); fi
+}
+grep -q '</html>' "$dir/dom.html"; check "chromium loaded the report" $? "no DOM came back"
+errors="$(grep -E 'CONSOLE|Uncaught|ERROR:.*(file|resource)' "$dir/console.log" | grep -v -E 'dbus|gpu|GPU|sandbox|Fontconfig|crashpad|ALSA|udev|viz' || true)"
+[[ -z "$errors" ]]; check "no console errors" $? "$errors"
+charts="$(grep -o 'class="chart" data-points="[0-9]*"' "$dir/dom.html" | wc -l)"
+[[ "$charts" -eq "$expected" ]]; check "all $expected charts are there" $? "found $charts"
+empty="$(grep -o 'class="chart" data-points="0"' "$dir/dom.html" | wc -l)"
+[[ "$empty" -eq 0 ]]; check "every chart has data" $? "$empty charts have no data points"
+grep -q '<td>blocks.3</td>' "$dir/dom.html"; check "the table lists every layer" $? "no row for blocks.3"
+"$src/scripts/report-screenshot" "$dir/report.html" "$dir/report.png" >/dev/null 2>&1 && [[ -s "$dir/report.png" ]]
+check "report-screenshot makes a PNG" $? "no screenshot"
+echo "$passed passed, $failed failed"
+[[ "$failed" -eq 0 ]]
