@@ -1,7 +1,8 @@
 -- nn.Module: the protocol every block follows. Children and parameters are
 -- registered by assigning fields (self.fc = nn.Linear(...), self.w =
 -- nn.Parameter(t)), in definition order; names are dotted paths with 1-based
--- indices for numbered children (blocks.3.attn.weight).
+-- indices for numbered children (blocks.3.attn.weight), which are m[3].
+-- Assigning a field or m[i] again replaces the child in place.
 local nn = require 'anatomy.nn'
 
 local Module = nn.class('nn.Module')
@@ -29,6 +30,10 @@ end
 
 -- A new field: a module or a marked tensor registers; anything else is stored.
 function Module:_set_field(key, value)
+  if type(key) == 'number' and nn.is_module(value) and rawget(self, '_children') then
+    self:add_module(tostring(key), value)
+    return
+  end
   if type(key) == 'string' and rawget(self, '_children') then
     if nn.is_module(value) then
       self:add_module(key, value)
@@ -41,6 +46,14 @@ function Module:_set_field(key, value)
   rawset(self, key, value)
 end
 
+-- Numbered children live at integer keys (m[3], and #m counts them); others at their name.
+local function child_key(name)
+  local i = tonumber(name)
+  if i and i % 1 == 0 and i >= 1 and tostring(i) == name then return i end
+  return name
+end
+nn.child_key = child_key
+
 local function append_once(list, name)
   for _, n in ipairs(list) do if n == name then return end end
   list[#list + 1] = name
@@ -51,10 +64,7 @@ function Module:add_module(name, child)
   assert(nn.is_module(child), ('add_module: %s is not a module'):format(nn.typename(child)))
   name = tostring(name)
   append_once(self._children, name)
-  rawset(self, name, child)
-  -- numbered children are also m[i], so #m counts them
-  local i = tonumber(name)
-  if i and i % 1 == 0 and i >= 1 then rawset(self, i, child) end
+  rawset(self, child_key(name), child)
   return child
 end
 
@@ -93,7 +103,7 @@ function Module:named_children()
       i = i + 1
       local name = self._children[i]
       if name == nil then return nil end
-      local child = rawget(self, name)
+      local child = rawget(self, child_key(name))
       if child ~= nil then return name, child end
     end
   end
