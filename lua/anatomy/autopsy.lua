@@ -112,6 +112,7 @@ function autopsy.run(model, source, opts)
       if rec then
         local inp, out = rec.input, rec.output
         local stats = torch.metrics.activation_stats(out)
+        add(i .. ':act_mean', stats.mean)
         add(i .. ':act_std', stats.std)
         add(i .. ':act_max', stats.max_abs)
         add(i .. ':act_rms', stats.rms)
@@ -158,9 +159,16 @@ function autopsy.run(model, source, opts)
   local block_rows = {}
   for i, l in ipairs(layers) do
     block_rows[i] = {name = l[1], kind = 'block', class = nn.typename(l[2]), grads = {},
-      act_std = avg(i .. ':act_std'), act_max = avg(i .. ':act_max'), erank = avg(i .. ':erank'),
+      act_mean = avg(i .. ':act_mean'), act_std = avg(i .. ':act_std'), act_max = avg(i .. ':act_max'),
+      act_rms = avg(i .. ':act_rms'), erank = avg(i .. ':erank'),
       amplification = avg(i .. ':amplification'), residual = avg(i .. ':residual'), influence = avg(i .. ':influence'),
       entropy = avg(i .. ':entropy'), diag = avg(i .. ':diag'), lens_loss = avg(i .. ':lens_loss'), lens_agree = avg(i .. ':lens_agree')}
+    -- a gated residual: the gate's gradient, and how far the gate is from the identity it replaced
+    if nn.is_instance(l[2], nn.Gate) then
+      local W = l[2].gate.weight
+      block_rows[i].gate_grad = avg('grad:' .. l[1] .. '.gate.weight')
+      block_rows[i].gate_identity = (W:detach():double() - torch.eye(W:size(1), {dtype = 'float64'})):norm():item() / math.sqrt(W:size(1))
+    end
     local dim = last.d.io[i] and last.d.io[i].output:size(-1)
     if block_rows[i].erank and dim then block_rows[i].erank_ratio = block_rows[i].erank / dim end
   end
@@ -276,6 +284,11 @@ function Autopsy:__tostring()
   local out = {('autopsy of %s: loss %s'):format(self.model, fmt(self.loss, 4)), line(header)}
   out[#out + 1] = ('-'):rep(#out[2])
   for i in ipairs(self.rows) do out[#out + 1] = line(cells[i]) end
+  local gates = {}
+  for _, r in ipairs(self.rows) do
+    if r.gate_grad then gates[#gates + 1] = ('%s |grad| %s, |W - I|/sqrt(d) %s'):format(r.name, fmt(r.gate_grad, 4), fmt(r.gate_identity)) end
+  end
+  if #gates > 0 then out[#out + 1] = 'gates: ' .. table.concat(gates, '; ') end
   if self.removal then
     out[#out + 1] = ('without the %d least influential blocks (%s): loss %s (full model %s)'):format(
       self.removal.k, table.concat(self.removal.blocks, ', '), fmt(self.removal.loss, 4), fmt(self.removal.full_loss, 4))
@@ -284,7 +297,24 @@ function Autopsy:__tostring()
   out[#out + 1] = ('verdicts: boundary = input/output row with >= %g of the largest |grad| while the median block has < %g; '
     .. 'passenger = f(x)/x < %g or |grad| share < %g; exploding = gain > %g'):format(
     t.boundary, t.boundary_middle, t.passenger, t.passenger_grad, t.exploding)
+  out[#out + 1] = ''
+  out[#out + 1] = self:parameter_table()
   return table.concat(out, '\n')
+end
+
+-- Each parameter's gradient norm and, for matrices, its effective rank.
+function Autopsy:parameter_table()
+  local ranks = {}
+  for _, w in ipairs(self.weights) do ranks[w.name] = w end
+  local width = 9
+  for _, p in ipairs(self.params) do width = math.max(width, #p.name) end
+  local lines = {('%-' .. width .. 's  %10s  %10s  %s'):format('parameter', 'shape', '|grad|', 'erank (of full)')}
+  for _, p in ipairs(self.params) do
+    local w = ranks[p.name]
+    lines[#lines + 1] = ('%-' .. width .. 's  %10s  %10s  %s'):format(p.name, p.shape, fmt(p.grad_norm, 4),
+      w and ('%s (%d%%)'):format(fmt(w.erank, 1), math.floor(100 * w.ratio + 0.5)) or '')
+  end
+  return table.concat(lines, '\n')
 end
 
 -- The autopsy as plain data (what json() writes).

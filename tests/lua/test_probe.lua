@@ -117,4 +117,18 @@ test('the autopsy names passengers and explosions', function()
   assert(plot:find('blocks.3', 1, true))
 end)
 
+test('gated blocks report the gate gradient and its distance from the identity', function()
+  torch.manual_seed(5)
+  local m = models.vibenet{vocab = 20, dim = 16, layers = 2, seq = 8, block = 'gate'}
+  torch.no_grad(function() m.blocks[1].gate.weight:copy_(torch.eye(16)) end)
+  local a = autopsy.run(m, {torch.randint(1, 21, {4, 8}), torch.randint(1, 21, {4, 8})})
+  close(a.rows[2].gate_identity, 0, 1e-12, 'an identity gate is at distance 0')
+  assert(a.rows[3].gate_identity > 0.1)
+  local g = 0
+  for _, p in ipairs(a.params) do if p.name == 'blocks.1.gate.weight' then g = p.grad_norm end end
+  close(a.rows[2].gate_grad, g, 1e-12)
+  assert(tostring(a):find('gates: blocks.1 |grad|', 1, true))
+  assert(tostring(a):find('blocks.1.gate.weight', 1, true), 'the parameter table lists every parameter')
+end)
+
 H.done()
