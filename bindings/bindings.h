@@ -22,6 +22,8 @@ void register_tensor_reduce(lua_State* L, int methods);
 void register_tensor_autograd(lua_State* L, int methods);
 /// Pushes the table of built-in block constructors (torch._native).
 int luaopen_anatomy_module(lua_State* L);
+/// Adds torch.linalg, the RNG state, the cross-entropy and clock/terminal/zlib services to the table at idx.
+void register_torch_util(lua_State* L, int torch);
 /// Pushes torch.metrics, the autopsy's measurement kernels.
 int luaopen_anatomy_metrics(lua_State* L);
 /// Pushes the table of optimizer constructors (torch._optim).

@@ -1,15 +1,10 @@
 // The `torch` table: tensor factories, functions over several tensors
-// (cat, stack, einsum, where), grad mode, RNG, devices, threads, printing and
-// torch.linalg. Tensor methods live in tensor*.cpp.
+// (cat, stack, einsum, where), grad mode, seeding, devices, threads and
+// printing. Tensor methods live in tensor*.cpp; torch.linalg and the rest in
+// torch_util.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/CPUGeneratorImpl.h>
 
-#include <mutex>
-#include <chrono>
-
-#include <unistd.h>
-#include <zlib.h>
 
 #include "bindings/common.h"
 #include "bindings/bindings.h"
@@ -324,29 +319,6 @@ int torch_manual_seed(lua_State* L) {
   return 0;
 }
 
-// torch.get_rng_state() -> uint8 tensor: the CPU generator's state (PyTorch's layout)
-int torch_get_rng_state(lua_State* L) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  push_tensor(L, gen.get_state());
-  return 1;
-}
-
-// torch.set_rng_state(state): restores what get_rng_state returned
-int torch_set_rng_state(lua_State* L) {
-  at::Tensor& state = check_tensor(L, 1);
-  if (state.scalar_type() != at::kByte || state.dim() != 1)
-    throw ArgError(1, "expected the uint8 tensor that get_rng_state returns");
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  try {
-    gen.set_state(state.cpu());
-  } catch (const c10::Error& e) {
-    throw ArgError(1, "not a generator state (" + std::string(e.what_without_backtrace()).substr(0, 80) + ")");
-  }
-  return 0;
-}
-
 // torch.device() -> the default device's name; torch.device('cuda') -> its canonical name.
 int torch_device(lua_State* L) {
   c10::Device d = lua_isnoneornil(L, 1) ? default_device() : parse_device_arg(check_string(L, 1), 1);
@@ -394,86 +366,6 @@ int torch_set_printoptions(lua_State* L) {
   return 0;
 }
 
-// ---- losses -------------------------------------------------------------------------
-
-// _cross_entropy(logits (..., V), targets (...) int64, 1-based) -> mean loss
-int torch_cross_entropy(lua_State* L) {
-  at::Tensor& logits = check_tensor(L, 1);
-  at::Tensor& targets = check_tensor(L, 2);
-  if (logits.dim() < 1) throw ArgError(1, "logits need a class dimension");
-  if (targets.scalar_type() != at::kLong)
-    throw ArgError(2, std::string("targets must be int64 class ids, got ") + dtype_name(targets.scalar_type()));
-  std::vector<int64_t> lead(logits.sizes().begin(), logits.sizes().end() - 1);
-  if (!targets.sizes().equals(lead))
-    throw ArgError(2, "targets have shape " + shape_string(targets.sizes()) + ", expected " + shape_string(lead) +
-                          " for logits of shape " + shape_string(logits.sizes()));
-  int64_t V = logits.size(-1);
-  at::Tensor t0 = zero_based_index(targets, V, 2);
-  push_tensor(L, at::cross_entropy_loss(logits.reshape({-1, V}), t0.reshape({-1})));
-  return 1;
-}
-
-// ---- clocks, terminals, compression ------------------------------------------
-
-// torch._now() -> seconds on a monotonic clock (for rates and ETAs)
-int torch_now(lua_State* L) {
-  lua_pushnumber(L, std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
-  return 1;
-}
-
-// torch._isatty(fd) -> whether the file descriptor is a terminal
-int torch_isatty(lua_State* L) {
-  lua_pushboolean(L, isatty(static_cast<int>(check_integer(L, 1))));
-  return 1;
-}
-
-// torch._compressed_size(s, level = 9) -> bytes of s after zlib compression
-int torch_compressed_size(lua_State* L) {
-  size_t n;
-  const char* s = luaL_checklstring(L, 1, &n);
-  int level = lua_isnoneornil(L, 2) ? 9 : static_cast<int>(check_integer(L, 2));
-  if (level < 0 || level > 9) throw ArgError(2, "zlib level must be 0..9");
-  uLongf out = compressBound(n);
-  std::vector<Bytef> buf(out);
-  if (compress2(buf.data(), &out, reinterpret_cast<const Bytef*>(s), n, level) != Z_OK)
-    throw CallError("zlib could not compress the text");
-  lua_pushnumber(L, static_cast<lua_Number>(out));
-  return 1;
-}
-
-// ---- torch.linalg ---------------------------------------------------------------
-
-int linalg_svdvals(lua_State* L) {
-  at::Tensor& a = check_tensor(L, 1);
-  if (a.dim() < 2) throw ArgError(1, "svdvals needs a matrix (or a batch of them), got shape " + shape_string(a.sizes()));
-  push_tensor(L, at::linalg_svdvals(a));
-  return 1;
-}
-
-// linalg.norm(A, ord = nil, dim = nil, keepdim = false); ord may be a number,
-// 'fro' or 'nuc'. Without ord or dim: the 2-norm of all elements.
-int linalg_norm(lua_State* L) {
-  at::Tensor& a = check_tensor(L, 1);
-  std::vector<int64_t> dims;
-  bool has_dims = !lua_isnoneornil(L, 3);
-  if (has_dims) {
-    dims = check_sizes(L, 3);
-    for (auto& d : dims) d = wrap_dim(d, a.dim(), 3);
-  }
-  bool keepdim = opt_boolean(L, 4, false);
-  at::OptionalIntArrayRef dim_ref = has_dims ? at::OptionalIntArrayRef(dims) : c10::nullopt;
-  if (lua_type(L, 2) == LUA_TSTRING) {
-    std::string ord = lua_tostring(L, 2);
-    if (ord != "fro" && ord != "nuc") throw ArgError(2, "ord must be a number, 'fro' or 'nuc', got '" + ord + "'");
-    push_tensor(L, at::linalg_norm(a, ord, dim_ref, keepdim));
-  } else {
-    c10::optional<at::Scalar> ord;
-    if (!lua_isnoneornil(L, 2)) ord = check_number(L, 2);
-    push_tensor(L, at::linalg_norm(a, ord, dim_ref, keepdim));
-  }
-  return 1;
-}
-
 const luaL_Reg torch_functions[] = {
     {"tensor", guarded<torch_tensor>},
     {"zeros", guarded<torch_factory<make_zeros>>},
@@ -504,23 +396,11 @@ const luaL_Reg torch_functions[] = {
     {"is_grad_enabled", guarded<torch_is_grad_enabled>},
     {"set_grad_enabled", guarded<torch_set_grad_enabled>},
     {"_manual_seed", guarded<torch_manual_seed>},
-    {"get_rng_state", guarded<torch_get_rng_state>},
-    {"set_rng_state", guarded<torch_set_rng_state>},
     {"device", guarded<torch_device>},
     {"set_default_device", guarded<torch_set_default_device>},
     {"get_num_threads", guarded<torch_get_num_threads>},
     {"set_num_threads", guarded<torch_set_num_threads>},
     {"set_printoptions", guarded<torch_set_printoptions>},
-    {"_cross_entropy", guarded<torch_cross_entropy>},
-    {"_now", guarded<torch_now>},
-    {"_isatty", guarded<torch_isatty>},
-    {"_compressed_size", guarded<torch_compressed_size>},
-    {nullptr, nullptr},
-};
-
-const luaL_Reg linalg_functions[] = {
-    {"svdvals", guarded<linalg_svdvals>},
-    {"norm", guarded<linalg_norm>},
     {nullptr, nullptr},
 };
 
@@ -537,9 +417,7 @@ int luaopen_anatomy_core(lua_State* L) {
   luaL_register(L, nullptr, torch_functions);
   luaopen_anatomy_tensor(L);
   lua_setfield(L, -2, "Tensor");
-  lua_newtable(L);
-  luaL_register(L, nullptr, linalg_functions);
-  lua_setfield(L, -2, "linalg");
+  register_torch_util(L, lua_gettop(L));
   lua_newtable(L);
   luaL_register(L, nullptr, cuda_functions);
   lua_setfield(L, -2, "cuda");

@@ -3,24 +3,13 @@
 -- hands out random windows as batches. Token ids are 1-based.
 local data = {}
 local native = torch._data
+local options = require 'anatomy.options'
 
 local Corpus = {}
 Corpus.__index = Corpus
 data.Corpus = Corpus
 
-local function check_options(opts, allowed, where)
-  opts = opts or {}
-  if type(opts) ~= 'table' then error(('%s: options must be a table, got %s'):format(where, type(opts)), 3) end
-  for k in pairs(opts) do
-    if not allowed[k] then
-      local names = {}
-      for a in pairs(allowed) do names[#names + 1] = a end
-      table.sort(names)
-      error(("%s: unknown option '%s' (expected %s)"):format(where, tostring(k), table.concat(names, ', ')), 3)
-    end
-  end
-  return opts
-end
+local function check_options(opts, allowed, where) return options.check(opts, allowed, where, 3) end
 
 local function wrap(handle, source)
   return setmetatable({_native = handle, source = source, vocab_size = handle:vocab_size(),

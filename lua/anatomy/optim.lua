@@ -14,10 +14,7 @@ local allowed = {lr = true, betas = true, eps = true, weight_decay = true, decay
 -- decay = 'matrices' applies weight decay only to parameters of 2 or more
 -- dimensions (not to biases, norms and gains), as nanoGPT does.
 setmetatable(AdamW, {__call = function(_, params, opts)
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not allowed[k] then error(("optim.AdamW: unknown option '%s'"):format(tostring(k)), 2) end
-  end
+  opts = require('anatomy.options').check(opts, allowed, 'optim.AdamW', 2)
   local list = nn.is_module(params) and params:parameters() or params
   if type(list) ~= 'table' then error('optim.AdamW: expected a module or a table of parameters', 2) end
   local decayed, plain = {}, {}

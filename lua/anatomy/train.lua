@@ -15,15 +15,7 @@ local known = {
 }
 
 local function options(opts, model)
-  opts = opts or {}
-  for k in pairs(opts) do
-    if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      error(("train.fit: unknown option '%s' (expected %s)"):format(tostring(k), table.concat(names, ', ')), 3)
-    end
-  end
+  opts = require('anatomy.options').check(opts, known, 'train.fit', 3)
   local o = {}
   for k, v in pairs(defaults) do o[k] = v end
   for k, v in pairs(opts) do o[k] = v end

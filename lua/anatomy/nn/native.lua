@@ -21,19 +21,7 @@ function Native:extra_repr() return self._native:describe() end
 function Native:_set_training(mode) self._native:train(mode) end
 
 -- Checks an options table against the keys a constructor accepts.
-local function options(opts, allowed, where)
-  opts = opts or {}
-  if type(opts) ~= 'table' then error(('%s: options must be a table, got %s'):format(where, type(opts)), 3) end
-  for k in pairs(opts) do
-    if not allowed[k] then
-      local names = {}
-      for a in pairs(allowed) do names[#names + 1] = a end
-      table.sort(names)
-      error(('%s: unknown option \'%s\' (expected %s)'):format(where, tostring(k), table.concat(names, ', ')), 3)
-    end
-  end
-  return opts
-end
+local function options(opts, allowed, where) return require('anatomy.options').check(opts, allowed, where, 3) end
 
 -- Defines nn.<name> whose __init(...) builds a native block with make(...).
 local function define(name, make)
