@@ -13,6 +13,7 @@ local cfg = torch.config.parse({
   steps = 1000, batch = 32, lr = 3e-3, warmup = 50,
   probe_every = 50,        -- probes capture during every Nth training step
   batches = 4,             -- validation batches the autopsy averages over
+  probe_text = 'In the beginning God created the heaven and the earth.',  -- the report's attention maps
   seed = 1337,
   out = 'out',             -- where autopsy.json and autopsy.html go
 }, arg, 'usage: anatomy scripts/autopsy.lua [--key=value ...]')
@@ -39,7 +40,7 @@ local run = train.fit(model, corpus, {steps = cfg.steps, batch = cfg.batch, seq 
   warmup = cfg.warmup, probe = {every = cfg.probe_every}})
 print(run)
 
-local a = autopsy.run(model, corpus, {steps = cfg.batches, batch = cfg.batch, history = run})
+local a = autopsy.run(model, corpus, {steps = cfg.batches, batch = cfg.batch, history = run, probe_text = cfg.probe_text})
 print()
 print(a)
 print()

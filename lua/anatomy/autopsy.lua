@@ -71,11 +71,12 @@ local function dissect_batch(model, layers, x, y, want)
   return {loss = loss:item(), logits = logits:detach(), io = io_, patterns = patterns}
 end
 
--- autopsy.run(model, batch_or_corpus, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history})
+-- autopsy.run(model, batch_or_corpus, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text})
 -- batch_or_corpus: a corpus (batches from its val split) or {inputs, targets}.
 -- steps: batches to average over. k: how many lowest-influence blocks the
 -- removal sweep drops together (default: half). history: a train.fit run
--- whose losses and probe history go into the report.
+-- whose losses and probe history go into the report. probe_text: a sentence
+-- whose attention maps the report shows (with a corpus to encode it).
 function autopsy.run(model, source, opts)
   opts = opts or {}
   local want = {}
@@ -97,6 +98,7 @@ function autopsy.run(model, source, opts)
   local last
   local entropy_heads, patterns = {}, {}   -- of the last batch: per head, and (T, T) maps of the first sequence
   local seen_batches = {}
+  local patterns_text
   for _ = 1, steps do
     local x, y = batch()
     local d = dissect_batch(model, layers, x, y, want)
@@ -148,10 +150,28 @@ function autopsy.run(model, source, opts)
   end
   local function avg(key) return acc[key] and acc[key] / steps end
 
+  -- attention maps for a probe sentence, when one is given (else the first validation window)
+  if opts.probe_text and type(source) == 'table' and source.encode then
+    local ok, ids = pcall(source.encode, source, opts.probe_text)
+    if ok and ids:numel() > 1 then
+      ids = ids:narrow(1, 1, math.min(ids:numel(), seq)):unsqueeze(1)
+      local cap = probe.capture(model, {filter = '*.pattern'}, function() torch.no_grad(function() model(ids) end) end)
+      for _, l in ipairs(layers) do
+        for name, pattern in pairs(cap) do
+          if name ~= 'grads' and starts_with(name, l[1] .. '.') then
+            local T = math.min(pattern:size(3), 24)
+            patterns[l[1]] = pattern[1][1]:narrow(1, 1, T):narrow(2, 1, T):tolist()
+          end
+        end
+      end
+      patterns_text = opts.probe_text
+    end
+  end
+
   -- rows: the input (embedding), each layer, the output (everything after the stack)
   local a = setmetatable({model = nn.typename(model), loss = avg('loss'), rows = {}, params = {}, weights = {},
     thresholds = thresholds, metrics = opts.metrics or autopsy.all_metrics, history = opts.history,
-    entropy_heads = entropy_heads, patterns = patterns}, Autopsy)
+    entropy_heads = entropy_heads, patterns = patterns, patterns_text = patterns_text}, Autopsy)
   local first_child
   for name in model:named_children() do first_child = first_child or name end
   local input_row = {name = first_child or 'input', kind = 'input', grads = {}}

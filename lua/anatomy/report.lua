@@ -198,7 +198,11 @@ function report.html(a)
     for _, r in ipairs(blocks) do
       if a.patterns[r.name] then names[#names + 1] = r.name:match('[^.]*$'); mats[#mats + 1] = a.patterns[r.name] end
     end
-    if #mats > 0 then charts[#charts + 1] = report.thumbnails('Attention patterns for the probe text (first head)', names, mats) end
+    if #mats > 0 then
+      local title = a.patterns_text and ('Attention patterns (first head) for "%s"'):format(a.patterns_text:sub(1, 40))
+        or 'Attention patterns (first head) for a validation window'
+      charts[#charts + 1] = report.thumbnails(title, names, mats)
+    end
   end
 
   local cols = {'name', 'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual', 'influence', 'lens_loss', 'removal_loss', 'verdict'}
