@@ -25,7 +25,7 @@ end
 
 require 'anatomy.tensor'
 
--- nn, models, data, optim, train, text, probe and autopsy are globals in scripts and the REPL, like torch.
+-- nn, models, data, optim, train, text, probe, autopsy and experiment are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
@@ -38,6 +38,7 @@ torch.config = require 'anatomy.config'
 probe = require 'anatomy.probe'
 autopsy = require 'anatomy.autopsy'
 require 'anatomy.report'
+experiment = require 'anatomy.experiment'
 
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).

@@ -1,4 +1,4 @@
--- models.vibenet{vocab, dim, layers, seq, block = 'plain'|'ffn'|'gate'|'hyper', streams = 4}
+-- models.vibenet{vocab, dim, layers, seq, block = 'plain'|'ffn'|'gate'|'hyper', streams = 4, constraint = 'sinkhorn'|'none'}
 -- VibeNet: token + learned position embedding, `layers` blocks around a
 -- parameter-free attention, then an expansion Linear(dim, 3·dim), GELU and an
 -- untied head Linear(3·dim, vocab). Blocks:
@@ -27,14 +27,16 @@ function VibeBlock:forward(x)
 end
 
 local VibeNet = nn.block('models.VibeNet', function(self, cfg)
-  models.check_config('vibenet', cfg, {'vocab', 'dim', 'layers', 'seq'}, {'block', 'streams'})
+  models.check_config('vibenet', cfg, {'vocab', 'dim', 'layers', 'seq'}, {'block', 'streams', 'constraint'})
   local kind = cfg.block or 'plain'
   local dim = cfg.dim
   local factories = {
     plain = function() return nn.Residual(VibeBlock(dim, false)) end,
     ffn = function() return nn.Residual(VibeBlock(dim, true)) end,
     gate = function() return nn.Gate(VibeBlock(dim, true), dim) end,
-    hyper = function() return nn.HyperConnections(VibeBlock(dim, false), dim, {streams = cfg.streams or 4}) end,
+    hyper = function()
+      return nn.HyperConnections(VibeBlock(dim, false), dim, {streams = cfg.streams or 4, constraint = cfg.constraint})
+    end,
   }
   if not factories[kind] then
     error(("models.vibenet: block must be 'plain', 'ffn', 'gate' or 'hyper', got '%s'"):format(tostring(kind)), 4)
