@@ -11,7 +11,7 @@ local known = {
   steps = true, batch = true, seq = true, lr = true, weight_decay = true, betas = true, warmup = true,
   schedule = true, clip = true, eval_every = true, eval_batches = true, log_every = true, seed = true,
   checkpoint = true, checkpoint_every = true, resume = true, on_step = true, log = true, decay = true,
-  quiet = true, recurrence = true, probe = true,
+  quiet = true, recurrence = true, probe = true, seconds = true,
 }
 
 local function options(opts, model)
@@ -175,7 +175,8 @@ end
 -- (a JSON-lines file), decay ('matrices'|'all'), quiet, recurrence (k extra
 -- passes of a stateful model, fed its previous pass's hidden states), probe
 -- ({every = 50, filter, grad, fn(step, capture, record)}: captures during
--- that step's own forward and backward, at step 1 and every `every` steps).
+-- that step's own forward and backward, at step 1 and every `every` steps),
+-- seconds (a time budget: stop after the first step that ends past it).
 -- The run: train (loss per step), val ({step, loss} per evaluation), steps,
 -- seconds, tokens_per_second, interrupted (Ctrl-C stopped it at a step boundary),
 -- depth_losses (with recurrence: per step, the loss of each pass, depth 0 first),
@@ -322,6 +323,7 @@ function train.fit(model, corpus, opts)
       train.save_checkpoint(o.checkpoint, model, opt, step, run.config)
     end
     if o.on_step then o.on_step(step, info) end
+    if o.seconds and elapsed >= o.seconds then break end
   end
   if log then log:close() end
   run.seconds = torch._now() - started

@@ -187,7 +187,7 @@ test('options are checked', function()
   local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
   raises(function() train.fit(m, c, {stepz = 3}) end, "train.fit: unknown option 'stepz' (expected batch, betas, "
     .. 'checkpoint, checkpoint_every, clip, decay, eval_batches, eval_every, log, log_every, lr, on_step, probe, quiet, '
-    .. 'recurrence, resume, schedule, seed, seq, steps, warmup, weight_decay)')
+    .. 'recurrence, resume, schedule, seconds, seed, seq, steps, warmup, weight_decay)')
   local empty = os.tmpname()
   raises(function() train.fit(m, c, {steps = 2, checkpoint = empty, quiet = true}) end,
     ("'%s' is not a valid safetensors file: it is 0 bytes long, shorter than the 8-byte header length"):format(empty))
