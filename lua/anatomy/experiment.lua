@@ -15,7 +15,11 @@ end
 -- The text an example trains on: --data, else Tiny Shakespeare where the
 -- project's shared data is, else the King James Bible; and a note saying which.
 function experiment.corpus(path, opts)
-  local candidates = {path ~= '' and path or nil, '../shared/data/tinyshakespeare.txt', 'shared/data/tinyshakespeare.txt'}
+  -- beside the checkout (shared/ next to it), from the current folder or from the script's
+  local root = arg and arg[0] and arg[0]:match('^(.*)/examples/[^/]*$')
+  local candidates = {'../shared/data/tinyshakespeare.txt', 'shared/data/tinyshakespeare.txt'}
+  if root then table.insert(candidates, 1, root .. '/../shared/data/tinyshakespeare.txt') end
+  if path ~= '' then candidates = {path} end
   for _, p in ipairs(candidates) do
     local f = io.open(p, 'rb')
     if f then
@@ -23,6 +27,7 @@ function experiment.corpus(path, opts)
       return data.text(p, opts), p
     end
   end
+  if path ~= '' then error(("cannot open '%s'"):format(path), 2) end
   local kjv = data.default_text()
   return data.text(kjv, opts), kjv .. ' (Tiny Shakespeare not found: numbers are not comparable with the claim)'
 end
