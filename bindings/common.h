@@ -111,6 +111,47 @@ struct FactoryOptions {
 };
 FactoryOptions check_factory_options(lua_State* L, int idx, c10::ScalarType default_dtype = at::kFloat);
 
+// ---- other userdata types ----------------------------------------------------
+//
+// A Lua-visible C++ object (a corpus, a block, an optimizer) is userdata
+// holding a T by value (a smart pointer); __gc runs its destructor and the
+// metatable is protected, as for tensors.
+
+/// The T inside userdata of metatable `meta` at idx, or ArgError "<what> expected, got X".
+template <typename T>
+T& check_userdata(lua_State* L, int idx, const char* meta, const char* what) {
+  void* p = luaL_testudata(L, idx, meta);
+  if (!p) throw ArgError(idx, std::string(what) + " expected, got " + type_name(L, idx));
+  return *static_cast<T*>(p);
+}
+
+/// Pushes userdata holding `value`, with metatable `meta`.
+template <typename T>
+void push_userdata(lua_State* L, const char* meta, T value) {
+  void* p = lua_newuserdata(L, sizeof(T));
+  new (p) T(std::move(value));
+  luaL_getmetatable(L, meta);
+  lua_setmetatable(L, -2);
+}
+
+/// Creates the metatable `meta` for userdata holding a T: __gc, __metatable
+/// (getmetatable gives `shown`), and __index = the methods.
+template <typename T>
+void define_userdata(lua_State* L, const char* meta, const char* shown, const luaL_Reg* methods) {
+  luaL_newmetatable(L, meta);
+  lua_pushcfunction(L, [](lua_State* S) -> int {
+    static_cast<T*>(lua_touserdata(S, 1))->~T();
+    return 0;
+  });
+  lua_setfield(L, -2, "__gc");
+  lua_pushstring(L, shown);
+  lua_setfield(L, -2, "__metatable");
+  lua_newtable(L);
+  luaL_register(L, nullptr, methods);
+  lua_setfield(L, -2, "__index");
+  lua_pop(L, 1);
+}
+
 // ---- 1-based indices and dimensions --------------------------------------
 //
 // Lua counts from 1, ATen from 0. Every dim and index crosses here and only

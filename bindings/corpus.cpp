@@ -13,17 +13,10 @@ constexpr const char* kCorpusMeta = "anatomy.Corpus";
 using CorpusPtr = std::shared_ptr<io::Corpus>;
 
 io::Corpus& check_corpus(lua_State* L, int idx) {
-  void* p = luaL_testudata(L, idx, kCorpusMeta);
-  if (!p) throw ArgError(idx, "Corpus expected, got " + type_name(L, idx));
-  return **static_cast<CorpusPtr*>(p);
+  return *check_userdata<CorpusPtr>(L, idx, kCorpusMeta, "Corpus");
 }
 
-void push_corpus(lua_State* L, std::unique_ptr<io::Corpus> c) {
-  void* p = lua_newuserdata(L, sizeof(CorpusPtr));
-  new (p) CorpusPtr(std::move(c));
-  luaL_getmetatable(L, kCorpusMeta);
-  lua_setmetatable(L, -2);
-}
+void push_corpus(lua_State* L, std::unique_ptr<io::Corpus> c) { push_userdata<CorpusPtr>(L, kCorpusMeta, std::move(c)); }
 
 double split_fraction(lua_State* L, int idx) {
   double f = lua_isnoneornil(L, idx) ? 0.9 : check_number(L, idx);
@@ -58,11 +51,6 @@ int data_from_string(lua_State* L) {
   if (tok != "char" && tok != "byte") throw ArgError(2, "unknown tokenizer '" + tok + "', expected char or byte");
   push_corpus(L, io::make_text_corpus(text, tok, split_fraction(L, 3)));
   return 1;
-}
-
-int corpus_gc(lua_State* L) {
-  static_cast<CorpusPtr*>(lua_touserdata(L, 1))->~CorpusPtr();
-  return 0;
 }
 
 // c:batch(B, T, split) -> inputs (B, T), targets (B, T)
@@ -160,15 +148,7 @@ const luaL_Reg data_functions[] = {
 
 // Pushes the table of corpus constructors (torch._data).
 int luaopen_anatomy_corpus(lua_State* L) {
-  luaL_newmetatable(L, kCorpusMeta);
-  lua_pushcfunction(L, corpus_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushliteral(L, "Corpus");
-  lua_setfield(L, -2, "__metatable");
-  lua_newtable(L);
-  luaL_register(L, nullptr, corpus_methods);
-  lua_setfield(L, -2, "__index");
-  lua_pop(L, 1);
+  define_userdata<CorpusPtr>(L, kCorpusMeta, "Corpus", corpus_methods);
   lua_newtable(L);
   luaL_register(L, nullptr, data_functions);
   return 1;

@@ -15,17 +15,10 @@ constexpr const char* kModuleMeta = "anatomy.NativeModule";
 using BlockPtr = std::shared_ptr<nn::Block>;
 
 BlockPtr& check_block(lua_State* L, int idx) {
-  void* p = luaL_testudata(L, idx, kModuleMeta);
-  if (!p) throw ArgError(idx, "NativeModule expected, got " + type_name(L, idx));
-  return *static_cast<BlockPtr*>(p);
+  return check_userdata<BlockPtr>(L, idx, kModuleMeta, "NativeModule");
 }
 
-void push_block(lua_State* L, BlockPtr block) {
-  void* p = lua_newuserdata(L, sizeof(BlockPtr));
-  new (p) BlockPtr(std::move(block));
-  luaL_getmetatable(L, kModuleMeta);
-  lua_setmetatable(L, -2);
-}
+void push_block(lua_State* L, BlockPtr block) { push_userdata<BlockPtr>(L, kModuleMeta, std::move(block)); }
 
 int64_t positive(lua_State* L, int idx, const char* what) {
   int64_t v = check_integer(L, idx);
@@ -105,11 +98,6 @@ int new_mlp(lua_State* L) {
 }
 
 // ---- methods -----------------------------------------------------------------
-
-int module_gc(lua_State* L) {
-  static_cast<BlockPtr*>(lua_touserdata(L, 1))->~BlockPtr();
-  return 0;
-}
 
 // m:forward(x): an InputError becomes a bad argument #1 (the input).
 int module_forward(lua_State* L) {
@@ -207,15 +195,7 @@ const luaL_Reg module_constructors[] = {
 
 // Pushes the table of native block constructors (torch._native).
 int luaopen_anatomy_module(lua_State* L) {
-  luaL_newmetatable(L, kModuleMeta);
-  lua_pushcfunction(L, module_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushliteral(L, "NativeModule");
-  lua_setfield(L, -2, "__metatable");
-  lua_newtable(L);
-  luaL_register(L, nullptr, module_methods);
-  lua_setfield(L, -2, "__index");
-  lua_pop(L, 1);
+  define_userdata<BlockPtr>(L, kModuleMeta, "NativeModule", module_methods);
   lua_newtable(L);
   luaL_register(L, nullptr, module_constructors);
   return 1;

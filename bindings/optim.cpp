@@ -14,9 +14,7 @@ constexpr const char* kOptimizerMeta = "anatomy.Optimizer";
 using OptimizerPtr = std::unique_ptr<torch::optim::AdamW>;
 
 torch::optim::AdamW& check_optimizer(lua_State* L, int idx) {
-  void* p = luaL_testudata(L, idx, kOptimizerMeta);
-  if (!p) throw ArgError(idx, "Optimizer expected, got " + type_name(L, idx));
-  return **static_cast<OptimizerPtr*>(p);
+  return *check_userdata<OptimizerPtr>(L, idx, kOptimizerMeta, "Optimizer");
 }
 
 std::vector<at::Tensor> param_list(lua_State* L, int idx) {
@@ -49,16 +47,8 @@ int optim_adamw(lua_State* L) {
   if (!decayed.empty()) groups.emplace_back(decayed, std::make_unique<torch::optim::AdamWOptions>(options));
   if (!plain.empty())
     groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(options).weight_decay(0)));
-  void* p = lua_newuserdata(L, sizeof(OptimizerPtr));
-  new (p) OptimizerPtr(std::make_unique<torch::optim::AdamW>(std::move(groups), options));
-  luaL_getmetatable(L, kOptimizerMeta);
-  lua_setmetatable(L, -2);
+  push_userdata<OptimizerPtr>(L, kOptimizerMeta, std::make_unique<torch::optim::AdamW>(std::move(groups), options));
   return 1;
-}
-
-int optimizer_gc(lua_State* L) {
-  static_cast<OptimizerPtr*>(lua_touserdata(L, 1))->~OptimizerPtr();
-  return 0;
 }
 
 int optimizer_step(lua_State* L) {
@@ -162,15 +152,7 @@ const luaL_Reg optim_functions[] = {
 
 // Pushes the table of optimizer constructors (torch._optim).
 int luaopen_anatomy_optim(lua_State* L) {
-  luaL_newmetatable(L, kOptimizerMeta);
-  lua_pushcfunction(L, optimizer_gc);
-  lua_setfield(L, -2, "__gc");
-  lua_pushliteral(L, "Optimizer");
-  lua_setfield(L, -2, "__metatable");
-  lua_newtable(L);
-  luaL_register(L, nullptr, optimizer_methods);
-  lua_setfield(L, -2, "__index");
-  lua_pop(L, 1);
+  define_userdata<OptimizerPtr>(L, kOptimizerMeta, "Optimizer", optimizer_methods);
   lua_newtable(L);
   luaL_register(L, nullptr, optim_functions);
   return 1;
