@@ -53,7 +53,7 @@ end
 local function starts_with(s, prefix) return s:sub(1, #prefix) == prefix end
 
 -- One forward and backward with every layer's input and output recorded.
-local function dissect_batch(model, layers, x, y, want)
+local function dissect_batch(model, layers, x, y)
   local io_ = {}
   local handles = {}
   for i, l in ipairs(layers) do
@@ -101,7 +101,7 @@ function autopsy.run(model, source, opts)
   local patterns_text
   for _ = 1, steps do
     local x, y = batch()
-    local d = dissect_batch(model, layers, x, y, want)
+    local d = dissect_batch(model, layers, x, y)
     last = {x = x, y = y, d = d}
     seen_batches[#seen_batches + 1] = {x, y}
     add('loss', d.loss)

@@ -25,12 +25,6 @@ local function options(opts, model)
   return o
 end
 
--- The logits of a model's output (models may also return hidden states).
-local function logits_of(model, x)
-  local out = model(x)
-  return out
-end
-
 -- Runs the model once more with every module's output checked; returns the
 -- dotted name and class of the first module whose output is not finite.
 function train.find_nonfinite(model, x)
@@ -108,7 +102,7 @@ function train.evaluate(model, corpus, opts)
       local n = math.min(B, x:size(1) - first + 1)
       local xb, yb = x:narrow(1, first, n), y:narrow(1, first, n)
       if torch.device() ~= 'cpu' then xb, yb = xb:to(torch.device()), yb:to(torch.device()) end
-      local loss = nn.functional.cross_entropy(logits_of(model, xb), yb)
+      local loss = nn.functional.cross_entropy((model(xb)), yb)  -- (...): the logits alone
       total = total + loss:item() * yb:numel()
       count = count + yb:numel()
     end

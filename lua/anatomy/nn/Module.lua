@@ -116,6 +116,15 @@ function Module:children()
   return out
 end
 
+-- An iterator over a list of {name, value} pairs, giving name, value.
+local function pairs_of(list)
+  local i = 0
+  return function()
+    i = i + 1
+    if list[i] then return list[i][1], list[i][2] end
+  end
+end
+
 -- Iterates (dotted name, module) over this module ('') and all below it, depth first.
 function Module:named_modules(prefix)
   local list = {}
@@ -124,11 +133,7 @@ function Module:named_modules(prefix)
     for name, c in m:named_children() do walk(c, p == '' and name or p .. '.' .. name) end
   end
   walk(self, prefix or '')
-  local i = 0
-  return function()
-    i = i + 1
-    if list[i] then return list[i][1], list[i][2] end
-  end
+  return pairs_of(list)
 end
 
 -- Iterates (dotted name, tensor): own parameters first, then each child's.
@@ -142,11 +147,7 @@ function Module:named_parameters(prefix)
     for name, c in m:named_children() do walk(c, p .. name .. '.') end
   end
   walk(self, prefix and prefix .. '.' or '')
-  local i = 0
-  return function()
-    i = i + 1
-    if list[i] then return list[i][1], list[i][2] end
-  end
+  return pairs_of(list)
 end
 
 -- An array of all parameters.
