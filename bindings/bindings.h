@@ -30,6 +30,8 @@ int luaopen_anatomy_metrics(lua_State* L);
 int luaopen_anatomy_optim(lua_State* L);
 /// Pushes the table of corpus constructors (torch._data).
 int luaopen_anatomy_corpus(lua_State* L);
+/// Pushes torch._exact: the Rational type (GMP) and certified bounds.
+int luaopen_anatomy_exact(lua_State* L);
 /// Adds save_safetensors and load_safetensors to the torch table on the stack top.
 void register_safetensors(lua_State* L, int torch);
 /// Pushes a Lua array of tensors.

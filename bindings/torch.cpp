@@ -430,6 +430,8 @@ int luaopen_anatomy_core(lua_State* L) {
   lua_setfield(L, -2, "_optim");
   luaopen_anatomy_metrics(L);
   lua_setfield(L, -2, "metrics");
+  luaopen_anatomy_exact(L);
+  lua_setfield(L, -2, "_exact");
   lua_pushstring(L, torch_version().c_str());
   lua_setfield(L, -2, "libtorch_version");
   return 1;

@@ -25,7 +25,7 @@ end
 
 require 'anatomy.tensor'
 
--- nn, models, data, optim, train, text, probe, autopsy and experiment are globals in scripts and the REPL, like torch.
+-- nn, models, data, optim, train, text, probe, autopsy, experiment and exact are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
@@ -39,6 +39,7 @@ probe = require 'anatomy.probe'
 autopsy = require 'anatomy.autopsy'
 require 'anatomy.report'
 experiment = require 'anatomy.experiment'
+exact = require 'anatomy.exact'
 
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).
@@ -57,7 +58,8 @@ do
   record(torch._data, 'data.')
   record(torch._optim, 'optim.')
   record(torch.metrics, 'metrics.')
-  for _, meta in ipairs{'anatomy.Corpus', 'anatomy.NativeModule', 'anatomy.Optimizer'} do
+  record(torch._exact, 'exact.')
+  for _, meta in ipairs{'anatomy.Corpus', 'anatomy.NativeModule', 'anatomy.Optimizer', 'anatomy.Rational'} do
     record(debug.getregistry()[meta].__index, '')
   end
   debug.getregistry()['anatomy.names'] = names
