@@ -63,6 +63,10 @@ int guarded(lua_State* L) {
 
 /// The tensor at stack index idx, or ArgError "Tensor expected, got X".
 at::Tensor& check_tensor(lua_State* L, int idx);
+/// Registry key (light userdata) of the tensor metatable.
+extern char g_tensor_meta_key;
+/// Drops the cached metatable address (called when a Lua state closes).
+void forget_tensor_metatable();
 /// The tensor at idx, or nullptr if the value is not a tensor.
 at::Tensor* to_tensor(lua_State* L, int idx);
 /// Pushes sizes (or strides) as a Lua array.

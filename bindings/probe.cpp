@@ -69,7 +69,47 @@ int metrics_residual_ratio(lua_State* L) {
   return 1;
 }
 
+// A Lua list of tensors, where nil or false entries stand for undefined tensors.
+std::vector<at::Tensor> tensor_list_with_holes(lua_State* L, int idx) {
+  luaL_checktype(L, idx, LUA_TTABLE);
+  std::vector<at::Tensor> out;
+  size_t n = lua_objlen(L, idx);
+  for (size_t i = 1; i <= n; ++i) {
+    lua_rawgeti(L, idx, static_cast<int>(i));
+    at::Tensor* t = to_tensor(L, -1);
+    if (!t && lua_toboolean(L, -1)) throw ArgError(idx, "entry " + std::to_string(i) + " is not a tensor");
+    out.push_back(t ? *t : at::Tensor());
+    lua_pop(L, 1);
+  }
+  return out;
+}
+
+void push_numbers(lua_State* L, const std::vector<double>& v) {
+  lua_createtable(L, static_cast<int>(v.size()), 0);
+  for (size_t i = 0; i < v.size(); ++i) {
+    lua_pushnumber(L, v[i]);
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+}
+
+// eranks({W1, W2, ...}) -> {r1, r2, ...}: one batched float32 SVD per shape
+int metrics_eranks(lua_State* L) {
+  auto list = tensor_list_with_holes(L, 1);
+  for (size_t i = 0; i < list.size(); ++i)
+    if (!list[i].defined()) throw ArgError(1, "entry " + std::to_string(i + 1) + " is not a tensor");
+  push_numbers(L, checked([&] { return probes::effective_ranks(list); }));
+  return 1;
+}
+
+// norms({t1, false, t3, ...}) -> {‖t1‖, nan, ‖t3‖, ...}
+int metrics_norms(lua_State* L) {
+  push_numbers(L, probes::norms(tensor_list_with_holes(L, 1)));
+  return 1;
+}
+
 const luaL_Reg metrics_functions[] = {
+    {"eranks", guarded<metrics_eranks>},
+    {"norms", guarded<metrics_norms>},
     {"erank", guarded<metrics_erank>},
     {"attention_entropy", guarded<metrics_attention_entropy>},
     {"diagonal_mass", guarded<metrics_diagonal_mass>},

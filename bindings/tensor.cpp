@@ -398,6 +398,9 @@ std::vector<at::Tensor> check_tensor_table(lua_State* L, int idx) {
 // it becomes torch.Tensor, which Lua code may extend like any class).
 int luaopen_anatomy_tensor(lua_State* L) {
   luaL_newmetatable(L, kTensorMeta);   // mt
+  lua_pushlightuserdata(L, &g_tensor_meta_key);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);    // registry[&key] = mt, for push_tensor and to_tensor
   luaL_register(L, nullptr, tensor_metamethods);
   for (const Operator& op : operators) {
     lua_pushlightuserdata(L, const_cast<Operator*>(&op));

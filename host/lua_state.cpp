@@ -109,6 +109,7 @@ LuaState::~LuaState() {
   if (g_signal_state == L_) g_signal_state = nullptr;
   lua::close_hook_state();
   if (L_) lua_close(L_);
+  lua::forget_tensor_metatable();  // its address may be reused by the next state
 }
 
 bool LuaState::call(int nargs, int nresults) {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <map>
 #include <stdexcept>
 
 namespace anatomy::probes {
@@ -35,6 +36,46 @@ double effective_rank(const at::Tensor& x) {
   at::Tensor p = s / total;
   p = p.masked_select(p.gt(0));
   return std::exp(-(p * p.log()).sum().item<double>());
+}
+
+std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
+  std::vector<double> out(matrices.size(), 0.0);
+  std::map<std::vector<int64_t>, std::vector<size_t>> groups;  // shape -> indices
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    if (matrices[i].dim() != 2) throw std::invalid_argument("effective_ranks: matrix " + std::to_string(i + 1) + " is not 2-D");
+    groups[matrices[i].sizes().vec()].push_back(i);
+  }
+  for (const auto& [shape, idx] : groups) {
+    std::vector<at::Tensor> parts;
+    parts.reserve(idx.size());
+    for (size_t i : idx) parts.push_back(matrices[i].detach());
+    // σ² are the eigenvalues of the smaller Gram matrix (in float64, so that
+    // squaring loses nothing that matters here): one small symmetric
+    // eigenproblem instead of an SVD, several times faster.
+    at::Tensor w = at::stack(parts).to(at::kDouble);  // (n, r, c)
+    at::Tensor gram = shape[0] <= shape[1] ? at::matmul(w, w.transpose(1, 2)) : at::matmul(w.transpose(1, 2), w);
+    at::Tensor s = at::linalg_eigvalsh(gram).clamp_min(0).sqrt();  // (n, k)
+    at::Tensor total = s.sum(-1, /*keepdim=*/true);
+    at::Tensor p = s / total.clamp_min(1e-300);
+    at::Tensor plogp = at::where(p.gt(0), p * p.log(), at::zeros_like(p)).sum(-1);
+    at::Tensor ranks = at::where(total.squeeze(-1).gt(0), at::exp(-plogp), at::zeros_like(plogp)).contiguous();
+    const double* r = ranks.data_ptr<double>();
+    for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = r[j];
+  }
+  return out;
+}
+
+std::vector<double> norms(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> defined;
+  for (const auto& t : tensors)
+    if (t.defined()) defined.push_back(t.detach());
+  std::vector<double> out(tensors.size(), std::nan(""));
+  if (defined.empty()) return out;
+  at::Tensor all = at::stack(at::_foreach_norm(defined)).to(at::kDouble).contiguous();
+  const double* v = all.data_ptr<double>();
+  for (size_t i = 0, j = 0; i < tensors.size(); ++i)
+    if (tensors[i].defined()) out[i] = v[j++];
+  return out;
 }
 
 at::Tensor attention_entropy_per_head(const at::Tensor& pattern) {

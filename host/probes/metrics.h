@@ -4,12 +4,24 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 namespace anatomy::probes {
 
 /// Effective rank (Roy & Vetterli 2007) of a matrix, or of an activation
 /// flattened to (tokens, channels): exp(−Σ pᵢ log pᵢ), pᵢ = σᵢ / Σσ over the
 /// singular values σ. Between 1 and min(rows, cols); 0 for an all-zero matrix.
 double effective_rank(const at::Tensor& x);
+
+/// Effective ranks of many matrices at once (the autopsy's per-step path):
+/// matrices of one shape are stacked, and their singular values come from
+/// one batched eigendecomposition of the smaller Gram matrix in float64
+/// (σ² = eigenvalues of W·Wᵀ or Wᵀ·W). effective_rank above, by SVD, is the
+/// reference; tests hold the two together.
+std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices);
+
+/// L2 norms of many tensors in one pass (NaN for an undefined tensor, such as a missing gradient).
+std::vector<double> norms(const std::vector<at::Tensor>& tensors);
 
 /// Attention entropy: for patterns (B, H, T, T) whose rows sum to 1, the mean
 /// over batch and queries of −Σ_k a log a (nats), per head: a tensor (H).

@@ -71,6 +71,54 @@ local function dissect_batch(model, layers, x, y)
   return {loss = loss:item(), logits = logits:detach(), io = io_, patterns = patterns}
 end
 
+-- autopsy.step(model, fn) -> snapshot, fn's result: the autopsy's per-step
+-- measurements from the forward and backward that fn() runs (a training
+-- step's own: no extra pass). fn must run the model and call backward.
+-- snapshot = {grad_norm = {param = ‖grad‖}, weight_erank = {param = erank of
+-- every 2-D weight}, layers = {{name, act_mean, act_std, act_max, act_rms,
+-- entropy, diag}, ...}}. Weight ranks come from one batched Gram-matrix
+-- eigendecomposition per weight shape; gradient norms from one fused pass.
+function autopsy.step(model, fn)
+  local layers = layers_of(model)
+  local filter = {'*.pattern'}
+  for _, l in ipairs(layers) do filter[#filter + 1] = l[1] end
+  local capture, handle = probe.attach_capture(model, {filter = filter})
+  local ok, result = pcall(fn)
+  handle:remove()
+  if not ok then error(result, 0) end
+  local names, grads, weights, weight_names = {}, {}, {}, {}
+  for name, p in model:named_parameters() do
+    names[#names + 1] = name
+    grads[#names] = p.grad or false
+    if p:dim() == 2 then
+      weights[#weights + 1] = p
+      weight_names[#weights] = name
+    end
+  end
+  local snap = {grad_norm = {}, weight_erank = {}, layers = {}}
+  for i, n in ipairs(torch.metrics.norms(grads)) do
+    if n == n then snap.grad_norm[names[i]] = n end
+  end
+  for i, r in ipairs(torch.metrics.eranks(weights)) do snap.weight_erank[weight_names[i]] = r end
+  for i, l in ipairs(layers) do
+    local row = {name = l[1]}
+    local out = capture[l[1]]
+    if out then
+      local st = torch.metrics.activation_stats(out)
+      row.act_mean, row.act_std, row.act_max, row.act_rms = st.mean, st.std, st.max_abs, st.rms
+    end
+    for name, pattern in pairs(capture) do
+      if name ~= 'grads' and name:find('%.pattern$') and starts_with(name, l[1] .. '.') then
+        row.entropy = torch.metrics.attention_entropy(pattern)
+        row.diag = torch.metrics.diagonal_mass(pattern)
+        break
+      end
+    end
+    snap.layers[i] = row
+  end
+  return snap, result
+end
+
 -- autopsy.run(model, batch_or_corpus, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text})
 -- batch_or_corpus: a corpus (batches from its val split) or {inputs, targets}.
 -- steps: batches to average over. k: how many lowest-influence blocks the

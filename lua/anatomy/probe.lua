@@ -103,6 +103,13 @@ function probe.skip(model, name)
   return setmetatable({attached = {{m, attach(m, {kind = 'skip', name = name})}}}, Handle)
 end
 
+-- probe.idle(model, name) -> handle: a probe that does nothing (what a
+-- module pays for carrying probes while none acts; bench/ measures it).
+function probe.idle(model, name)
+  local m = find(model, name)
+  return setmetatable({attached = {{m, attach(m, {kind = 'idle', name = name})}}}, Handle)
+end
+
 -- probe.clear(model): removes every probe from the model and its modules.
 function probe.clear(model)
   for _, m in model:named_modules() do

@@ -131,4 +131,42 @@ test('gated blocks report the gate gradient and its distance from the identity',
   assert(tostring(a):find('blocks.1.gate.weight', 1, true), 'the parameter table lists every parameter')
 end)
 
+test('batched ranks and norms agree with the one-at-a-time kernels', function()
+  torch.manual_seed(3)
+  local ws = {torch.randn(12, 7), torch.randn(7, 12), torch.randn(12, 7), torch.randn(5, 5):mul(0), torch.randn(9, 9)}
+  local r = torch.metrics.eranks(ws)
+  for i, w in ipairs(ws) do
+    local want = torch.metrics.erank(w)
+    assert(math.abs(r[i] - want) <= 1e-9 * math.max(want, 1), ('erank %d: %g vs %g'):format(i, r[i], want))
+  end
+  eq(r[4], 0, 'an all-zero matrix has rank 0')
+  local n = torch.metrics.norms({ws[1], false, ws[5]})
+  close(n[1], ws[1]:norm():item(), 1e-5)
+  eq(n[2] ~= n[2], true, 'a missing tensor gives nan')
+  close(n[3], ws[5]:norm():item(), 1e-5)
+  raises(function() torch.metrics.eranks({torch.randn(3)}) end, "bad argument #1 to 'metrics.eranks' (effective_ranks: matrix 1 is not 2-D)")
+end)
+
+test('autopsy.step measures from the training step itself; idle probes change nothing', function()
+  torch.manual_seed(4)
+  local m = models.vibenet{vocab = 11, dim = 8, layers = 2, seq = 6}
+  local x, y = torch.randint(1, 12, {2, 6}), torch.randint(1, 12, {2, 6})
+  local snap, loss = autopsy.step(m, function()
+    local l = nn.functional.cross_entropy(m(x), y)
+    l:backward()
+    return l
+  end)
+  eq(#snap.layers, 2)
+  close(snap.grad_norm['head.weight'], m.head.weight.grad:norm():item(), 1e-5)
+  close(snap.weight_erank['head.weight'], torch.metrics.erank(m.head.weight), 1e-6)
+  assert(snap.layers[1].entropy and snap.layers[1].diag and snap.layers[2].act_std, 'per-layer attention and activation stats')
+  assert(loss:item() > 0)
+  eq(rawget(m.blocks[1], '_probes'), nil, 'the capture is removed afterwards')
+  local before = m(x)
+  local h = probe.idle(m, 'blocks.1')
+  eq(torch.equal(m(x), before), true, 'an idle probe leaves the output as it was')
+  h:remove()
+  eq(rawget(m.blocks[1], '_probe'), nil)
+end)
+
 H.done()

@@ -1,0 +1,144 @@
+-- The anatomy half of the side-by-side benchmark (scripts/bench runs it next
+-- to bench/peer.py and prints both). Writes one JSON object to --out.
+--   anatomy --threads=N bench/bench.lua --steps=20 --warmup=5 --out=FILE
+local cfg = torch.config.parse({
+  steps = 20,        -- timed steps per case (the median is reported)
+  warmup = 5,        -- untimed steps first
+  ops = 200000,      -- 1-element adds for the per-op cost
+  out = '',          -- JSON output file (default: stdout)
+  only = '',         -- run only the cases whose name contains this
+}, arg, 'usage: anatomy bench/bench.lua [--steps=N] [--warmup=N] [--out=FILE]')
+
+local now = torch._now
+local results = {threads = torch.get_num_threads(), libtorch = torch.libtorch_version, cases = {}}
+
+local function summary(times)
+  table.sort(times)
+  local n = #times
+  local median = n % 2 == 1 and times[(n + 1) / 2] or (times[n / 2] + times[n / 2 + 1]) / 2
+  return {median = median, min = times[1], max = times[n], n = n}
+end
+
+-- times fn() over cfg.steps calls after cfg.warmup
+local function time_steps(fn)
+  for _ = 1, cfg.warmup do fn() end
+  local times = {}
+  for i = 1, cfg.steps do
+    local t0 = now()
+    fn()
+    times[i] = now() - t0
+  end
+  return summary(times)
+end
+
+local function count_params(model)
+  local n = 0
+  for _, p in ipairs(model:parameters()) do n = n + p:numel() end
+  return n
+end
+
+local function batch(V, B, T)
+  torch.manual_seed(0)
+  return torch.randint(1, V + 1, {B, T}), torch.randint(1, V + 1, {B, T})
+end
+
+-- one AdamW training step: zero_grad, forward, loss, backward, step
+local function trainer(model, x, y)
+  local opt = optim.AdamW(model, {lr = 1e-3, weight_decay = 0.01})
+  local F = nn.functional
+  return function()
+    opt:zero_grad()
+    local loss = F.cross_entropy(model(x), y)
+    loss:backward()
+    opt:step()
+  end
+end
+
+local function want(name) return cfg.only == '' or name:find(cfg.only, 1, true) end
+
+local cases = {
+  {'gpt', function() return models.gpt{vocab = 65, dim = 64, heads = 2, layers = 1, seq = 64, ffn = 128} end, 65, 32, 64},
+  {'vibenet_plain', function() return models.vibenet{vocab = 256, dim = 128, layers = 4, seq = 128, block = 'plain'} end, 256, 16, 128},
+  {'vibenet_ffn', function() return models.vibenet{vocab = 256, dim = 128, layers = 4, seq = 128, block = 'ffn'} end, 256, 16, 128},
+  {'vibenet_gate', function() return models.vibenet{vocab = 256, dim = 128, layers = 4, seq = 128, block = 'gate'} end, 256, 16, 128},
+}
+local steps_by_name = {}
+for _, c in ipairs(cases) do
+  local name, make, V, B, T = c[1], c[2], c[3], c[4], c[5]
+  if want(name) then
+    torch.manual_seed(1)
+    local model = make()
+    local x, y = batch(V, B, T)
+    local step = trainer(model, x, y)
+    local s = time_steps(step)
+    s.tokens = B * T
+    s.params = count_params(model)
+    results.cases[name] = s
+    steps_by_name[name] = {model = model, x = x, y = y, step = step, time = s.median}
+  end
+end
+
+-- the autopsy's measurements taken from a training step's own forward and
+-- backward, as a fraction of a plain step (VibeNet plain)
+if want('autopsy') and steps_by_name.vibenet_plain then
+  local c = steps_by_name.vibenet_plain
+  local opt = optim.AdamW(c.model, {lr = 1e-3, weight_decay = 0.01})
+  local s = time_steps(function()
+    opt:zero_grad()
+    local snap = autopsy.step(c.model, function()
+      local loss = nn.functional.cross_entropy(c.model(c.x), c.y)
+      loss:backward()
+      return loss
+    end)
+    opt:step()
+    assert(#snap.layers == 4 and snap.grad_norm['head.weight'] and snap.weight_erank['head.weight'])
+  end)
+  s.plain = c.time
+  results.cases.autopsy = s
+end
+
+-- every module of the model carries a probe that does nothing this step
+if want('idle') and steps_by_name.vibenet_plain then
+  local c = steps_by_name.vibenet_plain
+  local handles = {}
+  for name in c.model:named_modules() do
+    if name ~= '' then handles[#handles + 1] = probe.idle(c.model, name) end
+  end
+  local s = time_steps(c.step)
+  for _, h in ipairs(handles) do h:remove() end
+  local plain = time_steps(c.step)
+  s.plain = plain.median
+  s.probes = #handles
+  results.cases.idle_probes = s
+end
+
+-- a 1-element tensor add issued from Lua, per op
+if want('add') then
+  local a, b = torch.tensor{1}, torch.tensor{2}
+  local n = cfg.ops
+  local best = math.huge
+  for _ = 1, 5 do
+    local t0 = now()
+    for _ = 1, n do local _ = a + b end
+    best = math.min(best, (now() - t0) / n)
+  end
+  results.cases.add = {median = best, n = n}
+end
+
+-- BLAS throughput: a 1024³ float32 matmul
+if want('blas') then
+  local m = 1024
+  local a, b = torch.randn(m, m), torch.randn(m, m)
+  local s = time_steps(function() local _ = a:matmul(b) end)
+  s.flops = 2 * m * m * m
+  results.cases.blas = s
+end
+
+local text = require('anatomy.json').encode(results)
+if cfg.out ~= '' then
+  local f = assert(io.open(cfg.out, 'w'))
+  f:write(text, '\n')
+  f:close()
+else
+  print(text)
+end
