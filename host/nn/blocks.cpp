@@ -3,6 +3,7 @@
 #include "host/nn/blocks.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <limits>
@@ -40,9 +41,12 @@ void require_btc(const at::Tensor& x, int64_t dim, const char* what) {
     throw InputError(std::string(what) + " expects a floating-point input, got " + dtype_name(x.scalar_type()));
 }
 
-// -inf above the diagonal: position t sees positions 1..t.
-at::Tensor causal_mask(int64_t T, const at::Device& device) {
-  return at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1);
+// true above the diagonal (filled with -inf): position t sees positions 1..t.
+// Kept in `cache` and rebuilt only when the length or the device changes.
+const at::Tensor& cached_causal_mask(at::Tensor& cache, int64_t T, const at::Device& device) {
+  if (!cache.defined() || cache.size(0) != T || cache.device() != device)
+    cache = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1);
+  return cache;
 }
 
 }  // namespace
@@ -168,7 +172,7 @@ at::Tensor Attention::forward(const at::Tensor& x) {
   auto split_heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
   at::Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
   at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
-  if (causal) att = att.masked_fill(causal_mask(T, x.device()), -std::numeric_limits<double>::infinity());
+  if (causal) att = att.masked_fill(cached_causal_mask(mask_, T, x.device()), -std::numeric_limits<double>::infinity());
   att = at::softmax(att, -1);
   if (keep_pattern) pattern = pattern_grad ? att : att.detach();
   at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
@@ -181,14 +185,64 @@ std::string Attention::describe() const {
 
 VibeAttention::VibeAttention(bool c) : causal(c) {}
 
+namespace {
+
+// softmax(mask(x xᵀ·s)) x as one autograd node. Autograd of the composed ops
+// keeps the scaled and the masked scores and differentiates the two operands
+// of x xᵀ separately (two batched matmuls); here the scores are scaled and
+// masked in place, only x and the softmax are kept, and since both operands
+// are x their gradients fold into one product: s·(G + Gᵀ)·x. The forward's
+// arithmetic is the composed ops' (same values); the backward rounds
+// differently, within float32 rounding.
+struct VibeAttentionFunction : torch::autograd::Function<VibeAttentionFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor* mask, double scale) {
+    at::Tensor att = at::bmm(x, x.transpose(1, 2)).mul_(scale);  // (B, T, T)
+    if (mask) att.masked_fill_(*mask, -std::numeric_limits<double>::infinity());
+    att = at::softmax(att, -1);
+    at::Tensor y = at::bmm(att, x);
+    ctx->save_for_backward({x, att});
+    ctx->saved_data["scale"] = scale;
+    ctx->mark_non_differentiable({att});
+    return {y, att};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& att = saved[1];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const at::Tensor& gy = grads[0];
+    // y = A x: dA = gy xᵀ, dx = Aᵀ gy
+    at::Tensor gx = at::bmm(att.transpose(1, 2), gy);
+    at::Tensor ga = at::bmm(gy, x.transpose(1, 2));
+    // A = softmax(S); masked entries have A = 0 and so get no gradient
+    at::Tensor gs = at::_softmax_backward_data(ga, att, -1, att.scalar_type());
+    // S = s·x xᵀ: dx += s·(dS + dSᵀ) x
+    gx.baddbmm_(gs + gs.transpose(1, 2), x, /*beta=*/1, /*alpha=*/scale);
+    return {gx, at::Tensor(), at::Tensor()};  // none for the mask pointer and the scale
+  }
+};
+
+}  // namespace
+
 at::Tensor VibeAttention::forward(const at::Tensor& x) {
   require_btc(x, 0, "VibeAttention");
   const int64_t T = x.size(1), C = x.size(2);
-  at::Tensor att = at::matmul(x, x.transpose(1, 2)) * (1.0 / std::sqrt(static_cast<double>(C)));  // (B, T, T)
-  if (causal) att = att.masked_fill(causal_mask(T, x.device()), -std::numeric_limits<double>::infinity());
-  att = at::softmax(att, -1);
-  if (keep_pattern) pattern = (pattern_grad ? att : att.detach()).unsqueeze(1);  // (B, 1, T, T)
-  return at::matmul(att, x);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(C));
+  const at::Tensor* mask = causal ? &cached_causal_mask(mask_, T, x.device()) : nullptr;
+  if (keep_pattern && pattern_grad) {
+    // the probe wants gradients through the pattern: the composed ops keep it in the graph
+    at::Tensor att = at::matmul(x, x.transpose(1, 2)) * scale;  // (B, T, T)
+    if (mask) att = att.masked_fill(*mask, -std::numeric_limits<double>::infinity());
+    att = at::softmax(att, -1);
+    pattern = att.unsqueeze(1);  // (B, 1, T, T)
+    return at::matmul(att, x);
+  }
+  auto out = VibeAttentionFunction::apply(x, mask, scale);
+  if (keep_pattern) pattern = out[1].unsqueeze(1);  // (B, 1, T, T), no graph
+  return out[0];
 }
 
 std::string VibeAttention::describe() const { return "causal=" + bool_str(causal); }

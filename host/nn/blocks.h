@@ -109,6 +109,9 @@ class Attention : public Block {
   int64_t dim, heads;
   bool causal;
   std::shared_ptr<Linear> qkv, proj;
+
+ private:
+  at::Tensor mask_;  // the causal mask for the last length seen
 };
 
 /// Parameter-free attention: softmax(mask(x xᵀ / √C)) x. One head.
@@ -119,6 +122,9 @@ class VibeAttention : public Block {
   std::string kind() const override { return "VibeAttention"; }
   std::string describe() const override;
   bool causal;
+
+ private:
+  at::Tensor mask_;  // the causal mask for the last length seen
 };
 
 /// fc (dim -> hidden), activation, proj (hidden -> dim).

@@ -128,6 +128,35 @@ test('built-in blocks compute what they document', function()
   eq(names(mlp), {'fc.weight', 'fc.bias', 'proj.weight', 'proj.bias'})
 end)
 
+test('VibeAttention\'s own backward equals autograd of the composed ops', function()
+  torch.manual_seed(5)
+  for _, causal in ipairs{true, false} do
+    local x = torch.randn(3, 6, 4, {dtype = 'float64', requires_grad = true})
+    local w = torch.randn(3, 6, 4, {dtype = 'float64'})
+    local vibe = nn.VibeAttention{causal = causal}
+    local y = vibe(x)
+    y:mul(w):sum():backward()
+    local fused = x.grad:clone()
+    local x2 = x:detach():clone():requires_grad_()
+    local s = x2:matmul(x2:transpose(2, 3)) / 2
+    if causal then s = s:masked_fill(torch.ones(6, 6):triu(1):bool(), -math.huge) end
+    local y2 = s:softmax(-1):matmul(x2)
+    y2:mul(w):sum():backward()
+    close(y, y2, 1e-14, 'forward, causal=' .. tostring(causal))
+    close(fused, x2.grad, 1e-12, 'gradient, causal=' .. tostring(causal))
+  end
+  -- a probe that wants gradients through the pattern gets the composed ops, with the same result
+  local x = torch.randn(2, 5, 4, {dtype = 'float64', requires_grad = true})
+  local v = nn.VibeAttention()
+  v(x):sum():backward()
+  local g = x.grad:clone()
+  x.grad = nil
+  v:keep_pattern(true, true)
+  v(x):sum():backward()
+  close(x.grad, g, 1e-12, 'composed path')
+  eq(v:pattern().requires_grad, true)
+end)
+
 test('attention publishes its pattern when asked', function()
   local a = nn.Attention(8, 2)
   eq(names(a), {'qkv.weight', 'qkv.bias', 'proj.weight', 'proj.bias'})
@@ -150,7 +179,7 @@ test('bad inputs name the block and both shapes', function()
     "bad argument #1 to 'forward' (Linear expects inputs whose last dimension is 64, got shape 2x5x32)")
   local seq = nn.Sequential{nn.Linear(4, 4), nn.Linear(5, 2)}
   raises(function() seq(torch.ones(1, 4)) end,
-    "test_nn.lua:152: in block 2 (nn.Linear) of nn.Sequential: bad argument #1 to 'forward' (Linear expects inputs whose last dimension is 5, got shape 1x4)")
+    "test_nn.lua:181: in block 2 (nn.Linear) of nn.Sequential: bad argument #1 to 'forward' (Linear expects inputs whose last dimension is 5, got shape 1x4)")
   local emb = nn.Embedding(10, 4)
   raises(function() emb(torch.tensor({{0, 3}}, {dtype = 'int64'})) end, '(token id 0 is out of range 1..10 (ids are 1-based))')
   raises(function() emb(torch.tensor({{1, 3}})) end, "(Embedding expects int64 token ids, got float32 (use {dtype = 'int64'} or x:long()))")
