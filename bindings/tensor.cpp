@@ -9,6 +9,7 @@
 
 #include "bindings/common.h"
 #include "bindings/bindings.h"
+#include "host/kernels/small_arith.h"
 #include "host/tensor_format.h"
 
 namespace anatomy::lua {
@@ -48,11 +49,10 @@ struct Operands {
   at::Tensor a, b;
 };
 
-Operands operands(lua_State* L, const char* op) {
-  at::Tensor* ta = to_tensor(L, 1);
-  at::Tensor* tb = to_tensor(L, 2);
-  auto kind = [&](int i) { return lua_type(L, i) == LUA_TNUMBER || to_tensor(L, i); };
-  if (!kind(1) || !kind(2))
+// ta, tb: the operands as tensors (nullptr where a number or another value).
+Operands operands(lua_State* L, const char* op, const at::Tensor* ta, const at::Tensor* tb) {
+  auto kind = [&](int i, const at::Tensor* t) { return t || lua_type(L, i) == LUA_TNUMBER; };
+  if (!kind(1, ta) || !kind(2, tb))
     throw CallError(std::string("bad operands to '") + op + "' (" + type_name(L, 1) + " and " + type_name(L, 2) + ")");
   if (ta && tb && !broadcastable(ta->sizes(), tb->sizes()))
     throw CallError(std::string("bad operands to '") + op + "' (shapes " + shape_string(ta->sizes()) + " and " +
@@ -77,13 +77,28 @@ const Operator operators[] = {
 
 int tensor_operator(lua_State* L) {
   auto* op = static_cast<const Operator*>(lua_touserdata(L, lua_upvalueindex(1)));
-  auto o = operands(L, op->symbol);
+  const at::Tensor* ta = to_tensor(L, 1);
+  const at::Tensor* tb = to_tensor(L, 2);
+  // a few elements, no autograd: computed here (host/kernels/small_arith.h)
+  std::optional<at::Tensor> small;
+  const char code = op->symbol[0];
+  if (ta && tb)
+    small = kernels::small_arith(code, *ta, *tb);
+  else if (ta && lua_type(L, 2) == LUA_TNUMBER)
+    small = kernels::small_arith(code, *ta, lua_tonumber(L, 2), /*number_first=*/false);
+  else if (tb && lua_type(L, 1) == LUA_TNUMBER)
+    small = kernels::small_arith(code, *tb, lua_tonumber(L, 1), /*number_first=*/true);
+  if (small) {
+    push_tensor(L, std::move(*small));
+    return 1;
+  }
+  auto o = operands(L, op->symbol, ta, tb);
   push_tensor(L, op->fn(o.a, o.b));
   return 1;
 }
 
 int tensor_pow(lua_State* L) {
-  auto o = operands(L, "^");
+  auto o = operands(L, "^", to_tensor(L, 1), to_tensor(L, 2));
   if (lua_type(L, 2) == LUA_TNUMBER)
     push_tensor(L, at::pow(o.a, number_scalar(lua_tonumber(L, 2))));
   else if (lua_type(L, 1) == LUA_TNUMBER)

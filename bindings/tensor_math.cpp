@@ -3,8 +3,9 @@
 // tensor_reduce.cpp.
 #include <ATen/ATen.h>
 
-#include "bindings/common.h"
 #include "bindings/bindings.h"
+#include "bindings/common.h"
+#include "host/kernels/small_arith.h"
 #include "host/tensor_format.h"
 
 namespace anatomy::lua {
@@ -71,13 +72,14 @@ struct Binary {
   const char* name;
   at::Tensor (*fn)(const at::Tensor&, const at::Tensor&);
   bool in_place;  // the result must keep self's shape
+  char code = 0;  // '+', '-', '*', '/' for the ops host/kernels/small_arith.h computes on small tensors
 };
 
 const Binary binary_ops[] = {
-    {"add", [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }, false},
-    {"sub", [](const at::Tensor& a, const at::Tensor& b) { return at::sub(a, b); }, false},
-    {"mul", [](const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); }, false},
-    {"div", [](const at::Tensor& a, const at::Tensor& b) { return at::div(a, b); }, false},
+    {"add", [](const at::Tensor& a, const at::Tensor& b) { return at::add(a, b); }, false, '+'},
+    {"sub", [](const at::Tensor& a, const at::Tensor& b) { return at::sub(a, b); }, false, '-'},
+    {"mul", [](const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); }, false, '*'},
+    {"div", [](const at::Tensor& a, const at::Tensor& b) { return at::div(a, b); }, false, '/'},
     {"remainder", [](const at::Tensor& a, const at::Tensor& b) { return at::remainder(a, b); }, false},
     {"maximum", [](const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); }, false},
     {"minimum", [](const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); }, false},
@@ -101,6 +103,17 @@ const Binary binary_ops[] = {
 int tensor_binary(lua_State* L) {
   auto* op = static_cast<const Binary*>(lua_touserdata(L, lua_upvalueindex(1)));
   at::Tensor& self = check_tensor(L, 1);
+  if (op->code && lua_isnoneornil(L, 3)) {
+    std::optional<at::Tensor> small;
+    if (const at::Tensor* t = to_tensor(L, 2))
+      small = kernels::small_arith(op->code, self, *t);
+    else if (lua_type(L, 2) == LUA_TNUMBER)
+      small = kernels::small_arith(op->code, self, lua_tonumber(L, 2), /*number_first=*/false);
+    if (small) {
+      push_tensor(L, std::move(*small));
+      return 1;
+    }
+  }
   at::Tensor other = tensor_or_scalar(L, 2);
   check_broadcast(self, other, 2);
   if (op->in_place && other.dim() > self.dim())
