@@ -2,7 +2,10 @@
 #include "host/probes/metrics.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <stdexcept>
@@ -39,28 +42,35 @@ double effective_rank(const at::Tensor& x) {
 }
 
 std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
-  std::vector<double> out(matrices.size(), 0.0);
-  std::map<std::vector<int64_t>, std::vector<size_t>> groups;  // shape -> indices
-  for (size_t i = 0; i < matrices.size(); ++i) {
-    if (matrices[i].dim() != 2) throw std::invalid_argument("effective_ranks: matrix " + std::to_string(i + 1) + " is not 2-D");
-    groups[matrices[i].sizes().vec()].push_back(i);
+  const size_t n = matrices.size();
+  // σ² are the eigenvalues of the smaller Gram matrix (in float64, so that
+  // squaring loses nothing that matters here): one small symmetric
+  // eigenproblem instead of an SVD, several times faster.
+  std::vector<at::Tensor> grams(n), eigenvalues(n);
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& m = matrices[i];
+    if (m.dim() != 2) throw std::invalid_argument("effective_ranks: matrix " + std::to_string(i + 1) + " is not 2-D");
+    at::Tensor w = m.detach().to(at::kDouble);
+    grams[i] = m.size(0) <= m.size(1) ? at::mm(w, w.t()) : at::mm(w.t(), w);
+    order[i] = i;
   }
-  for (const auto& [shape, idx] : groups) {
-    std::vector<at::Tensor> parts;
-    parts.reserve(idx.size());
-    for (size_t i : idx) parts.push_back(matrices[i].detach());
-    // σ² are the eigenvalues of the smaller Gram matrix (in float64, so that
-    // squaring loses nothing that matters here): one small symmetric
-    // eigenproblem instead of an SVD, several times faster.
-    at::Tensor w = at::stack(parts).to(at::kDouble);  // (n, r, c)
-    at::Tensor gram = shape[0] <= shape[1] ? at::matmul(w, w.transpose(1, 2)) : at::matmul(w.transpose(1, 2), w);
-    at::Tensor s = at::linalg_eigvalsh(gram).clamp_min(0).sqrt();  // (n, k)
-    at::Tensor total = s.sum(-1, /*keepdim=*/true);
-    at::Tensor p = s / total.clamp_min(1e-300);
-    at::Tensor plogp = at::where(p.gt(0), p * p.log(), at::zeros_like(p)).sum(-1);
-    at::Tensor ranks = at::where(total.squeeze(-1).gt(0), at::exp(-plogp), at::zeros_like(plogp)).contiguous();
-    const double* r = ranks.data_ptr<double>();
-    for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = r[j];
+  // Eigenproblems of a few hundred rows gain little from LAPACK's threads;
+  // instead each thread takes whole problems, largest first, from a shared
+  // queue (a LAPACK call inside an ATen parallel region runs single-threaded).
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return grams[a].size(0) > grams[b].size(0); });
+  std::atomic<size_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (size_t k; (k = next++) < n;) eigenvalues[order[k]] = at::linalg_eigvalsh(grams[order[k]]);
+  });
+  std::vector<double> out(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    at::Tensor s = eigenvalues[i].clamp_min(0).sqrt();
+    double total = s.sum().item<double>();
+    if (total <= 0) continue;  // a zero matrix has rank 0
+    at::Tensor p = s / total;
+    at::Tensor plogp = at::where(p.gt(0), p * p.log(), at::zeros_like(p)).sum();
+    out[i] = std::exp(-plogp.item<double>());
   }
   return out;
 }
@@ -80,9 +90,13 @@ std::vector<double> norms(const std::vector<at::Tensor>& tensors) {
 
 at::Tensor attention_entropy_per_head(const at::Tensor& pattern) {
   check_pattern(pattern);
-  at::Tensor a = pattern.detach().to(at::kDouble);
-  // 0 log 0 = 0: masked entries contribute nothing
-  at::Tensor h = -(a * at::where(a.gt(0), a.log(), at::zeros_like(a))).sum(-1);  // (B, H, T)
+  // p log p in the pattern's own precision (float32: the logarithm is
+  // vectorised, ~10x faster than in float64, and each term is good to 1e-7
+  // relative), summed in float64. 0 log 0 = 0: masked entries contribute nothing.
+  at::Tensor a = pattern.detach();
+  if (!at::isFloatingType(a.scalar_type()) || a.element_size() < 4) a = a.to(at::kFloat);
+  at::Tensor plogp = at::where(a.gt(0), a * a.log(), at::zeros_like(a));
+  at::Tensor h = -plogp.sum(-1, /*keepdim=*/false, at::kDouble);  // (B, H, T)
   return h.mean(at::IntArrayRef{0, 2});                                          // (H)
 }
 
@@ -90,7 +104,7 @@ double attention_entropy(const at::Tensor& pattern) { return attention_entropy_p
 
 double diagonal_mass(const at::Tensor& pattern) {
   check_pattern(pattern);
-  return pattern.detach().to(at::kDouble).diagonal(0, -2, -1).mean().item<double>();
+  return pattern.detach().diagonal(0, -2, -1).to(at::kDouble).mean().item<double>();
 }
 
 ActivationStats activation_stats(const at::Tensor& x) {
