@@ -12,11 +12,14 @@ local cfg = torch.config.parse({
 local now = torch._now
 local results = {threads = torch.get_num_threads(), libtorch = torch.libtorch_version, cases = {}}
 
+-- median, range and the times themselves (scripts/bench merges rounds)
 local function summary(times)
-  table.sort(times)
-  local n = #times
-  local median = n % 2 == 1 and times[(n + 1) / 2] or (times[n / 2] + times[n / 2 + 1]) / 2
-  return {median = median, min = times[1], max = times[n], n = n}
+  local sorted = {}
+  for i, t in ipairs(times) do sorted[i] = t end
+  table.sort(sorted)
+  local n = #sorted
+  local median = n % 2 == 1 and sorted[(n + 1) / 2] or (sorted[n / 2] + sorted[n / 2 + 1]) / 2
+  return {median = median, min = sorted[1], max = sorted[n], n = n, times = times}
 end
 
 -- times fn() over cfg.steps calls after cfg.warmup
@@ -29,6 +32,23 @@ local function time_steps(fn)
     times[i] = now() - t0
   end
   return summary(times)
+end
+
+-- times fa() and fb() alternately (fa first on odd steps, fb first on even
+-- ones), so that a slow spell of the machine falls on both
+local function time_pair(fa, fb)
+  for _ = 1, cfg.warmup do fa(); fb() end
+  local ta, tb = {}, {}
+  for i = 1, cfg.steps do
+    for k = 0, 1 do
+      local first = (i + k) % 2 == 1
+      local t0 = now()
+      if first then fa() else fb() end
+      local dt = now() - t0
+      if first then ta[#ta + 1] = dt else tb[#tb + 1] = dt end
+    end
+  end
+  return summary(ta), summary(tb)
 end
 
 local function count_params(model)
@@ -83,7 +103,7 @@ end
 if want('autopsy') and steps_by_name.vibenet_plain then
   local c = steps_by_name.vibenet_plain
   local opt = optim.AdamW(c.model, {lr = 1e-3, weight_decay = 0.01})
-  local s = time_steps(function()
+  local s, plain = time_pair(function()
     opt:zero_grad()
     local snap = autopsy.step(c.model, function()
       local loss = nn.functional.cross_entropy(c.model(c.x), c.y)
@@ -92,37 +112,46 @@ if want('autopsy') and steps_by_name.vibenet_plain then
     end)
     opt:step()
     assert(#snap.layers == 4 and snap.grad_norm['head.weight'] and snap.weight_erank['head.weight'])
-  end)
-  s.plain = c.time
+  end, c.step)
+  s.plain = plain
   results.cases.autopsy = s
 end
 
--- every module of the model carries a probe that does nothing this step
+-- every module of the model carries a probe that does nothing this step;
+-- the same model without them alternates with it
 if want('idle') and steps_by_name.vibenet_plain then
+  torch.manual_seed(1)
   local c = steps_by_name.vibenet_plain
-  local handles = {}
-  for name in c.model:named_modules() do
-    if name ~= '' then handles[#handles + 1] = probe.idle(c.model, name) end
+  local probed = models.vibenet{vocab = 256, dim = 128, layers = 4, seq = 128, block = 'plain'}
+  local n = 0
+  for name in probed:named_modules() do
+    if name ~= '' then
+      probe.idle(probed, name)
+      n = n + 1
+    end
   end
-  local s = time_steps(c.step)
-  for _, h in ipairs(handles) do h:remove() end
-  local plain = time_steps(c.step)
-  s.plain = plain.median
-  s.probes = #handles
+  local s, plain = time_pair(trainer(probed, c.x, c.y), c.step)
+  s.plain = plain
+  s.probes = n
   results.cases.idle_probes = s
 end
 
--- a 1-element tensor add issued from Lua, per op
+-- a 1-element tensor add issued from Lua, per op: two (1)-shaped tensors
+-- (computed without the dispatcher, host/kernels/small_arith.h), and a (1) and
+-- a 0-dim tensor, which broadcast and so go through at::add
 if want('add') then
-  local a, b = torch.tensor{1}, torch.tensor{2}
-  local n = cfg.ops
-  local best = math.huge
-  for _ = 1, 5 do
-    local t0 = now()
-    for _ = 1, n do local _ = a + b end
-    best = math.min(best, (now() - t0) / n)
+  local function per_op(a, b)
+    local n = cfg.ops
+    local best = math.huge
+    for _ = 1, 5 do
+      local t0 = now()
+      for _ = 1, n do local _ = a + b end
+      best = math.min(best, (now() - t0) / n)
+    end
+    return {median = best, n = n}
   end
-  results.cases.add = {median = best, n = n}
+  results.cases.add = per_op(torch.tensor{1}, torch.tensor{2})
+  results.cases.add_aten = per_op(torch.tensor{1}, torch.tensor(2))
 end
 
 -- BLAS throughput: a 1024³ float32 matmul

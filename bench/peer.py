@@ -111,10 +111,10 @@ class VibeNet(nn.Module):
 
 
 def summary(times):
-    times = sorted(times)
-    n = len(times)
-    median = times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
-    return {"median": median, "min": times[0], "max": times[-1], "n": n}
+    s = sorted(times)
+    n = len(s)
+    median = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+    return {"median": median, "min": s[0], "max": s[-1], "n": n, "times": list(times)}
 
 
 def time_steps(fn, steps, warmup):
@@ -126,6 +126,21 @@ def time_steps(fn, steps, warmup):
         fn()
         times.append(time.perf_counter() - t0)
     return summary(times)
+
+
+def time_pair(fa, fb, steps, warmup):
+    """fa and fb alternately (fa first on odd steps), so a slow spell falls on both."""
+    for _ in range(warmup):
+        fa()
+        fb()
+    ta, tb = [], []
+    for i in range(1, steps + 1):
+        for k in (0, 1):
+            first = (i + k) % 2 == 1
+            t0 = time.perf_counter()
+            (fa if first else fb)()
+            (ta if first else tb).append(time.perf_counter() - t0)
+    return summary(ta), summary(tb)
 
 
 def trainer(model, x, y, vocab):
@@ -170,13 +185,16 @@ def main():
         results["cases"][name] = s
         steps[name] = (model, step, s["median"])
 
-    # every module carries a forward hook that does nothing
-    model, step, _ = steps["vibenet_plain"]
-    handles = [m.register_forward_hook(lambda *a: None) for n, m in model.named_modules() if n]
-    s = time_steps(step, args.steps, args.warmup)
-    for h in handles:
-        h.remove()
-    s["plain"] = time_steps(step, args.steps, args.warmup)["median"]
+    # every module carries a forward hook that does nothing; the same model
+    # without them alternates with it
+    _, plain_step, _ = steps["vibenet_plain"]
+    torch.manual_seed(1)
+    hooked = VibeNet(256, 128, 4, 128, "plain")
+    torch.manual_seed(0)
+    x, y = torch.randint(0, 256, (16, 128)), torch.randint(0, 256, (16, 128))
+    handles = [m.register_forward_hook(lambda *a: None) for n, m in hooked.named_modules() if n]
+    s, plain = time_pair(trainer(hooked, x, y, 256), plain_step, args.steps, args.warmup)
+    s["plain"] = plain
     s["probes"] = len(handles)
     results["cases"]["idle_probes"] = s
 

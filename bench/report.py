@@ -1,7 +1,10 @@
-"""Merges the benchmark's JSON (bench/bench.lua, bench/peer.py, the C++ add),
+"""Merges the benchmark's JSON (bench/bench.lua, bench/peer.py, the C++ add;
+one file of each per round: anatomy.1.json, pytorch.1.json, cpp.1.json, ...),
 times the cold starts, and prints the side-by-side table (Markdown), also
-written to OUT/RESULTS.md.  Usage: report.py OUT_DIR ANATOMY_EXECUTABLE"""
+written to OUT/RESULTS.md.
+Usage: report.py OUT_DIR ANATOMY_EXECUTABLE LOAD_FLOOR_EXECUTABLE"""
 import datetime
+import glob
 import json
 import os
 import platform
@@ -14,6 +17,35 @@ import time
 def load(path):
     with open(path) as f:
         return json.load(f)
+
+
+def summarize(times):
+    s = sorted(times)
+    return {"median": statistics.median(s), "min": s[0], "max": s[-1], "n": len(s), "times": times}
+
+
+def merge(runs):
+    """One result per case from several rounds: the step times pooled (median
+    and range recomputed), per-op figures the best round's."""
+    out = {}
+    for name in runs[0]:
+        cases = [r[name] for r in runs]
+        c = dict(cases[0])
+        if "times" in c:
+            c.update(summarize([t for x in cases for t in x["times"]]))
+        else:
+            c["median"] = min(x["median"] for x in cases)
+        if isinstance(c.get("plain"), dict):
+            c["plain"] = summarize([t for x in cases for t in x["plain"]["times"]])
+        out[name] = c
+    return out
+
+
+def rounds(out, side):
+    files = sorted(glob.glob(os.path.join(out, side + ".*.json")))
+    if not files:
+        sys.exit("report.py: no %s.N.json in %s" % (side, out))
+    return [load(f) for f in files]
 
 
 def cold(cmd, runs=10):
@@ -42,11 +74,13 @@ def vibenet_flops(kind, B=16, T=128, C=128, V=256, L=4):
 
 
 def main():
-    out, exe = sys.argv[1], sys.argv[2]
-    a = load(os.path.join(out, "anatomy.json"))["cases"]
-    p = load(os.path.join(out, "pytorch.json"))["cases"]
-    cpp = load(os.path.join(out, "cpp.json"))
-    threads = load(os.path.join(out, "anatomy.json"))["threads"]
+    out, exe, load_floor = sys.argv[1], sys.argv[2], sys.argv[3]
+    ar, pr = rounds(out, "anatomy"), rounds(out, "pytorch")
+    a = merge([r["cases"] for r in ar])
+    p = merge([r["cases"] for r in pr])
+    cpp = {"median": min(r["median"] for r in rounds(out, "cpp"))}
+    threads = ar[0]["threads"]
+    n_rounds = len(ar)
     rows = []
     row = lambda *cells: rows.append("| " + " | ".join(cells) + " |")
 
@@ -70,18 +104,22 @@ def main():
             % (a["vibenet_" + kind]["median"] * 1e3, a["vibenet_" + kind]["median"] / floor),
             "%.2f× the floor" % (p["vibenet_" + kind]["median"] / floor), "floor %.1f ms" % (floor * 1e3), "≤ 1.1× floor")
     au = a["autopsy"]
-    row("3. full autopsy from the training step (VibeNet plain)", "%s; +%.2f of a step" % (ms(au), (au["median"] - au["plain"]) / au["plain"]),
+    row("3. full autopsy from the training step (VibeNet plain), alternating with plain steps",
+        "%s; +%.2f of a step (%.1f ms)" % (ms(au), (au["median"] - au["plain"]["median"]) / au["plain"]["median"], au["plain"]["median"] * 1e3),
         "(no counterpart)", "", "≤ 0.25 of a step")
     ia, ip = a["idle_probes"], p["idle_probes"]
-    row("4. idle probes on all %d modules vs none (VibeNet plain)" % ia["probes"],
-        "%+.1f%%" % (100 * (ia["median"] / ia["plain"] - 1)), "%+.1f%% (no-op forward hooks on %d modules)" % (100 * (ip["median"] / ip["plain"] - 1), ip["probes"]),
+    row("4. idle probes on all %d modules vs none (VibeNet plain, alternating steps)" % ia["probes"],
+        "%+.1f%%" % (100 * (ia["median"] / ia["plain"]["median"] - 1)),
+        "%+.1f%% (no-op forward hooks on %d modules)" % (100 * (ip["median"] / ip["plain"]["median"] - 1), ip["probes"]),
         "", "≤ 2%")
-    row("5. 1-element add, per op", "%.2f µs (Lua)" % (a["add"]["median"] * 1e6), "%.2f µs (Python)" % (p["add"]["median"] * 1e6),
-        "%.2f× (C++ LibTorch: %.2f µs)" % (p["add"]["median"] / a["add"]["median"], cpp["median"] * 1e6), "≤ 0.6 µs and below PyTorch")
+    row("5. 1-element add, per op", "%.2f µs (Lua; %.2f µs where it goes through at::add)" % (a["add"]["median"] * 1e6, a["add_aten"]["median"] * 1e6),
+        "%.2f µs (Python)" % (p["add"]["median"] * 1e6),
+        "%.2f× (C++ `at::add`: %.2f µs)" % (p["add"]["median"] / a["add"]["median"], cpp["median"] * 1e6), "≤ 0.6 µs and below PyTorch")
     ca = cold([exe, "--threads=1", "-e", "print(1)"])
     cp = cold(["/usr/bin/python3", "-c", "import torch"])
+    cf = cold([load_floor])
     row("6. cold start", "%.3f s (`anatomy -e 'print(1)'`)" % ca[0], "%.3f s (`python3 -c 'import torch'`)" % cp[0],
-        "%.2f×" % (cp[0] / ca[0]), "≤ 0.3 s and ≤ 1/3 of PyTorch's")
+        "%.2f× (a C++ program that only loads LibTorch: %.3f s)" % (cp[0] / ca[0], cf[0]), "≤ 0.3 s and ≤ 1/3 of PyTorch's")
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -90,8 +128,9 @@ def main():
         pass
     head = ["# Benchmark results", "",
             "%s, %s, %d cores (%s), %d threads for both; LibTorch 1.13 from Debian, OpenBLAS (openmp). "
-            "Medians of the timed steps after warm-up, with the range." % (
-                datetime.date.today().isoformat(), platform.machine(), os.cpu_count(), cpu or "cpu", threads), ""]
+            "%d rounds, each running anatomy then PyTorch; medians of the timed steps of all rounds "
+            "after warm-up, with the range; per-op figures are the best round's." % (
+                datetime.date.today().isoformat(), platform.machine(), os.cpu_count(), cpu or "cpu", threads, n_rounds), ""]
     text = "\n".join(head + rows) + "\n"
     print(text)
     with open(os.path.join(out, "RESULTS.md"), "w") as f:
