@@ -93,7 +93,8 @@ def main():
         x, y = a[name], p[name]
         tok = lambda c: "%.0fk tok/s" % (c["tokens"] / c["median"] / 1e3)
         row(label + (" — %d params both" % x["params"] if x["params"] == y["params"] else " — PARAMS DIFFER"),
-            ms(x) + ", " + tok(x), ms(y) + ", " + tok(y), "%.2f×" % (y["median"] / x["median"]), target)
+            ms(x) + ", " + tok(x), ms(y) + ", " + tok(y),
+            "%.2f× (fastest steps: %.2f×)" % (y["median"] / x["median"], y["min"] / x["min"]), target)
     rate = a["blas"]["flops"] / a["blas"]["median"]
     row("BLAS: 1024³ float32 matmul", "%.1f GFLOP/s" % (rate / 1e9),
         "%.1f GFLOP/s" % (p["blas"]["flops"] / p["blas"]["median"] / 1e9), "", "")
@@ -129,7 +130,8 @@ def main():
     head = ["# Benchmark results", "",
             "%s, %s, %d cores (%s), %d threads for both; LibTorch 1.13 from Debian, OpenBLAS (openmp). "
             "%d rounds, each running anatomy then PyTorch; medians of the timed steps of all rounds "
-            "after warm-up, with the range; per-op figures are the best round's." % (
+            "after warm-up, with the range; per-op figures are the best round's. The ratio of the fastest "
+            "steps is the one least disturbed by other work on a shared machine." % (
                 datetime.date.today().isoformat(), platform.machine(), os.cpu_count(), cpu or "cpu", threads, n_rounds), ""]
     text = "\n".join(head + rows) + "\n"
     print(text)
