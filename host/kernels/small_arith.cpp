@@ -2,7 +2,6 @@
 #include "host/kernels/small_arith.h"
 
 #include <ATen/EmptyTensor.h>
-#include <ATen/core/grad_mode.h>
 
 #include <cstdint>
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <map>
 #include <stdexcept>
 
 namespace anatomy::probes {
@@ -28,17 +27,21 @@ void check_same_shape(const at::Tensor& a, const at::Tensor& b) {
   if (!a.sizes().equals(b.sizes())) throw std::invalid_argument("input and output must have the same shape");
 }
 
+// exp of the entropy of the normalised singular values s (float64); 0 for a zero matrix
+double erank_of_singular_values(const at::Tensor& s) {
+  double total = s.sum().item<double>();
+  if (total <= 0) return 0.0;
+  at::Tensor p = s / total;
+  p = p.masked_select(p.gt(0));  // 0 log 0 = 0
+  return std::exp(-(p * p.log()).sum().item<double>());
+}
+
 }  // namespace
 
 double effective_rank(const at::Tensor& x) {
   if (x.dim() < 2) throw std::invalid_argument("effective rank needs a matrix or an activation of 2+ dimensions");
   at::Tensor m = x.dim() == 2 ? x.detach().to(at::kDouble) : tokens(x);
-  at::Tensor s = at::linalg_svdvals(m);
-  double total = s.sum().item<double>();
-  if (total <= 0) return 0.0;
-  at::Tensor p = s / total;
-  p = p.masked_select(p.gt(0));
-  return std::exp(-(p * p.log()).sum().item<double>());
+  return erank_of_singular_values(at::linalg_svdvals(m));
 }
 
 std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
@@ -63,15 +66,8 @@ std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (size_t k; (k = next++) < n;) eigenvalues[order[k]] = at::linalg_eigvalsh(grams[order[k]]);
   });
-  std::vector<double> out(n, 0.0);
-  for (size_t i = 0; i < n; ++i) {
-    at::Tensor s = eigenvalues[i].clamp_min(0).sqrt();
-    double total = s.sum().item<double>();
-    if (total <= 0) continue;  // a zero matrix has rank 0
-    at::Tensor p = s / total;
-    at::Tensor plogp = at::where(p.gt(0), p * p.log(), at::zeros_like(p)).sum();
-    out[i] = std::exp(-plogp.item<double>());
-  }
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = erank_of_singular_values(eigenvalues[i].clamp_min(0).sqrt());
   return out;
 }
 
@@ -97,7 +93,7 @@ at::Tensor attention_entropy_per_head(const at::Tensor& pattern) {
   if (!at::isFloatingType(a.scalar_type()) || a.element_size() < 4) a = a.to(at::kFloat);
   at::Tensor plogp = at::where(a.gt(0), a * a.log(), at::zeros_like(a));
   at::Tensor h = -plogp.sum(-1, /*keepdim=*/false, at::kDouble);  // (B, H, T)
-  return h.mean(at::IntArrayRef{0, 2});                                          // (H)
+  return h.mean(at::IntArrayRef{0, 2});  // (H)
 }
 
 double attention_entropy(const at::Tensor& pattern) { return attention_entropy_per_head(pattern).mean().item<double>(); }
