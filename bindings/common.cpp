@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "host/kernels/small_arith.h"
 #include "host/runtime.h"
 #include "host/tensor_format.h"
 
@@ -156,6 +157,21 @@ void push_tensor(lua_State* L, at::Tensor t) {
     g_bytes_since_collect = 0;
     lua_gc(L, LUA_GCCOLLECT, 0);  // the new tensor is on the stack, so it survives
   }
+}
+
+bool push_small_arith(lua_State* L, char op) {
+  const at::Tensor* a = to_tensor(L, 1);
+  const at::Tensor* b = to_tensor(L, 2);
+  std::optional<at::Tensor> r;
+  if (a && b)
+    r = kernels::small_arith(op, *a, *b);
+  else if (a && lua_type(L, 2) == LUA_TNUMBER)
+    r = kernels::small_arith(op, *a, lua_tonumber(L, 2), /*number_first=*/false);
+  else if (b && lua_type(L, 1) == LUA_TNUMBER)
+    r = kernels::small_arith(op, *b, lua_tonumber(L, 1), /*number_first=*/true);
+  if (!r) return false;
+  push_tensor(L, std::move(*r));
+  return true;
 }
 
 void push_sizes(lua_State* L, at::IntArrayRef sizes) {

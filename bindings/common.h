@@ -73,6 +73,11 @@ at::Tensor* to_tensor(lua_State* L, int idx);
 void push_sizes(lua_State* L, at::IntArrayRef sizes);
 /// Pushes a tensor (nil if undefined).
 void push_tensor(lua_State* L, at::Tensor t);
+/// For `a op b` with the operands at stack 1 and 2 (tensors or numbers):
+/// pushes the result and returns true when it is computed without the
+/// dispatcher (host/kernels/small_arith.h: op '+', '-', '*' or '/', small plain
+/// tensors, no autograd); false, with nothing pushed, otherwise.
+bool push_small_arith(lua_State* L, char op);
 /// A Lua number as a Scalar: integral values become integers, so that an int
 /// tensor times 2 stays int (as 2 is a Python int in PyTorch), while x * 0.5 is float.
 at::Scalar number_scalar(double v);

@@ -9,7 +9,6 @@
 
 #include "bindings/common.h"
 #include "bindings/bindings.h"
-#include "host/kernels/small_arith.h"
 #include "host/tensor_format.h"
 
 namespace anatomy::lua {
@@ -49,8 +48,9 @@ struct Operands {
   at::Tensor a, b;
 };
 
-// ta, tb: the operands as tensors (nullptr where a number or another value).
-Operands operands(lua_State* L, const char* op, const at::Tensor* ta, const at::Tensor* tb) {
+Operands operands(lua_State* L, const char* op) {
+  const at::Tensor* ta = to_tensor(L, 1);
+  const at::Tensor* tb = to_tensor(L, 2);
   auto kind = [&](int i, const at::Tensor* t) { return t || lua_type(L, i) == LUA_TNUMBER; };
   if (!kind(1, ta) || !kind(2, tb))
     throw CallError(std::string("bad operands to '") + op + "' (" + type_name(L, 1) + " and " + type_name(L, 2) + ")");
@@ -77,28 +77,14 @@ const Operator operators[] = {
 
 int tensor_operator(lua_State* L) {
   auto* op = static_cast<const Operator*>(lua_touserdata(L, lua_upvalueindex(1)));
-  const at::Tensor* ta = to_tensor(L, 1);
-  const at::Tensor* tb = to_tensor(L, 2);
-  // a few elements, no autograd: computed here (host/kernels/small_arith.h)
-  std::optional<at::Tensor> small;
-  const char code = op->symbol[0];
-  if (ta && tb)
-    small = kernels::small_arith(code, *ta, *tb);
-  else if (ta && lua_type(L, 2) == LUA_TNUMBER)
-    small = kernels::small_arith(code, *ta, lua_tonumber(L, 2), /*number_first=*/false);
-  else if (tb && lua_type(L, 1) == LUA_TNUMBER)
-    small = kernels::small_arith(code, *tb, lua_tonumber(L, 1), /*number_first=*/true);
-  if (small) {
-    push_tensor(L, std::move(*small));
-    return 1;
-  }
-  auto o = operands(L, op->symbol, ta, tb);
+  if (push_small_arith(L, op->symbol[0])) return 1;  // a few elements, no autograd
+  auto o = operands(L, op->symbol);
   push_tensor(L, op->fn(o.a, o.b));
   return 1;
 }
 
 int tensor_pow(lua_State* L) {
-  auto o = operands(L, "^", to_tensor(L, 1), to_tensor(L, 2));
+  auto o = operands(L, "^");
   if (lua_type(L, 2) == LUA_TNUMBER)
     push_tensor(L, at::pow(o.a, number_scalar(lua_tonumber(L, 2))));
   else if (lua_type(L, 1) == LUA_TNUMBER)

@@ -5,7 +5,6 @@
 
 #include "bindings/bindings.h"
 #include "bindings/common.h"
-#include "host/kernels/small_arith.h"
 #include "host/tensor_format.h"
 
 namespace anatomy::lua {
@@ -72,7 +71,7 @@ struct Binary {
   const char* name;
   at::Tensor (*fn)(const at::Tensor&, const at::Tensor&);
   bool in_place;  // the result must keep self's shape
-  char code = 0;  // '+', '-', '*', '/' for the ops host/kernels/small_arith.h computes on small tensors
+  char code = 0;  // '+', '-', '*', '/' for the ops push_small_arith computes on small tensors
 };
 
 const Binary binary_ops[] = {
@@ -103,17 +102,7 @@ const Binary binary_ops[] = {
 int tensor_binary(lua_State* L) {
   auto* op = static_cast<const Binary*>(lua_touserdata(L, lua_upvalueindex(1)));
   at::Tensor& self = check_tensor(L, 1);
-  if (op->code && lua_isnoneornil(L, 3)) {
-    std::optional<at::Tensor> small;
-    if (const at::Tensor* t = to_tensor(L, 2))
-      small = kernels::small_arith(op->code, self, *t);
-    else if (lua_type(L, 2) == LUA_TNUMBER)
-      small = kernels::small_arith(op->code, self, lua_tonumber(L, 2), /*number_first=*/false);
-    if (small) {
-      push_tensor(L, std::move(*small));
-      return 1;
-    }
-  }
+  if (op->code && lua_isnoneornil(L, 3) && push_small_arith(L, op->code)) return 1;  // a few elements, no autograd
   at::Tensor other = tensor_or_scalar(L, 2);
   check_broadcast(self, other, 2);
   if (op->in_place && other.dim() > self.dim())
