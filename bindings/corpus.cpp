@@ -5,6 +5,7 @@
 #include "bindings/bindings.h"
 #include "bindings/common.h"
 #include "host/io/corpus.h"
+#include "host/io/digest.h"
 
 namespace anatomy::lua {
 namespace {
@@ -128,6 +129,49 @@ int corpus_tokens(lua_State* L) {
   return 1;
 }
 
+// file_info(path) -> {path = absolute path, bytes = size, sha256 = hex digest}
+int data_file_info(lua_State* L) {
+  std::string path = check_string(L, 1);
+  io::FileInfo info;
+  try {
+    info = io::file_info(path);
+  } catch (const std::runtime_error& e) {
+    throw CallError(e.what());
+  }
+  lua_createtable(L, 0, 3);
+  lua_pushlstring(L, info.path.data(), info.path.size());
+  lua_setfield(L, -2, "path");
+  lua_pushnumber(L, static_cast<lua_Number>(info.bytes));
+  lua_setfield(L, -2, "bytes");
+  lua_pushlstring(L, info.sha256.data(), info.sha256.size());
+  lua_setfield(L, -2, "sha256");
+  return 1;
+}
+
+// sha256(s) -> the SHA-256 of a Lua string's bytes, as hex
+int data_sha256(lua_State* L) {
+  size_t n = 0;
+  if (lua_type(L, 1) != LUA_TSTRING) throw ArgError(1, "string expected, got " + type_name(L, 1));
+  const char* s = lua_tolstring(L, 1, &n);
+  std::string hex = io::sha256_hex({s, n});
+  lua_pushlstring(L, hex.data(), hex.size());
+  return 1;
+}
+
+// realpath(path) -> the absolute path of an existing file or folder, or nil and the reason
+int data_realpath(lua_State* L) {
+  std::string path = check_string(L, 1);
+  try {
+    std::string resolved = io::real_path(path);
+    lua_pushlstring(L, resolved.data(), resolved.size());
+    return 1;
+  } catch (const std::runtime_error& e) {
+    lua_pushnil(L);
+    lua_pushstring(L, e.what());
+    return 2;
+  }
+}
+
 const luaL_Reg corpus_methods[] = {
     {"batch", guarded<corpus_batch>},
     {"encode", guarded<corpus_encode>},
@@ -141,6 +185,9 @@ const luaL_Reg corpus_methods[] = {
 const luaL_Reg data_functions[] = {
     {"text", guarded<data_text>},
     {"from_string", guarded<data_from_string>},
+    {"file_info", guarded<data_file_info>},
+    {"sha256", guarded<data_sha256>},
+    {"realpath", guarded<data_realpath>},
     {nullptr, nullptr},
 };
 

@@ -11,9 +11,7 @@ local cfg = experiment.config({data = '', widths = '256,128,64,32', attentions =
 
 local function numbers(s) local out = {} for n in s:gmatch('%d+') do out[#out + 1] = tonumber(n) end return out end
 local widths, attentions = numbers(cfg.widths), numbers(cfg.attentions)
-local corpus, source = experiment.corpus(cfg.data)
-print('data: ' .. source)
-os.execute(("mkdir -p '%s'"):format(cfg.out))
+local corpus, data_ = experiment.corpus(cfg)
 
 torch.manual_seed(cfg.seed)
 local funnel = models.funnel{vocab = corpus.vocab_size, seq = cfg.seq, widths = widths, attentions = attentions}
@@ -45,7 +43,7 @@ for _, entry in ipairs{{'funnel', funnel}, {'vibenet', vibenet}} do
   local a = autopsy.run(model, corpus, {history = run, batch = cfg.batch, metrics = {'grad_norm', 'erank', 'act_std'}})
   print(a)
   a:report(('%s/%s.html'):format(cfg.out, name))
-  results[name] = {val = val, steps = run.steps, seconds = run.seconds, params = model:num_parameters(), autopsy = a}
+  results[name] = {run = run, val = val, steps = run.steps, seconds = run.seconds, params = model:num_parameters(), autopsy = a}
 end
 
 local function erank_by_stage(a)
@@ -58,7 +56,9 @@ local function erank_by_stage(a)
 end
 
 local f, v = results.funnel, results.vibenet
-local r = experiment.results(('Funnel (%s) vs VibeNet (dim %d, %d layers), %d s of training each'):format(cfg.widths, best, layers, cfg.seconds))
+local r = experiment.results(('Funnel (%s) vs VibeNet (dim %d, %d layers), %d s of training each'):format(cfg.widths, best, layers, cfg.seconds), data_)
+r:run('funnel', funnel, f.run, corpus)
+r:run('vibenet', vibenet, v.run, corpus)
 r:add('attention compute per stage, largest / smallest', 'about equal', cmax / cmin, cmax / cmin < 2 and 'reproduced' or 'differs')
 r:add('parameters, funnel / vibenet', '1 (equal)', f.params / v.params, experiment.verdict(f.params / v.params, 0.9, 1.1))
 r:add('val loss after the same training time: funnel', '(compare)', f.val, 'measured')
@@ -66,4 +66,4 @@ r:add('val loss after the same training time: vibenet', '(compare)', v.val, 'mea
 r:add('training steps in that time: funnel / vibenet', '(compare)', f.steps / v.steps, 'measured')
 r:add('activation erank at the end of each funnel stage', '(reported per stage)', erank_by_stage(f.autopsy), 'measured')
 print('\n' .. tostring(r))
-r:save(cfg.out .. '/results.md')
+r:save(cfg.out, {config = cfg})

@@ -8,17 +8,16 @@
 local cfg = experiment.config({data = '', dim = 128, layers = 8, seq = 64, steps = 400, batch = 32, lr = 3e-3,
   seed = 1337, out = 'out/gated_residual'}, {steps = 5, dim = 32, layers = 3}, arg)
 
-local corpus, source = experiment.corpus(cfg.data)
-print('data: ' .. source)
-os.execute(("mkdir -p '%s'"):format(cfg.out))
+local corpus, data_ = experiment.corpus(cfg)
 
-local autopsies = {}
+local autopsies, runs = {}, {}
 for _, block in ipairs{'ffn', 'gate'} do
   torch.manual_seed(cfg.seed)
   local model = models.vibenet{vocab = corpus.vocab_size, dim = cfg.dim, layers = cfg.layers, seq = cfg.seq, block = block}
   print(('\n== %s blocks: %s parameters'):format(block, nn.format_count(model:num_parameters())))
   local run = train.fit(model, corpus, {steps = cfg.steps, batch = cfg.batch, lr = cfg.lr, warmup = math.min(50, cfg.steps),
     seed = cfg.seed, probe = {every = math.max(1, math.floor(cfg.steps / 8))}})
+  runs[#runs + 1] = {block .. ' blocks', model, run, corpus}
   local a = autopsy.run(model, corpus, {history = run, batch = cfg.batch, steps = 2})
   print(a)
   a:report(('%s/%s.html'):format(cfg.out, block))
@@ -39,7 +38,8 @@ for i = 1, #gate_grads - 1 do if gate_grads[i] > gate_grads[#gate_grads] then la
 local plain_blocks, gate_blocks = blocks(autopsies.ffn, 'grad_norm'), blocks(autopsies.gate, 'grad_norm')
 
 local r = experiment.results(('Gated residual vs identity residual (VibeNet ffn blocks, dim %d, %d layers, %d steps)')
-  :format(cfg.dim, cfg.layers, cfg.steps))
+  :format(cfg.dim, cfg.layers, cfg.steps), data_)
+for _, x in ipairs(runs) do r:run(unpack(x)) end
 r:add('gate gradient norms, first to last layer', '1 to 28', ('%s to %s'):format(autopsy.format(gate_grads[1]), autopsy.format(gate_grads[#gate_grads])),
   (gate_grads[1] >= 0.5 and gate_grads[#gate_grads] <= 60) and 'reproduced' or 'differs')
 r:add('gate gradient rises with depth (layers where it grows)', 'rising', ('%d of %d'):format(rising, #gate_grads - 1),
@@ -53,4 +53,4 @@ r:add('mean activation erank: gate / identity', '> 1 (rank preserved better)', r
 local ent_plain, ent_gate = mean(blocks(autopsies.ffn, 'entropy')), mean(blocks(autopsies.gate, 'entropy'))
 r:add('mean attention entropy: gate / identity', '< 1 (spikier)', ent_gate / ent_plain, ent_gate < ent_plain and 'reproduced' or 'differs')
 print('\n' .. tostring(r))
-r:save(cfg.out .. '/results.md')
+r:save(cfg.out, {config = cfg})

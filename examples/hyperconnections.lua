@@ -9,11 +9,9 @@
 local cfg = experiment.config({data = '', dim = 128, layers = 8, seq = 64, steps = 400, batch = 32, lr = 3e-3,
   seed = 1337, out = 'out/hyperconnections'}, {steps = 5, dim = 32, layers = 3}, arg)
 
-local corpus, source = experiment.corpus(cfg.data)
-print('data: ' .. source)
-os.execute(("mkdir -p '%s'"):format(cfg.out))
+local corpus, data_ = experiment.corpus(cfg)
 
-local measured = {}
+local measured, runs = {}, {}
 for _, constraint in ipairs{'none', 'sinkhorn'} do
   torch.manual_seed(cfg.seed)
   local model = models.vibenet{vocab = corpus.vocab_size, dim = cfg.dim, layers = cfg.layers, seq = cfg.seq,
@@ -22,6 +20,7 @@ for _, constraint in ipairs{'none', 'sinkhorn'} do
   local ok, run = pcall(train.fit, model, corpus, {steps = cfg.steps, batch = cfg.batch, lr = cfg.lr,
     warmup = math.min(50, cfg.steps), seed = cfg.seed, probe = {every = math.max(1, math.floor(cfg.steps / 8))}})
   if not ok then print('training stopped: ' .. tostring(run)) end
+  runs[#runs + 1] = {'mixing ' .. constraint, model, ok and run or nil, corpus}
   local a = autopsy.run(model, corpus, {history = ok and run or nil, batch = cfg.batch, metrics = {'grad_norm', 'act_std', 'erank'}})
   print(a)
   a:report(('%s/%s.html'):format(cfg.out, constraint))
@@ -40,11 +39,12 @@ for _, constraint in ipairs{'none', 'sinkhorn'} do
 end
 
 local r = experiment.results(('Hyper-connections, unconstrained vs Sinkhorn (VibeNet dim %d, %d layers, %d steps)')
-  :format(cfg.dim, cfg.layers, cfg.steps))
+  :format(cfg.dim, cfg.layers, cfg.steps), data_)
+for _, x in ipairs(runs) do r:run(unpack(x, 1, 4)) end
 local none, sink = measured.none, measured.sinkhorn
 r:add('unconstrained: activation std first -> last layer', '3.6 -> 16709', none.trace, (none.last / none.first > 10) and 'reproduced' or 'differs')
 r:add('unconstrained: growth over the stack (last / first)', '~4600x', none.last / none.first, (none.last / none.first > 10) and 'reproduced' or 'differs')
 r:add('Sinkhorn: activation std first -> last layer', '(bounded)', sink.trace, (sink.last / sink.first < 10) and 'reproduced' or 'differs')
 r:add('Sinkhorn: largest gain of one layer', '~1.6', sink.max_gain, experiment.verdict(sink.max_gain, 1.0, 2.0))
 print('\n' .. tostring(r))
-r:save(cfg.out .. '/results.md')
+r:save(cfg.out, {config = cfg})

@@ -6,9 +6,7 @@
 local cfg = experiment.config({data = '', dim = 128, heads = 4, layers = 8, ffn = 512, seq = 64, steps = 1500, batch = 32,
   lr = 2e-3, seed = 1337, k = 2, out = 'out/layer_removal'}, {steps = 5, dim = 32, layers = 4, ffn = 64, k = 1}, arg)
 
-local corpus, source = experiment.corpus(cfg.data)
-print('data: ' .. source)
-os.execute(("mkdir -p '%s'"):format(cfg.out))
+local corpus, data_ = experiment.corpus(cfg)
 torch.manual_seed(cfg.seed)
 local model = models.gpt{vocab = corpus.vocab_size, dim = cfg.dim, heads = cfg.heads, layers = cfg.layers, seq = cfg.seq,
   ffn = cfg.ffn, norm = 'pre', activation = 'gelu'}
@@ -38,7 +36,8 @@ local blocks = {}
 for _, row in ipairs(a.rows) do if row.kind == 'block' then blocks[#blocks + 1] = row end end
 local middle = blocks[math.floor(#blocks / 2)]
 
-local r = experiment.results(('Layer removal on a %d-layer GPT (dim %d, %d steps)'):format(cfg.layers, cfg.dim, cfg.steps))
+local r = experiment.results(('Layer removal on a %d-layer GPT (dim %d, %d steps)'):format(cfg.layers, cfg.dim, cfg.steps), data_)
+r:run(('%d-layer GPT'):format(cfg.layers), model, run, corpus)
 r:add(('val loss, full model'):format(), '-', full, '-')
 r:add(('val loss without the %d least influential blocks (%s)'):format(cfg.k, table.concat(low_names, ', ')), 'costs little',
   cheap, (cheap - full) / full < 0.05 and 'reproduced' or 'differs')
@@ -46,4 +45,4 @@ r:add(('val loss without the %d most influential blocks'):format(cfg.k), '(for c
 r:add(('logit lens: top-1 agreement with the final prediction at the middle (%s)'):format(middle.name), 'a good guess by the middle',
   middle.lens_agree, (middle.lens_agree or 0) > 0.5 and 'reproduced' or 'differs')
 print('\n' .. tostring(r))
-r:save(cfg.out .. '/results.md')
+r:save(cfg.out, {config = cfg})

@@ -14,9 +14,7 @@ local cfg = experiment.config({data = '', dim = 64, heads = 8, seq = 32, ffn = 2
   deep_recurrence = 3, judge_steps = 1500, sample = 400, seed = 1337, out = 'out/stateful_gpt'},
   {steps = 6, judge_steps = 4, sample = 20, dim = 16, heads = 2, ffn = 32}, arg)
 
-local corpus, source = experiment.corpus(cfg.data)
-print('data: ' .. source)
-os.execute(("mkdir -p '%s'"):format(cfg.out))
+local corpus, data_ = experiment.corpus(cfg)
 local V = corpus.vocab_size
 
 local function smooth(list, i, n)
@@ -39,7 +37,7 @@ local function train_one(label, layers, stateful, recurrence)
   for i = 1, #losses do curve[i] = smooth(losses, i, 50) end
   local train_loss = train.evaluate(model, corpus, {split = 'train', seq = cfg.seq, batches = 8, batch = cfg.batch}).nats
   local val = train.evaluate(model, corpus, {seq = cfg.seq, batches = 8, batch = cfg.batch}).nats
-  return {model = model, run = run, curve = curve, val = val, train = train_loss, params = model:num_parameters(),
+  return {label = label, model = model, run = run, curve = curve, val = val, train = train_loss, params = model:num_parameters(),
     seconds = run.seconds}
 end
 
@@ -59,7 +57,8 @@ local st4 = train_one('stateful GPT, 4 layers, recurrence 1', 4, true, 1)
 torch.manual_seed(cfg.seed)
 local judge = models.gpt{vocab = V, dim = 2 * cfg.dim, heads = cfg.heads, layers = 4, seq = cfg.seq, ffn = 2 * cfg.ffn, norm = 'pre', activation = 'gelu'}
 print(('\n== judge: %s parameters'):format(nn.format_count(judge:num_parameters())))
-train.fit(judge, corpus, {steps = cfg.judge_steps, batch = cfg.batch, lr = cfg.lr, warmup = 100, seed = cfg.seed, eval_every = cfg.judge_steps})
+local judged = {label = 'judge', model = judge}
+judged.run = train.fit(judge, corpus, {steps = cfg.judge_steps, batch = cfg.batch, lr = cfg.lr, warmup = 100, seed = cfg.seed, eval_every = cfg.judge_steps})
 
 local quality = {}
 for _, t in ipairs{0.6, 0.8, 1.0} do
@@ -76,7 +75,8 @@ local gain1 = std2.curve[#std2.curve] - st2.curve[#st2.curve]
 local gaink = std2.curve[#std2.curve] - st2k.curve[#st2k.curve]
 local gain4 = std4.curve[#std4.curve] - st4.curve[#st4.curve]
 
-local r = experiment.results(('Stateful GPT vs standard (dim %d, %d heads, block %d, %d steps)'):format(cfg.dim, cfg.heads, cfg.seq, cfg.steps))
+local r = experiment.results(('Stateful GPT vs standard (dim %d, %d heads, block %d, %d steps)'):format(cfg.dim, cfg.heads, cfg.seq, cfg.steps), data_)
+for _, t in ipairs{std2, st2, st2k, std4, st4, judged} do r:run(t.label, t.model, t.run, corpus) end
 r:add("2 layers: steps to reach the standard model's final train loss, as a share of its steps", '~0.4 (16 of 40 epochs)',
   share, experiment.verdict(share, 0.2, 0.6))
 r:add('2 layers: parameters, stateful vs standard', '140k vs 128k', ('%s vs %s'):format(nn.format_count(st2.params), nn.format_count(std2.params)), 'measured')
@@ -93,4 +93,4 @@ for _, q in ipairs(quality) do
     ('%s / %s'):format(autopsy.format(q.judge), autopsy.format(q.zlib)), 'measured')
 end
 print('\n' .. tostring(r))
-r:save(cfg.out .. '/results.md')
+r:save(cfg.out, {config = cfg})

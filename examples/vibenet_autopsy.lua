@@ -15,10 +15,8 @@ local cfg = experiment.config({data = '', tokenizer = 'char', vocab_size = 4000,
   batch = 32, lr = 3e-3, seed = 1337, depths = '2,8,12', init_dim = 512, out = 'out/vibenet_autopsy'},
   {steps = 5, depths = '2,3', dim = 32, init_dim = 64}, arg)
 
-local corpus, source = experiment.corpus(cfg.data, {tokenizer = cfg.tokenizer, vocab_size = cfg.vocab_size})
-print('data: ' .. source)
-os.execute(("mkdir -p '%s'"):format(cfg.out))
-local r = experiment.results(('VibeNet autopsy (dim %d, %s tokens, %d steps per depth)'):format(cfg.dim, cfg.tokenizer, cfg.steps))
+local corpus, data_ = experiment.corpus(cfg, {tokenizer = cfg.tokenizer, vocab_size = cfg.vocab_size})
+local r = experiment.results(('VibeNet autopsy (dim %d, %s tokens, %d steps per depth)'):format(cfg.dim, cfg.tokenizer, cfg.steps), data_)
 
 -- attention at initialisation, in high dimension
 torch.manual_seed(cfg.seed)
@@ -37,6 +35,7 @@ for depth in cfg.depths:gmatch('%d+') do
   print(('\n== %d layers: %s parameters'):format(depth, nn.format_count(model:num_parameters())))
   local run = train.fit(model, corpus, {steps = cfg.steps, batch = cfg.batch, lr = cfg.lr, warmup = math.min(50, cfg.steps),
     seed = cfg.seed, probe = {every = math.max(1, math.floor(cfg.steps / 8))}})
+  r:run(('%d layers'):format(depth), model, run, corpus)
   local a = autopsy.run(model, corpus, {history = run, batch = cfg.batch, steps = 2, probe_text = 'In the beginning'})
   print(a)
   a:report(('%s/vibenet_%dlayers.html'):format(cfg.out, depth))
@@ -56,4 +55,4 @@ for depth in cfg.depths:gmatch('%d+') do
   r:add(('%d layers: head effective rank'):format(depth), '2.9-6.5', head.erank, experiment.verdict(head.erank, 2.9, 6.5))
 end
 print('\n' .. tostring(r))
-r:save(cfg.out .. '/results.md')
+r:save(cfg.out, {config = cfg})

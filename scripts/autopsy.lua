@@ -40,12 +40,13 @@ local run = train.fit(model, corpus, {steps = cfg.steps, batch = cfg.batch, seq 
   warmup = cfg.warmup, probe = {every = cfg.probe_every}})
 print(run)
 
-local a = autopsy.run(model, corpus, {steps = cfg.batches, batch = cfg.batch, history = run, probe_text = cfg.probe_text})
+local a = autopsy.run(model, corpus, {steps = cfg.batches, batch = cfg.batch, history = run, probe_text = cfg.probe_text,
+  config = cfg})
 print()
 print(a)
 print()
 a:plot('grad_norm')
-os.execute(("mkdir -p '%s'"):format(cfg.out))
 local json_path = a:json(cfg.out .. '/autopsy.json')
 local html_path = a:report(cfg.out .. '/autopsy.html')
 print(('\nreport: %s\ndata:   %s'):format(html_path, json_path))
+print('\nprovenance: ' .. provenance.line(a.provenance))

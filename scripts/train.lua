@@ -37,7 +37,7 @@ if not builders[cfg.model] then error(("--model must be gpt, vibenet, funnel or 
 local model = builders[cfg.model]()
 print(('%s: %s parameters'):format(nn.typename(model), nn.format_count(model:num_parameters())))
 
-os.execute(("mkdir -p '%s'"):format(cfg.out))
+require('anatomy.fs').mkdir(cfg.out)
 local checkpoint = cfg.out .. '/checkpoint.safetensors'
 if not cfg.resume then os.remove(checkpoint) end
 local run = train.fit(model, corpus, {
@@ -50,7 +50,12 @@ print(run)
 
 local val = train.evaluate(model, corpus, {seq = cfg.seq, batches = 32, batch = cfg.batch})
 print(('val loss %.4f nats/token (%.3f bits) over %d tokens'):format(val.nats, val.bits, val.tokens))
-print(('checkpoint: %s   metrics: %s'):format(checkpoint, cfg.out .. '/metrics.jsonl'))
+-- what this run was, for whoever reads its numbers later
+local record = provenance.record{corpus = corpus, model = model, run = run, config = cfg}
+require('anatomy.fs').write_atomic(cfg.out .. '/run.json', require('anatomy.json').encode({provenance = record,
+  val = {nats = val.nats, bits = val.bits, tokens = val.tokens}}) .. '\n')
+print(('checkpoint: %s   metrics: %s   run: %s'):format(checkpoint, cfg.out .. '/metrics.jsonl', cfg.out .. '/run.json'))
+print('provenance: ' .. provenance.line(record))
 if cfg.sample > 0 then
   local sample = corpus:sample(model, '', {max_new = cfg.sample, temperature = cfg.temperature,
     top_k = cfg.top_k > 0 and cfg.top_k or nil, seed = cfg.seed})

@@ -125,6 +125,8 @@ end
 -- removal sweep drops together (default: half). history: a train.fit run
 -- whose losses and probe history go into the report. probe_text: a sentence
 -- whose attention maps the report shows (with a corpus to encode it).
+-- config: the calling script's settings, kept in the provenance record
+-- (a.provenance: data, model, training, software, machine; see provenance.lua).
 function autopsy.run(model, source, opts)
   opts = opts or {}
   local want = {}
@@ -305,6 +307,8 @@ function autopsy.run(model, source, opts)
     end
   end
   model:train(was_training)
+  local corpus = getmetatable(source) == data.Corpus and source or nil
+  a.provenance = require('anatomy.provenance').record{corpus = corpus, model = model, run = opts.history, config = opts.config}
   return a
 end
 
@@ -393,7 +397,7 @@ function Autopsy:data()
     for k, v in pairs(r) do if k ~= 'grads' then copy[k] = v end end
     rows[i] = copy
   end
-  return {model = self.model, loss = self.loss, rows = rows, params = self.params, weights = self.weights,
+  return {provenance = self.provenance, model = self.model, loss = self.loss, rows = rows, params = self.params, weights = self.weights,
     removal = self.removal, thresholds = self.thresholds,
     entropy_heads = self.entropy_heads, patterns = self.patterns,
     history = self.history and {train = self.history.train, val = self.history.val, probes = self.history.probes,
@@ -402,13 +406,7 @@ end
 
 -- a:json(path): writes the autopsy as JSON; returns path
 function Autopsy:json(path)
-  local text = json.encode(self:data())
-  local tmp = path .. '.tmp'
-  local f = assert(io.open(tmp, 'wb'))
-  f:write(text, '\n')
-  f:close()
-  assert(os.rename(tmp, path))
-  return path
+  return require('anatomy.fs').write_atomic(path, json.encode(self:data()) .. '\n')
 end
 
 local bars = {' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'}

@@ -4,6 +4,7 @@
 local data = {}
 local native = torch._data
 local options = require 'anatomy.options'
+local fs = require 'anatomy.fs'
 
 local Corpus = {}
 Corpus.__index = Corpus
@@ -28,7 +29,9 @@ end
 -- data.from_string(text, {tokenizer = 'char'|'byte', split = 0.9}): a corpus from text in memory
 function data.from_string(text, opts)
   opts = check_options(opts, {tokenizer = true, split = true}, 'data.from_string')
-  return wrap(native.from_string(text, opts.tokenizer or 'char', opts.split), '(string)')
+  local c = wrap(native.from_string(text, opts.tokenizer or 'char', opts.split), '(string)')
+  c._file_info = {name = '(string)', path = '(string)', bytes = #text, sha256 = native.sha256(text)}
+  return c
 end
 
 local function cache_dir()
@@ -37,11 +40,6 @@ local function cache_dir()
   return base .. '/anatomy'
 end
 
-local function exists(path)
-  local f = io.open(path, 'rb')
-  if f then f:close() end
-  return f ~= nil
-end
 
 -- data.default_text() -> the path of the default corpus: the King James Bible
 -- (public domain) from Debian's bible-kjv package, dumped once with its
@@ -49,7 +47,7 @@ end
 function data.default_text()
   local dir = cache_dir()
   local path = dir .. '/kjv.txt'
-  if exists(path) then return path end
+  if fs.exists(path) then return path end
   local probe = io.popen('command -v bible 2>/dev/null')
   local found = probe:read('*l')
   probe:close()
@@ -57,7 +55,6 @@ function data.default_text()
     error('the default corpus needs the `bible` program from Debian\'s bible-kjv package\n'
       .. '---> HINT: apt-get install bible-kjv (scripts/setup does), or pass a text with --data=FILE', 2)
   end
-  os.execute(("mkdir -p '%s'"):format(dir))
   local pipe = io.popen('bible -l100000 gen1:1-rev22:21')
   local verses = {}
   for line in pipe:lines() do
@@ -66,12 +63,7 @@ function data.default_text()
   end
   pipe:close()
   if #verses < 30000 then error(('the bible program gave %d verses, expected 31102'):format(#verses), 2) end
-  local tmp = path .. '.tmp'
-  local f = assert(io.open(tmp, 'wb'))
-  f:write(table.concat(verses, '\n'), '\n')
-  f:close()
-  assert(os.rename(tmp, path))
-  return path
+  return fs.write_atomic(path, table.concat(verses, '\n') .. '\n')
 end
 
 -- corpus:batch(B, T, {split = 'train'|'val', device}) -> inputs (B, T), targets (B, T):
@@ -94,6 +86,27 @@ end
 function Corpus:decode(ids)
   local text = self._native:decode(ids)
   return text
+end
+
+-- corpus:file_info() -> {name, path (absolute), bytes, sha256} of the text it
+-- was read from (computed once; a corpus from a string reports the string's)
+function Corpus:file_info()
+  if not self._file_info then
+    local info = native.file_info(self.source)
+    info.name = info.path:match('([^/]+)$')
+    self._file_info = info
+  end
+  return self._file_info
+end
+
+-- data.sha256(s) -> the SHA-256 of a string's bytes, as 64 hex digits
+data.sha256 = native.sha256
+
+-- data.file_info(path) -> {name, path (absolute), bytes, sha256}
+function data.file_info(path)
+  local info = native.file_info(path)
+  info.name = info.path:match('([^/]+)$')
+  return info
 end
 
 -- corpus:tokens([split]) -> the ids of the whole text or of one split

@@ -25,7 +25,7 @@ end
 
 require 'anatomy.tensor'
 
--- nn, models, data, optim, train, text, probe, autopsy, experiment and exact are globals in scripts and the REPL, like torch.
+-- nn, models, data, optim, train, text, probe, autopsy, provenance, experiment and exact are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
@@ -38,6 +38,7 @@ torch.config = require 'anatomy.config'
 probe = require 'anatomy.probe'
 autopsy = require 'anatomy.autopsy'
 require 'anatomy.report'
+provenance = require 'anatomy.provenance'
 experiment = require 'anatomy.experiment'
 exact = require 'anatomy.exact'
 

@@ -131,6 +131,88 @@ function report.thumbnails(title, labels, matrices)
   return figure(title, table.concat(parts), points)
 end
 
+-- Tick values for [lo, hi]: about n round numbers (1, 2 or 5 times a power of ten) inside it.
+local function nice_ticks(lo, hi, n)
+  local span = hi - lo
+  if span <= 0 then return {lo} end
+  local raw = span / (n or 5)
+  local mag = 10 ^ math.floor(math.log10(raw))
+  local step = mag
+  for _, m in ipairs{1, 2, 5, 10} do
+    if m * mag >= raw then step = m * mag break end
+  end
+  local ticks = {}
+  for v = math.ceil(lo / step) * step, hi + step * 1e-9, step do ticks[#ticks + 1] = v end
+  return ticks
+end
+report.nice_ticks = nice_ticks
+
+-- report.line_chart{title, xlabel, ylabel, series = {{name, xs, ys}, ...}} ->
+-- a standalone SVG document: the x axis has one tick per distinct x (placed
+-- evenly: sweeps are grids), the y axis round-number ticks over the data's
+-- range (not from 0), a legend, and every point labelled with its value.
+function report.line_chart(spec)
+  local CW, CH, L, R, T, B = 640, 360, 64, 150, 34, 48
+  local xs_set, ys_all = {}, {}
+  for _, s in ipairs(spec.series) do
+    for i = 1, #s[2] do
+      xs_set[s[2][i]] = true
+      if finite(s[3][i]) then ys_all[#ys_all + 1] = s[3][i] end
+    end
+  end
+  local xs = {}
+  for x in pairs(xs_set) do xs[#xs + 1] = x end
+  table.sort(xs, function(a, b)
+    if type(a) == type(b) then return a < b end
+    return tostring(a) < tostring(b)
+  end)
+  local xpos = {}
+  local pw, ph = CW - L - R, CH - T - B
+  for i, x in ipairs(xs) do xpos[x] = L + 24 + (#xs == 1 and (pw - 48) / 2 or (i - 1) / (#xs - 1) * (pw - 48)) end
+  local ylo, yhi = range(ys_all)
+  local pad = (yhi - ylo) * 0.08
+  ylo, yhi = ylo - pad, yhi + pad
+  local function ypos(v) return T + ph - (v - ylo) / (yhi - ylo) * ph end
+  local parts = {
+    ('<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 %d %d" width="%d" height="%d" font-family="sans-serif" font-size="11">'):format(CW, CH, CW, CH),
+    ('<rect width="%d" height="%d" fill="white"/>'):format(CW, CH),
+    ('<text x="%d" y="18" font-size="13" font-weight="bold">%s</text>'):format(L, esc(spec.title or '')),
+    ('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>'):format(L, T + ph, L + pw, T + ph),
+    ('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>'):format(L, T, L, T + ph),
+  }
+  for _, v in ipairs(nice_ticks(ylo, yhi, 5)) do
+    local y = num(ypos(v))
+    parts[#parts + 1] = ('<line x1="%d" y1="%s" x2="%d" y2="%s" stroke="#eee"/><text x="%d" y="%s" text-anchor="end" dy="4" fill="#555">%s</text>')
+      :format(L, y, L + pw, y, L - 6, y, autopsy.format(v))
+  end
+  for _, x in ipairs(xs) do
+    parts[#parts + 1] = ('<line x1="%s" y1="%d" x2="%s" y2="%d" stroke="#999"/><text x="%s" y="%d" text-anchor="middle" fill="#555">%s</text>')
+      :format(num(xpos[x]), T + ph, num(xpos[x]), T + ph + 5, num(xpos[x]), T + ph + 18, esc(tostring(x)))
+  end
+  parts[#parts + 1] = ('<text x="%s" y="%d" text-anchor="middle" fill="#333">%s</text>'):format(num(L + pw / 2), CH - 8, esc(spec.xlabel or ''))
+  parts[#parts + 1] = ('<text transform="translate(14,%s) rotate(-90)" text-anchor="middle" fill="#333">%s</text>'):format(num(T + ph / 2), esc(spec.ylabel or ''))
+  local points = 0
+  for k, s in ipairs(spec.series) do
+    local color = palette[(k - 1) % #palette + 1]
+    local coords = {}
+    for i = 1, #s[2] do
+      local v = s[3][i]
+      if finite(v) then
+        points = points + 1
+        local px, py = num(xpos[s[2][i]]), num(ypos(v))
+        coords[#coords + 1] = px .. ',' .. py
+        parts[#parts + 1] = ('<circle cx="%s" cy="%s" r="3" fill="%s"><title>%s, %s: %s</title></circle><text x="%s" y="%s" dy="-6" text-anchor="middle" fill="%s" font-size="9">%s</text>')
+          :format(px, py, color, esc(s[1]), esc(tostring(s[2][i])), autopsy.format(v), px, py, color, autopsy.format(v))
+      end
+    end
+    parts[#parts + 1] = ('<polyline points="%s" fill="none" stroke="%s" stroke-width="1.5"/>'):format(table.concat(coords, ' '), color)
+    parts[#parts + 1] = ('<text x="%d" y="%d" fill="%s">%s</text>'):format(L + pw + 12, T + 12 + 16 * (k - 1), color, esc(s[1]))
+  end
+  parts[1] = parts[1]:gsub('class="chart"', ('class="chart" data-points="%d"'):format(points))
+  parts[#parts + 1] = '</svg>'
+  return table.concat(parts)
+end
+
 local style = [[
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }
 h1 { font-size: 20px; } table { border-collapse: collapse; font: 12px monospace; }
@@ -139,6 +221,7 @@ td, th { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; } t
 .charts { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; border: 1px solid #eee; padding: 8px; }
 figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .tick, .label, .label-left { font-size: 10px; fill: #555; } .legend { font-size: 11px; }
 .label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
+.provenance { font-size: 12px; color: #444; background: #f6f6f6; padding: 6px 8px; }
 ]]
 
 -- report.html(a) -> the report as a string
@@ -221,6 +304,7 @@ function report.html(a)
     '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>autopsy of ', esc(a.model), '</title>',
     '<style>', style, '</style></head><body>',
     '<h1>Autopsy of ', esc(a.model), '</h1><p>loss ', autopsy.format(a.loss, 4), '</p>',
+    a.provenance and ('<p class="provenance">' .. esc(require('anatomy.provenance').line(a.provenance)) .. '</p>') or '',
     '<table><thead><tr>', table.concat(thead), '</tr></thead><tbody>', table.concat(tbody), '</tbody></table>',
     '<p class="note">', esc(tostring(a):match('verdicts:[^\n]*') or ''), '</p>',
     '<div class="charts">', table.concat(charts), '</div></body></html>\n'})
@@ -228,14 +312,7 @@ end
 
 -- a:report(path): writes the HTML report atomically; returns path
 function autopsy.Autopsy:report(path)
-  local dir = path:match('^(.*)/[^/]*$')
-  if dir then os.execute(("mkdir -p '%s'"):format(dir)) end
-  local tmp = path .. '.tmp'
-  local f = assert(io.open(tmp, 'wb'))
-  f:write(report.html(self))
-  f:close()
-  assert(os.rename(tmp, path))
-  return path
+  return require('anatomy.fs').write_atomic(path, report.html(self))
 end
 
 return report

@@ -1,0 +1,81 @@
+// File facts for provenance records (see digest.h). SHA-256 is OpenSSL's
+// (libssl-dev), through its EVP interface.
+#include "host/io/digest.h"
+
+#include <openssl/evp.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+namespace anatomy::io {
+namespace {
+
+struct DigestContext {
+  DigestContext() : ctx(EVP_MD_CTX_new()) {
+    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) throw std::runtime_error("cannot start a SHA-256 digest");
+  }
+  ~DigestContext() { EVP_MD_CTX_free(ctx); }
+  DigestContext(const DigestContext&) = delete;
+  DigestContext& operator=(const DigestContext&) = delete;
+
+  void update(const void* data, size_t n) {
+    if (EVP_DigestUpdate(ctx, data, n) != 1) throw std::runtime_error("SHA-256 digest failed");
+  }
+  std::string hex() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    if (EVP_DigestFinal_ex(ctx, md, &n) != 1) throw std::runtime_error("SHA-256 digest failed");
+    static const char digits[] = "0123456789abcdef";
+    std::string out(2 * n, '0');
+    for (unsigned int i = 0; i < n; ++i) {
+      out[2 * i] = digits[md[i] >> 4];
+      out[2 * i + 1] = digits[md[i] & 0xf];
+    }
+    return out;
+  }
+
+  EVP_MD_CTX* ctx;
+};
+
+}  // namespace
+
+std::string sha256_hex(std::string_view bytes) {
+  DigestContext d;
+  d.update(bytes.data(), bytes.size());
+  return d.hex();
+}
+
+std::string real_path(const std::string& path) {
+  std::unique_ptr<char, decltype(&std::free)> resolved(::realpath(path.c_str(), nullptr), &std::free);
+  if (!resolved) throw std::runtime_error("cannot resolve '" + path + "': " + std::strerror(errno));
+  return resolved.get();
+}
+
+FileInfo file_info(const std::string& path) {
+  FileInfo info;
+  info.path = real_path(path);
+  struct stat st {};
+  if (::stat(info.path.c_str(), &st) != 0) throw std::runtime_error("cannot stat '" + path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw std::runtime_error("'" + path + "' is not a regular file");
+  std::unique_ptr<FILE, decltype(&std::fclose)> f(std::fopen(info.path.c_str(), "rb"), &std::fclose);
+  if (!f) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+  DigestContext d;
+  std::vector<char> buffer(1 << 20);
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), f.get())) > 0) {
+    d.update(buffer.data(), n);
+    info.bytes += static_cast<int64_t>(n);
+  }
+  if (std::ferror(f.get())) throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
+  info.sha256 = d.hex();
+  return info;
+}
+
+}  // namespace anatomy::io

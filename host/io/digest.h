@@ -1,0 +1,28 @@
+// File facts for provenance records: where a file really is, how big it is
+// and its SHA-256, so that a result can say exactly which data produced it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace anatomy::io {
+
+/// What a provenance record says about one file.
+struct FileInfo {
+  std::string path;    ///< absolute, symbolic links resolved
+  int64_t bytes = 0;   ///< size in bytes
+  std::string sha256;  ///< 64 lowercase hex digits
+};
+
+/// SHA-256 of bytes in memory, as 64 lowercase hex digits.
+std::string sha256_hex(std::string_view bytes);
+
+/// The absolute path of an existing file or folder (symbolic links resolved);
+/// throws std::runtime_error naming the path and the reason otherwise.
+std::string real_path(const std::string& path);
+
+/// Path, size and SHA-256 of a regular file, read in 1 MiB pieces; throws
+/// std::runtime_error naming the path and the reason when it cannot be read.
+FileInfo file_info(const std::string& path);
+
+}  // namespace anatomy::io
