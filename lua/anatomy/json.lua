@@ -1,6 +1,7 @@
--- json: encodes Lua values as JSON (reports, metrics). Arrays are tables
--- with keys 1..n; other tables are objects with sorted keys; NaN and
--- infinities become null, as JSON has no words for them.
+-- json: encodes Lua values as JSON (reports, metrics) and decodes JSON text.
+-- Arrays are tables with keys 1..n; other tables are objects with sorted
+-- keys; NaN and infinities become null, as JSON has no words for them.
+-- Decoding turns null into json.null (a Lua nil cannot sit in an array).
 local json = {}
 
 local escapes = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f', ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t'}
@@ -47,5 +48,123 @@ end
 
 -- json.encode(value) -> string
 function json.encode(value) return encode(value, {}) end
+
+-- The value decoded from JSON's null.
+json.null = setmetatable({}, {__tostring = function() return 'json.null' end})
+
+local unescapes = {['"'] = '"', ['\\'] = '\\', ['/'] = '/', b = '\b', f = '\f', n = '\n', r = '\r', t = '\t'}
+
+local function utf8_char(cp)
+  if cp < 0x80 then return string.char(cp) end
+  if cp < 0x800 then return string.char(0xc0 + math.floor(cp / 0x40), 0x80 + cp % 0x40) end
+  if cp < 0x10000 then
+    return string.char(0xe0 + math.floor(cp / 0x1000), 0x80 + math.floor(cp / 0x40) % 0x40, 0x80 + cp % 0x40)
+  end
+  return string.char(0xf0 + math.floor(cp / 0x40000), 0x80 + math.floor(cp / 0x1000) % 0x40,
+    0x80 + math.floor(cp / 0x40) % 0x40, 0x80 + cp % 0x40)
+end
+
+-- json.decode(text) -> value; a malformed text is an error that names the
+-- byte offset and what was expected there.
+function json.decode(text)
+  if type(text) ~= 'string' then error(("bad argument #1 to 'decode' (string expected, got %s)"):format(type(text)), 2) end
+  local pos = 1
+  local function fail(what) error(('json.decode: %s at byte %d'):format(what, pos), 0) end
+  local function skip() pos = text:find('[^ \t\r\n]', pos) or #text + 1 end
+  local value
+  local function str()
+    local out = {}
+    pos = pos + 1
+    while true do
+      local c = text:sub(pos, pos)
+      if c == '' then fail('unterminated string') end
+      if c == '"' then pos = pos + 1 break end
+      if c == '\\' then
+        local e = text:sub(pos + 1, pos + 1)
+        if e == 'u' then
+          local hex = text:sub(pos + 2, pos + 5)
+          if not hex:match('^%x%x%x%x$') then fail('bad \\u escape') end
+          local cp = tonumber(hex, 16)
+          pos = pos + 6
+          if cp >= 0xd800 and cp <= 0xdbff and text:sub(pos, pos + 1) == '\\u' then  -- a surrogate pair
+            local low = tonumber(text:sub(pos + 2, pos + 5), 16)
+            if low and low >= 0xdc00 and low <= 0xdfff then
+              cp = 0x10000 + (cp - 0xd800) * 0x400 + (low - 0xdc00)
+              pos = pos + 6
+            end
+          end
+          out[#out + 1] = utf8_char(cp)
+        elseif unescapes[e] then
+          out[#out + 1] = unescapes[e]
+          pos = pos + 2
+        else
+          fail('bad escape')
+        end
+      elseif c:byte() < 32 then
+        fail('control character in a string')
+      else
+        local j = text:find('["\\%c]', pos) or #text + 1
+        out[#out + 1] = text:sub(pos, j - 1)
+        pos = j
+      end
+    end
+    return table.concat(out)
+  end
+  function value(depth)
+    if depth > 200 then fail('nesting deeper than 200') end
+    skip()
+    local c = text:sub(pos, pos)
+    if c == '{' then
+      local obj = {}
+      pos = pos + 1
+      skip()
+      if text:sub(pos, pos) == '}' then pos = pos + 1 return obj end
+      while true do
+        skip()
+        if text:sub(pos, pos) ~= '"' then fail('expected a string key') end
+        local k = str()
+        skip()
+        if text:sub(pos, pos) ~= ':' then fail("expected ':'") end
+        pos = pos + 1
+        obj[k] = value(depth + 1)
+        skip()
+        local d = text:sub(pos, pos)
+        pos = pos + 1
+        if d == '}' then return obj end
+        if d ~= ',' then pos = pos - 1 fail("expected ',' or '}'") end
+      end
+    elseif c == '[' then
+      local arr = {}
+      pos = pos + 1
+      skip()
+      if text:sub(pos, pos) == ']' then pos = pos + 1 return arr end
+      while true do
+        arr[#arr + 1] = value(depth + 1)
+        skip()
+        local d = text:sub(pos, pos)
+        pos = pos + 1
+        if d == ']' then return arr end
+        if d ~= ',' then pos = pos - 1 fail("expected ',' or ']'") end
+      end
+    elseif c == '"' then
+      return str()
+    elseif text:sub(pos, pos + 3) == 'true' then pos = pos + 4 return true
+    elseif text:sub(pos, pos + 4) == 'false' then pos = pos + 5 return false
+    elseif text:sub(pos, pos + 3) == 'null' then pos = pos + 4 return json.null
+    end
+    local num = text:match('^-?%d+%.?%d*[eE]?[-+]?%d*', pos)
+    if num and num ~= '' and num ~= '-' then
+      local n = tonumber(num)
+      if not n then fail('bad number') end
+      pos = pos + #num
+      return n
+    end
+    fail(c == '' and 'unexpected end of text' or ("unexpected '%s'"):format(c))
+  end
+  local v = value(0)
+  skip()
+  if pos <= #text then fail('trailing characters') end
+  return v
+end
 
 return json
