@@ -24,16 +24,9 @@ Autopsy.__index = Autopsy
 autopsy.Autopsy = Autopsy
 
 local function layers_of(model)
-  if model.layers then return model:layers() end
-  -- the largest numbered container is the stack
-  local best, best_name
-  for name, m in model:named_modules() do
-    if nn.is_instance(m, nn.Sequential) and (not best or #m > #best) then best, best_name = m, name end
-  end
-  if not best then error(('autopsy: %s has no stack of layers (define %s:layers())'):format(nn.typename(model), nn.typename(model)), 3) end
-  local out = {}
-  for name, m in best:named_children() do out[#out + 1] = {best_name == '' and name or best_name .. '.' .. name, m} end
-  return out
+  local layers, why = model:layers()
+  if not layers then error('autopsy: ' .. why, 3) end
+  return layers
 end
 
 local function l2(list)

@@ -196,9 +196,10 @@ function train.fit(model, corpus, opts)
     tokens_per_second = 0, first_step = 1, config = config}, Run)
   -- what the probes capture by default: the output of every layer of the stack
   local probe_filter
-  if o.probe and not o.probe.filter and model.layers then
+  local layers = o.probe and not o.probe.filter and model:layers()
+  if layers then
     probe_filter = {}
-    for _, l in ipairs(model:layers()) do probe_filter[#probe_filter + 1] = l[1] end
+    for _, l in ipairs(layers) do probe_filter[#probe_filter + 1] = l[1] end
   end
   if o.recurrence and not (o.recurrence >= 1 and o.recurrence % 1 == 0) then
     error('train.fit: recurrence must be a positive integer', 2)

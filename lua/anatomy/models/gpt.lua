@@ -63,13 +63,6 @@ function GPT:readout(h)
   return self.head(h)
 end
 
--- The main stack, as {name, module} pairs (the autopsy's layers).
-function GPT:layers()
-  local out = {}
-  for name, m in self.blocks:named_children() do out[#out + 1] = {'blocks.' .. name, m} end
-  return out
-end
-
 function GPT:extra_repr()
   local c = self.config
   return ('vocab=%d, dim=%d, heads=%d, layers=%d, seq=%d, ffn=%d'):format(c.vocab, c.dim, c.heads, c.layers, c.seq, c.ffn)

@@ -67,13 +67,6 @@ function VibeNet:readout(h)
   return self.head(self.act(self.expand(h)))
 end
 
--- The main stack, as {name, module} pairs (the autopsy's layers).
-function VibeNet:layers()
-  local out = {}
-  for name, m in self.blocks:named_children() do out[#out + 1] = {'blocks.' .. name, m} end
-  return out
-end
-
 function VibeNet:extra_repr()
   local c = self.config
   return ('vocab=%d, dim=%d, layers=%d, seq=%d, block=%s'):format(c.vocab, c.dim, c.layers, c.seq, c.block or 'plain')

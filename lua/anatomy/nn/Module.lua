@@ -95,6 +95,39 @@ function Module:_call(...)
   return p(self, ...)
 end
 
+-- Calls child `name` of `self` on x; an error is re-raised with where it
+-- happened, the position kept in front: "script.lua:12: in block 2
+-- (nn.Linear) of nn.Sequential: ..." (torch/nn's Container does the same).
+function nn.call_child(self, name, child, x, ...)
+  local ok, y = pcall(child._call, child, x, ...)
+  if not ok then
+    local msg = tostring(y)
+    local where, rest = msg:match('^([^\n]-:%d+: )(.*)$')
+    error(('%sin %s (%s) of %s: %s'):format(where or '',
+      tonumber(name) and 'block ' .. name or "'" .. name .. "'", nn.typename(child), nn.typename(self), rest or msg), 0)
+  end
+  return y
+end
+
+-- m:layers() -> {{dotted name, module}, ...}: the stack of layers the
+-- autopsy gives a row each and training probes by default. This default
+-- takes the children of a `blocks` container when the module has one, else
+-- those of the largest numbered container below it; nil and the reason when
+-- there is none. Models with another shape (models.Funnel) define their own.
+function Module:layers()
+  local stack, stack_name = rawget(self, 'blocks'), 'blocks'
+  if not nn.is_module(stack) then
+    stack, stack_name = nil, nil
+    for name, m in self:named_modules() do
+      if name ~= '' and #m > 0 and (not stack or #m > #stack) then stack, stack_name = m, name end
+    end
+  end
+  if not stack then return nil, ('%s has no stack of layers (define %s:layers())'):format(nn.typename(self), nn.typename(self)) end
+  local out = {}
+  for name, m in stack:named_children() do out[#out + 1] = {stack_name .. '.' .. name, m} end
+  return out
+end
+
 -- Iterates (name, child) over direct children, in definition order.
 function Module:named_children()
   local i = 0

@@ -20,19 +20,6 @@ function Sequential:add(m)
   return self:add_module(tostring(#self._children + 1), m)
 end
 
--- Calls child `name` of `self` on x; an error is re-raised with where it happened.
-function nn.call_child(self, name, child, x, ...)
-  local ok, y = pcall(child._call, child, x, ...)
-  if not ok then
-    -- the position stays in front: "script.lua:12: in block 2 (nn.Linear) of nn.Sequential: ..."
-    local msg = tostring(y)
-    local where, rest = msg:match('^([^\n]-:%d+: )(.*)$')
-    error(('%sin %s (%s) of %s: %s'):format(where or '',
-      tonumber(name) and 'block ' .. name or "'" .. name .. "'", nn.typename(child), nn.typename(self), rest or msg), 0)
-  end
-  return y
-end
-
 function Sequential:forward(x)
   for name, child in self:named_children() do x = nn.call_child(self, name, child, x) end
   return x
