@@ -77,28 +77,4 @@ function HC:extra_repr()
   return ('%d, streams=%d, constraint=%s'):format(self.dim, self.streams, self.constraint)
 end
 
--- nn.ExpandStreams(n): (..., C) -> (..., n, C), n copies of the stream.
-local Expand = nn.class('nn.ExpandStreams', nn.Module)
-nn.ExpandStreams = Expand
-
-function Expand:__init(n)
-  nn.Module.__init(self)
-  rawset(self, 'streams', n)
-end
-
-function Expand:forward(x)
-  local size = x:size()
-  table.insert(size, #size, self.streams)
-  return x:unsqueeze(-2):expand(size)
-end
-
-function Expand:extra_repr() return tostring(self.streams) end
-
--- nn.MergeStreams(): (..., n, C) -> (..., C), the sum of the streams.
-local Merge = nn.class('nn.MergeStreams', nn.Module)
-nn.MergeStreams = Merge
-
-function Merge:__init() nn.Module.__init(self) end
-function Merge:forward(x) return x:sum(-2) end
-
 return HC

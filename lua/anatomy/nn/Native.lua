@@ -1,0 +1,49 @@
+-- The built-in blocks: Lua classes over C++ LibTorch modules (host/nn/).
+-- Each holds its native block in self._native and exposes the block's
+-- parameters as its own (the same tensors), so it follows nn.Module exactly.
+local nn = require 'anatomy.nn'
+local native = torch._native
+
+local Native = nn.class('nn.Native', nn.Module)
+nn.Native = Native
+
+-- Wraps a native block: registers its parameters under their own names.
+function Native:_wrap(block)
+  rawset(self, '_native', block)
+  for _, pair in ipairs(block:named_parameters()) do self:register_parameter(pair[1], pair[2]) end
+end
+
+function Native:forward(x)
+  local y = self._native:forward(x)  -- not a tail call: errors keep the name 'forward'
+  return y
+end
+function Native:extra_repr() return self._native:describe() end
+function Native:_set_training(mode) self._native:train(mode) end
+
+-- Checks an options table against the keys a constructor accepts.
+function Native.options(opts, allowed, where) return require('anatomy.options').check(opts, allowed, where, 4) end
+
+-- Native.define(name, make) -> nn.<name>, a class whose __init(...) builds a
+-- native block with make(...) (each built-in block's file calls it once).
+function Native.define(name, make)
+  local cls = nn.class('nn.' .. name, Native)
+  function cls:__init(...)
+    nn.Module.__init(self)
+    self:_wrap(make(...))
+  end
+  nn[name] = cls
+  return cls
+end
+
+-- Attention blocks publish their attention matrix (B, H, T, T) when asked:
+-- m:keep_pattern(true[, grad]) keeps the last one, m:pattern() returns it.
+-- Their files copy these methods (probes look for keep_pattern to find attention).
+Native.pattern_methods = {
+  keep_pattern = function(self, keep, grad) self._native:keep_pattern(keep, grad) end,
+  pattern = function(self)
+    local p = self._native:pattern()
+    return p
+  end,
+}
+
+return Native
