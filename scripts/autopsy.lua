@@ -24,16 +24,7 @@ local corpus = data.text(path, {tokenizer = cfg.tokenizer, vocab_size = cfg.voca
 print(corpus)
 
 local V = corpus.vocab_size
-local builders = {
-  vibenet = function() return models.vibenet{vocab = V, dim = cfg.dim, layers = cfg.layers, seq = cfg.seq, block = cfg.block} end,
-  gpt = function() return models.gpt{vocab = V, dim = cfg.dim, heads = cfg.heads, layers = cfg.layers, seq = cfg.seq, ffn = cfg.ffn} end,
-  funnel = function() return models.funnel{vocab = V, seq = cfg.seq, widths = {4 * cfg.dim, 2 * cfg.dim, cfg.dim},
-    attentions = {2, 2, cfg.layers}} end,
-  stateful = function() return models.stateful{vocab = V, dim = cfg.dim, heads = cfg.heads, layers = cfg.layers,
-    seq = cfg.seq, ffn = cfg.ffn} end,
-}
-if not builders[cfg.model] then error(("--model must be vibenet, gpt, funnel or stateful, got '%s'"):format(cfg.model), 0) end
-local model = builders[cfg.model]()
+local model = models.build(cfg.model, setmetatable({vocab = V}, {__index = cfg}))
 print(('%s: %s parameters'):format(nn.typename(model), nn.format_count(model:num_parameters())))
 
 local run = train.fit(model, corpus, {steps = cfg.steps, batch = cfg.batch, seq = cfg.seq, lr = cfg.lr,

@@ -25,16 +25,7 @@ local corpus = data.text(path, {tokenizer = cfg.tokenizer})
 print(corpus)
 
 local V = corpus.vocab_size
-local builders = {
-  gpt = function() return models.gpt{vocab = V, dim = cfg.dim, heads = cfg.heads, layers = cfg.layers, seq = cfg.seq,
-    ffn = cfg.ffn, norm = cfg.norm, residual = cfg.residual} end,
-  vibenet = function() return models.vibenet{vocab = V, dim = cfg.dim, layers = cfg.layers, seq = cfg.seq, block = cfg.block} end,
-  funnel = function() return models.funnel{vocab = V, seq = cfg.seq} end,
-  stateful = function() return models.stateful{vocab = V, dim = cfg.dim, heads = cfg.heads, layers = cfg.layers,
-    seq = cfg.seq, ffn = cfg.ffn} end,
-}
-if not builders[cfg.model] then error(("--model must be gpt, vibenet, funnel or stateful, got '%s'"):format(cfg.model), 0) end
-local model = builders[cfg.model]()
+local model = models.build(cfg.model, setmetatable({vocab = V}, {__index = cfg}))
 print(('%s: %s parameters'):format(nn.typename(model), nn.format_count(model:num_parameters())))
 
 require('anatomy.fs').mkdir(cfg.out)

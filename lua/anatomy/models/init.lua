@@ -26,4 +26,44 @@ function models.check_config(name, cfg, required, optional)
   end
 end
 
+-- The keys each architecture's config takes (models.build picks these out of a flat settings table).
+models.config_keys = {
+  gpt = {'vocab', 'dim', 'heads', 'layers', 'seq', 'ffn', 'residual', 'norm', 'activation'},
+  vibenet = {'vocab', 'dim', 'layers', 'seq', 'block', 'streams', 'constraint'},
+  funnel = {'vocab', 'seq', 'widths', 'attentions'},
+  stateful = {'vocab', 'dim', 'heads', 'layers', 'seq', 'ffn', 'norm', 'activation', 'residual'},
+}
+
+local function numbers(v)
+  if type(v) ~= 'string' then return v end
+  local out = {}
+  for n in v:gmatch('%d+') do out[#out + 1] = tonumber(n) end
+  return out
+end
+
+-- models.build(name, settings) -> model: the architecture `name` (gpt,
+-- vibenet, funnel or stateful) from a flat settings table such as a script's
+-- config; each takes the keys it knows (models.config_keys) and ignores the
+-- rest. The funnel's widths and attentions may be lists or strings ('256,128,64');
+-- by default they follow dim and layers: widths {4 dim, 2 dim, dim}, attentions {2, 2, layers}.
+function models.build(name, settings)
+  local keys = models.config_keys[name]
+  if not keys then
+    local names = {}
+    for n in pairs(models.config_keys) do names[#names + 1] = n end
+    table.sort(names)
+    error(("models.build: unknown model '%s' (expected %s)"):format(tostring(name), table.concat(names, ', ')), 2)
+  end
+  local cfg = {}
+  for _, k in ipairs(keys) do
+    local v = settings[k]
+    if v ~= nil and v ~= '' then cfg[k] = v end
+  end
+  if name == 'funnel' then
+    cfg.widths = numbers(cfg.widths) or (settings.dim and {4 * settings.dim, 2 * settings.dim, settings.dim})
+    cfg.attentions = numbers(cfg.attentions) or (settings.layers and {2, 2, settings.layers})
+  end
+  return models[name](cfg)
+end
+
 return models
