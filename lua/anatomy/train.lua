@@ -1,6 +1,8 @@
 -- train: the training loop (AdamW, schedules, clipping, evaluation,
 -- checkpoints that resume exactly), evaluation of a model on a text, and
 -- checks that stop at the first NaN with its place named.
+local measure = require 'anatomy.autopsy.measure'
+
 local train = {}
 
 local defaults = {
@@ -254,13 +256,8 @@ function train.fit(model, corpus, opts)
     if depth_losses then run.depth_losses[#run.depth_losses + 1] = depth_losses end
     if capture_handle then
       capture_handle:remove()
-      local record = {step = step, grad_norm = {}, act_std = {}}
-      for name, p in model:named_parameters() do
-        if p.grad ~= nil then record.grad_norm[name] = p.grad:norm():item() end
-      end
-      for name, t in pairs(capture) do
-        if name ~= 'grads' and not name:find('%.pattern$') then record.act_std[name] = t:detach():std():item() end
-      end
+      -- the autopsy's own per-step measures: fused gradient norms, stds read back together
+      local record = measure.probe_record(model, step, capture)
       if o.probe.fn then o.probe.fn(step, capture, record) end
       run.probes[#run.probes + 1] = record
     end

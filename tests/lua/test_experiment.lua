@@ -86,7 +86,7 @@ test('the autopsy carries the provenance record into its JSON and its report', f
   local s = f:read('*a')
   f:close()
   contains(s, '"provenance":{', 'autopsy JSON')
-  local html = require('anatomy.report').html(a)
+  local html = require('anatomy.autopsy.report').html(a)
   contains(html, 'class="provenance"', 'report')
   contains(html, a.provenance.data.sha256:sub(1, 16), 'report')
   os.execute("rm -rf '" .. dir .. "'")

@@ -180,7 +180,7 @@ function Sweep:svg(column, title)
   if not known then
     error(("bad argument #1 to 'svg' (no measured column '%s'; the columns are %s)"):format(tostring(column), table.concat(self.measured, ', ')), 2)
   end
-  return require('anatomy.report').line_chart{title = title or column, xlabel = self.keys[1], ylabel = column,
+  return require('anatomy.charts').line_chart{title = title or column, xlabel = self.keys[1], ylabel = column,
     series = self:series(column)}
 end
 

@@ -1,8 +1,9 @@
--- report: an autopsy as one self-contained HTML file: inline SVG charts, no
--- scripts, nothing fetched from the network. Every chart carries
--- data-points (how many values it draws), so a test can see that it has data.
-local autopsy = require 'anatomy.autopsy'
-local report = {}
+-- charts: inline SVG charts for the HTML reports (bars, lines, heatmaps,
+-- attention thumbnails, and standalone line charts for sweeps). Every chart
+-- carries data-points (how many values it draws), so a test can see that it
+-- has data. No scripts, nothing fetched.
+local format = require 'anatomy.autopsy.format'
+local charts = {}
 
 local W, H, PAD = 560, 220, 42
 local palette = {'#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf'}
@@ -33,11 +34,11 @@ end
 local function axes(lo, hi)
   return ('<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/><line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>'
     .. '<text x="4" y="%d" class="tick">%s</text><text x="4" y="%d" class="tick">%s</text>')
-    :format(PAD, 10, PAD, H - 24, PAD, H - 24, W - 8, H - 24, 16, autopsy.format(hi), H - 26, autopsy.format(lo))
+    :format(PAD, 10, PAD, H - 24, PAD, H - 24, W - 8, H - 24, 16, format.number(hi), H - 26, format.number(lo))
 end
 
 -- Bars, one per label.
-function report.bars(title, labels, values, note)
+function charts.bars(title, labels, values, note)
   local lo, hi = range(values)
   lo = math.min(lo, 0)
   local n, points = #labels, 0
@@ -48,7 +49,7 @@ function report.bars(title, labels, values, note)
       points = points + 1
       local h = (v - lo) / (hi - lo) * (H - 40)
       parts[#parts + 1] = ('<rect x="%s" y="%s" width="%s" height="%s" fill="%s"><title>%s: %s</title></rect>'):format(
-        num(PAD + (i - 1) * bw + 2), num(H - 24 - h), num(math.max(bw - 4, 1)), num(h), palette[1], esc(labels[i]), autopsy.format(v))
+        num(PAD + (i - 1) * bw + 2), num(H - 24 - h), num(math.max(bw - 4, 1)), num(h), palette[1], esc(labels[i]), format.number(v))
     end
     if n <= 12 then
       parts[#parts + 1] = ('<text x="%s" y="%d" class="label">%s</text>'):format(num(PAD + (i - 0.5) * bw), H - 8, esc(labels[i]:match('[^.]*$')))
@@ -58,7 +59,7 @@ function report.bars(title, labels, values, note)
 end
 
 -- Lines: series = {{name, xs, ys}, ...}
-function report.lines(title, series, note)
+function charts.lines(title, series, note)
   local xs_all, ys_all = {}, {}
   for _, s in ipairs(series) do
     for i = 1, #s[2] do xs_all[#xs_all + 1] = s[2][i]; ys_all[#ys_all + 1] = s[3][i] end
@@ -82,7 +83,7 @@ function report.lines(title, series, note)
 end
 
 -- A heatmap: rows x cols of values (log-scaled colour when log is set).
-function report.heatmap(title, row_labels, col_labels, matrix, log, note)
+function charts.heatmap(title, row_labels, col_labels, matrix, log, note)
   local flat = {}
   for _, row in ipairs(matrix) do for _, v in ipairs(row) do flat[#flat + 1] = log and finite(v) and v > 0 and math.log10(v) or v end end
   local lo, hi = range(flat)
@@ -102,7 +103,7 @@ function report.heatmap(title, row_labels, col_labels, matrix, log, note)
         parts[#parts + 1] = ('<rect x="%s" y="%s" width="%s" height="%s" fill="rgb(%d,%d,%d)"><title>%s @ %s: %s</title></rect>'):format(
           num(148 + (c - 1) * cw), num(10 + (r - 1) * ch), num(cw + 0.5), num(ch + 0.5),
           math.floor(255 * t), math.floor(80 + 100 * (1 - math.abs(t - 0.5) * 2)), math.floor(255 * (1 - t)),
-          esc(row_labels[r]), esc(col_labels[c]), autopsy.format(v))
+          esc(row_labels[r]), esc(col_labels[c]), format.number(v))
       end
     end
   end
@@ -110,7 +111,7 @@ function report.heatmap(title, row_labels, col_labels, matrix, log, note)
 end
 
 -- Small attention maps, one per layer: (T, T) matrices as lists.
-function report.thumbnails(title, labels, matrices)
+function charts.thumbnails(title, labels, matrices)
   local parts, points = {}, 0
   local size = math.min(110, math.floor((W - 10) / math.max(#labels, 1)) - 6)
   for i, m in ipairs(matrices) do
@@ -145,13 +146,13 @@ local function nice_ticks(lo, hi, n)
   for v = math.ceil(lo / step) * step, hi + step * 1e-9, step do ticks[#ticks + 1] = v end
   return ticks
 end
-report.nice_ticks = nice_ticks
+charts.nice_ticks = nice_ticks
 
--- report.line_chart{title, xlabel, ylabel, series = {{name, xs, ys}, ...}} ->
+-- charts.line_chart{title, xlabel, ylabel, series = {{name, xs, ys}, ...}} ->
 -- a standalone SVG document: the x axis has one tick per distinct x (placed
 -- evenly: sweeps are grids), the y axis round-number ticks over the data's
 -- range (not from 0), a legend, and every point labelled with its value.
-function report.line_chart(spec)
+function charts.line_chart(spec)
   local CW, CH, L, R, T, B = 640, 360, 64, 150, 34, 48
   local xs_set, ys_all = {}, {}
   for _, s in ipairs(spec.series) do
@@ -183,7 +184,7 @@ function report.line_chart(spec)
   for _, v in ipairs(nice_ticks(ylo, yhi, 5)) do
     local y = num(ypos(v))
     parts[#parts + 1] = ('<line x1="%d" y1="%s" x2="%d" y2="%s" stroke="#eee"/><text x="%d" y="%s" text-anchor="end" dy="4" fill="#555">%s</text>')
-      :format(L, y, L + pw, y, L - 6, y, autopsy.format(v))
+      :format(L, y, L + pw, y, L - 6, y, format.number(v))
   end
   for _, x in ipairs(xs) do
     parts[#parts + 1] = ('<line x1="%s" y1="%d" x2="%s" y2="%d" stroke="#999"/><text x="%s" y="%d" text-anchor="middle" fill="#555">%s</text>')
@@ -202,7 +203,7 @@ function report.line_chart(spec)
         local px, py = num(xpos[s[2][i]]), num(ypos(v))
         coords[#coords + 1] = px .. ',' .. py
         parts[#parts + 1] = ('<circle cx="%s" cy="%s" r="3" fill="%s"><title>%s, %s: %s</title></circle><text x="%s" y="%s" dy="-6" text-anchor="middle" fill="%s" font-size="9">%s</text>')
-          :format(px, py, color, esc(s[1]), esc(tostring(s[2][i])), autopsy.format(v), px, py, color, autopsy.format(v))
+          :format(px, py, color, esc(s[1]), esc(tostring(s[2][i])), format.number(v), px, py, color, format.number(v))
       end
     end
     parts[#parts + 1] = ('<polyline points="%s" fill="none" stroke="%s" stroke-width="1.5"/>'):format(table.concat(coords, ' '), color)
@@ -213,106 +214,4 @@ function report.line_chart(spec)
   return table.concat(parts)
 end
 
-local style = [[
-body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }
-h1 { font-size: 20px; } table { border-collapse: collapse; font: 12px monospace; }
-td, th { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; } td:first-child, th:first-child { text-align: left; }
-.passenger { color: #888; } .boundary { color: #d62728; font-weight: bold; } .exploding { color: #ff7f0e; font-weight: bold; }
-.charts { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; border: 1px solid #eee; padding: 8px; }
-figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .tick, .label, .label-left { font-size: 10px; fill: #555; } .legend { font-size: 11px; }
-.label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
-.provenance { font-size: 12px; color: #444; background: #f6f6f6; padding: 6px 8px; }
-]]
-
--- report.html(a) -> the report as a string
-function report.html(a)
-  local rows, labels = a.rows, {}
-  local blocks = {}
-  for _, r in ipairs(rows) do
-    labels[#labels + 1] = r.name
-    if r.kind == 'block' then blocks[#blocks + 1] = r end
-  end
-  local function column(list, key) local out = {} for i, r in ipairs(list) do out[i] = r[key] end return out end
-  local block_names = column(blocks, 'name')
-  local charts = {}
-  local h = a.history
-  if h and h.train and #h.train > 0 then
-    local xs = {}
-    for i = 1, #h.train do xs[i] = (h.first_step or 1) + i - 1 end
-    local vx, vy = {}, {}
-    for i, v in ipairs(h.val or {}) do vx[i], vy[i] = v.step, v.loss end
-    charts[#charts + 1] = report.lines('Loss (train, val)', {{'train', xs, h.train}, {'val', vx, vy}})
-  end
-  if h and h.probes and #h.probes > 0 then
-    local params, steps, matrix = {}, {}, {}
-    for _, p in ipairs(a.params) do params[#params + 1] = p.name end
-    for j, rec in ipairs(h.probes) do steps[j] = tostring(rec.step) end
-    for i, name in ipairs(params) do
-      matrix[i] = {}
-      for j, rec in ipairs(h.probes) do matrix[i][j] = rec.grad_norm[name] end
-    end
-    charts[#charts + 1] = report.heatmap('Gradient norm: parameter x step (log colour)', params, steps, matrix, true)
-    local series = {}
-    for _, name in ipairs(block_names) do
-      local xs, ys = {}, {}
-      for j, rec in ipairs(h.probes) do xs[j], ys[j] = rec.step, rec.act_std[name] end
-      series[#series + 1] = {name, xs, ys}
-    end
-    charts[#charts + 1] = report.lines('Activation std of each layer over training', series)
-  end
-  charts[#charts + 1] = report.bars('Gradient norm per row', labels, column(rows, 'grad_norm'))
-  charts[#charts + 1] = report.bars('Effective rank per layer (the funnel)', block_names, column(blocks, 'erank'))
-  if #a.weights > 0 then
-    charts[#charts + 1] = report.bars('Effective rank of each weight / its full rank', column(a.weights, 'name'), column(a.weights, 'ratio'))
-  end
-  charts[#charts + 1] = report.bars('Attention entropy per layer (nats)', block_names, column(blocks, 'entropy'))
-  if a.entropy_heads then
-    local heads, matrix = {}, {}
-    for i, r in ipairs(blocks) do matrix[i] = a.entropy_heads[r.name] or {} end
-    for k = 1, #(matrix[1] or {}) do heads[k] = 'head ' .. k end
-    if #heads > 0 then charts[#charts + 1] = report.heatmap('Attention entropy: layer x head', block_names, heads, matrix, false) end
-  end
-  charts[#charts + 1] = report.bars('Activation std per layer', block_names, column(blocks, 'act_std'))
-  charts[#charts + 1] = report.bars('Logit lens: loss read out after each layer', block_names, column(blocks, 'lens_loss'))
-  charts[#charts + 1] = report.bars('Loss with each layer removed', block_names, column(blocks, 'removal_loss'),
-    ('full model: %s'):format(autopsy.format(a.loss, 4)))
-  if a.patterns then
-    local names, mats = {}, {}
-    for _, r in ipairs(blocks) do
-      if a.patterns[r.name] then names[#names + 1] = r.name:match('[^.]*$'); mats[#mats + 1] = a.patterns[r.name] end
-    end
-    if #mats > 0 then
-      local title = a.patterns_text and ('Attention patterns (first head) for "%s"'):format(a.patterns_text:sub(1, 40))
-        or 'Attention patterns (first head) for a validation window'
-      charts[#charts + 1] = report.thumbnails(title, names, mats)
-    end
-  end
-
-  local cols = {'name', 'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual', 'influence', 'lens_loss', 'removal_loss', 'verdict'}
-  local thead = {}
-  for _, c in ipairs(cols) do thead[#thead + 1] = '<th>' .. c .. '</th>' end
-  local tbody = {}
-  for _, r in ipairs(rows) do
-    local tds = {}
-    for _, c in ipairs(cols) do
-      local v = r[c]
-      tds[#tds + 1] = '<td>' .. esc(type(v) == 'number' and autopsy.format(v) or (v or '')) .. '</td>'
-    end
-    tbody[#tbody + 1] = ('<tr class="%s">%s</tr>'):format(r.verdict or '', table.concat(tds))
-  end
-  return table.concat({
-    '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>autopsy of ', esc(a.model), '</title>',
-    '<style>', style, '</style></head><body>',
-    '<h1>Autopsy of ', esc(a.model), '</h1><p>loss ', autopsy.format(a.loss, 4), '</p>',
-    a.provenance and ('<p class="provenance">' .. esc(require('anatomy.provenance').line(a.provenance)) .. '</p>') or '',
-    '<table><thead><tr>', table.concat(thead), '</tr></thead><tbody>', table.concat(tbody), '</tbody></table>',
-    '<p class="note">', esc(tostring(a):match('verdicts:[^\n]*') or ''), '</p>',
-    '<div class="charts">', table.concat(charts), '</div></body></html>\n'})
-end
-
--- a:report(path): writes the HTML report atomically; returns path
-function autopsy.Autopsy:report(path)
-  return require('anatomy.fs').write_atomic(path, report.html(self))
-end
-
-return report
+return charts

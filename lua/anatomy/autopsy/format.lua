@@ -1,0 +1,114 @@
+-- The autopsy as text: numbers as the tables print them, the per-layer
+-- table with its verdict note, the parameter table, and terminal bar charts.
+local format = {}
+
+-- format.number(v, digits) -> '-' for nil, 'nan', scientific for very large or small values
+local function fmt(v, digits)
+  if v == nil then return '-' end
+  if v ~= v then return 'nan' end
+  local a = math.abs(v)
+  if a ~= 0 and (a >= 1e5 or a < 1e-3) then return ('%.2e'):format(v) end
+  return ('%.' .. (digits or 3) .. 'f'):format(v)
+end
+format.number = fmt
+
+
+-- The per-layer table.
+function format.table(self)
+  local cols = {
+    {'layer', function(r) return r.name end},
+    {'|grad|', function(r) return fmt(r.grad_norm, 4) end},
+    {'erank', function(r) return r.erank and ('%s (%d%%)'):format(fmt(r.erank, 1), math.floor(100 * r.erank_ratio + 0.5)) or '-' end},
+    {'entropy', function(r) return fmt(r.entropy) end},
+    {'diag', function(r) return fmt(r.diag) end},
+    {'act std', function(r) return fmt(r.act_std) end},
+    {'gain', function(r) return fmt(r.amplification, 2) end},
+    {'f(x)/x', function(r) return fmt(r.residual) end},
+    {'influence', function(r) return fmt(r.influence, 4) end},
+    {'lens loss', function(r) return fmt(r.lens_loss) end},
+    {'w/o loss', function(r) return fmt(r.removal_loss) end},
+    {'verdict', function(r) return r.verdict or '' end},
+  }
+  local cells, widths = {}, {}
+  for c, col in ipairs(cols) do widths[c] = #col[1] end
+  for i, r in ipairs(self.rows) do
+    cells[i] = {}
+    for c, col in ipairs(cols) do
+      cells[i][c] = col[2](r)
+      widths[c] = math.max(widths[c], #cells[i][c])
+    end
+  end
+  local function line(values)
+    local parts = {}
+    for c, v in ipairs(values) do parts[c] = c == 1 and v .. (' '):rep(widths[c] - #v) or (' '):rep(widths[c] - #v) .. v end
+    return table.concat(parts, '  ')
+  end
+  local header = {}
+  for c, col in ipairs(cols) do header[c] = col[1] end
+  local out = {('autopsy of %s: loss %s'):format(self.model, fmt(self.loss, 4)), line(header)}
+  out[#out + 1] = ('-'):rep(#out[2])
+  for i in ipairs(self.rows) do out[#out + 1] = line(cells[i]) end
+  local gates = {}
+  for _, r in ipairs(self.rows) do
+    if r.gate_grad then gates[#gates + 1] = ('%s |grad| %s, |W - I|/sqrt(d) %s'):format(r.name, fmt(r.gate_grad, 4), fmt(r.gate_identity)) end
+  end
+  if #gates > 0 then out[#out + 1] = 'gates: ' .. table.concat(gates, '; ') end
+  if self.removal then
+    out[#out + 1] = ('without the %d least influential blocks (%s): loss %s (full model %s)'):format(
+      self.removal.k, table.concat(self.removal.blocks, ', '), fmt(self.removal.loss, 4), fmt(self.removal.full_loss, 4))
+  end
+  local t = self.thresholds
+  out[#out + 1] = ('verdicts: boundary = input/output row with >= %g of the largest |grad| while the median block has < %g; '
+    .. 'passenger = f(x)/x < %g or |grad| share < %g; exploding = gain > %g'):format(
+    t.boundary, t.boundary_middle, t.passenger, t.passenger_grad, t.exploding)
+  out[#out + 1] = ''
+  out[#out + 1] = format.parameter_table(self)
+  return table.concat(out, '\n')
+end
+
+-- Each parameter's gradient norm and, for matrices, its effective rank.
+function format.parameter_table(self)
+  local ranks = {}
+  for _, w in ipairs(self.weights) do ranks[w.name] = w end
+  local width = 9
+  for _, p in ipairs(self.params) do width = math.max(width, #p.name) end
+  local lines = {('%-' .. width .. 's  %10s  %10s  %s'):format('parameter', 'shape', '|grad|', 'erank (of full)')}
+  for _, p in ipairs(self.params) do
+    local w = ranks[p.name]
+    lines[#lines + 1] = ('%-' .. width .. 's  %10s  %10s  %s'):format(p.name, p.shape, fmt(p.grad_norm, 4),
+      w and ('%s (%d%%)'):format(fmt(w.erank, 1), math.floor(100 * w.ratio + 0.5)) or '')
+  end
+  return table.concat(lines, '\n')
+end
+
+
+local bars = {' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'}
+
+-- format.plot(a, metric) (a:plot(metric)): a compact chart of one column per layer, in the terminal
+-- ('grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual',
+-- 'influence', 'lens_loss', 'removal_loss').
+function format.plot(self, metric)
+  metric = metric or 'grad_norm'
+  local values, hi = {}, 0
+  for _, r in ipairs(self.rows) do
+    local v = r[metric]
+    values[#values + 1] = {r.name, v}
+    if v and v == v then hi = math.max(hi, math.abs(v)) end
+  end
+  local width = 40
+  local lines = {('%s per layer'):format(metric)}
+  local name_width = 0
+  for _, v in ipairs(values) do name_width = math.max(name_width, #v[1]) end
+  for _, v in ipairs(values) do
+    local n = v[2] and hi > 0 and math.abs(v[2]) / hi * width or 0
+    local full = math.floor(n)
+    local part = math.floor((n - full) * 8 + 0.5)
+    local bar = ('█'):rep(full) .. (part > 0 and full < width and bars[part + 1] or '')
+    lines[#lines + 1] = ('%s%s  %s %s'):format(v[1], (' '):rep(name_width - #v[1]), bar, fmt(v[2]))
+  end
+  local text = table.concat(lines, '\n')
+  print(text)
+  return text
+end
+
+return format

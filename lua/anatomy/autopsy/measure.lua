@@ -1,0 +1,132 @@
+-- The autopsy's measurements of one forward and backward: the layers of a
+-- model, every layer's input and output recorded (dissect), and the
+-- per-step snapshot that training's probe steps and autopsy.step share
+-- (gradient norms in one fused pass, activation statistics, attention).
+local measure = {}
+
+-- Every measure autopsy.run takes (its opts.metrics picks some).
+measure.all_metrics = {'grad_norm', 'erank', 'attn_entropy', 'act_std', 'residual', 'influence', 'logit_lens', 'removal', 'weight_erank'}
+
+function measure.layers(model)
+  local layers, why = model:layers()
+  if not layers then error('autopsy: ' .. why, 3) end
+  return layers
+end
+
+function measure.l2(list)
+  local s = 0
+  for _, v in ipairs(list) do s = s + v * v end
+  return math.sqrt(s)
+end
+
+function measure.median(values)
+  local v = {}
+  for i, x in ipairs(values) do v[i] = x end
+  table.sort(v)
+  if #v == 0 then return 0 end
+  return #v % 2 == 1 and v[(#v + 1) / 2] or (v[#v / 2] + v[#v / 2 + 1]) / 2
+end
+
+function measure.starts_with(s, prefix) return s:sub(1, #prefix) == prefix end
+
+-- One forward and backward with every layer's input and output recorded.
+function measure.dissect(model, layers, x, y)
+  local io_ = {}
+  local handles = {}
+  for i, l in ipairs(layers) do
+    handles[#handles + 1] = probe.replace(model, l[1], function(out, _, input)
+      io_[i] = {input = torch.is_tensor(input) and input:detach() or nil, output = out:detach()}
+    end)
+  end
+  local patterns, pattern_handle = probe.attach_capture(model, {filter = {'*.pattern'}})
+  model:zero_grad()
+  local logits = model(x)
+  local loss = nn.functional.cross_entropy(logits, y)
+  loss:backward()
+  for _, h in ipairs(handles) do h:remove() end
+  pattern_handle:remove()
+  return {loss = loss:item(), logits = logits:detach(), io = io_, patterns = patterns}
+end
+
+-- measure.step(model, fn) (autopsy.step) -> snapshot, fn's result: the autopsy's per-step
+-- measurements from the forward and backward that fn() runs (a training
+-- step's own: no extra pass). fn must run the model and call backward.
+-- snapshot = {grad_norm = {param = ‖grad‖}, weight_erank = {param = erank of
+-- every 2-D weight}, layers = {{name, act_mean, act_std, act_max, act_rms,
+-- entropy, diag}, ...}}. Weight ranks come from one batched Gram-matrix
+-- eigendecomposition per weight shape; gradient norms from one fused pass.
+function measure.step(model, fn)
+  local layers = measure.layers(model)
+  local filter = {'*.pattern'}
+  for _, l in ipairs(layers) do filter[#filter + 1] = l[1] end
+  local capture, handle = probe.attach_capture(model, {filter = filter})
+  local ok, result = pcall(fn)
+  handle:remove()
+  if not ok then error(result, 0) end
+  local weights, weight_names = {}, {}
+  for name, p in model:named_parameters() do
+    if p:dim() == 2 then
+      weights[#weights + 1] = p
+      weight_names[#weights] = name
+    end
+  end
+  local snap = {grad_norm = measure.grad_norms(model), weight_erank = {}, layers = {}}
+  for i, r in ipairs(torch.metrics.eranks(weights)) do snap.weight_erank[weight_names[i]] = r end
+  for i, l in ipairs(layers) do
+    local row = {name = l[1]}
+    local out = capture[l[1]]
+    if out then
+      local st = torch.metrics.activation_stats(out)
+      row.act_mean, row.act_std, row.act_max, row.act_rms = st.mean, st.std, st.max_abs, st.rms
+    end
+    for name, pattern in pairs(capture) do
+      if name ~= 'grads' and name:find('%.pattern$') and measure.starts_with(name, l[1] .. '.') then
+        row.entropy = torch.metrics.attention_entropy(pattern)
+        row.diag = torch.metrics.diagonal_mass(pattern)
+        break
+      end
+    end
+    snap.layers[i] = row
+  end
+  return snap, result
+end
+
+
+-- measure.grad_norms(model) -> {parameter name = ‖grad‖} for every parameter
+-- that has a gradient, from one fused norm over all of them (one sync).
+function measure.grad_norms(model)
+  local names, grads = {}, {}
+  for name, p in model:named_parameters() do
+    names[#names + 1] = name
+    grads[#names] = p.grad or false
+  end
+  local out = {}
+  for i, n in ipairs(torch.metrics.norms(grads)) do
+    if n == n then out[names[i]] = n end
+  end
+  return out
+end
+
+-- measure.stds(tensors) -> {name = std} for a table of named tensors (the
+-- activations a probe captured), computed together and read back once.
+function measure.stds(captured)
+  local names, values = {}, {}
+  for name, t in pairs(captured) do
+    if name ~= 'grads' and torch.is_tensor(t) and t:is_floating_point() and t:numel() > 1 and not name:find('%.pattern$') then
+      names[#names + 1] = name
+      values[#names] = t:detach():std():double()
+    end
+  end
+  local out = {}
+  if #names == 0 then return out end
+  for i, v in ipairs(torch.stack(values):tolist()) do out[names[i]] = v end
+  return out
+end
+
+-- measure.probe_record(model, step, captured) -> {step, grad_norm = {param = norm},
+-- act_std = {point = std}}: what a training step with probes keeps.
+function measure.probe_record(model, step, captured)
+  return {step = step, grad_norm = measure.grad_norms(model), act_std = measure.stds(captured)}
+end
+
+return measure

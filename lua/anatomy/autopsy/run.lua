@@ -1,0 +1,185 @@
+-- autopsy.run: measures a model on a few batches (one forward and backward
+-- each, every layer's input and output recorded), reads the logit lens,
+-- removes blocks one at a time, and returns an Autopsy with a row per layer.
+local measure = require 'anatomy.autopsy.measure'
+local verdicts = require 'anatomy.autopsy.verdicts'
+local Autopsy = require 'anatomy.autopsy.Autopsy'
+local provenance = require 'anatomy.provenance'
+local data = require 'anatomy.data'
+
+-- autopsy.run(model, batch_or_corpus, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text})
+-- batch_or_corpus: a corpus (batches from its val split) or {inputs, targets}.
+-- steps: batches to average over. k: how many lowest-influence blocks the
+-- removal sweep drops together (default: half). history: a train.fit run
+-- whose losses and probe history go into the report. probe_text: a sentence
+-- whose attention maps the report shows (with a corpus to encode it).
+-- config: the calling script's settings, kept in the provenance record
+-- (a.provenance: data, model, training, software, machine; see provenance.lua).
+local function run(model, source, opts)
+  opts = opts or {}
+  local want = {}
+  for _, m in ipairs(opts.metrics or measure.all_metrics) do want[m] = true end
+  local thresholds = {}
+  for k, v in pairs(verdicts.thresholds) do thresholds[k] = (opts.thresholds or {})[k] or v end
+  local layers = measure.layers(model)
+  local seq = opts.seq or (rawget(model, 'config') and model.config.seq) or 64
+  local function batch()
+    if type(source) == 'table' and torch.is_tensor(source[1]) then return source[1], source[2] end
+    return source:batch(opts.batch or 8, seq, {split = 'val'})
+  end
+
+  local was_training = model.training
+  model:eval()
+  local steps = opts.steps or 1
+  local acc = {}            -- name -> sum over batches
+  local function add(key, v) if v ~= nil and v == v then acc[key] = (acc[key] or 0) + v end end
+  local last
+  local entropy_heads, patterns = {}, {}   -- of the last batch: per head, and (T, T) maps of the first sequence
+  local seen_batches = {}
+  local patterns_text
+  for _ = 1, steps do
+    local x, y = batch()
+    local d = measure.dissect(model, layers, x, y)
+    last = {x = x, y = y, d = d}
+    seen_batches[#seen_batches + 1] = {x, y}
+    add('loss', d.loss)
+    for name, p in model:named_parameters() do
+      if p.grad ~= nil then add('grad:' .. name, p.grad:norm():item()) end
+    end
+    local final_top = d.logits:argmax(-1)
+    for i, l in ipairs(layers) do
+      local rec = d.io[i]
+      if rec then
+        local inp, out = rec.input, rec.output
+        local stats = torch.metrics.activation_stats(out)
+        add(i .. ':act_mean', stats.mean)
+        add(i .. ':act_std', stats.std)
+        add(i .. ':act_max', stats.max_abs)
+        add(i .. ':act_rms', stats.rms)
+        if want.erank then add(i .. ':erank', torch.metrics.erank(out)) end
+        if inp and table.concat(inp:size(), 'x') == table.concat(out:size(), 'x') then
+          local in_std = torch.metrics.activation_stats(inp).std
+          add(i .. ':amplification', stats.std / math.max(in_std, 1e-30))
+          if want.residual then add(i .. ':residual', torch.metrics.residual_ratio(inp, out)) end
+          if want.influence then add(i .. ':influence', torch.metrics.block_influence(inp, out)) end
+        end
+        if want.logit_lens and model.readout then
+          local ok, lens = pcall(function() return torch.no_grad(function() return model:readout(out) end) end)
+          if ok and lens:size(-1) == d.logits:size(-1) then
+            add(i .. ':lens_loss', nn.functional.cross_entropy(lens, y):item())
+            add(i .. ':lens_agree', lens:argmax(-1):eq(final_top):double():mean():item())
+          end
+        end
+      end
+      if want.attn_entropy then
+        for name, pattern in pairs(d.patterns) do
+          if name ~= 'grads' and measure.starts_with(name, l[1] .. '.') then
+            local mean, heads = torch.metrics.attention_entropy(pattern)
+            add(i .. ':entropy', mean)
+            entropy_heads[l[1]] = heads:tolist()
+            local T = math.min(pattern:size(3), 24)
+            patterns[l[1]] = pattern[1][1]:narrow(1, 1, T):narrow(2, 1, T):tolist()
+            add(i .. ':diag', torch.metrics.diagonal_mass(pattern))
+            break
+          end
+        end
+      end
+    end
+  end
+  local function avg(key) return acc[key] and acc[key] / steps end
+
+  -- attention maps for a probe sentence, when one is given (else the first validation window)
+  if opts.probe_text and type(source) == 'table' and source.encode then
+    local ok, ids = pcall(source.encode, source, opts.probe_text)
+    if ok and ids:numel() > 1 then
+      ids = ids:narrow(1, 1, math.min(ids:numel(), seq)):unsqueeze(1)
+      local cap = probe.capture(model, {filter = '*.pattern'}, function() torch.no_grad(function() model(ids) end) end)
+      for _, l in ipairs(layers) do
+        for name, pattern in pairs(cap) do
+          if name ~= 'grads' and measure.starts_with(name, l[1] .. '.') then
+            local T = math.min(pattern:size(3), 24)
+            patterns[l[1]] = pattern[1][1]:narrow(1, 1, T):narrow(2, 1, T):tolist()
+          end
+        end
+      end
+      patterns_text = opts.probe_text
+    end
+  end
+
+  -- rows: the input (embedding), each layer, the output (everything after the stack)
+  local a = setmetatable({model = nn.typename(model), loss = avg('loss'), rows = {}, params = {}, weights = {},
+    thresholds = thresholds, metrics = opts.metrics or measure.all_metrics, history = opts.history,
+    entropy_heads = entropy_heads, patterns = patterns, patterns_text = patterns_text}, Autopsy)
+  local first_child
+  for name in model:named_children() do first_child = first_child or name end
+  local input_row = {name = first_child or 'input', kind = 'input', grads = {}}
+  local output_row = {name = 'output', kind = 'output', grads = {}}
+  local block_rows = {}
+  for i, l in ipairs(layers) do
+    block_rows[i] = {name = l[1], kind = 'block', class = nn.typename(l[2]), grads = {},
+      act_mean = avg(i .. ':act_mean'), act_std = avg(i .. ':act_std'), act_max = avg(i .. ':act_max'),
+      act_rms = avg(i .. ':act_rms'), erank = avg(i .. ':erank'),
+      amplification = avg(i .. ':amplification'), residual = avg(i .. ':residual'), influence = avg(i .. ':influence'),
+      entropy = avg(i .. ':entropy'), diag = avg(i .. ':diag'), lens_loss = avg(i .. ':lens_loss'), lens_agree = avg(i .. ':lens_agree')}
+    -- a gated residual: the gate's gradient, and how far the gate is from the identity it replaced
+    if nn.is_instance(l[2], nn.Gate) then
+      local W = l[2].gate.weight
+      block_rows[i].gate_grad = avg('grad:' .. l[1] .. '.gate.weight')
+      block_rows[i].gate_identity = (W:detach():double() - torch.eye(W:size(1), {dtype = 'float64'})):norm():item() / math.sqrt(W:size(1))
+    end
+    local dim = last.d.io[i] and last.d.io[i].output:size(-1)
+    if block_rows[i].erank and dim then block_rows[i].erank_ratio = block_rows[i].erank / dim end
+  end
+  for name, p in model:named_parameters() do
+    local g = avg('grad:' .. name)
+    a.params[#a.params + 1] = {name = name, grad_norm = g, shape = table.concat(p:size(), 'x')}
+    if want.weight_erank and p:dim() == 2 then
+      local r = torch.metrics.erank(p)
+      a.weights[#a.weights + 1] = {name = name, erank = r, ratio = r / math.min(p:size(1), p:size(2)), shape = table.concat(p:size(), 'x')}
+    end
+    local row = output_row
+    for i, l in ipairs(layers) do if measure.starts_with(name, l[1] .. '.') then row = block_rows[i] end end
+    if row == output_row and first_child and measure.starts_with(name, first_child .. '.') then row = input_row end
+    if g then row.grads[#row.grads + 1] = g end
+  end
+  a.rows[1] = input_row
+  for _, r in ipairs(block_rows) do a.rows[#a.rows + 1] = r end
+  a.rows[#a.rows + 1] = output_row
+  for _, r in ipairs(a.rows) do r.grad_norm = #r.grads > 0 and measure.l2(r.grads) or nil end
+
+  -- removal sweep: each block skipped in turn, then the k least influential
+  -- together; the loss is averaged over the same batches as the full model's
+  if want.removal then
+    local function loss_without(names)
+      local hs = {}
+      for _, n in ipairs(names) do hs[#hs + 1] = probe.skip(model, n) end
+      local ok, total = pcall(function()
+        return torch.no_grad(function()
+          local sum = 0
+          for _, b in ipairs(seen_batches) do sum = sum + nn.functional.cross_entropy(model(b[1]), b[2]):item() end
+          return sum / #seen_batches
+        end)
+      end)
+      for _, h in ipairs(hs) do h:remove() end
+      return ok and total or nil
+    end
+    for _, r in ipairs(block_rows) do r.removal_loss = loss_without({r.name}) end
+    local ranked = {}
+    for _, r in ipairs(block_rows) do if r.influence then ranked[#ranked + 1] = r end end
+    table.sort(ranked, function(p, q) return p.influence < q.influence end)
+    local k = math.min(opts.k or math.floor(#block_rows / 2), #ranked)
+    if k > 0 then
+      local names = {}
+      for i = 1, k do names[i] = ranked[i].name end
+      a.removal = {k = k, blocks = names, loss = loss_without(names), full_loss = a.loss}
+    end
+  end
+
+  verdicts.assign(a, thresholds)
+  model:train(was_training)
+  local corpus = getmetatable(source) == data.Corpus and source or nil
+  a.provenance = provenance.record{corpus = corpus, model = model, run = opts.history, config = opts.config}
+  return a
+end
+
+return run

@@ -1,0 +1,38 @@
+-- The autopsy's verdicts on each row, and the thresholds they use, in one place.
+--   exploding  std(output) / std(input) of a block above `exploding`
+--   passenger  a block whose f(x) is small beside x (residual ratio below
+--              `passenger`) or whose parameters get almost no gradient
+--              (below `passenger_grad` of the largest row's): the gradient passes by
+--   boundary   an input or output row holding at least `boundary` of the
+--              largest gradient while the median block holds under `boundary_middle`
+--   worker     a block that is none of these
+local measure = require 'anatomy.autopsy.measure'
+
+local verdicts = {}
+
+-- The defaults (autopsy.thresholds; override with autopsy.run's opts.thresholds).
+verdicts.thresholds = {exploding = 2.0, passenger = 0.05, passenger_grad = 0.02, boundary = 0.5, boundary_middle = 0.1}
+
+-- verdicts.assign(a, thresholds): sets grad_share and verdict on every row of autopsy a.
+function verdicts.assign(a, thresholds)
+  local largest = 0
+  for _, r in ipairs(a.rows) do largest = math.max(largest, r.grad_norm or 0) end
+  local shares = {}
+  for _, r in ipairs(a.rows) do
+    r.grad_share = largest > 0 and r.grad_norm and r.grad_norm / largest or nil
+    if r.kind == 'block' then shares[#shares + 1] = r.grad_share or 0 end
+  end
+  local middle = measure.median(shares)
+  for _, r in ipairs(a.rows) do
+    if r.kind == 'block' then
+      if r.amplification and r.amplification > thresholds.exploding then r.verdict = 'exploding'
+      elseif (r.residual and r.residual < thresholds.passenger) or (r.grad_share and r.grad_share < thresholds.passenger_grad) then
+        r.verdict = 'passenger'
+      else r.verdict = 'worker' end
+    elseif r.grad_share and r.grad_share >= thresholds.boundary and middle < thresholds.boundary_middle then
+      r.verdict = 'boundary'
+    end
+  end
+end
+
+return verdicts
