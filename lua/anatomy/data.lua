@@ -109,6 +109,13 @@ function data.file_info(path)
   return info
 end
 
+-- corpus:sample(model, prompt, opts) -> the prompt and its continuation, as
+-- text (model:generate's options; lua/anatomy/generate.lua)
+function Corpus:sample(model, prompt, opts)
+  local text = require('anatomy.generate').sample(self, model, prompt, opts)
+  return text
+end
+
 -- corpus:tokens([split]) -> the ids of the whole text or of one split
 function Corpus:tokens(split) return self._native:tokens(split) end
 

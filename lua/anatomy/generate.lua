@@ -1,7 +1,8 @@
--- Sampling from language models: model:generate(ids, opts) for any module
--- that maps token ids (B, T) to logits (B, T, V), and corpus:sample(model,
--- prompt, opts) for text in and text out.
-local data = require 'anatomy.data'
+-- Sampling from language models: generate(model, ids, opts) for any module
+-- that maps token ids (B, T) to logits (B, T, V) (model:generate in
+-- nn/Module.lua), and sample(corpus, model, prompt, opts) for text in and
+-- text out (corpus:sample in data.lua).
+local generate = {}
 
 -- The next-token distribution's sample from logits (B, V).
 local function draw(logits, temperature, top_k)
@@ -14,11 +15,11 @@ local function draw(logits, temperature, top_k)
   return logits:softmax(-1):multinomial(1)               -- (B, 1), 1-based ids
 end
 
--- model:generate(ids, {max_new = 200, temperature = 1.0, top_k = nil, seed = nil})
+-- generate.generate(model, ids, {max_new = 200, temperature = 1.0, top_k = nil, seed = nil})
 -- ids: (B, T) or (T) int64 prompt; returns the prompt followed by max_new
 -- sampled tokens. The context is cropped to the model's seq (its position
 -- table). temperature = 0 picks the most likely token.
-function nn.Module:generate(ids, opts)
+function generate.generate(self, ids, opts)
   opts = opts or {}
   local squeeze = ids:dim() == 1
   if squeeze then ids = ids:unsqueeze(1) end
@@ -46,12 +47,12 @@ function nn.Module:generate(ids, opts)
   return squeeze and ids:squeeze(1) or ids
 end
 
--- corpus:sample(model, prompt, opts) -> the prompt and its continuation, as text
-function data.Corpus:sample(model, prompt, opts)
+-- generate.sample(corpus, model, prompt, opts) -> the prompt and its continuation, as text
+function generate.sample(self, model, prompt, opts)
   local ids = self:encode(prompt or '')
   if ids:numel() == 0 then ids = torch.tensor({1}, {dtype = 'int64'}) end
   local out = model:generate(ids, opts)
   return self:decode(out)
 end
 
-return nn.Module.generate
+return generate

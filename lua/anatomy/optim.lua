@@ -79,20 +79,20 @@ function optim.schedule(kind, lr, steps, warmup)
   end
 end
 
--- optim.clip_grad_norm(params, max_norm) -> the total norm before clipping
+-- optim.clip_grad_norm(params, max_norm) -> the total gradient norm before
+-- clipping (one read back, not one per parameter); when max_norm is a positive
+-- number and the norm exceeds it, every gradient is scaled down to it
+-- (PyTorch's torch.nn.utils.clip_grad_norm_). train.fit clips with it.
 function optim.clip_grad_norm(params, max_norm)
-  local sq = 0
-  for _, p in ipairs(params) do
-    if p.grad ~= nil then sq = sq + (p.grad * p.grad):sum():item() end
+  local norms = {}
+  for _, p in ipairs(params) do if p.grad ~= nil then norms[#norms + 1] = p.grad:norm() end end
+  if #norms == 0 then return 0 end
+  local total = torch.stack(norms):norm():item()
+  if max_norm and max_norm > 0 and total > max_norm then
+    local scale = max_norm / (total + 1e-6)
+    torch.no_grad(function() for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(scale) end end end)
   end
-  local norm = math.sqrt(sq)
-  if norm > max_norm then
-    local scale = max_norm / (norm + 1e-6)
-    torch.no_grad(function()
-      for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(scale) end end
-    end)
-  end
-  return norm
+  return total
 end
 
 return optim

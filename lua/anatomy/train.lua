@@ -57,19 +57,6 @@ local function first_bad_grad(model)
   end
 end
 
--- The total gradient norm, clipped to max_norm when given (one sync, not one per parameter).
-local function grad_norm(params, max_norm)
-  local norms = {}
-  for _, p in ipairs(params) do if p.grad ~= nil then norms[#norms + 1] = p.grad:norm() end end
-  if #norms == 0 then return 0 end
-  local total = torch.stack(norms):norm():item()
-  if max_norm and max_norm > 0 and total > max_norm then
-    local scale = max_norm / (total + 1e-6)
-    torch.no_grad(function() for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(scale) end end end)
-  end
-  return total
-end
-
 -- Windows of seq + 1 tokens laid end to end over ids, at most `limit` of
 -- them: deterministic, and drawing nothing from the random generator.
 local function windows(ids, seq, limit)
@@ -141,11 +128,6 @@ function train.load_checkpoint(path, model, opt)
   return tonumber(meta.step), meta
 end
 
-local function file_exists(path)
-  local f = io.open(path, 'rb')
-  if f then f:close() end
-  return f ~= nil
-end
 
 local function format_time(seconds)
   seconds = math.max(0, math.floor(seconds + 0.5))
@@ -210,7 +192,7 @@ function train.fit(model, corpus, opts)
     error(('train.fit: recurrence needs a stateful model (models.stateful), got %s'):format(nn.typename(model)), 2)
   end
 
-  if o.checkpoint and o.resume and file_exists(o.checkpoint) then
+  if o.checkpoint and o.resume and require('anatomy.fs').exists(o.checkpoint) then
     local step = train.load_checkpoint(o.checkpoint, model, opt)
     run.first_step = step + 1
     run.resumed_from = step
@@ -261,7 +243,7 @@ function train.fit(model, corpus, opts)
       if o.probe.fn then o.probe.fn(step, capture, record) end
       run.probes[#run.probes + 1] = record
     end
-    local norm = grad_norm(params, o.clip)
+    local norm = optim.clip_grad_norm(params, o.clip)
     if norm ~= norm or norm == math.huge then
       error(('train.fit: the gradient of %s is not finite at step %d'):format(first_bad_grad(model) or '?', step), 0)
     end

@@ -128,6 +128,14 @@ function Module:layers()
   return out
 end
 
+-- m:generate(ids, {max_new = 200, temperature = 1.0, top_k, seed}) -> the
+-- prompt ids followed by sampled ones, for a module from ids (B, T) to logits
+-- (B, T, V); a stateful model runs as an RNN (lua/anatomy/generate.lua).
+function Module:generate(ids, opts)
+  local out = require('anatomy.generate').generate(self, ids, opts)
+  return out
+end
+
 -- Iterates (name, child) over direct children, in definition order.
 function Module:named_children()
   local i = 0
