@@ -1,9 +1,11 @@
 // What every binding file shares: the Tensor userdata, argument checks, the
 // 1-based index helper, and the wrapper that turns C++ exceptions into Lua
-// errors. Only bindings/ and the files owning the Lua state include this.
+// errors. Only bindings/ includes this.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <lua.hpp>
+
+#include "bindings/interrupt.h"
 
 #include <optional>
 #include <stdexcept>
@@ -28,10 +30,6 @@ struct CallError : std::runtime_error {
 // Raises the Lua error for an exception caught by guarded(); the message is on
 // the stack top. kind: 1 ArgError, 2 CallError, 3 anything else.
 int raise_error(lua_State* L, int kind, int arg);
-// Set by Ctrl-C; every binding call checks it so that loops calling tensor
-// code stop even when LuaJIT has compiled them (compiled code skips hooks).
-extern volatile int g_interrupted;
-void check_interrupt();
 
 /// Wraps a binding body: exceptions become Lua errors, raised after the catch
 /// block (a Lua error unwinds the C++ stack; it must not start inside a catch).
@@ -40,7 +38,7 @@ template <lua_CFunction F>
 int guarded(lua_State* L) {
   int kind = 0, arg = 0;
   try {
-    if (g_interrupted) check_interrupt();
+    if (interrupt::pending) interrupt::raise();  // Ctrl-C (bindings/interrupt.h)
     return F(L);
   } catch (const ArgError& e) {
     kind = 1;

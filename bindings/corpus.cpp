@@ -2,7 +2,7 @@
 // lua/anatomy/data.lua wraps it as data.text(...).
 #include <ATen/ATen.h>
 
-#include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "bindings/common.h"
 #include "host/io/corpus.h"
 #include "host/io/digest.h"

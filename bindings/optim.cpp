@@ -1,19 +1,19 @@
-// The Lua-visible Optimizer: LibTorch's AdamW over the parameters Lua hands
-// it, with its state readable and writable for checkpoints.
-// lua/anatomy/optim.lua wraps it as optim.AdamW(params, opts).
+// The Lua-visible Optimizer: userdata holding host/optim/adamw.h's AdamW.
+// The Lua options table maps onto AdamWOptions here, in one place; the
+// host checks the values. lua/anatomy/optim.lua wraps it as optim.AdamW.
 #include <ATen/ATen.h>
-#include <torch/optim/adamw.h>
 
-#include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "bindings/common.h"
+#include "host/optim/adamw.h"
 
 namespace anatomy::lua {
 namespace {
 
 constexpr const char* kOptimizerMeta = "anatomy.Optimizer";
-using OptimizerPtr = std::unique_ptr<torch::optim::AdamW>;
+using OptimizerPtr = std::unique_ptr<optim::AdamW>;
 
-torch::optim::AdamW& check_optimizer(lua_State* L, int idx) {
+optim::AdamW& check_optimizer(lua_State* L, int idx) {
   return *check_userdata<OptimizerPtr>(L, idx, kOptimizerMeta, "Optimizer");
 }
 
@@ -32,22 +32,50 @@ std::vector<at::Tensor> param_list(lua_State* L, int idx) {
   return ps;
 }
 
-// AdamW(decayed, not_decayed, lr, beta1, beta2, eps, weight_decay): two groups,
+// Options field `key` of the table at idx: nothing when absent, else a number.
+std::optional<double> number_option(lua_State* L, int idx, const char* key) {
+  int type = get_option(L, idx, key);
+  double v = lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  if (type == LUA_TNIL) return std::nullopt;
+  if (type != LUA_TNUMBER) throw ArgError(idx, std::string(key) + " must be a number, got " + lua_typename(L, type));
+  return v;
+}
+
+// The options table at idx ({lr, betas = {b1, b2}, eps, weight_decay}) as AdamWOptions.
+optim::AdamWOptions adamw_options(lua_State* L, int idx) {
+  optim::AdamWOptions o;
+  if (lua_isnoneornil(L, idx)) return o;
+  check_option_keys(L, idx, {"lr", "betas", "eps", "weight_decay"});
+  if (auto v = number_option(L, idx, "lr")) o.lr(*v);
+  if (auto v = number_option(L, idx, "eps")) o.eps(*v);
+  if (auto v = number_option(L, idx, "weight_decay")) o.weight_decay(*v);
+  if (get_option(L, idx, "betas") != LUA_TNIL) {
+    std::vector<double> b;
+    if (lua_istable(L, -1)) {
+      for (int k = 1; k <= 2; ++k) {
+        lua_rawgeti(L, -1, k);
+        if (lua_type(L, -1) == LUA_TNUMBER) b.push_back(lua_tonumber(L, -1));
+        lua_pop(L, 1);
+      }
+    }
+    if (b.size() != 2) throw ArgError(idx, "betas must be a table of two numbers");
+    o.betas(b[0], b[1]);
+  }
+  lua_pop(L, 1);
+  return o;
+}
+
+// AdamW(decayed, not_decayed, {lr, betas, eps, weight_decay}): two groups,
 // weight decay applying to the first only.
 int optim_adamw(lua_State* L) {
   std::vector<at::Tensor> decayed = param_list(L, 1), plain = param_list(L, 2);
-  double lr = check_number(L, 3), b1 = check_number(L, 4), b2 = check_number(L, 5), eps = check_number(L, 6),
-         wd = check_number(L, 7);
-  if (!(lr >= 0)) throw ArgError(3, "learning rate must be non-negative");
-  if (!(b1 >= 0 && b1 < 1)) throw ArgError(4, "beta1 must be in [0, 1)");
-  if (!(b2 >= 0 && b2 < 1)) throw ArgError(5, "beta2 must be in [0, 1)");
-  if (decayed.empty() && plain.empty()) throw ArgError(1, "no parameters to optimize");
-  auto options = torch::optim::AdamWOptions(lr).betas({b1, b2}).eps(eps).weight_decay(wd);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (!decayed.empty()) groups.emplace_back(decayed, std::make_unique<torch::optim::AdamWOptions>(options));
-  if (!plain.empty())
-    groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(options).weight_decay(0)));
-  push_userdata<OptimizerPtr>(L, kOptimizerMeta, std::make_unique<torch::optim::AdamW>(std::move(groups), options));
+  optim::AdamWOptions options = adamw_options(L, 3);
+  try {
+    push_userdata<OptimizerPtr>(L, kOptimizerMeta, std::make_unique<optim::AdamW>(std::move(decayed), std::move(plain), options));
+  } catch (const optim::OptionError& e) {
+    throw ArgError(e.field == "params" ? 1 : 3, e.what());
+  }
   return 1;
 }
 
@@ -57,47 +85,43 @@ int optimizer_step(lua_State* L) {
 }
 
 int optimizer_zero_grad(lua_State* L) {
-  for (auto& group : check_optimizer(L, 1).param_groups())
-    for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
+  check_optimizer(L, 1).zero_grad();
   return 0;
 }
 
 int optimizer_set_lr(lua_State* L) {
-  double lr = check_number(L, 2);
-  if (!(lr >= 0)) throw ArgError(2, "learning rate must be non-negative");
-  for (auto& group : check_optimizer(L, 1).param_groups()) group.options().set_lr(lr);
+  optim::AdamW& opt = check_optimizer(L, 1);
+  try {
+    opt.set_lr(check_number(L, 2));
+  } catch (const optim::OptionError& e) {
+    throw ArgError(2, e.what());
+  }
   return 0;
 }
 
 int optimizer_lr(lua_State* L) {
-  lua_pushnumber(L, check_optimizer(L, 1).param_groups().at(0).options().get_lr());
+  lua_pushnumber(L, check_optimizer(L, 1).lr());
   return 1;
 }
 
-std::string key_of(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
-
 // opt:state() -> {{step = n, exp_avg = t, exp_avg_sq = t} or false, ...} in parameter order
 int optimizer_state(lua_State* L) {
-  auto& opt = check_optimizer(L, 1);
-  lua_newtable(L);
+  auto states = check_optimizer(L, 1).state();
+  lua_createtable(L, static_cast<int>(states.size()), 0);
   int i = 0;
-  for (auto& group : opt.param_groups()) {
-    for (auto& p : group.params()) {
-      auto it = opt.state().find(key_of(p));
-      if (it == opt.state().end()) {
-        lua_pushboolean(L, false);
-      } else {
-        auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
-        lua_createtable(L, 0, 3);
-        lua_pushnumber(L, static_cast<lua_Number>(s.step()));
-        lua_setfield(L, -2, "step");
-        push_tensor(L, s.exp_avg());
-        lua_setfield(L, -2, "exp_avg");
-        push_tensor(L, s.exp_avg_sq());
-        lua_setfield(L, -2, "exp_avg_sq");
-      }
-      lua_rawseti(L, -2, ++i);
+  for (const auto& s : states) {
+    if (!s) {
+      lua_pushboolean(L, false);
+    } else {
+      lua_createtable(L, 0, 3);
+      lua_pushnumber(L, static_cast<lua_Number>(s->step));
+      lua_setfield(L, -2, "step");
+      push_tensor(L, s->exp_avg);
+      lua_setfield(L, -2, "exp_avg");
+      push_tensor(L, s->exp_avg_sq);
+      lua_setfield(L, -2, "exp_avg_sq");
     }
+    lua_rawseti(L, -2, ++i);
   }
   return 1;
 }
@@ -106,29 +130,26 @@ int optimizer_state(lua_State* L) {
 int optimizer_load_state(lua_State* L) {
   auto& opt = check_optimizer(L, 1);
   if (lua_type(L, 2) != LUA_TTABLE) throw ArgError(2, "state table expected, got " + type_name(L, 2));
-  int i = 0;
-  for (auto& group : opt.param_groups()) {
-    for (auto& p : group.params()) {
-      lua_rawgeti(L, 2, ++i);
-      if (lua_istable(L, -1)) {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        lua_getfield(L, -1, "step");
-        s->step(check_integer(L, -1));
-        lua_getfield(L, -2, "exp_avg");
-        at::Tensor* m = to_tensor(L, -1);
-        lua_getfield(L, -3, "exp_avg_sq");
-        at::Tensor* v = to_tensor(L, -1);
-        if (!m || !v || !m->sizes().equals(p.sizes()) || !v->sizes().equals(p.sizes()))
-          throw ArgError(2, "state of parameter " + std::to_string(i) + " does not match its shape");
-        s->exp_avg(m->detach().to(p.options()).clone());
-        s->exp_avg_sq(v->detach().to(p.options()).clone());
-        lua_pop(L, 3);
-        opt.state()[key_of(p)] = std::move(s);
-      } else {
-        opt.state().erase(key_of(p));
-      }
-      lua_pop(L, 1);
+  std::vector<std::optional<optim::ParamState>> states(opt.size());
+  for (size_t i = 0; i < states.size(); ++i) {
+    lua_rawgeti(L, 2, static_cast<int>(i + 1));
+    if (lua_istable(L, -1)) {
+      optim::ParamState s;
+      lua_getfield(L, -1, "step");
+      s.step = check_integer(L, -1);
+      lua_getfield(L, -2, "exp_avg");
+      if (at::Tensor* m = to_tensor(L, -1)) s.exp_avg = *m;
+      lua_getfield(L, -3, "exp_avg_sq");
+      if (at::Tensor* v = to_tensor(L, -1)) s.exp_avg_sq = *v;
+      lua_pop(L, 3);
+      states[i] = s;
     }
+    lua_pop(L, 1);
+  }
+  try {
+    opt.load_state(states);
+  } catch (const optim::OptionError& e) {
+    throw ArgError(2, e.what());
   }
   return 0;
 }

@@ -2,7 +2,7 @@
 // tensors to and from safetensors files (host/io/safetensors.h).
 #include <ATen/ATen.h>
 
-#include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "bindings/common.h"
 #include "host/io/safetensors.h"
 #include "host/runtime.h"

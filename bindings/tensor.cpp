@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "bindings/common.h"
-#include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "host/tensor_format.h"
 
 namespace anatomy::lua {

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "bindings/common.h"
-#include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "host/tensor_format.h"
 
 #include <memory>

@@ -3,7 +3,7 @@
 // tensor_reduce.cpp.
 #include <ATen/ATen.h>
 
-#include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "bindings/common.h"
 #include "host/tensor_format.h"
 

@@ -3,7 +3,7 @@
 // Dims and indices are 1-based, and index results are too (common.h).
 #include <ATen/ATen.h>
 
-#include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "bindings/common.h"
 #include "host/tensor_format.h"
 

@@ -2,7 +2,7 @@
 // along a dimension and splitting. Dims and indices are 1-based (common.h).
 #include <ATen/ATen.h>
 
-#include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "bindings/common.h"
 #include "host/tensor_format.h"
 

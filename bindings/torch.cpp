@@ -1,13 +1,15 @@
 // The `torch` table: tensor factories, functions over several tensors
 // (cat, stack, einsum, where), grad mode, seeding, devices, threads and
-// printing. Tensor methods live in tensor*.cpp; torch.linalg and the rest in
-// torch_util.cpp.
+// printing, and open/close for the embedding. Tensor methods live in
+// tensor*.cpp; torch.linalg, the RNG state, the loss and the small services in
+// linalg.cpp, random.cpp, loss.cpp and system.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 
 #include "bindings/common.h"
 #include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "host/runtime.h"
 #include "host/tensor_format.h"
 
@@ -417,12 +419,16 @@ int luaopen_anatomy_core(lua_State* L) {
   luaL_register(L, nullptr, torch_functions);
   luaopen_anatomy_tensor(L);
   lua_setfield(L, -2, "Tensor");
-  register_torch_util(L, lua_gettop(L));
+  int torch = lua_gettop(L);
+  register_random(L, torch);
+  register_loss(L, torch);
+  register_system(L, torch);
+  register_linalg(L, torch);
   lua_newtable(L);
   luaL_register(L, nullptr, cuda_functions);
   lua_setfield(L, -2, "cuda");
   register_safetensors(L, lua_gettop(L));
-  luaopen_anatomy_module(L);
+  luaopen_anatomy_blocks(L);
   lua_setfield(L, -2, "_native");
   luaopen_anatomy_corpus(L);
   lua_setfield(L, -2, "_data");
@@ -430,11 +436,25 @@ int luaopen_anatomy_core(lua_State* L) {
   lua_setfield(L, -2, "_optim");
   luaopen_anatomy_metrics(L);
   lua_setfield(L, -2, "metrics");
-  luaopen_anatomy_exact(L);
+  luaopen_anatomy_rational(L);
   lua_setfield(L, -2, "_exact");
   lua_pushstring(L, torch_version().c_str());
   lua_setfield(L, -2, "libtorch_version");
   return 1;
+}
+
+void open(lua_State* L) {
+  set_hook_state(L);
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_anatomy_core);
+  lua_setfield(L, -2, "anatomy.core");
+  lua_pop(L, 2);
+}
+
+void close(lua_State* L) {
+  close_hook_state();
+  forget_tensor_metatable();  // its address may be reused by the next state
 }
 
 }  // namespace anatomy::lua

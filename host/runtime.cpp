@@ -74,4 +74,10 @@ std::string torch_version() {
          std::to_string(TORCH_VERSION_PATCH);
 }
 
+std::string cache_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/anatomy";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/anatomy";
+}
+
 }  // namespace anatomy

@@ -31,5 +31,9 @@ void set_default_device(c10::Device device);
 std::string device_name(c10::Device device);
 /// LibTorch's version, e.g. "1.13.0".
 std::string torch_version();
+/// anatomy's cache folder (trained tokenizers, the default corpus):
+/// $XDG_CACHE_HOME/anatomy, else $HOME/.cache/anatomy, else /tmp/.cache/anatomy.
+/// Not created here.
+std::string cache_dir();
 
 }  // namespace anatomy

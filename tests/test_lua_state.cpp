@@ -6,7 +6,7 @@
 
 #include <lua.hpp>
 
-#include "host/lua_state.h"
+#include "host/lua/state.h"
 
 #include <cstdio>
 #include <fstream>

@@ -1,5 +1,5 @@
 // Exact rationals (GMP) and certified bounds for the exact trace
-// (lua/anatomy/exact.lua). No Lua here: bindings/exact.cpp exposes it.
+// (lua/anatomy/exact/). No Lua here: bindings/rational.cpp exposes it.
 //
 // Bounds are intervals with dyadic endpoints (m / 2^bits) that are proven to
 // contain the true value: every rounding is outward, every truncated series

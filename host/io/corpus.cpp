@@ -1,5 +1,6 @@
 // Corpora and tokenizers (see corpus.h).
 #include "host/io/corpus.h"
+#include "host/runtime.h"
 
 #include <ATen/ATen.h>
 
@@ -240,7 +241,7 @@ std::string train_sentencepiece(const std::string& text_path, int64_t vocab_size
   if (type != "bpe" && type != "unigram")
     throw std::invalid_argument("SentencePiece model type must be 'bpe' or 'unigram', got '" + type + "'");
   namespace fs = std::filesystem;
-  // Cached beside the text, or in ~/.cache/anatomy when that folder is read-only.
+  // Cached beside the text, or in anatomy's cache folder (runtime.h) when that folder is read-only.
   fs::path text(text_path);
   fs::path dir = text.has_parent_path() ? text.parent_path() : fs::path(".");
   // A folder without write bits counts as read-only even for root, who could write anyway.
@@ -248,8 +249,7 @@ std::string train_sentencepiece(const std::string& text_path, int64_t vocab_size
   bool writable = stat(dir.c_str(), &st) == 0 && (st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)) &&
                   access(dir.c_str(), W_OK) == 0;
   if (!writable) {
-    const char* home = std::getenv("HOME");
-    dir = fs::path(home && *home ? home : "/tmp") / ".cache" / "anatomy";
+    dir = fs::path(cache_dir());
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw std::runtime_error("cannot create the cache folder " + dir.string() + ": " + ec.message());

@@ -22,13 +22,21 @@ std::string number_str(double v) {
   return buf;
 }
 
+void require_positive(int64_t v, const char* field) {
+  if (v < 1) throw OptionError(field, std::string(field) + " must be positive, got " + std::to_string(v));
+}
+
+void require_positive(double v, const char* field) {
+  if (!(v > 0)) throw OptionError(field, std::string(field) + " must be positive, got " + number_str(v));
+}
+
 // Parameters are made on the default device, like every factory.
 at::TensorOptions param_options() { return at::TensorOptions().dtype(at::kFloat).device(default_device()); }
 
 void require_last_dim(const at::Tensor& x, int64_t dim, const char* what) {
   if (x.dim() == 0 || x.size(-1) != dim)
     throw InputError(std::string(what) + " expects inputs whose last dimension is " + std::to_string(dim) +
-                     ", got shape " + shape_of(x));
+                     ", got shape " + shape_string(x.sizes()));
   if (!at::isFloatingType(x.scalar_type()))
     throw InputError(std::string(what) + " expects a floating-point input, got " + dtype_name(x.scalar_type()));
 }
@@ -36,7 +44,7 @@ void require_last_dim(const at::Tensor& x, int64_t dim, const char* what) {
 void require_btc(const at::Tensor& x, int64_t dim, const char* what) {
   if (x.dim() != 3 || (dim > 0 && x.size(2) != dim))
     throw InputError(std::string(what) + " expects input of shape (B, T, " + (dim > 0 ? std::to_string(dim) : "C") +
-                     "), got " + shape_of(x));
+                     "), got " + shape_string(x.sizes()));
   if (!at::isFloatingType(x.scalar_type()))
     throw InputError(std::string(what) + " expects a floating-point input, got " + dtype_name(x.scalar_type()));
 }
@@ -51,15 +59,14 @@ const at::Tensor& cached_causal_mask(at::Tensor& cache, int64_t T, const at::Dev
 
 }  // namespace
 
-std::string shape_of(const at::Tensor& x) {
-  std::string s;
-  for (int64_t i = 0; i < x.dim(); ++i) s += (i ? "x" : "") + std::to_string(x.size(i));
-  return s.empty() ? "scalar" : s;
-}
 
 // ---- Linear -----------------------------------------------------------------------
 
-Linear::Linear(int64_t in, int64_t out, bool has_bias) : in_features(in), out_features(out) {
+Linear::Linear(const LinearOptions& o) : in_features(o.in_features()), out_features(o.out_features()) {
+  require_positive(o.in_features(), "in_features");
+  require_positive(o.out_features(), "out_features");
+  const int64_t in = in_features, out = out_features;
+  const bool has_bias = o.bias();
   double bound = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in, 1)));
   weight = register_parameter("weight", at::empty({out, in}, param_options()).uniform_(-bound, bound));
   if (has_bias) bias = register_parameter("bias", at::empty({out}, param_options()).uniform_(-bound, bound));
@@ -76,7 +83,12 @@ std::string Linear::describe() const {
 
 // ---- Embedding --------------------------------------------------------------------
 
-Embedding::Embedding(int64_t n, int64_t dim, int64_t pos) : num_embeddings(n), embedding_dim(dim), positions(pos) {
+Embedding::Embedding(const EmbeddingOptions& o)
+    : num_embeddings(o.num_embeddings()), embedding_dim(o.embedding_dim()), positions(o.positions()) {
+  require_positive(o.num_embeddings(), "num_embeddings");
+  require_positive(o.embedding_dim(), "embedding_dim");
+  if (o.positions() < 0) throw OptionError("positions", "positions must be positive, got " + std::to_string(o.positions()));
+  const int64_t n = num_embeddings, dim = embedding_dim, pos = positions;
   weight = register_parameter("weight", at::randn({n, dim}, param_options()));
   if (pos > 0) pos_weight = register_parameter("pos_weight", at::randn({pos, dim}, param_options()));
 }
@@ -111,9 +123,11 @@ std::string Embedding::describe() const {
 
 // ---- norms ----------------------------------------------------------------------------
 
-LayerNorm::LayerNorm(int64_t d, double e) : dim(d), eps(e) {
-  weight = register_parameter("weight", at::ones({d}, param_options()));
-  bias = register_parameter("bias", at::zeros({d}, param_options()));
+LayerNorm::LayerNorm(const NormOptions& o) : dim(o.dim()), eps(o.eps()) {
+  require_positive(dim, "dim");
+  require_positive(eps, "eps");
+  weight = register_parameter("weight", at::ones({dim}, param_options()));
+  bias = register_parameter("bias", at::zeros({dim}, param_options()));
 }
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) {
@@ -123,8 +137,10 @@ at::Tensor LayerNorm::forward(const at::Tensor& x) {
 
 std::string LayerNorm::describe() const { return std::to_string(dim) + ", eps=" + number_str(eps); }
 
-RMSNorm::RMSNorm(int64_t d, double e) : dim(d), eps(e) {
-  weight = register_parameter("weight", at::ones({d}, param_options()));
+RMSNorm::RMSNorm(const NormOptions& o) : dim(o.dim()), eps(o.eps()) {
+  require_positive(dim, "dim");
+  require_positive(eps, "eps");
+  weight = register_parameter("weight", at::ones({dim}, param_options()));
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
@@ -138,19 +154,21 @@ std::string RMSNorm::describe() const { return std::to_string(dim) + ", eps=" + 
 
 Activation::Activation(std::string n) : name(std::move(n)) {
   if (name != "gelu" && name != "gelu_tanh" && name != "relu")
-    throw std::invalid_argument("unknown activation '" + name + "', expected gelu, gelu_tanh or relu");
+    throw OptionError("activation", "unknown activation '" + name + "', expected gelu, gelu_tanh or relu");
 }
 
-at::Tensor Activation::forward(const at::Tensor& x) {
+at::Tensor Activation::apply(const std::string& name, const at::Tensor& x) {
   if (name == "relu") return at::relu(x);
   return at::gelu(x, name == "gelu_tanh" ? "tanh" : "none");
 }
+
+at::Tensor Activation::forward(const at::Tensor& x) { return apply(name, x); }
 
 std::string Activation::kind() const { return name == "relu" ? "ReLU" : "GELU"; }
 std::string Activation::describe() const { return name == "gelu_tanh" ? "approximate='tanh'" : ""; }
 
 Dropout::Dropout(double rate) : p(rate) {
-  if (p < 0 || p >= 1) throw std::invalid_argument("dropout probability must be in [0, 1), got " + number_str(p));
+  if (!(p >= 0 && p < 1)) throw OptionError("p", "dropout probability must be in [0, 1), got " + number_str(p));
 }
 
 at::Tensor Dropout::forward(const at::Tensor& x) { return p == 0 ? x : at::dropout(x, p, is_training()); }
@@ -158,11 +176,13 @@ std::string Dropout::describe() const { return "p=" + number_str(p); }
 
 // ---- attention ----------------------------------------------------------------------
 
-Attention::Attention(int64_t d, int64_t h, bool c, bool bias) : dim(d), heads(h), causal(c) {
-  if (h < 1 || d % h != 0)
-    throw std::invalid_argument("dim " + std::to_string(d) + " is not divisible by " + std::to_string(h) + " heads");
-  qkv = register_module("qkv", std::make_shared<Linear>(d, 3 * d, bias));
-  proj = register_module("proj", std::make_shared<Linear>(d, d, bias));
+Attention::Attention(const AttentionOptions& o) : dim(o.dim()), heads(o.heads()), causal(o.causal()) {
+  require_positive(dim, "dim");
+  require_positive(heads, "heads");
+  if (dim % heads != 0)
+    throw OptionError("heads", "dim " + std::to_string(dim) + " is not divisible by " + std::to_string(heads) + " heads");
+  qkv = register_module("qkv", std::make_shared<Linear>(LinearOptions(dim, 3 * dim).bias(o.bias())));
+  proj = register_module("proj", std::make_shared<Linear>(LinearOptions(dim, dim).bias(o.bias())));
 }
 
 at::Tensor Attention::forward(const at::Tensor& x) {
@@ -249,16 +269,18 @@ std::string VibeAttention::describe() const { return "causal=" + bool_str(causal
 
 // ---- MLP -------------------------------------------------------------------------------
 
-MLP::MLP(int64_t d, int64_t h, const std::string& act, bool bias) : dim(d), hidden(h), activation(act) {
-  Activation check(act);  // validates the name
-  fc = register_module("fc", std::make_shared<Linear>(d, h, bias));
-  proj = register_module("proj", std::make_shared<Linear>(h, d, bias));
+MLP::MLP(const MLPOptions& o) : dim(o.dim()), hidden(o.hidden()), activation(o.activation()) {
+  require_positive(dim, "dim");
+  require_positive(hidden, "hidden");
+  Activation check(activation);  // validates the name
+  fc = register_module("fc", std::make_shared<Linear>(LinearOptions(dim, hidden).bias(o.bias())));
+  proj = register_module("proj", std::make_shared<Linear>(LinearOptions(hidden, dim).bias(o.bias())));
 }
 
 at::Tensor MLP::forward(const at::Tensor& x) {
   require_last_dim(x, dim, "MLP");
   at::Tensor h = fc->forward(x);
-  h = activation == "relu" ? at::relu(h) : at::gelu(h, activation == "gelu_tanh" ? "tanh" : "none");
+  h = Activation::apply(activation, h);
   return proj->forward(h);
 }
 

@@ -1,8 +1,11 @@
 // Built-in blocks: LibTorch modules whose forward maps one tensor to one.
-// Lua wraps them (lua/anatomy/nn/native.lua) so that they follow the same
-// module protocol as blocks written in Lua. Parameter names are PyTorch's
-// (weight, bias; a Linear weight is [out, in]) so state dicts move unchanged.
+// Lua wraps them (lua/anatomy/nn/Native.lua and one file per block) so that
+// they follow the same module protocol as blocks written in Lua. Parameter
+// names are PyTorch's (weight, bias; a Linear weight is [out, in]) so state
+// dicts move unchanged. Each block takes an options struct, as PyTorch's
+// torch::nn modules do (nn/options/); its constructor checks every value once.
 #pragma once
+#include <torch/arg.h>
 #include <torch/nn/module.h>
 
 #include <memory>
@@ -13,6 +16,65 @@ namespace anatomy::nn {
 /// A bad input to a block's forward (wrong rank, size or dtype).
 struct InputError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
+};
+
+/// A bad setting given to a block's constructor; `field` names the option.
+struct OptionError : std::invalid_argument {
+  OptionError(std::string field, const std::string& message) : std::invalid_argument(message), field(std::move(field)) {}
+  std::string field;
+};
+
+struct LinearOptions {
+  LinearOptions(int64_t in_features, int64_t out_features) : in_features_(in_features), out_features_(out_features) {}
+  /// input size, >= 1
+  TORCH_ARG(int64_t, in_features);
+  /// output size, >= 1
+  TORCH_ARG(int64_t, out_features);
+  /// whether to learn an additive bias
+  TORCH_ARG(bool, bias) = true;
+};
+
+struct EmbeddingOptions {
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  /// vocabulary size (ids 1..num_embeddings), >= 1
+  TORCH_ARG(int64_t, num_embeddings);
+  /// vector size, >= 1
+  TORCH_ARG(int64_t, embedding_dim);
+  /// length of a learned position table added to the embeddings; 0 for none
+  TORCH_ARG(int64_t, positions) = 0;
+};
+
+struct NormOptions {
+  NormOptions(int64_t dim, double eps) : dim_(dim), eps_(eps) {}
+  /// size of the last dimension, >= 1
+  TORCH_ARG(int64_t, dim);
+  /// added to the variance (or mean square) before the square root, > 0
+  TORCH_ARG(double, eps);
+};
+
+struct AttentionOptions {
+  AttentionOptions(int64_t dim, int64_t heads) : dim_(dim), heads_(heads) {}
+  /// model width C, divisible by heads
+  TORCH_ARG(int64_t, dim);
+  /// number of heads, >= 1
+  TORCH_ARG(int64_t, heads);
+  /// mask future positions
+  TORCH_ARG(bool, causal) = true;
+  /// biases in the qkv and output projections
+  TORCH_ARG(bool, bias) = true;
+};
+
+struct MLPOptions {
+  MLPOptions(int64_t dim, int64_t hidden) : dim_(dim), hidden_(hidden) {}
+  /// input and output size, >= 1
+  TORCH_ARG(int64_t, dim);
+  /// hidden size, >= 1
+  TORCH_ARG(int64_t, hidden);
+  /// "gelu", "gelu_tanh" or "relu"
+  TORCH_ARG(std::string, activation) = "gelu";
+  /// biases in fc and proj
+  TORCH_ARG(bool, bias) = true;
 };
 
 class Block : public torch::nn::Module {
@@ -33,7 +95,7 @@ class Block : public torch::nn::Module {
 /// y = x Wᵀ + b. weight [out, in], bias [out]; PyTorch's uniform(±1/√in) init.
 class Linear : public Block {
  public:
-  Linear(int64_t in, int64_t out, bool bias);
+  explicit Linear(const LinearOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "Linear"; }
   std::string describe() const override;
@@ -45,7 +107,7 @@ class Linear : public Block {
 /// table: weight [n, dim], pos_weight [positions, dim]; N(0, 1) init.
 class Embedding : public Block {
  public:
-  Embedding(int64_t n, int64_t dim, int64_t positions);
+  explicit Embedding(const EmbeddingOptions& options);
   at::Tensor forward(const at::Tensor& ids) override;
   std::string kind() const override { return "Embedding"; }
   std::string describe() const override;
@@ -56,7 +118,7 @@ class Embedding : public Block {
 /// LayerNorm over the last dimension with learnable weight and bias.
 class LayerNorm : public Block {
  public:
-  LayerNorm(int64_t dim, double eps);
+  explicit LayerNorm(const NormOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "LayerNorm"; }
   std::string describe() const override;
@@ -68,7 +130,7 @@ class LayerNorm : public Block {
 /// RMSNorm: x / √(mean(x²) + eps) · weight, over the last dimension.
 class RMSNorm : public Block {
  public:
-  RMSNorm(int64_t dim, double eps);
+  explicit RMSNorm(const NormOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "RMSNorm"; }
   std::string describe() const override;
@@ -80,9 +142,11 @@ class RMSNorm : public Block {
 /// An activation or dropout: no parameters.
 class Activation : public Block {
  public:
-  /// name: "gelu", "gelu_tanh", "relu"
+  /// name: "gelu", "gelu_tanh", "relu" (else OptionError)
   explicit Activation(std::string name);
   at::Tensor forward(const at::Tensor& x) override;
+  /// The activation `name` applied to x (MLP's hidden layer uses it too).
+  static at::Tensor apply(const std::string& name, const at::Tensor& x);
   std::string kind() const override;
   std::string describe() const override;
   std::string name;
@@ -102,7 +166,7 @@ class Dropout : public Block {
 /// Input (B, T, C); scores scaled by 1/√(C/heads); causal mask optional.
 class Attention : public Block {
  public:
-  Attention(int64_t dim, int64_t heads, bool causal, bool bias);
+  explicit Attention(const AttentionOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "Attention"; }
   std::string describe() const override;
@@ -130,7 +194,7 @@ class VibeAttention : public Block {
 /// fc (dim -> hidden), activation, proj (hidden -> dim).
 class MLP : public Block {
  public:
-  MLP(int64_t dim, int64_t hidden, const std::string& activation, bool bias);
+  explicit MLP(const MLPOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "MLP"; }
   std::string describe() const override;
@@ -138,8 +202,5 @@ class MLP : public Block {
   std::string activation;
   std::shared_ptr<Linear> fc, proj;
 };
-
-/// The shape of x as "2x3x4", for messages.
-std::string shape_of(const at::Tensor& x);
 
 }  // namespace anatomy::nn

@@ -34,18 +34,11 @@ function data.from_string(text, opts)
   return c
 end
 
-local function cache_dir()
-  local base = os.getenv('XDG_CACHE_HOME')
-  if not base or base == '' then base = (os.getenv('HOME') or '/tmp') .. '/.cache' end
-  return base .. '/anatomy'
-end
-
-
 -- data.default_text() -> the path of the default corpus: the King James Bible
 -- (public domain) from Debian's bible-kjv package, dumped once with its
 -- `bible` program into the cache folder, one verse per line, references stripped.
 function data.default_text()
-  local dir = cache_dir()
+  local dir = torch._cache_dir()  -- XDG_CACHE_HOME honoured, as for trained tokenizers
   local path = dir .. '/kjv.txt'
   if fs.exists(path) then return path end
   local probe = io.popen('command -v bible 2>/dev/null')

@@ -110,6 +110,15 @@ function json.decode(text)
     end
     return table.concat(out)
   end
+  -- After an element: ',' means another follows, `close` ends the container.
+  local function after_item(close)
+    skip()
+    local d = text:sub(pos, pos)
+    if d == close then pos = pos + 1 return true end
+    if d ~= ',' then fail(("expected ',' or '%s'"):format(close)) end
+    pos = pos + 1
+    return false
+  end
   function value(depth)
     if depth > 200 then fail('nesting deeper than 200') end
     skip()
@@ -127,11 +136,7 @@ function json.decode(text)
         if text:sub(pos, pos) ~= ':' then fail("expected ':'") end
         pos = pos + 1
         obj[k] = value(depth + 1)
-        skip()
-        local d = text:sub(pos, pos)
-        pos = pos + 1
-        if d == '}' then return obj end
-        if d ~= ',' then pos = pos - 1 fail("expected ',' or '}'") end
+        if after_item('}') then return obj end
       end
     elseif c == '[' then
       local arr = {}
@@ -140,11 +145,7 @@ function json.decode(text)
       if text:sub(pos, pos) == ']' then pos = pos + 1 return arr end
       while true do
         arr[#arr + 1] = value(depth + 1)
-        skip()
-        local d = text:sub(pos, pos)
-        pos = pos + 1
-        if d == ']' then return arr end
-        if d ~= ',' then pos = pos - 1 fail("expected ',' or ']'") end
+        if after_item(']') then return arr end
       end
     elseif c == '"' then
       return str()

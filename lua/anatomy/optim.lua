@@ -21,12 +21,11 @@ setmetatable(AdamW, {__call = function(_, params, opts)
   for _, p in ipairs(list) do
     if opts.decay == 'matrices' and p:dim() < 2 then plain[#plain + 1] = p else decayed[#decayed + 1] = p end
   end
-  local betas = opts.betas or {0.9, 0.999}
   local self = setmetatable({params = {}}, AdamW)
   for _, p in ipairs(decayed) do self.params[#self.params + 1] = p end
   for _, p in ipairs(plain) do self.params[#self.params + 1] = p end
-  self._native = torch._optim.AdamW(decayed, plain, opts.lr or 1e-3, betas[1], betas[2], opts.eps or 1e-8,
-    opts.weight_decay or 0.01)
+  self._native = torch._optim.AdamW(decayed, plain, {lr = opts.lr, betas = opts.betas, eps = opts.eps,
+    weight_decay = opts.weight_decay})
   return self
 end})
 

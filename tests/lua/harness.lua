@@ -3,6 +3,23 @@
 -- "N passed, N failed" line with a matching exit code.
 local H = {passed = 0, failed = 0}
 
+-- a temporary file holding content; returns its path
+function H.tmpfile(content)
+  local path = os.tmpname()
+  local f = assert(io.open(path, 'wb'))
+  f:write(content)
+  f:close()
+  return path
+end
+
+-- the bytes of a file
+function H.read(path)
+  local f = assert(io.open(path, 'rb'))
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
 function H.test(name, fn)
   local ok, err = xpcall(fn, debug.traceback)
   if ok then

@@ -5,13 +5,7 @@ local H = require 'harness'
 local test, eq, raises = H.test, H.eq, H.raises
 local json = require 'anatomy.json'
 
-local function tmpfile(content)
-  local path = os.tmpname()
-  local f = assert(io.open(path, 'wb'))
-  f:write(content)
-  f:close()
-  return path
-end
+local tmpfile = H.tmpfile
 
 local function contains(s, part, what)
   if not tostring(s):find(part, 1, true) then error(('%s: expected to contain %q, got %q'):format(what or 'text', part, tostring(s)), 2) end
@@ -81,10 +75,7 @@ test('the autopsy carries the provenance record into its JSON and its report', f
   eq(a.provenance.config.label, 'test')
   local dir = os.tmpname()
   os.remove(dir)
-  local path = a:json(dir .. '/a.json')
-  local f = assert(io.open(path, 'rb'))
-  local s = f:read('*a')
-  f:close()
+  local s = H.read(a:json(dir .. '/a.json'))
   contains(s, '"provenance":{', 'autopsy JSON')
   local html = require('anatomy.autopsy.report').html(a)
   contains(html, 'class="provenance"', 'report')
@@ -181,10 +172,7 @@ test('experiment.sweep runs the Cartesian product in order and tabulates what it
   raises(function() s:svg('nope') end, "bad argument #1 to 'svg' (no measured column 'nope'; the columns are loss, tag)")
   local path = os.tmpname()
   s:json(path)
-  local f = assert(io.open(path, 'rb'))
-  local text = f:read('*a')
-  f:close()
-  contains(text, '"keys":["layers","residual"]', 'json')
+  contains(H.read(path), '"keys":["layers","residual"]', 'json')
   os.remove(path)
   -- keyed grids take sorted keys (or opts.order)
   local order = {}
@@ -206,18 +194,14 @@ test('results:save writes results.json and results.md with the provenance line a
   local dir = os.tmpname()
   os.remove(dir)
   local jp, mp = r:save(dir, {corpus = corpus, config = {seed = 3}, name = 'unit'})
-  local f = assert(io.open(mp, 'rb'))
-  local md = f:read('*a')
-  f:close()
+  local md = H.read(mp)
   contains(md, '### A test', 'md title')
   contains(md, '| claim | ~1        | 1.250 | reproduced |', 'md row')
   contains(md, 'a note', 'md note')
   contains(md, '#### Tiny sweep', 'md sweep')
   contains(md, '![unit_tiny_sweep_y.svg](unit_tiny_sweep_y.svg)', 'md chart')
   contains(md, '<sub>data (string) (400 bytes, sha256 ' .. data.sha256(('abc '):rep(100)):sub(1, 16), 'md provenance')
-  local g = assert(io.open(jp, 'rb'))
-  local js = g:read('*a')
-  g:close()
+  local js = H.read(jp)
   contains(js, '"name":"unit"', 'json name')
   contains(js, '"verdict":"reproduced"', 'json row')
   contains(js, '"seed":3', 'json provenance config')

@@ -5,13 +5,7 @@ local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 local sample_text = ('First Citizen: we are accounted poor citizens, the patricians good. '):rep(40)
 
-local function tmpfile(content)
-  local path = os.tmpname()
-  local f = assert(io.open(path, 'wb'))
-  f:write(content)
-  f:close()
-  return path
-end
+local tmpfile = H.tmpfile
 
 test('char and byte tokenizers round-trip, ids are 1-based', function()
   local path = tmpfile('héllo wörld\nline two ✓')

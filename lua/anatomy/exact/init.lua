@@ -32,7 +32,6 @@ local fail, split_tokens, Model, const_vector = M.fail, M.split_tokens, M.Model,
 
 -- exact.model{vocab=, E=, P=, Wq=, Wk=, Wv=, ...}: see exact/model.lua
 exact.model = M.model
-function Model:trace(tokens) return exact.trace(self, tokens) end
 
 -- ---- vector arithmetic ----------------------------------------------------------------
 
@@ -336,6 +335,9 @@ function Step:key()
   return (self.block and ('block' .. self.block .. '.') or '') .. self.name .. (self.head and ('#' .. self.head) or '')
 end
 
+-- Trace's other methods live beside it, installed here: printing, stepping and
+-- LaTeX (__tostring, step, reset, latex) in show.lua; the float check
+-- (compare, and exact.float_forward) in check.lua.
 require('anatomy.exact.show')(Trace, Step, each_value)
 require('anatomy.exact.check')(exact, Trace, each_value, split_tokens)
 

@@ -239,6 +239,12 @@ function M.model(cfg)
   return m
 end
 
+-- m:trace(tokens) -> exact.trace(m, tokens)
+function Model:trace(tokens)
+  local t = require('anatomy.exact').trace(self, tokens)
+  return t
+end
+
 function Model:__tostring()
   return ('exact.model: vocabulary %d (%s), d = %d, %d position%s, %d block%s, %s unembedding'):format(
     #self.vocab, table.concat(self.vocab, ' '), self.d, #self.P, #self.P == 1 and '' or 's',

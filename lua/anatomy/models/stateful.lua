@@ -69,16 +69,10 @@ function Stateful:step(ids, state)
   return logits:select(2, T), {hidden = kept}
 end
 
--- The head applied to a hidden state (B, T, C): the logit lens.
-function Stateful:readout(h)
-  if self.ln_f then h = self.ln_f(h) end
-  return self.head(h)
-end
-
-function Stateful:extra_repr()
-  local c = self.config
-  return ('vocab=%d, dim=%d, heads=%d, layers=%d, seq=%d, ffn=%d'):format(c.vocab, c.dim, c.heads, c.layers, c.seq, c.ffn)
-end
+-- The logit lens and the printed settings are the GPT's: the same final
+-- norm and head, the same config keys.
+Stateful.readout = models.GPT.readout
+Stateful.extra_repr = models.GPT.extra_repr
 
 function models.stateful(cfg) return Stateful(cfg) end
 

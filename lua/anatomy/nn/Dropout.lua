@@ -1,10 +1,3 @@
--- nn.Dropout: zeroes elements with probability p while training.
--- A built-in block: LibTorch's C++ module (host/nn/blocks.cpp) under nn.Native.
-local nn = require 'anatomy.nn'
-local Native = nn.Native
-local native = torch._native
-
--- nn.Dropout(p)
-Native.define('Dropout', function(p) return native.Dropout(p or 0.5) end)
-
-return nn.Dropout
+-- nn.Dropout(p = 0.5): zeroes elements with probability p while training
+-- (and scales the rest by 1/(1-p)). A built-in block (host/nn/blocks.cpp).
+return require('anatomy.nn').Native.define('Dropout', function(p) return torch._native.Dropout(p or 0.5) end)

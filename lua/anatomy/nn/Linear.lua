@@ -1,13 +1,3 @@
--- nn.Linear: a learned affine map, y = x Wᵀ + b (weight [out, in], as PyTorch).
--- A built-in block: LibTorch's C++ module (host/nn/blocks.cpp) under nn.Native.
-local nn = require 'anatomy.nn'
-local Native = nn.Native
-local native = torch._native
-
--- nn.Linear(in, out, {bias = true})
-Native.define('Linear', function(i, o, opts)
-  opts = Native.options(opts, {bias = true}, 'nn.Linear')
-  return native.Linear(i, o, opts.bias ~= false)
-end)
-
-return nn.Linear
+-- nn.Linear(in, out, {bias = true}): a learned affine map, y = x Wᵀ + b, its
+-- weight [out, in] as in PyTorch. A built-in block (host/nn/blocks.cpp).
+return require('anatomy.nn').Native.define('Linear', {'in_features', 'out_features'}, {'bias'})

@@ -24,20 +24,41 @@ function Native:_set_training(mode) self._native:train(mode) end
 function Native.options(opts, allowed, where) return require('anatomy.options').check(opts, allowed, where, 4) end
 
 -- Native.define(name, make) -> nn.<name>, a class whose __init(...) builds a
--- native block with make(...) (each built-in block's file calls it once).
-function Native.define(name, make)
+-- native block with make(...). Native.define(name, sizes, options[, extra])
+-- is the common case: the block takes the named sizes, then an options table
+-- whose keys must be among `options`; both go to torch._native[name] as they
+-- are (bindings/blocks.cpp maps the table onto the block's options struct).
+-- extra.pattern: an attention block (keep_pattern, pattern).
+function Native.define(name, make, allowed, extra)
+  if type(make) ~= 'function' then
+    local sizes = make
+    make = function(...)
+      local args = {...}
+      local opts = Native.options(args[#sizes + 1], allowed, 'nn.' .. name)
+      local n = select('#', ...)
+      if n > #sizes + 1 then
+        error(('nn.%s: expected %d size%s and an options table, got %d arguments'):format(name, #sizes, #sizes == 1 and '' or 's', n), 4)
+      end
+      args[#sizes + 1] = opts
+      local block = torch._native[name](unpack(args, 1, #sizes + 1))
+      return block
+    end
+  end
   local cls = nn.class('nn.' .. name, Native)
   function cls:__init(...)
     nn.Module.__init(self)
     self:_wrap(make(...))
   end
   nn[name] = cls
+  if extra and extra.pattern then
+    for k, f in pairs(Native.pattern_methods) do cls[k] = f end
+  end
   return cls
 end
 
 -- Attention blocks publish their attention matrix (B, H, T, T) when asked:
 -- m:keep_pattern(true[, grad]) keeps the last one, m:pattern() returns it.
--- Their files copy these methods (probes look for keep_pattern to find attention).
+-- define copies them onto attention blocks only (probes look for keep_pattern to find attention).
 Native.pattern_methods = {
   keep_pattern = function(self, keep, grad) self._native:keep_pattern(keep, grad) end,
   pattern = function(self)

@@ -1,13 +1,3 @@
--- nn.RMSNorm: divides each vector by its root mean square, then scales it.
--- A built-in block: LibTorch's C++ module (host/nn/blocks.cpp) under nn.Native.
-local nn = require 'anatomy.nn'
-local Native = nn.Native
-local native = torch._native
-
--- nn.RMSNorm(dim, {eps = 1e-6}): learnable weight
-Native.define('RMSNorm', function(dim, opts)
-  opts = Native.options(opts, {eps = true}, 'nn.RMSNorm')
-  return native.RMSNorm(dim, opts.eps or 1e-6)
-end)
-
-return nn.RMSNorm
+-- nn.RMSNorm(dim, {eps = 1e-6}): each vector divided by its root mean
+-- square, then a learned scale. A built-in block.
+return require('anatomy.nn').Native.define('RMSNorm', {'dim'}, {'eps'})

@@ -1,7 +1,7 @@
 // torch.metrics: the autopsy's measurement kernels (host/probes/metrics.h) for Lua.
 #include <ATen/ATen.h>
 
-#include "bindings/bindings.h"
+#include "bindings/parts.h"
 #include "bindings/common.h"
 #include "host/probes/metrics.h"
 

@@ -1,15 +1,14 @@
-// The Lua state (see lua_state.h).
-#include "host/lua_state.h"
+// The Lua state (see state.h).
+#include "host/lua/state.h"
 
 #include <lua.hpp>
 #include <luajit.h>
 
 #include "bindings/bindings.h"
-#include "bindings/common.h"
+#include "bindings/interrupt.h"
 
 #include <unistd.h>
 
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
@@ -18,23 +17,6 @@ namespace anatomy {
 namespace fs = std::filesystem;
 
 namespace {
-lua_State* g_signal_state = nullptr;
-
-// Ctrl-C while Lua runs: the next Lua instruction (count hook) or the next
-// binding call (the g_interrupted flag, for JIT-compiled loops) raises
-// "interrupted". A second Ctrl-C before that ends the process as usual.
-void stop_hook(lua_State* L, lua_Debug*) {
-  lua_sethook(L, nullptr, 0, 0);
-  lua::g_interrupted = 0;
-  luaL_error(L, "interrupted");
-}
-
-void on_sigint(int) {
-  std::signal(SIGINT, SIG_DFL);
-  lua::g_interrupted = 1;
-  if (g_signal_state) lua_sethook(g_signal_state, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
-}
-
 // Error handler: message plus traceback (non-string errors via __tostring).
 int traceback(lua_State* L) {
   if (!lua_isstring(L, 1)) {
@@ -72,7 +54,7 @@ LuaState::LuaState(const RuntimeOptions& options) {
   L_ = luaL_newstate();
   if (!L_) throw std::runtime_error("cannot create a Lua state (out of memory)");
   luaL_openlibs(L_);
-  lua::set_hook_state(L_);
+  lua::open(L_);
 
   lua_dir_ = find_lua_dir();
   if (!has_library(lua_dir_))
@@ -87,10 +69,7 @@ LuaState::LuaState(const RuntimeOptions& options) {
   lua_pop(L_, 1);
   lua_pushstring(L_, path.c_str());
   lua_setfield(L_, -2, "path");
-  lua_getfield(L_, -1, "preload");
-  lua_pushcfunction(L_, lua::luaopen_anatomy_core);
-  lua_setfield(L_, -2, "anatomy.core");
-  lua_pop(L_, 2);
+  lua_pop(L_, 1);
 
   lua_getglobal(L_, "require");
   lua_pushliteral(L_, "anatomy");
@@ -106,24 +85,20 @@ LuaState::LuaState(const RuntimeOptions& options) {
 }
 
 LuaState::~LuaState() {
-  if (g_signal_state == L_) g_signal_state = nullptr;
-  lua::close_hook_state();
-  if (L_) lua_close(L_);
-  lua::forget_tensor_metatable();  // its address may be reused by the next state
+  if (!L_) return;
+  lua::close(L_);
+  lua_close(L_);
 }
 
 bool LuaState::call(int nargs, int nresults) {
   int base = lua_gettop(L_) - nargs;
   lua_pushcfunction(L_, traceback);
   lua_insert(L_, base);
-  lua_State* saved = g_signal_state;
-  g_signal_state = L_;
-  auto previous = std::signal(SIGINT, on_sigint);
-  int status = lua_pcall(L_, nargs, nresults, base);
-  std::signal(SIGINT, previous);
-  g_signal_state = saved;
-  lua_sethook(L_, nullptr, 0, 0);
-  lua::g_interrupted = 0;
+  int status;
+  {
+    lua::interrupt::Running running(L_);  // Ctrl-C stops this call
+    status = lua_pcall(L_, nargs, nresults, base);
+  }
   lua_remove(L_, base);
   if (status != 0) {
     const char* msg = lua_tostring(L_, -1);

@@ -1,6 +1,6 @@
 // The Lua-visible Rational (GMP) and the certified bounds the exact trace
-// needs (host/exact/rational.h). lua/anatomy/exact.lua builds on torch._exact.
-#include "bindings/bindings.h"
+// needs (host/exact/rational.h). lua/anatomy/exact/ builds on torch._exact.
+#include "bindings/parts.h"
 #include "bindings/common.h"
 #include "host/exact/rational.h"
 
@@ -217,7 +217,7 @@ const luaL_Reg exact_functions[] = {
 
 }  // namespace
 
-int luaopen_anatomy_exact(lua_State* L) {
+int luaopen_anatomy_rational(lua_State* L) {
   define_userdata<Rational>(L, kRationalMeta, "Rational", rational_methods);
   luaL_getmetatable(L, kRationalMeta);
   luaL_register(L, nullptr, rational_meta);

@@ -2,8 +2,8 @@
 // LuaJIT state with `torch` loaded. Options mirror the standalone `lua`.
 #include <lua.hpp>
 
-#include "host/lua_state.h"
-#include "host/repl.h"
+#include "host/lua/state.h"
+#include "host/lua/repl.h"
 
 #include <unistd.h>
 

@@ -1,10 +1,12 @@
 // The REPL (see repl.h). Parsing and running happen here; how values are
 // shown and what completes a word is Lua (lua/anatomy/repl.lua), so both can
 // be changed without recompiling.
-#include "host/repl.h"
+#include "host/lua/repl.h"
 
 #include <lua.hpp>
 #include <luajit.h>
+
+#include "bindings/interrupt.h"
 
 #include <editline/readline.h>
 #include <unistd.h>
@@ -24,19 +26,7 @@ namespace {
 
 lua_State* g_completion_state = nullptr;
 std::vector<std::string> g_candidates;
-volatile std::sig_atomic_t g_prompt_interrupted = 0;
-
-void on_prompt_sigint(int) { g_prompt_interrupted = 1; }
-
-// Installs a SIGINT handler without SA_RESTART, so that a blocked read()
-// returns and the prompt can start a fresh line.
-void set_prompt_sigint() {
-  struct sigaction sa {};
-  sa.sa_handler = on_prompt_sigint;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;
-  sigaction(SIGINT, &sa, nullptr);
-}
+namespace interrupt = lua::interrupt;
 
 std::string history_path() {
   if (const char* p = std::getenv("ANATOMY_HISTORY"); p && *p) return p;
@@ -97,17 +87,16 @@ bool ends_with_semicolon(const std::string& s) {
 enum class Read { kLine, kEnd, kInterrupted };
 
 Read read_line(bool tty, const char* prompt, std::string& line) {
-  g_prompt_interrupted = 0;
+  interrupt::take_prompt();
   if (!tty) {
     while (!std::getline(std::cin, line)) {
-      if (!g_prompt_interrupted) return Read::kEnd;
-      g_prompt_interrupted = 0;  // Ctrl-C while waiting for input: keep reading
-      std::cin.clear();
+      if (!interrupt::take_prompt()) return Read::kEnd;
+      std::cin.clear();  // Ctrl-C while waiting for input: keep reading
     }
     return Read::kLine;
   }
   char* s = readline(prompt);
-  if (g_prompt_interrupted) {
+  if (interrupt::take_prompt()) {
     std::free(s);
     std::fputs("\n", stdout);
     return Read::kInterrupted;
@@ -162,7 +151,7 @@ int run_repl(LuaState& state) {
 
   std::string chunk;
   for (;;) {
-    set_prompt_sigint();
+    interrupt::watch_prompt();
     std::string line;
     Read r = read_line(tty, chunk.empty() ? "> " : ">> ", line);
     if (r == Read::kEnd) break;

@@ -1,0 +1,245 @@
+// The Lua-visible NativeModule: userdata holding a shared_ptr to a built-in
+// block (host/nn/blocks.h). lua/anatomy/nn/Native.lua and one file per block
+// wrap it in the Lua module protocol; this file only constructs, runs and
+// inspects blocks.
+#include <ATen/ATen.h>
+
+#include "bindings/parts.h"
+#include "bindings/common.h"
+#include "host/nn/blocks.h"
+#include "host/runtime.h"
+
+#include <optional>
+#include <type_traits>
+
+namespace anatomy::lua {
+namespace {
+
+constexpr const char* kModuleMeta = "anatomy.NativeModule";
+using BlockPtr = std::shared_ptr<nn::Block>;
+
+BlockPtr& check_block(lua_State* L, int idx) {
+  return check_userdata<BlockPtr>(L, idx, kModuleMeta, "NativeModule");
+}
+
+void push_block(lua_State* L, BlockPtr block) { push_userdata<BlockPtr>(L, kModuleMeta, std::move(block)); }
+
+// Field `key` of the options table at idx, or nothing when the table or the field is absent.
+template <typename T>
+std::optional<T> option(lua_State* L, int idx, const char* key) {
+  int type = get_option(L, idx, key);
+  std::optional<T> out;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (type != LUA_TNIL && type != LUA_TBOOLEAN) {
+      lua_pop(L, 1);
+      throw ArgError(idx, std::string(key) + " must be true or false");
+    }
+    if (type == LUA_TBOOLEAN) out = lua_toboolean(L, -1) != 0;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (type != LUA_TNIL && type != LUA_TSTRING) {
+      lua_pop(L, 1);
+      throw ArgError(idx, std::string(key) + " must be a string");
+    }
+    if (type == LUA_TSTRING) out = std::string(lua_tostring(L, -1));
+  } else {
+    if (type != LUA_TNIL && type != LUA_TNUMBER) {
+      lua_pop(L, 1);
+      throw ArgError(idx, std::string(key) + " must be a number");
+    }
+    if (type == LUA_TNUMBER) out = static_cast<T>(lua_tonumber(L, -1));
+  }
+  lua_pop(L, 1);
+  return out;
+}
+
+// Builds a block; an OptionError becomes a bad argument: the positional
+// argument it names (`positional`: field -> argument), else the options table.
+template <typename Make>
+void push_new(lua_State* L, int options_arg, std::initializer_list<std::pair<const char*, int>> positional, Make make) {
+  BlockPtr block;
+  try {
+    block = make();
+  } catch (const nn::OptionError& e) {
+    int arg = options_arg;
+    for (const auto& [field, index] : positional)
+      if (e.field == field) arg = index;
+    throw ArgError(arg, e.what());
+  }
+  push_block(L, std::move(block));
+}
+
+// Each constructor takes the block's required sizes, then an options table
+// that maps onto the block's options struct here, in one place; the block
+// checks every value (host/nn/blocks.cpp).
+
+// Linear(in, out, {bias})
+int new_linear(lua_State* L) {
+  nn::LinearOptions o(check_integer(L, 1), check_integer(L, 2));
+  if (auto v = option<bool>(L, 3, "bias")) o.bias(*v);
+  push_new(L, 3, {{"in_features", 1}, {"out_features", 2}}, [&] { return std::make_shared<nn::Linear>(o); });
+  return 1;
+}
+
+// Embedding(n, dim, {positions})
+int new_embedding(lua_State* L) {
+  nn::EmbeddingOptions o(check_integer(L, 1), check_integer(L, 2));
+  if (auto v = option<int64_t>(L, 3, "positions")) o.positions(*v);
+  push_new(L, 3, {{"num_embeddings", 1}, {"embedding_dim", 2}}, [&] { return std::make_shared<nn::Embedding>(o); });
+  return 1;
+}
+
+// LayerNorm(dim, {eps = 1e-5}), RMSNorm(dim, {eps = 1e-6})
+template <typename Norm>
+int new_norm(lua_State* L, double default_eps) {
+  nn::NormOptions o(check_integer(L, 1), default_eps);
+  if (auto v = option<double>(L, 2, "eps")) o.eps(*v);
+  push_new(L, 2, {{"dim", 1}}, [&] { return std::make_shared<Norm>(o); });
+  return 1;
+}
+int new_layer_norm(lua_State* L) { return new_norm<nn::LayerNorm>(L, 1e-5); }
+int new_rms_norm(lua_State* L) { return new_norm<nn::RMSNorm>(L, 1e-6); }
+
+// Activation(name): "gelu", "gelu_tanh" or "relu"
+int new_activation(lua_State* L) {
+  std::string name = check_string(L, 1);
+  push_new(L, 1, {}, [&] { return std::make_shared<nn::Activation>(name); });
+  return 1;
+}
+
+// Dropout(p)
+int new_dropout(lua_State* L) {
+  double p = check_number(L, 1);
+  push_new(L, 1, {}, [&] { return std::make_shared<nn::Dropout>(p); });
+  return 1;
+}
+
+// Attention(dim, heads, {causal, bias})
+int new_attention(lua_State* L) {
+  nn::AttentionOptions o(check_integer(L, 1), check_integer(L, 2));
+  if (auto v = option<bool>(L, 3, "causal")) o.causal(*v);
+  if (auto v = option<bool>(L, 3, "bias")) o.bias(*v);
+  push_new(L, 3, {{"dim", 1}, {"heads", 2}}, [&] { return std::make_shared<nn::Attention>(o); });
+  return 1;
+}
+
+// VibeAttention({causal})
+int new_vibe_attention(lua_State* L) {
+  bool causal = option<bool>(L, 1, "causal").value_or(true);
+  push_new(L, 1, {}, [&] { return std::make_shared<nn::VibeAttention>(causal); });
+  return 1;
+}
+
+// MLP(dim, hidden, {activation, bias})
+int new_mlp(lua_State* L) {
+  nn::MLPOptions o(check_integer(L, 1), check_integer(L, 2));
+  if (auto v = option<std::string>(L, 3, "activation")) o.activation(*v);
+  if (auto v = option<bool>(L, 3, "bias")) o.bias(*v);
+  push_new(L, 3, {{"dim", 1}, {"hidden", 2}}, [&] { return std::make_shared<nn::MLP>(o); });
+  return 1;
+}
+
+// ---- methods -----------------------------------------------------------------
+
+// m:forward(x): an InputError becomes a bad argument #1 (the input).
+int module_forward(lua_State* L) {
+  BlockPtr& b = check_block(L, 1);
+  at::Tensor& x = check_tensor(L, 2);
+  try {
+    push_tensor(L, b->forward(x));
+  } catch (const nn::InputError& e) {
+    throw ArgError(2, e.what());
+  }
+  return 1;
+}
+
+// m:named_parameters() -> {{name, tensor}, ...} in registration order
+int module_named_parameters(lua_State* L) {
+  BlockPtr& b = check_block(L, 1);
+  auto params = b->named_parameters(/*recurse=*/true);
+  lua_createtable(L, static_cast<int>(params.size()), 0);
+  int i = 0;
+  for (const auto& item : params) {
+    lua_createtable(L, 2, 0);
+    lua_pushstring(L, item.key().c_str());
+    lua_rawseti(L, -2, 1);
+    push_tensor(L, item.value());
+    lua_rawseti(L, -2, 2);
+    lua_rawseti(L, -2, ++i);
+  }
+  return 1;
+}
+
+int module_train(lua_State* L) {
+  check_block(L, 1)->train(opt_boolean(L, 2, true));
+  return 0;
+}
+
+int module_kind(lua_State* L) {
+  lua_pushstring(L, check_block(L, 1)->kind().c_str());
+  return 1;
+}
+
+int module_describe(lua_State* L) {
+  lua_pushstring(L, check_block(L, 1)->describe().c_str());
+  return 1;
+}
+
+// m:keep_pattern(keep, grad): attention blocks keep their last pattern
+int module_keep_pattern(lua_State* L) {
+  BlockPtr& b = check_block(L, 1);
+  b->keep_pattern = opt_boolean(L, 2, true);
+  b->pattern_grad = opt_boolean(L, 3, false);
+  if (!b->keep_pattern) b->pattern = at::Tensor();
+  return 0;
+}
+
+int module_pattern(lua_State* L) {
+  push_tensor(L, check_block(L, 1)->pattern);
+  return 1;
+}
+
+// m:to(device_or_dtype): parameters change in place, so Lua references stay valid
+int module_to(lua_State* L) {
+  BlockPtr& b = check_block(L, 1);
+  std::string s = check_string(L, 2);
+  if (s == "cpu" || s.rfind("cuda", 0) == 0) b->to(parse_device_arg(s, 2));
+  else b->to(parse_dtype(s, 2));
+  return 0;
+}
+
+const luaL_Reg module_methods[] = {
+    {"forward", guarded<module_forward>},
+    {"named_parameters", guarded<module_named_parameters>},
+    {"train", guarded<module_train>},
+    {"kind", guarded<module_kind>},
+    {"describe", guarded<module_describe>},
+    {"keep_pattern", guarded<module_keep_pattern>},
+    {"pattern", guarded<module_pattern>},
+    {"to", guarded<module_to>},
+    {nullptr, nullptr},
+};
+
+const luaL_Reg module_constructors[] = {
+    {"Linear", guarded<new_linear>},
+    {"Embedding", guarded<new_embedding>},
+    {"LayerNorm", guarded<new_layer_norm>},
+    {"RMSNorm", guarded<new_rms_norm>},
+    {"Activation", guarded<new_activation>},
+    {"Dropout", guarded<new_dropout>},
+    {"Attention", guarded<new_attention>},
+    {"VibeAttention", guarded<new_vibe_attention>},
+    {"MLP", guarded<new_mlp>},
+    {nullptr, nullptr},
+};
+
+}  // namespace
+
+// Pushes the table of native block constructors (torch._native).
+int luaopen_anatomy_blocks(lua_State* L) {
+  define_userdata<BlockPtr>(L, kModuleMeta, "NativeModule", module_methods);
+  lua_newtable(L);
+  luaL_register(L, nullptr, module_constructors);
+  return 1;
+}
+
+}  // namespace anatomy::lua

@@ -1,0 +1,64 @@
+// Ctrl-C (see interrupt.h): the flag the bindings check, the Lua state the
+// handler stops, and the prompt's mark.
+#include "bindings/interrupt.h"
+
+#include <lua.hpp>
+#include <signal.h>
+
+#include "bindings/common.h"
+
+namespace anatomy::lua::interrupt {
+
+volatile std::sig_atomic_t pending = 0;
+
+namespace {
+lua_State* g_running = nullptr;                     // the state a Ctrl-C stops
+volatile std::sig_atomic_t g_prompt_interrupted = 0;
+
+void stop_hook(lua_State* L, lua_Debug*) {
+  lua_sethook(L, nullptr, 0, 0);
+  pending = 0;
+  luaL_error(L, "interrupted");
+}
+
+void on_sigint(int) {
+  std::signal(SIGINT, SIG_DFL);
+  pending = 1;
+  if (g_running) lua_sethook(g_running, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+void on_prompt_sigint(int) { g_prompt_interrupted = 1; }
+}  // namespace
+
+void raise() {
+  pending = 0;
+  throw CallError("interrupted");
+}
+
+Running::Running(lua_State* L) : L_(L), saved_state_(g_running) {
+  g_running = L;
+  saved_handler_ = std::signal(SIGINT, on_sigint);
+}
+
+Running::~Running() {
+  std::signal(SIGINT, saved_handler_);
+  g_running = saved_state_;
+  lua_sethook(L_, nullptr, 0, 0);
+  pending = 0;
+}
+
+void watch_prompt() {
+  struct sigaction sa {};
+  sa.sa_handler = on_prompt_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+bool take_prompt() {
+  bool was = g_prompt_interrupted != 0;
+  g_prompt_interrupted = 0;
+  return was;
+}
+
+}  // namespace anatomy::lua::interrupt

@@ -1,0 +1,39 @@
+// Ctrl-C, in one place. While Lua code runs, Ctrl-C makes the next Lua
+// instruction (a count hook) or the next binding call (the pending flag, for
+// loops LuaJIT has compiled, which skip hooks) raise "interrupted"; a second
+// Ctrl-C before that ends the process as usual. At the REPL's prompt, Ctrl-C
+// only marks the line to be discarded.
+#pragma once
+#include <csignal>
+
+struct lua_State;
+
+namespace anatomy::lua::interrupt {
+
+/// Set by Ctrl-C while Lua runs; guarded() checks it before every binding call.
+extern volatile std::sig_atomic_t pending;
+
+/// Clears the flag and throws CallError("interrupted") (inside a binding call).
+[[noreturn]] void raise();
+
+/// While a Running lives, Ctrl-C interrupts the Lua code running in L (the
+/// previous handler and state come back when it ends; Runnings nest).
+class Running {
+ public:
+  explicit Running(lua_State* L);
+  ~Running();
+  Running(const Running&) = delete;
+  Running& operator=(const Running&) = delete;
+
+ private:
+  lua_State* L_;
+  lua_State* saved_state_;
+  void (*saved_handler_)(int);
+};
+
+/// Installs the prompt's handler (no SA_RESTART, so a blocked read returns).
+void watch_prompt();
+/// Whether Ctrl-C came since the last call; clears the mark.
+bool take_prompt();
+
+}  // namespace anatomy::lua::interrupt

@@ -1,0 +1,52 @@
+// Inside bindings/: the entry points of the binding files, from which the
+// torch module is assembled (the embedding sees only bindings.h).
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <lua.hpp>
+
+#include <vector>
+
+namespace anatomy::lua {
+
+/// Pushes the `torch` table (the native half; lua/anatomy/init.lua adds the rest).
+int luaopen_anatomy_core(lua_State* L);
+/// Pushes the methods table (torch.Tensor) after creating the metatable.
+int luaopen_anatomy_tensor(lua_State* L);
+/// Adds size, view, reshape, permute, narrow, split, ... to the methods table at idx.
+void register_tensor_shape(lua_State* L, int methods);
+/// Adds elementwise math, products and comparisons to the methods table at idx.
+void register_tensor_math(lua_State* L, int methods);
+/// Adds reductions, index-tensor selection and in-place fills to the methods table at idx.
+void register_tensor_reduce(lua_State* L, int methods);
+/// Adds backward, hooks, detach, ... to the methods table at idx.
+void register_tensor_autograd(lua_State* L, int methods);
+/// Pushes the table of built-in block constructors (torch._native).
+int luaopen_anatomy_blocks(lua_State* L);
+/// Adds get_rng_state and set_rng_state to the torch table at index torch (random.cpp).
+void register_random(lua_State* L, int torch);
+/// Adds _cross_entropy to the torch table at index torch (loss.cpp).
+void register_loss(lua_State* L, int torch);
+/// Adds _now, _isatty and _compressed_size to the torch table at index torch (system.cpp).
+void register_system(lua_State* L, int torch);
+/// Adds torch.linalg to the torch table at index torch (linalg.cpp).
+void register_linalg(lua_State* L, int torch);
+/// Pushes torch.metrics, the autopsy's measurement kernels.
+int luaopen_anatomy_metrics(lua_State* L);
+/// Pushes the table of optimizer constructors (torch._optim).
+int luaopen_anatomy_optim(lua_State* L);
+/// Pushes the table of corpus constructors (torch._data).
+int luaopen_anatomy_corpus(lua_State* L);
+/// Pushes torch._exact: the Rational type (GMP) and certified bounds.
+int luaopen_anatomy_rational(lua_State* L);
+/// Adds save_safetensors and load_safetensors to the torch table on the stack top.
+void register_safetensors(lua_State* L, int torch);
+/// Pushes a Lua array of tensors.
+void push_tensor_table(lua_State* L, const std::vector<at::Tensor>& ts);
+/// Reads a Lua array of tensors at idx (argument `arg` for errors).
+std::vector<at::Tensor> check_tensor_table(lua_State* L, int idx);
+/// Lua state used by gradient hooks while backward() runs.
+void set_hook_state(lua_State* L);
+/// Marks the Lua state as closing: hooks still held by tensors stop using it.
+void close_hook_state();
+
+}  // namespace anatomy::lua

@@ -1,0 +1,52 @@
+// The random generator's state as a tensor: torch.get_rng_state and
+// torch.set_rng_state (checkpoints resume exactly with them).
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "bindings/parts.h"
+#include "bindings/common.h"
+
+#include <mutex>
+
+namespace anatomy::lua {
+namespace {
+
+// torch.get_rng_state() -> uint8 tensor: the CPU generator's state (PyTorch's layout)
+int torch_get_rng_state(lua_State* L) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  push_tensor(L, gen.get_state());
+  return 1;
+}
+
+// torch.set_rng_state(state): restores what get_rng_state returned
+int torch_set_rng_state(lua_State* L) {
+  at::Tensor& state = check_tensor(L, 1);
+  if (state.scalar_type() != at::kByte || state.dim() != 1)
+    throw ArgError(1, "expected the uint8 tensor that get_rng_state returns");
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  try {
+    gen.set_state(state.cpu());
+  } catch (const c10::Error& e) {
+    throw ArgError(1, "not a generator state (" + std::string(e.what_without_backtrace()).substr(0, 80) + ")");
+  }
+  return 0;
+}
+
+const luaL_Reg functions[] = {
+    {"get_rng_state", guarded<torch_get_rng_state>},
+    {"set_rng_state", guarded<torch_set_rng_state>},
+    {nullptr, nullptr},
+};
+
+}  // namespace
+
+/// Adds get_rng_state and set_rng_state to the torch table at index torch.
+void register_random(lua_State* L, int torch) {
+  lua_pushvalue(L, torch);
+  luaL_register(L, nullptr, functions);
+  lua_pop(L, 1);
+}
+
+}  // namespace anatomy::lua

@@ -1,0 +1,68 @@
+// Small services of the machine for the Lua library: a monotonic clock (rates
+// and ETAs), whether a file descriptor is a terminal (progress lines), and
+// zlib's compressed size (the text measures).
+#include <ATen/ATen.h>
+
+#include "bindings/parts.h"
+#include "bindings/common.h"
+#include "host/runtime.h"
+
+#include <unistd.h>
+#include <zlib.h>
+
+#include <chrono>
+
+namespace anatomy::lua {
+namespace {
+
+// torch._now() -> seconds on a monotonic clock (for rates and ETAs)
+int torch_now(lua_State* L) {
+  lua_pushnumber(L, std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  return 1;
+}
+
+// torch._isatty(fd) -> whether the file descriptor is a terminal
+int torch_isatty(lua_State* L) {
+  lua_pushboolean(L, isatty(static_cast<int>(check_integer(L, 1))));
+  return 1;
+}
+
+// torch._compressed_size(s, level = 9) -> bytes of s after zlib compression
+int torch_compressed_size(lua_State* L) {
+  size_t n;
+  const char* s = luaL_checklstring(L, 1, &n);
+  int level = lua_isnoneornil(L, 2) ? 9 : static_cast<int>(check_integer(L, 2));
+  if (level < 0 || level > 9) throw ArgError(2, "zlib level must be 0..9");
+  uLongf out = compressBound(n);
+  std::vector<Bytef> buf(out);
+  if (compress2(buf.data(), &out, reinterpret_cast<const Bytef*>(s), n, level) != Z_OK)
+    throw CallError("zlib could not compress the text");
+  lua_pushnumber(L, static_cast<lua_Number>(out));
+  return 1;
+}
+
+// torch._cache_dir() -> anatomy's cache folder (host/runtime.h: XDG_CACHE_HOME, else ~/.cache)
+int torch_cache_dir(lua_State* L) {
+  std::string dir = cache_dir();
+  lua_pushlstring(L, dir.data(), dir.size());
+  return 1;
+}
+
+const luaL_Reg functions[] = {
+    {"_cache_dir", guarded<torch_cache_dir>},
+    {"_now", guarded<torch_now>},
+    {"_isatty", guarded<torch_isatty>},
+    {"_compressed_size", guarded<torch_compressed_size>},
+    {nullptr, nullptr},
+};
+
+}  // namespace
+
+/// Adds _now, _isatty, _compressed_size and _cache_dir to the torch table at index torch.
+void register_system(lua_State* L, int torch) {
+  lua_pushvalue(L, torch);
+  luaL_register(L, nullptr, functions);
+  lua_pop(L, 1);
+}
+
+}  // namespace anatomy::lua
