@@ -110,6 +110,13 @@ function json.decode(text)
     end
     return table.concat(out)
   end
+  -- Past a container's opening bracket: true (and past `close`) when it is empty.
+  local function opened(close)
+    pos = pos + 1
+    skip()
+    if text:sub(pos, pos) == close then pos = pos + 1 return true end
+    return false
+  end
   -- After an element: ',' means another follows, `close` ends the container.
   local function after_item(close)
     skip()
@@ -125,10 +132,8 @@ function json.decode(text)
     local c = text:sub(pos, pos)
     if c == '{' then
       local obj = {}
-      pos = pos + 1
-      skip()
-      if text:sub(pos, pos) == '}' then pos = pos + 1 return obj end
-      while true do
+      if opened('}') then return obj end
+      repeat
         skip()
         if text:sub(pos, pos) ~= '"' then fail('expected a string key') end
         local k = str()
@@ -136,17 +141,13 @@ function json.decode(text)
         if text:sub(pos, pos) ~= ':' then fail("expected ':'") end
         pos = pos + 1
         obj[k] = value(depth + 1)
-        if after_item('}') then return obj end
-      end
+      until after_item('}')
+      return obj
     elseif c == '[' then
       local arr = {}
-      pos = pos + 1
-      skip()
-      if text:sub(pos, pos) == ']' then pos = pos + 1 return arr end
-      while true do
-        arr[#arr + 1] = value(depth + 1)
-        if after_item(']') then return arr end
-      end
+      if opened(']') then return arr end
+      repeat arr[#arr + 1] = value(depth + 1) until after_item(']')
+      return arr
     elseif c == '"' then
       return str()
     elseif text:sub(pos, pos + 3) == 'true' then pos = pos + 4 return true

@@ -27,10 +27,7 @@ local Funnel = nn.block('models.Funnel', function(self, cfg)
   self.embed = nn.Embedding(cfg.vocab, widths[1], {positions = cfg.seq})
   self.stages = nn.Sequential()
   for s = 1, #widths do self.stages:add(Stage(widths[s], attentions[s], widths[s + 1])) end
-  local last = widths[#widths]
-  self.expand = nn.Linear(last, 3 * last)
-  self.act = nn.GELU()
-  self.head = nn.Linear(3 * last, cfg.vocab)
+  models.vibe_head(self, widths[#widths], cfg.vocab)
 end)
 models.Funnel = Funnel
 

@@ -26,6 +26,15 @@ function VibeBlock:forward(x)
   return y
 end
 
+-- models.vibe_head(m, dim, vocab): VibeNet's output, the children expand
+-- (Linear(dim, 3 dim)), act (GELU) and head (Linear(3 dim, vocab)); the funnel
+-- ends the same way.
+function models.vibe_head(m, dim, vocab)
+  m.expand = nn.Linear(dim, 3 * dim)
+  m.act = nn.GELU()
+  m.head = nn.Linear(3 * dim, vocab)
+end
+
 local VibeNet = nn.block('models.VibeNet', function(self, cfg)
   models.check_config('vibenet', cfg, {'vocab', 'dim', 'layers', 'seq'}, {'block', 'streams', 'constraint'})
   local kind = cfg.block or 'plain'
@@ -46,9 +55,7 @@ local VibeNet = nn.block('models.VibeNet', function(self, cfg)
   if kind == 'hyper' then self.split = nn.ExpandStreams(cfg.streams or 4) end
   self.blocks = nn.Repeat(cfg.layers, factories[kind])
   if kind == 'hyper' then self.merge = nn.MergeStreams() end
-  self.expand = nn.Linear(dim, 3 * dim)
-  self.act = nn.GELU()
-  self.head = nn.Linear(3 * dim, cfg.vocab)
+  models.vibe_head(self, dim, cfg.vocab)
 end)
 models.VibeNet = VibeNet
 
