@@ -1,7 +1,7 @@
 -- A small harness for Lua tests run by `anatomy`: test(name, fn), checks that
 -- raise on failure (numeric ones print the largest difference), and a closing
 -- "N passed, N failed" line with a matching exit code.
-local H = {passed = 0, failed = 0}
+local H = {passed = 0, failed = 0, skipped = 0}
 
 -- a temporary file holding content; returns its path
 function H.tmpfile(content)
@@ -20,9 +20,15 @@ function H.read(path)
   return s
 end
 
+-- Inside a test: stop it and count it as skipped, saying why (what the machine lacks).
+function H.skip(reason) error({skip = reason}, 0) end
+
 function H.test(name, fn)
-  local ok, err = xpcall(fn, debug.traceback)
-  if ok then
+  local ok, err = xpcall(fn, function(e) return type(e) == 'table' and e.skip and e or debug.traceback(e) end)
+  if not ok and type(err) == 'table' and err.skip then
+    H.skipped = H.skipped + 1
+    print('skip  ' .. name .. ' (' .. err.skip .. ')')
+  elseif ok then
     H.passed = H.passed + 1
     print('ok    ' .. name)
   else
@@ -78,7 +84,7 @@ function H.raises(fn, expected)
 end
 
 function H.done()
-  print(('%d passed, %d failed'):format(H.passed, H.failed))
+  print(('%d passed, %d failed'):format(H.passed, H.failed) .. (H.skipped > 0 and (', %d skipped'):format(H.skipped) or ''))
   os.exit(H.failed == 0 and 0 or 1, true)  -- true: close the state, freeing every tensor
 end
 

@@ -97,31 +97,71 @@ test('verdicts stand on the claim\'s data and read "not comparable" on any other
   contains(tostring(w), '| not comparable (data: kjv.txt) |', 'printed table')
 end)
 
-test('experiment.corpus: the claim\'s text is known by its SHA-256, not its name', function()
-  local ts = experiment.find_data('tinyshakespeare')
-  assert(ts, 'Tiny Shakespeare must sit in shared/data beside the checkout for this test')
+-- A dataset of our own, in a folder of our own, so that these tests need no shared data.
+local function own_dataset()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute(("mkdir -p '%s'"):format(dir)) == 0)
+  local text = ('It is a truth universally acknowledged, that a single man in possession. '):rep(200)
+  local path = dir .. '/austen.txt'
+  local f = assert(io.open(path, 'wb'))
+  f:write(text)
+  f:close()
+  experiment.datasets.austen = {name = 'Austen', file = 'austen.txt', bytes = #text, sha256 = data.sha256(text)}
+  experiment.data_path = {dir}
+  return dir, path, text
+end
+
+local function forget(dir)
+  experiment.datasets.austen, experiment.data_path = nil, {}
+  os.execute(("rm -rf '%s'"):format(dir))
+end
+
+test('experiment.corpus: the claim\'s text is found and known by its SHA-256, not its name', function()
+  local dir, path = own_dataset()
+  -- found by the search, with no --data
+  local c, d = experiment.corpus({data = ''}, {dataset = 'austen'})
+  eq(d.comparable, true, 'found in the search path')
+  eq(d.path, data.file_info(path).path)
+  eq(d.dataset, 'Austen')
+  local distinct = {}
+  for ch in H.read(path):gmatch('.') do distinct[ch] = true end
+  local n = 0
+  for _ in pairs(distinct) do n = n + 1 end
+  eq(c.vocab_size, n, 'a char corpus of the text: one id per distinct character')
   -- the same bytes under another name and folder count as the claim's data
   local copy = os.tmpname()
-  assert(os.execute(("cp '%s' '%s'"):format(ts, copy)) == 0)
-  local c, d = experiment.corpus({data = copy})
-  eq(d.comparable, true, 'a renamed copy of Tiny Shakespeare is comparable')
-  eq(c.vocab_size, 65, 'vocabulary of Tiny Shakespeare')
-  eq(d.dataset, 'Tiny Shakespeare')
-  -- one byte changed: another text
+  assert(os.execute(("cp '%s' '%s'"):format(path, copy)) == 0)
+  local _, d1 = experiment.corpus({data = copy}, {dataset = 'austen'})
+  eq(d1.comparable, true, 'a renamed copy is comparable')
+  -- one byte more: another text
   local f = assert(io.open(copy, 'ab'))
   f:write('x')
   f:close()
-  local _, d2 = experiment.corpus({data = copy})
+  local _, d2 = experiment.corpus({data = copy}, {dataset = 'austen'})
   eq(d2.comparable, false, 'a different text is not comparable')
   contains(d2.note, "every verdict reads 'not comparable'", 'note')
+  -- a file with the dataset's name but other bytes is refused, not used
+  assert(os.execute(("cp '%s' '%s/austen.txt'"):format(copy, dir)) == 0)
+  local ok, err = pcall(experiment.corpus, {data = ''}, {dataset = 'austen'})
+  eq(ok, false, 'must fail')
+  contains(err, '/austen.txt is not Austen (sha256 ' .. data.sha256(H.read(copy)), 'error')
+  contains(err, "---> HINT: pass --data=", 'error')
   os.remove(copy)
-  -- found by the search, with no --data
-  local _, d3 = experiment.corpus({data = ''})
-  eq(d3.comparable, true)
-  eq(d3.path, data.file_info(ts).path)
+  forget(dir)
 end)
 
-test('experiment.corpus stops, saying where it looked, when the claim\'s text is missing or not what it should be', function()
+test('Tiny Shakespeare beside the checkout is the claims\' text (65 characters)', function()
+  local ts = experiment.find_data('tinyshakespeare')
+  if not ts then H.skip('no shared/data/tinyshakespeare.txt beside this checkout') end
+  local c, d = experiment.corpus({data = ''})
+  eq(d.comparable, true)
+  eq(d.path, data.file_info(ts).path)
+  eq(c.vocab_size, 65, 'vocabulary of Tiny Shakespeare')
+  eq(data.file_info(ts).bytes, experiment.datasets.tinyshakespeare.bytes, 'bytes')
+end)
+
+test('experiment.corpus stops, saying where it looked, when the claim\'s text is missing', function()
   experiment.datasets.missing_text = {name = 'A Missing Text', file = 'no-such-text-anywhere.txt', sha256 = ('0'):rep(64)}
   local ok, err = pcall(experiment.corpus, {data = ''}, {dataset = 'missing_text'})
   eq(ok, false, 'must fail')
@@ -132,12 +172,7 @@ test('experiment.corpus stops, saying where it looked, when the claim\'s text is
   local _, d = experiment.corpus({data = '', smoke = true}, {dataset = 'missing_text'})
   eq(d.comparable, false, 'smoke fallback is not comparable')
   contains(d.note, 'smoke run on the default corpus', 'note')
-  -- a file with the dataset's name but other bytes is refused, not used
-  experiment.datasets.impostor = {name = 'Tiny Shakespeare', file = 'tinyshakespeare.txt', sha256 = ('f'):rep(64)}
-  local ok2, err2 = pcall(experiment.corpus, {data = ''}, {dataset = 'impostor'})
-  eq(ok2, false, 'must fail')
-  contains(err2, 'is not Tiny Shakespeare (sha256 86c4e6aa9db7c042', 'error')
-  experiment.datasets.missing_text, experiment.datasets.impostor = nil, nil
+  experiment.datasets.missing_text = nil
   local ok3, err3 = pcall(experiment.corpus, {data = '/no/such/text.txt'})
   eq(ok3, false)
   contains(err3, 'cannot open --data=/no/such/text.txt', 'error')

@@ -37,13 +37,18 @@ local function root_above(path)
   end
 end
 
+-- Folders searched before all others (empty unless a script or a test adds some).
+experiment.data_path = {}
+
 -- experiment.data_dirs([script]) -> the folders searched for a dataset, in
--- order: $ANATOMY_DATA, then shared/data inside and beside the repository
--- root of the script (found from its absolute path, not the current
--- folder), then the same for the source tree this library runs from.
+-- order: experiment.data_path, $ANATOMY_DATA, then shared/data inside and
+-- beside the repository root of the script (found from its absolute path,
+-- not the current folder), then the same for the source tree this library
+-- runs from.
 function experiment.data_dirs(script)
   local dirs, seen = {}, {}
   local function add(d) if d and not seen[d] then seen[d] = true; dirs[#dirs + 1] = d end end
+  for _, d in ipairs(experiment.data_path) do add(d) end
   local env = os.getenv('ANATOMY_DATA')
   if env and env ~= '' then add(env) end
   for _, root in ipairs{root_above(script or (arg and arg[0])) or false, provenance.source_root() or false} do
