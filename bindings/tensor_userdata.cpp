@@ -90,12 +90,17 @@ bool push_small_arith(lua_State* L, char op) {
   return true;
 }
 
+// A size is a plain Lua list with the registry's "anatomy.Size" metatable,
+// set by lua/anatomy/tensor.lua, which prints it as {2, 3}.
 void push_sizes(lua_State* L, at::IntArrayRef sizes) {
   lua_createtable(L, static_cast<int>(sizes.size()), 0);
   for (size_t i = 0; i < sizes.size(); ++i) {
     lua_pushnumber(L, static_cast<lua_Number>(sizes[i]));
     lua_rawseti(L, -2, static_cast<int>(i + 1));
   }
+  lua_getfield(L, LUA_REGISTRYINDEX, "anatomy.Size");
+  if (lua_istable(L, -1)) lua_setmetatable(L, -2);
+  else lua_pop(L, 1);
 }
 
 at::Scalar number_scalar(double v) {

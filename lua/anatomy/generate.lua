@@ -24,7 +24,7 @@ function generate.generate(self, ids, opts)
   local squeeze = ids:dim() == 1
   if squeeze then ids = ids:unsqueeze(1) end
   if opts.seed then torch.manual_seed(opts.seed) end
-  local seq = rawget(self, 'config') and self.config.seq or ids:size(2)
+  local seq = self:context() or ids:size(2)
   local was_training = self.training
   self:eval()
   local stateful = rawget(self, 'step') ~= nil or self.step ~= nil

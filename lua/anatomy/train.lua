@@ -21,7 +21,7 @@ local function options(opts, model)
   local o = {}
   for k, v in pairs(defaults) do o[k] = v end
   for k, v in pairs(opts) do o[k] = v end
-  o.seq = o.seq or (rawget(model, 'config') and model.config.seq) or 64
+  o.seq = o.seq or model:context() or 64
   o.eval_every = o.eval_every or math.max(1, math.floor(o.steps / 10))
   o.log_every = o.log_every or math.max(1, math.floor(o.steps / 50))
   return o
@@ -74,7 +74,7 @@ end
 -- tokenizer), such as samples from another model.
 function train.evaluate(model, corpus, opts)
   opts = opts or {}
-  local seq = opts.seq or (rawget(model, 'config') and model.config.seq) or 64
+  local seq = opts.seq or model:context() or 64
   local ids = opts.text and corpus:encode(opts.text) or corpus:tokens(opts.split or 'val')
   local x, y = windows(ids, seq, (opts.batches or 8) * (opts.batch or 16))
   if not x then
@@ -165,7 +165,7 @@ function train.fit(model, corpus, opts)
   model:train()
   local params = model:parameters()
   local opt = optim.AdamW(params, {lr = o.lr, betas = o.betas, weight_decay = o.weight_decay, decay = o.decay})
-  local lr_at = optim.schedule(o.schedule, o.lr, o.steps, o.warmup)
+  local lr_at = optim.schedule(o.schedule, o.lr, o.steps, o.warmup)  -- replaced when resuming a run of another length
   -- the run's settings, saved in every checkpoint's metadata as config.<key>
   local config = {}
   for k, v in pairs(o) do
@@ -192,11 +192,28 @@ function train.fit(model, corpus, opts)
     error(('train.fit: recurrence needs a stateful model (models.stateful), got %s'):format(nn.typename(model)), 2)
   end
 
+  local time_before = 0   -- seconds the resumed run had trained: the log's time goes on from there
   if o.checkpoint and o.resume and require('anatomy.fs').exists(o.checkpoint) then
-    local step = train.load_checkpoint(o.checkpoint, model, opt)
+    local step, meta = train.load_checkpoint(o.checkpoint, model, opt)
     run.first_step = step + 1
     run.resumed_from = step
+    time_before = tonumber(meta.time) or 0
     if not o.quiet then print(('resuming from %s at step %d'):format(o.checkpoint, step)) end
+    -- A run resumed for more (or fewer) steps keeps the schedule it was
+    -- trained on up to that run's end; past it, the learning rate stays at
+    -- the schedule's last value rather than jumping back up.
+    local old_steps = tonumber(meta['config.steps'])
+    if old_steps and old_steps ~= o.steps then
+      local old_lr_at = optim.schedule(meta['config.schedule'] or o.schedule, tonumber(meta['config.lr']) or o.lr,
+        old_steps, tonumber(meta['config.warmup']) or o.warmup)
+      lr_at = function(s) return old_lr_at(math.min(s, old_steps)) end
+      if not o.quiet then
+        print(('the checkpoint is of a %d-step run; resumed for %d steps: its %s schedule is kept to step %d, then lr stays at %.4g')
+          :format(old_steps, o.steps, meta['config.schedule'] or o.schedule, old_steps, old_lr_at(old_steps)))
+      end
+      run.config['config.steps'] = old_steps  -- later checkpoints keep describing the schedule in use
+      run.config['config.resumed_steps'] = o.steps
+    end
   end
   local log = o.log and assert(io.open(o.log, 'a'))
   local tty = torch._isatty(1) and not o.quiet
@@ -277,7 +294,7 @@ function train.fit(model, corpus, opts)
     if log then
       log:write(('{"step": %d, "loss": %.6f, "lr": %.6g, "grad_norm": %.6g%s, "tokens_per_second": %.1f, "time": %.3f}\n')
         :format(step, value, lr, norm, info.val_loss and (', "val_loss": %.6f'):format(info.val_loss) or '',
-          info.tokens_per_second, elapsed))
+          info.tokens_per_second, time_before + elapsed))
       log:flush()
     end
     if not o.quiet then
@@ -294,13 +311,16 @@ function train.fit(model, corpus, opts)
       end
     end
     if o.checkpoint and ((o.checkpoint_every and step % o.checkpoint_every == 0) or step == o.steps) then
-      train.save_checkpoint(o.checkpoint, model, opt, step, run.config)
+      local meta = {time = ('%.3f'):format(time_before + elapsed)}
+      for k, v in pairs(run.config) do meta[k] = v end
+      train.save_checkpoint(o.checkpoint, model, opt, step, meta)
     end
     if o.on_step then o.on_step(step, info) end
     if o.seconds and elapsed >= o.seconds then break end
   end
   if log then log:close() end
   run.seconds = torch._now() - started
+  run.total_seconds = time_before + run.seconds  -- with the time of the run it resumed
   run.tokens_per_second = tokens / math.max(run.seconds, 1e-9)
   run.optimizer = opt
   return run

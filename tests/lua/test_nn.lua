@@ -89,8 +89,9 @@ test('save and load through safetensors', function()
 end)
 
 test('to(dtype) converts parameters in place, keeping their identity', function()
-  local m = nn.Sequential{nn.Linear(2, 2), nn.block('P', function(self) self.p = nn.Parameter(torch.ones(2)) end)()}
-  m[2].forward = function(self, x) return x * self.p end
+  local P = nn.block('P', function(self) self.p = nn.Parameter(torch.ones(2)) end)
+  function P:forward(x) return x * self.p end
+  local m = nn.Sequential{nn.Linear(2, 2), P()}
   local w, p = m[1].weight, m[2].p
   m:to('float64')
   eq(w.dtype, 'float64')
@@ -179,7 +180,7 @@ test('bad inputs name the block and both shapes', function()
     "bad argument #1 to 'forward' (Linear expects inputs whose last dimension is 64, got shape 2x5x32)")
   local seq = nn.Sequential{nn.Linear(4, 4), nn.Linear(5, 2)}
   raises(function() seq(torch.ones(1, 4)) end,
-    "test_nn.lua:181: in block 2 (nn.Linear) of nn.Sequential: bad argument #1 to 'forward' (Linear expects inputs whose last dimension is 5, got shape 1x4)")
+    "test_nn.lua:182: in block 2 (nn.Linear) of nn.Sequential: bad argument #1 to 'forward' (Linear expects inputs whose last dimension is 5, got shape 1x4)")
   local emb = nn.Embedding(10, 4)
   raises(function() emb(torch.tensor({{0, 3}}, {dtype = 'int64'})) end, '(token id 0 is out of range 1..10 (ids are 1-based))')
   raises(function() emb(torch.tensor({{1, 3}})) end, "(Embedding expects int64 token ids, got float32 (use {dtype = 'int64'} or x:long()))")
@@ -274,6 +275,57 @@ test('vibenet blocks, funnel and stateful models run and shape their outputs', f
   for t = 1, 3 do step_logits, state = s:step(ids:narrow(2, 1, t), state) end
   eq(step_logits:size(), {2, 20})
   eq(state.hidden:size(), {2, 3, 16})
+end)
+
+test('composition: named children in order, ModuleList and ModuleDict, and errors instead of silent drops', function()
+  -- PyTorch's OrderedDict form: named children, in the given order
+  local s = nn.Sequential{{'embed', nn.Linear(4, 3)}, {'act', nn.ReLU()}, {'head', nn.Linear(3, 2)}}
+  local names = {}
+  for name in s:named_children() do names[#names + 1] = name end
+  eq(names, {'embed', 'act', 'head'})
+  eq(s(torch.ones(1, 4)):size(), {1, 2})
+  eq(s.head.weight:size(), {2, 3})
+  -- a keyed table has no order: an error that says how to write it
+  raises(function() nn.Sequential{embed = nn.Linear(2, 2), blocks = nn.Linear(2, 2)} end,
+    "nn.Sequential: named entries (blocks, embed) have no order in a Lua table; give them in order as nn.Sequential{{'blocks', module}, ...}, or use a list")
+  -- a plain table of modules in a field would lose its parameters: an error
+  local Holder = nn.block('Holder', function(self) self.layers = {nn.Linear(2, 2), nn.Linear(2, 2)} end)
+  raises(function() Holder() end, 'Holder.layers: a plain table of modules is not registered (its parameters would be missed); use nn.ModuleList{...} or nn.ModuleDict{...}')
+  -- ModuleList and ModuleDict register their modules
+  local Stack = nn.block('Stack', function(self)
+    self.layers = nn.ModuleList{nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2)}
+    self.heads = nn.ModuleDict{b = nn.Linear(2, 1), a = nn.Linear(2, 3)}
+  end)
+  function Stack:forward(x)
+    for _, l in ipairs(self.layers:children()) do x = l(x) end
+    return self.heads.a(x)
+  end
+  local m = Stack()
+  eq(m:num_parameters(), 3 * 6 + 3 + 9, 'parameters of the list and the dict counted')
+  local pnames = {}
+  for name in m:named_parameters() do pnames[#pnames + 1] = name end
+  eq(pnames[1], 'layers.1.weight')
+  eq(pnames[#pnames], 'heads.b.bias', 'dict entries in sorted order')
+  eq(m(torch.ones(1, 2)):size(), {1, 3})
+  m.layers:append(nn.Linear(2, 2))
+  eq(#m.layers, 4)
+  raises(function() m.layers(torch.ones(1, 2)) end, 'in the forward of the block that holds it')
+  -- a child that cannot run is an error when the container is built, not when it runs
+  local NoForward = nn.block('NoForward', function() end)
+  raises(function() nn.Sequential{nn.Linear(2, 2), NoForward()} end, 'nn.Sequential: entry 2 (NoForward) has no forward method: define NoForward:forward(x)')
+  raises(function() nn.Residual(NoForward()) end, 'nn.Residual: inner (NoForward) has no forward method: define NoForward:forward(x)')
+  raises(function() nn.Residual(nil) end, 'nn.Residual: inner is nil, not a module')
+  raises(function() nn.Sequential{nn.ModuleList{}} end, 'nn.Sequential: entry 1 is an nn.ModuleList, which holds modules but does not run them: pass the modules themselves')
+end)
+
+test('sizes print as {2, 3}; a model\'s context comes from its position table', function()
+  eq(tostring(torch.zeros(2, 3):size()), '{2, 3}')
+  eq(tostring(torch.zeros(2, 3).shape), '{2, 3}')
+  eq(torch.zeros(4):size()[1], 4)
+  local m = nn.Sequential{nn.Embedding(10, 8, {positions = 32}), nn.Linear(8, 10)}
+  eq(m:context(), 32, 'from the embedding positions')
+  eq(models.gpt{vocab = 10, dim = 8, heads = 2, layers = 1, seq = 16, ffn = 16}:context(), 16, 'from config.seq')
+  eq(nn.Sequential{nn.Linear(2, 2)}:context(), nil, 'unknown')
 end)
 
 H.done()

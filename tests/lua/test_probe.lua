@@ -169,4 +169,21 @@ test('autopsy.step measures from the training step itself; idle probes change no
   eq(rawget(m.blocks[1], '_probe'), nil)
 end)
 
+test('a block whose removal costs almost nothing is a passenger; unknown plot columns are errors', function()
+  torch.manual_seed(4)
+  local m = models.vibenet{vocab = 20, dim = 16, layers = 2, seq = 8}
+  local ids, y = torch.randint(1, 21, {4, 8}), torch.randint(1, 21, {4, 8})
+  local a = autopsy.run(m, {ids, y}, {thresholds = {passenger = 0, passenger_grad = 0, passenger_removal = -math.huge}})
+  local row = a.rows[2]
+  local cost = (row.removal_loss - a.loss) / a.loss
+  eq(row.verdict, 'worker', 'no removal threshold: a worker')
+  local just_below = autopsy.run(m, {ids, y}, {thresholds = {passenger = 0, passenger_grad = 0, passenger_removal = cost - 1e-6}})
+  eq(just_below.rows[2].verdict, 'worker', ('removing it costs %.3g of the loss, above the threshold'):format(cost))
+  local b = autopsy.run(m, {ids, y}, {thresholds = {passenger = 0, passenger_grad = 0, passenger_removal = cost + 1e-6}})
+  eq(b.rows[2].verdict, 'passenger', ('removing it costs %.3g of the loss'):format(cost))
+  assert(tostring(b):find('removing it costs < ', 1, true), 'the rule is printed')
+  raises(function() a:plot('nonsense') end, "test_probe.lua:185: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
+    .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, removal_loss, gate_grad, gate_identity)")
+end)
+
 H.done()

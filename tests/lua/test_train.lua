@@ -202,4 +202,44 @@ test('optim.clip_grad_norm: the total norm over all gradients, scaled down to ma
   eq(optim.clip_grad_norm({torch.zeros(2)}, 1), 0, 'no gradients: 0')
 end)
 
+test('resuming for more steps keeps the schedule it was trained on, and the log\'s time goes on', function()
+  local c = data.from_string(sample_text)
+  local path, log = os.tmpname(), os.tmpname()
+  os.remove(path)
+  os.remove(log)
+  local function model() torch.manual_seed(7); return models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32} end
+  local lrs = {}
+  local opts = {steps = 10, batch = 4, lr = 1e-2, warmup = 2, eval_every = 10, seed = 3, quiet = true, checkpoint = path, log = log,
+    on_step = function(step, info) lrs[step] = info.lr end}
+  train.fit(model(), c, opts)
+  local lr10 = lrs[10]
+  close(lr10, 1e-3, 1e-9, 'the cosine schedule ends at lr/10')
+  opts.steps = 20
+  local run = train.fit(model(), c, opts)
+  eq(run.resumed_from, 10)
+  eq(lrs[11], lr10, 'step 11 goes on at the end of the schedule instead of jumping back up')
+  eq(lrs[20], lr10)
+  -- the log: time never goes back
+  local last = -1
+  for line in io.lines(log) do
+    local t = tonumber(line:match('"time": ([%d.]+)'))
+    assert(t and t >= last, 'time goes back in ' .. line)
+    last = t
+  end
+  assert(run.total_seconds >= run.seconds, 'total time counts the resumed run')
+  -- a training checkpoint is not a weights file
+  raises(function() model():load(path) end, "is a training checkpoint (model, optimizer and step), not a weights file: use "
+    .. "train.load_checkpoint(path, model[, optimizer]), or train.fit(..., {checkpoint = path, resume = true})")
+  os.remove(path)
+  os.remove(log)
+end)
+
+test('a model without config.seq trains at the length of its position table', function()
+  local c = data.from_string(sample_text)
+  local m = nn.Sequential{nn.Embedding(c.vocab_size, 8, {positions = 12}), nn.Linear(8, c.vocab_size)}
+  local run = train.fit(m, c, {steps = 2, batch = 2, quiet = true, eval_every = 2})
+  eq(run.config['config.seq'], 12)
+  eq(train.evaluate(m, c, {batches = 1, batch = 2}).tokens, 2 * 12, 'evaluation windows of 12 tokens')
+end)
+
 H.done()

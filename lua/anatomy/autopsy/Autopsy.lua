@@ -17,7 +17,10 @@ function Autopsy:parameter_table() return format.parameter_table(self) end
 -- a:plot(metric): a compact chart of one column per layer, in the terminal
 -- ('grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual',
 -- 'influence', 'lens_loss', 'removal_loss').
-function Autopsy:plot(metric) return format.plot(self, metric) end
+function Autopsy:plot(metric)
+  local text = format.plot(self, metric)  -- not a tail call: errors name the caller's line
+  return text
+end
 
 -- The autopsy as plain data (what json() writes).
 function Autopsy:data()

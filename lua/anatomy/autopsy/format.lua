@@ -59,8 +59,8 @@ function format.table(self)
   end
   local t = self.thresholds
   out[#out + 1] = ('verdicts: boundary = input/output row with >= %g of the largest |grad| while the median block has < %g; '
-    .. 'passenger = f(x)/x < %g or |grad| share < %g; exploding = gain > %g'):format(
-    t.boundary, t.boundary_middle, t.passenger, t.passenger_grad, t.exploding)
+    .. 'passenger = f(x)/x < %g, |grad| share < %g or removing it costs < %g of the loss; exploding = gain > %g'):format(
+    t.boundary, t.boundary_middle, t.passenger, t.passenger_grad, t.passenger_removal or 0, t.exploding)
   out[#out + 1] = ''
   out[#out + 1] = format.parameter_table(self)
   return table.concat(out, '\n')
@@ -88,6 +88,13 @@ local bars = {' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'}
 -- ('grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual',
 -- 'influence', 'lens_loss', 'removal_loss').
 function format.plot(self, metric)
+  local columns = {'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'act_mean', 'act_max', 'act_rms', 'amplification',
+    'residual', 'influence', 'lens_loss', 'lens_agree', 'removal_loss', 'gate_grad', 'gate_identity'}
+  local known = false
+  for _, c in ipairs(columns) do known = known or c == (metric or 'grad_norm') end
+  if not known then
+    error(("bad argument #1 to 'plot' (unknown column '%s'; the columns are %s)"):format(tostring(metric), table.concat(columns, ', ')), 3)
+  end
   metric = metric or 'grad_norm'
   local values, hi = {}, 0
   for _, r in ipairs(self.rows) do

@@ -22,7 +22,7 @@ local function run(model, source, opts)
   local thresholds = {}
   for k, v in pairs(verdicts.thresholds) do thresholds[k] = (opts.thresholds or {})[k] or v end
   local layers = measure.layers(model)
-  local seq = opts.seq or (rawget(model, 'config') and model.config.seq) or 64
+  local seq = opts.seq or model:context() or 64
   local function batch()
     if type(source) == 'table' and torch.is_tensor(source[1]) then return source[1], source[2] end
     return source:batch(opts.batch or 8, seq, {split = 'val'})

@@ -1,8 +1,10 @@
 -- The autopsy's verdicts on each row, and the thresholds they use, in one place.
 --   exploding  std(output) / std(input) of a block above `exploding`
 --   passenger  a block whose f(x) is small beside x (residual ratio below
---              `passenger`) or whose parameters get almost no gradient
---              (below `passenger_grad` of the largest row's): the gradient passes by
+--              `passenger`), whose parameters get almost no gradient (below
+--              `passenger_grad` of the largest row's), or whose removal raises
+--              the loss by less than `passenger_removal` of the full model's
+--              loss: the gradient, or the computation, passes it by
 --   boundary   an input or output row holding at least `boundary` of the
 --              largest gradient while the median block holds under `boundary_middle`
 --   worker     a block that is none of these
@@ -11,7 +13,8 @@ local measure = require 'anatomy.autopsy.measure'
 local verdicts = {}
 
 -- The defaults (autopsy.thresholds; override with autopsy.run's opts.thresholds).
-verdicts.thresholds = {exploding = 2.0, passenger = 0.05, passenger_grad = 0.02, boundary = 0.5, boundary_middle = 0.1}
+verdicts.thresholds = {exploding = 2.0, passenger = 0.05, passenger_grad = 0.02, passenger_removal = 0.01, boundary = 0.5,
+  boundary_middle = 0.1}
 
 -- verdicts.assign(a, thresholds): sets grad_share and verdict on every row of autopsy a.
 function verdicts.assign(a, thresholds)
@@ -26,7 +29,8 @@ function verdicts.assign(a, thresholds)
   for _, r in ipairs(a.rows) do
     if r.kind == 'block' then
       if r.amplification and r.amplification > thresholds.exploding then r.verdict = 'exploding'
-      elseif (r.residual and r.residual < thresholds.passenger) or (r.grad_share and r.grad_share < thresholds.passenger_grad) then
+      elseif (r.residual and r.residual < thresholds.passenger) or (r.grad_share and r.grad_share < thresholds.passenger_grad)
+        or (r.removal_loss and a.loss and r.removal_loss - a.loss < thresholds.passenger_removal * a.loss) then
         r.verdict = 'passenger'
       else r.verdict = 'worker' end
     elseif r.grad_share and r.grad_share >= thresholds.boundary and middle < thresholds.boundary_middle then

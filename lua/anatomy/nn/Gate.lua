@@ -7,6 +7,7 @@ nn.Gate = Gate
 
 function Gate:__init(inner, dim)
   nn.Module.__init(self)
+  nn.check_forward(inner, 'nn.Gate: inner', 3)
   if type(dim) ~= 'number' then error('nn.Gate(f, dim): dim must be a number', 3) end
   self.gate = nn.Linear(dim, dim)
   self.inner = inner

@@ -25,6 +25,7 @@ nn.HyperConnections = HC
 
 function HC:__init(inner, dim, opts)
   nn.Module.__init(self)
+  nn.check_forward(inner, 'nn.HyperConnections: inner', 3)
   opts = opts or {}
   local n = opts.streams or 4
   local constraint = opts.constraint or 'sinkhorn'

@@ -28,13 +28,39 @@ function Module:__init()
   rawset(self, 'training', true)
 end
 
--- A new field: a module or a marked tensor registers; anything else is stored.
+-- A plain Lua table holding modules (not registered: its parameters would be missed).
+local function holds_modules(v)
+  if type(v) ~= 'table' or getmetatable(v) ~= nil then return false end
+  for _, x in pairs(v) do if nn.is_module(x) then return true end end
+  return false
+end
+
+-- nn.check_forward(m, where, level): an error at construction when a
+-- container is given a module it cannot run: one whose class defines no
+-- forward, or a holder of modules that is not run itself (nn.ModuleList,
+-- nn.ModuleDict).
+function nn.check_forward(m, where, level)
+  if not nn.is_module(m) then error(('%s is %s, not a module'):format(where, nn.typename(m)), level + 1) end
+  if rawget(getmetatable(m), '__no_forward') then
+    error(('%s is an %s, which holds modules but does not run them: pass the modules themselves'):format(where, nn.typename(m)), level + 1)
+  end
+  if m.forward == Module.forward then
+    error(('%s (%s) has no forward method: define %s:forward(x)'):format(where, nn.typename(m), nn.typename(m)), level + 1)
+  end
+end
+
+-- A new field: a module or a marked tensor registers; a plain table of
+-- modules is an error (use nn.ModuleList or nn.ModuleDict); anything else is stored.
 function Module:_set_field(key, value)
   if type(key) == 'number' and nn.is_module(value) and rawget(self, '_children') then
     self:add_module(tostring(key), value)
     return
   end
   if type(key) == 'string' and rawget(self, '_children') then
+    if holds_modules(value) then
+      error(("%s.%s: a plain table of modules is not registered (its parameters would be missed); "
+        .. "use nn.ModuleList{...} or nn.ModuleDict{...}"):format(nn.typename(self), key), 3)
+    end
     if nn.is_module(value) then
       self:add_module(key, value)
       return
@@ -134,6 +160,23 @@ end
 function Module:generate(ids, opts)
   local out = require('anatomy.generate').generate(self, ids, opts)
   return out
+end
+
+-- m:context() -> the longest sequence the model takes: config.seq when it
+-- has one, else the shortest learned position table among its embeddings
+-- (nn.Embedding's positions), else nil (no limit known). train.fit,
+-- train.evaluate, autopsy.run and generate use it when no seq is given.
+function Module:context()
+  local cfg = rawget(self, 'config')
+  if type(cfg) == 'table' and type(cfg.seq) == 'number' then return cfg.seq end
+  local shortest
+  for _, m in self:named_modules() do
+    local pos = rawget(m, 'pos_weight')
+    if nn.Embedding and nn.is_instance(m, nn.Embedding) and torch.is_tensor(pos) then
+      shortest = math.min(shortest or math.huge, pos:size(1))
+    end
+  end
+  return shortest
 end
 
 -- Iterates (name, child) over direct children, in definition order.
@@ -281,7 +324,11 @@ end
 
 -- m:load(path, opts): load_state_dict from a safetensors file.
 function Module:load(path, opts)
-  local sd = torch.load_safetensors(path)
+  local sd, meta = torch.load_safetensors(path)
+  if meta and meta.format == 'anatomy-checkpoint' then
+    error(("'%s' is a training checkpoint (model, optimizer and step), not a weights file: use "
+      .. "train.load_checkpoint(path, model[, optimizer]), or train.fit(..., {checkpoint = path, resume = true})"):format(path), 2)
+  end
   return self:load_state_dict(sd, opts)
 end
 

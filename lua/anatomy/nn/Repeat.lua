@@ -11,7 +11,7 @@ function Repeat:__init(n, factory)
   rawset(self, 'n', n)
   for i = 1, n do
     local m = factory(i)
-    if not nn.is_module(m) then error(('nn.Repeat: factory(%d) returned %s, not a module'):format(i, nn.typename(m)), 3) end
+    nn.check_forward(m, ("nn.Repeat: factory(%d)'s result"):format(i), 3)
     self:add_module(tostring(i), m)
   end
 end

@@ -7,6 +7,7 @@ nn.Residual = Residual
 
 function Residual:__init(inner)
   nn.Module.__init(self)
+  nn.check_forward(inner, 'nn.Residual: inner', 3)
   self.inner = inner
 end
 

@@ -1,5 +1,7 @@
 -- nn.Sequential{m1, m2, ...}: runs its children in order; children are
--- named 1, 2, ... An error names the block it came from.
+-- named 1, 2, ... Named children in order, as PyTorch's OrderedDict form:
+-- nn.Sequential{{'embed', m1}, {'blocks', m2}}. An error names the block it
+-- came from.
 local nn = require 'anatomy.nn'
 
 local Sequential = nn.class('nn.Sequential', nn.Module)
@@ -7,16 +9,31 @@ nn.Sequential = Sequential
 
 function Sequential:__init(list)
   nn.Module.__init(self)
+  if list ~= nil and type(list) ~= 'table' then
+    error(('nn.Sequential: expected a list of modules, got %s'):format(nn.typename(list)), 3)
+  end
+  local keyed = {}
+  for k in pairs(list or {}) do
+    if type(k) ~= 'number' or k % 1 ~= 0 or k < 1 or k > #list then keyed[#keyed + 1] = tostring(k) end
+  end
+  if #keyed > 0 then
+    table.sort(keyed)
+    error(("nn.Sequential: named entries (%s) have no order in a Lua table; give them in order as "
+      .. "nn.Sequential{{'%s', module}, ...}, or use a list"):format(table.concat(keyed, ', '), keyed[1]), 3)
+  end
   for i, m in ipairs(list or {}) do
-    if not nn.is_module(m) then
-      error(('nn.Sequential: entry %d is %s, not a module'):format(i, nn.typename(m)), 3)
+    local name = tostring(i)
+    if type(m) == 'table' and not getmetatable(m) and type(m[1]) == 'string' and m[3] == nil then
+      name, m = m[1], m[2]
     end
-    self:add_module(tostring(i), m)
+    nn.check_forward(m, ('nn.Sequential: entry %d'):format(i), 3)
+    self:add_module(name, m)
   end
 end
 
 -- seq:add(m): appends a child.
 function Sequential:add(m)
+  nn.check_forward(m, 'bad argument #1 to \'add\': the module', 2)
   return self:add_module(tostring(#self._children + 1), m)
 end
 
