@@ -31,7 +31,7 @@ function Autopsy:data()
     rows[i] = copy
   end
   return {provenance = self.provenance, model = self.model, loss = self.loss, rows = rows, params = self.params, weights = self.weights,
-    removal = self.removal, thresholds = self.thresholds,
+    removal = self.removal, thresholds = self.thresholds, missing = self.missing,
     entropy_heads = self.entropy_heads, patterns = self.patterns,
     history = self.history and {train = self.history.train, val = self.history.val, probes = self.history.probes,
       first_step = self.history.first_step} or nil}

@@ -53,6 +53,10 @@ function format.table(self)
     if r.gate_grad then gates[#gates + 1] = ('%s |grad| %s, |W - I|/sqrt(d) %s'):format(r.name, fmt(r.gate_grad, 4), fmt(r.gate_identity)) end
   end
   if #gates > 0 then out[#out + 1] = 'gates: ' .. table.concat(gates, '; ') end
+  local shown = {lens_loss = 'lens loss', entropy = 'entropy and diag', removal_loss = 'w/o loss'}
+  for _, key in ipairs{'entropy', 'lens_loss', 'removal_loss'} do
+    if self.missing and self.missing[key] then out[#out + 1] = ('%s: - because %s'):format(shown[key], self.missing[key]) end
+  end
   if self.removal then
     out[#out + 1] = ('without the %d least influential blocks (%s): loss %s (full model %s)'):format(
       self.removal.k, table.concat(self.removal.blocks, ', '), fmt(self.removal.loss, 4), fmt(self.removal.full_loss, 4))

@@ -36,6 +36,7 @@ local function run(model, source, opts)
   local last
   local entropy_heads, patterns = {}, {}   -- of the last batch: per head, and (T, T) maps of the first sequence
   local seen_batches = {}
+  local missing = {}        -- column -> why it has no numbers (printed under the table)
   local patterns_text
   for _ = 1, steps do
     local x, y = batch()
@@ -65,10 +66,17 @@ local function run(model, source, opts)
         end
         if want.logit_lens and model.readout then
           local ok, lens = pcall(function() return torch.no_grad(function() return model:readout(out) end) end)
-          if ok and lens:size(-1) == d.logits:size(-1) then
+          if ok and torch.is_tensor(lens) and lens:size(-1) == d.logits:size(-1) then
             add(i .. ':lens_loss', nn.functional.cross_entropy(lens, y):item())
             add(i .. ':lens_agree', lens:argmax(-1):eq(final_top):double():mean():item())
+          elseif not ok then
+            missing.lens_loss = missing.lens_loss or ('readout(h) failed: ' .. tostring(lens):gsub('^[^\n]-:%d+: ', ''):match('[^\n]*'))
+          else
+            missing.lens_loss = missing.lens_loss or ('readout(h) gave %s, not logits over %d tokens'):format(
+              torch.is_tensor(lens) and table.concat(lens:size(), 'x') or type(lens), d.logits:size(-1))
           end
+        elseif want.logit_lens then
+          missing.lens_loss = ('%s has no readout(h) (the head applied to a hidden state)'):format(nn.typename(model))
         end
       end
       if want.attn_entropy then
@@ -161,6 +169,7 @@ local function run(model, source, opts)
         end)
       end)
       for _, h in ipairs(hs) do h:remove() end
+      if not ok then missing.removal_loss = missing.removal_loss or ('removing a block failed: ' .. tostring(total):match('[^\n]*')) end
       return ok and total or nil
     end
     for _, r in ipairs(block_rows) do r.removal_loss = loss_without({r.name}) end
@@ -175,6 +184,12 @@ local function run(model, source, opts)
     end
   end
 
+  if want.attn_entropy then
+    local any = false
+    for _, r in ipairs(block_rows) do any = any or r.entropy ~= nil end
+    if not any then missing.entropy = 'no block publishes an attention pattern (an attention block defines keep_pattern(keep, grad) and pattern())' end
+  end
+  a.missing = missing
   verdicts.assign(a, thresholds)
   model:train(was_training)
   local corpus = getmetatable(source) == data.Corpus and source or nil

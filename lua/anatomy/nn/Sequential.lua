@@ -37,6 +37,25 @@ function Sequential:add(m)
   return self:add_module(tostring(#self._children + 1), m)
 end
 
+-- seq:readout(h) -> logits from a hidden state of its stack (the logit
+-- lens): the children after the one that holds the stack (seq:layers()),
+-- applied to h. So a model written as nn.Sequential{embed, stack, head...}
+-- gets the autopsy's lens without defining anything.
+function Sequential:readout(h)
+  local layers = self:layers()
+  local holder = layers and layers[1] and layers[1][1]:match('^([^.]+)%.')
+  local k
+  for i, name in ipairs(self._children) do if name == holder then k = i end end
+  if not k then
+    error(('%s has no readout: its stack of layers is not one of its own children'):format(nn.typename(self)), 2)
+  end
+  for i = k + 1, #self._children do
+    local name = self._children[i]
+    h = nn.call_child(self, name, rawget(self, nn.child_key(name)), h)
+  end
+  return h
+end
+
 function Sequential:forward(x)
   for name, child in self:named_children() do x = nn.call_child(self, name, child, x) end
   return x
