@@ -128,21 +128,38 @@ int tensor_pow(lua_State* L) {
   return 1;
 }
 
-int tensor_clamp(lua_State* L) {
+// The bounds are Lua numbers taken as integers when integral, so an integer
+// tensor stays integer (x:clamp(1, 5) on int64 is int64, as in PyTorch).
+int clamp_with(lua_State* L, bool want_lo, bool want_hi) {
   at::Tensor& self = check_tensor(L, 1);
   c10::optional<at::Scalar> lo, hi;
-  if (is_options(L, 2)) {
+  if (want_lo && want_hi && is_options(L, 2)) {
     check_option_keys(L, 2, {"min", "max"});
-    if (get_option(L, 2, "min") != LUA_TNIL) lo = check_number(L, -1);
+    if (get_option(L, 2, "min") != LUA_TNIL) lo = number_scalar(check_number(L, -1));
     lua_pop(L, 1);
-    if (get_option(L, 2, "max") != LUA_TNIL) hi = check_number(L, -1);
+    if (get_option(L, 2, "max") != LUA_TNIL) hi = number_scalar(check_number(L, -1));
     lua_pop(L, 1);
+  } else if (want_lo && want_hi) {
+    if (!lua_isnoneornil(L, 2)) lo = number_scalar(check_number(L, 2));
+    if (!lua_isnoneornil(L, 3)) hi = number_scalar(check_number(L, 3));
   } else {
-    if (!lua_isnoneornil(L, 2)) lo = check_number(L, 2);
-    if (!lua_isnoneornil(L, 3)) hi = check_number(L, 3);
+    (want_lo ? lo : hi) = number_scalar(check_number(L, 2));
   }
   if (!lo && !hi) throw ArgError(2, "clamp needs a min or a max");
   push_tensor(L, at::clamp(self, lo, hi));
+  return 1;
+}
+
+int tensor_clamp(lua_State* L) { return clamp_with(L, true, true); }
+int tensor_clamp_min(lua_State* L) { return clamp_with(L, true, false); }
+int tensor_clamp_max(lua_State* L) { return clamp_with(L, false, true); }
+
+// x:softplus(beta = 1, threshold = 20): log(1 + exp(beta x)) / beta, x itself where beta x > threshold
+int tensor_softplus(lua_State* L) {
+  at::Tensor& self = check_tensor(L, 1);
+  double beta = lua_isnoneornil(L, 2) ? 1.0 : check_number(L, 2);
+  double threshold = lua_isnoneornil(L, 3) ? 20.0 : check_number(L, 3);
+  push_tensor(L, at::softplus(self, beta, threshold));
   return 1;
 }
 
@@ -253,6 +270,9 @@ const luaL_Reg math_methods[] = {
     {"pow", guarded<tensor_pow>},
     {"clamp", guarded<tensor_clamp>},
     {"clip", guarded<tensor_clamp>},
+    {"clamp_min", guarded<tensor_clamp_min>},
+    {"clamp_max", guarded<tensor_clamp_max>},
+    {"softplus", guarded<tensor_softplus>},
     {"clamp_", guarded<tensor_clamp_>},
     {"gelu", guarded<tensor_gelu>},
     {"softmax", guarded<tensor_softmax>},

@@ -135,6 +135,22 @@ int extremum(lua_State* L, bool is_max) {
   return 2;
 }
 int tensor_max(lua_State* L) { return extremum(L, true); }
+
+// x:median() -> the lower median of all elements | x:median(dim, keepdim) -> values, indices (1-based)
+int tensor_median(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  Reduce r = reduce_args(L, 2, t.dim());
+  if (t.numel() == 0) throw ArgError(1, "median of an empty tensor");
+  if (!r.has_dims) {
+    push_tensor(L, t.median());
+    return 1;
+  }
+  if (r.dims.size() != 1) throw ArgError(2, "median takes one dimension");
+  auto [values, indices] = at::median(t, r.dims[0], r.keepdim);
+  push_tensor(L, values);
+  push_tensor(L, indices + 1);
+  return 2;
+}
 int tensor_min(lua_State* L) { return extremum(L, false); }
 
 int arg_extremum(lua_State* L, bool is_max) {
@@ -360,6 +376,7 @@ const luaL_Reg reduce_methods[] = {
     {"all", guarded<tensor_all>},
     {"any", guarded<tensor_any>},
     {"topk", guarded<tensor_topk>},
+    {"median", guarded<tensor_median>},
     {"sort", guarded<tensor_sort>},
     {"index_select", guarded<tensor_index_select>},
     {"gather", guarded<tensor_gather>},

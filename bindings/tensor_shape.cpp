@@ -123,6 +123,15 @@ int tensor_permute(lua_State* L) {
   return 1;
 }
 
+// x:flip(d1, d2, ...) or x:flip({d1, ...}): reverses the order along those (1-based) dimensions
+int tensor_flip(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (lua_isnoneornil(L, 2)) throw ArgError(2, "flip needs the dimensions to reverse");
+  auto dims = check_dims(L, 2, t.dim());
+  push_tensor(L, t.flip(dims));
+  return 1;
+}
+
 int tensor_contiguous(lua_State* L) {
   push_tensor(L, check_tensor(L, 1).contiguous());
   return 1;
@@ -252,6 +261,7 @@ const luaL_Reg shape_methods[] = {
     {"t", guarded<tensor_t>},
     {"permute", guarded<tensor_permute>},
     {"contiguous", guarded<tensor_contiguous>},
+    {"flip", guarded<tensor_flip>},
     {"squeeze", guarded<tensor_squeeze>},
     {"unsqueeze", guarded<tensor_unsqueeze>},
     {"expand", guarded<tensor_expand>},

@@ -91,6 +91,35 @@ def reference():
     y.backward()
     r["misc_grad_x"] = x.grad
 
+    F = torch.nn.functional
+    r["flip"] = X3.flip(0, 2)
+    r["median_all"] = A.median()
+    mv, mi = A.median(1)
+    r["median_values"], r["median_indices"] = mv, mi + 1
+    r["clamp_int"] = (idx + 1).clamp(2, 4)
+    r["clamp_min"] = A.clamp_min(0)
+    r["clamp_max"] = A.clamp_max(0.5)
+    r["softplus"] = F.softplus(A, 2, 1)
+    r["silu"] = F.silu(A)
+    r["layer_norm"] = F.layer_norm(X3, (4,), v[:4], P[0][:4])
+    r["layer_norm_2d"] = F.layer_norm(X3, (3, 4))
+    r["rms_norm"] = X3 / (X3.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * v[:4]  # 1.13 has no F.rms_norm
+    r["mse_loss"] = F.mse_loss(A, C)
+    r["mse_loss_sum"] = F.mse_loss(A, C, reduction="sum")
+    r["linear"] = F.linear(A, B.t(), v[:3])
+    r["embedding"] = F.embedding(idx, A.t())
+
+    def sdpa(q, k, v, mask=None, causal=False, scale=None):  # 1.13 has no F.scaled_dot_product_attention
+        s = q @ k.transpose(-2, -1) * (scale if scale is not None else q.shape[-1] ** -0.5)
+        if causal:
+            s = s.masked_fill(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).triu(1), float("-inf"))
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return s.softmax(-1) @ v
+    r["sdpa"] = sdpa(X3, X3, X3)
+    r["sdpa_causal"] = sdpa(X3, X3, X3, causal=True)
+    r["sdpa_mask"] = sdpa(X3, X3, X3, mask=torch.ones(3, 3, dtype=torch.bool).tril(), scale=0.5)
+
     r["repr_A"] = str(A)
     r["repr_big"] = str(A @ B * 1000)
     r["repr_small"] = str(P * 1e-5)

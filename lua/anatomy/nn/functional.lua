@@ -1,15 +1,119 @@
--- nn.functional: stateless functions over tensors (PyTorch's torch.nn.functional).
+-- nn.functional: stateless functions over tensors, with PyTorch's names and
+-- arguments (torch.nn.functional), composed from LibTorch's tensor ops.
+-- Dimensions and ids are 1-based, as everywhere in anatomy.
 local nn = require 'anatomy.nn'
 
 local F = {}
 nn.functional = F
 
+local function check_tensor(v, arg, fname)
+  if not torch.is_tensor(v) then
+    error(("bad argument #%d to '%s' (Tensor expected, got %s)"):format(arg, fname, nn.typename(v)), 3)
+  end
+end
+
 -- cross_entropy(logits (..., V), targets (...) int64 class ids, 1-based) -> mean loss
 function F.cross_entropy(logits, targets) return torch._cross_entropy(logits, targets) end
 
+-- mse_loss(input, target, {reduction = 'mean'|'sum'|'none'})
+function F.mse_loss(input, target, opts)
+  check_tensor(input, 1, 'mse_loss')
+  check_tensor(target, 2, 'mse_loss')
+  local reduction = opts and opts.reduction or 'mean'
+  local d = (input - target) ^ 2
+  if reduction == 'mean' then return d:mean() end
+  if reduction == 'sum' then return d:sum() end
+  if reduction == 'none' then return d end
+  error(("bad argument #3 to 'mse_loss' (reduction must be 'mean', 'sum' or 'none', got '%s')"):format(tostring(reduction)), 2)
+end
+
 function F.gelu(x, approximate) return x:gelu(approximate) end
 function F.relu(x) return x:relu() end
+function F.silu(x) return x:silu() end
+-- softplus(x, beta = 1, threshold = 20)
+function F.softplus(x, beta, threshold) return x:softplus(beta, threshold) end
 function F.softmax(x, dim) return x:softmax(dim) end
 function F.log_softmax(x, dim) return x:log_softmax(dim) end
+
+-- linear(x, weight [out, in], bias [out] or nil) -> x Wᵀ + b
+function F.linear(x, weight, bias)
+  check_tensor(x, 1, 'linear')
+  check_tensor(weight, 2, 'linear')
+  local y = x:matmul(weight:t())
+  if bias ~= nil then y = y + bias end
+  return y
+end
+
+-- embedding(ids int64, 1-based, weight [n, dim]) -> (..., dim)
+function F.embedding(ids, weight)
+  check_tensor(ids, 1, 'embedding')
+  check_tensor(weight, 2, 'embedding')
+  local flat = weight:index_select(1, ids:reshape(-1))
+  local shape = ids:size()
+  shape[#shape + 1] = weight:size(2)
+  return flat:reshape(shape)
+end
+
+-- the last #normalized_shape dimensions, as negative (from the end) dims
+local function last_dims(x, normalized_shape, fname)
+  check_tensor(x, 1, fname)
+  local n = type(normalized_shape) == 'number' and 1 or #normalized_shape
+  local dims = {}
+  for i = 1, n do dims[i] = -i end
+  return dims
+end
+
+-- layer_norm(x, normalized_shape, weight, bias, eps = 1e-5)
+function F.layer_norm(x, normalized_shape, weight, bias, eps)
+  local dims = last_dims(x, normalized_shape, 'layer_norm')
+  local mean = x:mean({dim = dims, keepdim = true})
+  local centered = x - mean
+  local var = (centered * centered):mean({dim = dims, keepdim = true})
+  local y = centered / (var + (eps or 1e-5)):sqrt()
+  if weight ~= nil then y = y * weight end
+  if bias ~= nil then y = y + bias end
+  return y
+end
+
+-- rms_norm(x, normalized_shape, weight, eps = 1e-6): x / √(mean(x²) + eps) · weight
+function F.rms_norm(x, normalized_shape, weight, eps)
+  local dims = last_dims(x, normalized_shape, 'rms_norm')
+  local y = x / ((x * x):mean({dim = dims, keepdim = true}) + (eps or 1e-6)):sqrt()
+  if weight ~= nil then y = y * weight end
+  return y
+end
+
+-- dropout(x, p = 0.5, training = true): zeroes elements with probability p and
+-- scales the rest by 1/(1-p) (the mask comes from torch's generator)
+function F.dropout(x, p, training)
+  check_tensor(x, 1, 'dropout')
+  p = p or 0.5
+  if not (p >= 0 and p < 1) then error(("bad argument #2 to 'dropout' (p must be in [0, 1), got %s)"):format(tostring(p)), 2) end
+  if training == false or p == 0 then return x end
+  local keep = torch.rand_like(x):ge(p):to(x.dtype)
+  return x * keep / (1 - p)
+end
+
+-- scaled_dot_product_attention(q, k, v, {attn_mask, is_causal = false, scale})
+-- q (..., T, D), k (..., S, D), v (..., S, Dv): softmax(q kᵀ · scale + mask) v,
+-- scale 1/√D by default; attn_mask a bool tensor (true: may attend) or an additive float one.
+function F.scaled_dot_product_attention(q, k, v, opts)
+  check_tensor(q, 1, 'scaled_dot_product_attention')
+  check_tensor(k, 2, 'scaled_dot_product_attention')
+  check_tensor(v, 3, 'scaled_dot_product_attention')
+  opts = require('anatomy.options').check(opts, {attn_mask = true, is_causal = true, scale = true}, 'scaled_dot_product_attention', 2)
+  local scale = opts.scale or 1 / math.sqrt(q:size(-1))
+  local scores = q:matmul(k:transpose(-2, -1)) * scale                 -- (..., T, S)
+  if opts.is_causal then
+    local T, S = q:size(-2), k:size(-2)
+    scores = scores:masked_fill(torch.ones(T, S, {dtype = 'bool'}):triu(1), -math.huge)
+  end
+  local mask = opts.attn_mask
+  if mask ~= nil then
+    if mask.dtype == 'bool' then scores = scores:masked_fill(mask:logical_not(), -math.huge)
+    else scores = scores + mask end
+  end
+  return scores:softmax(-1):matmul(v)
+end
 
 return F
