@@ -242,4 +242,24 @@ test('a model without config.seq trains at the length of its position table', fu
   eq(train.evaluate(m, c, {batches = 1, batch = 2}).tokens, 2 * 12, 'evaluation windows of 12 tokens')
 end)
 
+test('SGD, Adam and a learning-rate scheduler outside train.fit', function()
+  local w = torch.tensor({1, -2}, {requires_grad = true})
+  local opt = optim.SGD({w}, {lr = 0.5})
+  local loss = (w * w):sum()
+  loss:backward()
+  opt:step()
+  close(w, {0, 0}, 1e-7, 'one plain SGD step of lr 0.5 on w² lands at 0')
+  local a = optim.Adam({w}, {lr = 0.1})
+  local sched = optim.lr_scheduler(a, {schedule = 'cosine', steps = 10, warmup = 5})
+  close(a:lr(), 0.02, 1e-12, 'warmup: step 1 of 5')
+  for _ = 1, 4 do sched:step() end
+  close(sched:get_last_lr(), 0.1, 1e-12, 'the peak at the end of warmup')
+  for _ = 1, 5 do sched:step() end
+  close(sched:get_last_lr(), 0.01, 1e-12, 'cosine to lr/10 at the last step')
+  raises(function() optim.SGD({w}, {lr = 0.1, momentum = 0, nesterov = true}) end, 'optim.SGD: nesterov needs momentum > 0 and dampening 0')
+  raises(function() optim.SGD({w}, {}) end, 'optim.SGD: lr must be a non-negative number (there is no default)')
+  raises(function() optim.Adam({torch.zeros(2)}) end, 'optim.Adam: parameter 1 is not a tensor that requires grad')
+  raises(function() optim.lr_scheduler({}, {steps = 3}) end, 'optim.lr_scheduler: the first argument must be an optimizer (optim.AdamW, optim.Adam, optim.SGD)')
+end)
+
 H.done()

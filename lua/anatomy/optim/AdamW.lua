@@ -1,11 +1,9 @@
--- optim: LibTorch's AdamW over a module's parameters, and learning-rate
--- schedules. The state (moments and step counts) can be read and restored,
--- for checkpoints that resume exactly.
-local optim = {}
-
+-- optim.AdamW: LibTorch's AdamW (host/optim/adamw.cpp) over a module's
+-- parameters, in two groups (with and without weight decay). Its state
+-- (moments and step counts) can be read and restored, for checkpoints that
+-- resume exactly.
 local AdamW = {}
 AdamW.__index = AdamW
-optim.AdamW = AdamW
 
 local allowed = {lr = true, betas = true, eps = true, weight_decay = true, decay = true}
 
@@ -63,35 +61,4 @@ function AdamW:load_state_tensors(t, prefix)
   self._native:load_state(state)
 end
 
--- optim.schedule(kind, lr, steps, warmup) -> function(step) -> learning rate.
--- 'cosine': linear warmup, then cosine decay to lr/10; 'constant': warmup, then lr.
-function optim.schedule(kind, lr, steps, warmup)
-  warmup = warmup or 0
-  if kind ~= 'cosine' and kind ~= 'constant' then
-    error(("schedule must be 'cosine' or 'constant', got '%s'"):format(tostring(kind)), 2)
-  end
-  return function(step)
-    if step <= warmup then return lr * step / math.max(warmup, 1) end
-    if kind == 'constant' then return lr end
-    local progress = (step - warmup) / math.max(steps - warmup, 1)
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * math.min(progress, 1))))
-  end
-end
-
--- optim.clip_grad_norm(params, max_norm) -> the total gradient norm before
--- clipping (one read back, not one per parameter); when max_norm is a positive
--- number and the norm exceeds it, every gradient is scaled down to it
--- (PyTorch's torch.nn.utils.clip_grad_norm_). train.fit clips with it.
-function optim.clip_grad_norm(params, max_norm)
-  local norms = {}
-  for _, p in ipairs(params) do if p.grad ~= nil then norms[#norms + 1] = p.grad:norm() end end
-  if #norms == 0 then return 0 end
-  local total = torch.stack(norms):norm():item()
-  if max_norm and max_norm > 0 and total > max_norm then
-    local scale = max_norm / (total + 1e-6)
-    torch.no_grad(function() for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(scale) end end end)
-  end
-  return total
-end
-
-return optim
+return AdamW

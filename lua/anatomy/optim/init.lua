@@ -1,0 +1,48 @@
+-- optim: optimizers over a module's parameters (LibTorch's AdamW; SGD and
+-- Adam written with tensor ops, as PyTorch defines them), learning-rate
+-- schedules usable inside train.fit and outside it, and gradient clipping.
+local optim = {}
+package.loaded['anatomy.optim'] = optim  -- the files below require it while it loads
+
+optim.AdamW = require 'anatomy.optim.AdamW'
+optim.SGD = require 'anatomy.optim.SGD'
+optim.Adam = require 'anatomy.optim.Adam'
+
+-- optim.schedule(kind, lr, steps, warmup) -> function(step) -> learning rate.
+-- 'cosine': linear warmup, then cosine decay to lr/10; 'constant': warmup, then lr.
+function optim.schedule(kind, lr, steps, warmup)
+  warmup = warmup or 0
+  if kind ~= 'cosine' and kind ~= 'constant' then
+    error(("schedule must be 'cosine' or 'constant', got '%s'"):format(tostring(kind)), 2)
+  end
+  return function(step)
+    if step <= warmup then return lr * step / math.max(warmup, 1) end
+    if kind == 'constant' then return lr end
+    local progress = (step - warmup) / math.max(steps - warmup, 1)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * math.min(progress, 1))))
+  end
+end
+
+-- optim.clip_grad_norm(params, max_norm) -> the total gradient norm before
+-- clipping (one read back, not one per parameter); when max_norm is a positive
+-- number and the norm exceeds it, every gradient is scaled down to it
+-- (PyTorch's torch.nn.utils.clip_grad_norm_). train.fit clips with it.
+function optim.clip_grad_norm(params, max_norm)
+  local norms = {}
+  for _, p in ipairs(params) do if p.grad ~= nil then norms[#norms + 1] = p.grad:norm() end end
+  if #norms == 0 then return 0 end
+  local total = torch.stack(norms):norm():item()
+  if max_norm and max_norm > 0 and total > max_norm then
+    local scale = max_norm / (total + 1e-6)
+    torch.no_grad(function() for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(scale) end end end)
+  end
+  return total
+end
+
+optim.LRScheduler = require 'anatomy.optim.LRScheduler'
+
+-- optim.lr_scheduler(opt, {schedule = 'cosine'|'constant', steps, warmup = 0})
+-- -> a scheduler whose step() sets opt's learning rate (see LRScheduler.lua)
+function optim.lr_scheduler(opt, opts) return optim.LRScheduler(opt, opts) end
+
+return optim
