@@ -39,6 +39,7 @@ autopsy = require 'anatomy.autopsy'
 provenance = require 'anatomy.provenance'
 experiment = require 'anatomy.experiment'
 exact = require 'anatomy.exact'
+help = require('anatomy.help').help
 
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).

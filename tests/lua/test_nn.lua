@@ -328,4 +328,19 @@ test('sizes print as {2, 3}; a model\'s context comes from its position table', 
   eq(nn.Sequential{nn.Linear(2, 2)}:context(), nil, 'unknown')
 end)
 
+test('help() reads the documentation from the library\'s own comments', function()
+  local text = require('anatomy.help').text
+  assert(text(train.fit):find('train.fit(model, corpus, opts) -> run', 1, true), text(train.fit))
+  assert(text('nn.Linear'):find('a learned affine map', 1, true), text('nn.Linear'))
+  assert(text('nn.Linear'):find('  named_parameters ', 1, true), 'a class lists its methods')
+  assert(not text('nn.Linear'):find('  define ', 1, true), 'not the static helpers')
+  assert(text(nn.Module):find('The model protocol', 1, true), 'help(nn.Module) states the protocol')
+  assert(text(torch.Tensor.matmul):find("PyTorch's documentation", 1, true), text(torch.Tensor.matmul))
+  assert(text():find('Globals, each with help(name)', 1, true))
+  eq(text('no.such.thing'), "help: nothing is called 'no.such.thing' (help() lists where to start)")
+  local m = models.gpt{vocab = 5, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8}
+  assert(text(m):find('models.GPT', 1, true) and text(m):find('parameters', 1, true), 'a model: its class, tree and methods')
+  eq(type(help), 'function', 'help is a global')
+end)
+
 H.done()

@@ -1,0 +1,182 @@
+-- help(x): the documentation of anything in the session, read from the `--`
+-- comment lines above each definition in the library's own source (so it
+-- never drifts from the code). Functions written in C (tensor methods and the
+-- rest of the LibTorch operations) are named with PyTorch's documentation to
+-- read, since their arguments are PyTorch's.
+local help = {}
+
+local lines_cache = {}
+local function source_lines(path)
+  if lines_cache[path] == nil then
+    local f = io.open(path, 'rb')
+    local lines = false
+    if f then
+      lines = {}
+      for line in f:lines() do lines[#lines + 1] = line end
+      f:close()
+    end
+    lines_cache[path] = lines
+  end
+  return lines_cache[path] or nil
+end
+
+-- The comment block right above line n of a file, without the dashes.
+local function comment_above(path, n)
+  local lines = source_lines(path)
+  if not lines then return nil end
+  local out = {}
+  local i = n - 1
+  while i >= 1 and lines[i]:match('^%s*%-%-') do
+    table.insert(out, 1, (lines[i]:gsub('^%s*%-%-+ ?', '')))
+    i = i - 1
+  end
+  return #out > 0 and table.concat(out, '\n') or nil
+end
+
+-- The comment block at the top of a file (what the file is).
+local function file_header(path)
+  local lines = source_lines(path)
+  if not lines then return nil end
+  local out = {}
+  for _, line in ipairs(lines) do
+    local text = line:match('^%-%- ?(.*)$')
+    if not text then break end
+    out[#out + 1] = text
+  end
+  return #out > 0 and table.concat(out, '\n') or nil
+end
+
+local function lua_source(f)
+  local info = debug.getinfo(f, 'S')
+  if info.what == 'C' then return nil end
+  local path = info.source:match('^@(.*)$')
+  return path, info.linedefined
+end
+
+-- help.doc(f) -> the documentation of a function (nil when it has none)
+function help.doc(f)
+  if type(f) ~= 'function' then return nil end
+  local path, line = lua_source(f)
+  if path then return comment_above(path, line) end
+  local names = debug.getregistry()['anatomy.names'] or {}
+  local name = names[f]
+  if name then
+    return ('%s: a LibTorch operation with PyTorch\'s arguments (see torch.%s in PyTorch\'s documentation); '
+      .. 'dims and indices count from 1, options go in a trailing table'):format(name, name:gsub('^nn%.', 'nn.'))
+  end
+  return nil
+end
+
+local function first_line(s) return s and s:match('[^\n]*') or '' end
+
+-- Whether f is a method (its first parameter is self) or a C function.
+local function is_method(f)
+  if debug.getinfo(f, 'S').what == 'C' then return true end
+  return debug.getlocal(f, 1) == 'self'
+end
+
+-- The members of a table or class that are functions, sorted, each with its
+-- one-line doc; of a class, its methods only.
+local function member_lines(t, seen_prefix, methods_only)
+  local names = {}
+  local visited = {}
+  local level = t
+  while type(level) == 'table' and not visited[level] do
+    visited[level] = true
+    for k, v in pairs(level) do
+      if type(k) == 'string' and not k:match('^_') and type(v) == 'function' and not names[k]
+        and (not methods_only or is_method(v)) then names[k] = v end
+    end
+    local mt = getmetatable(level)
+    level = mt and type(mt.__index) == 'table' and mt.__index or nil
+  end
+  local keys = {}
+  for k in pairs(names) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    local doc = first_line(help.doc(names[k]))
+    out[#out + 1] = ('  %-24s %s'):format((seen_prefix or '') .. k, doc)
+  end
+  return out
+end
+
+-- Resolves 'train.fit' or 'nn.Linear' to the value it names.
+local function resolve(name)
+  local v = _G
+  for part in name:gmatch('[^.:]+') do
+    if type(v) ~= 'table' then return nil end
+    v = v[part]
+  end
+  return v
+end
+
+local start = [[
+anatomy: LuaJIT over LibTorch. Globals, each with help(name):
+  torch       tensors and autograd, PyTorch's names, 1-based dims and indices (help(torch.Tensor))
+  nn          modules: nn.Linear, nn.Sequential, nn.block, ... (help(nn.Module): the model protocol)
+  models      the seed architectures: models.gpt, models.vibenet, models.funnel, models.stateful, models.build
+  data        corpora and tokenizers: data.text, data.default_text
+  train       train.fit, train.evaluate, checkpoints
+  optim       optim.AdamW, optim.Adam, optim.SGD, optim.lr_scheduler
+  probe       probe.capture, probe.replace, probe.skip: hook points on every module
+  autopsy     autopsy.run: the per-layer table, JSON and HTML report
+  experiment  claims against measurements, the data rule, sweeps
+  provenance  the record every result carries
+  exact       a tiny transformer in exact arithmetic
+help(x) for a function, class, model or table; help('train.fit') by name.]]
+
+-- help.text(x) -> the help of x as a string (help(x) prints it)
+function help.text(x)
+  if x == nil then return start end
+  if type(x) == 'string' then
+    local v = resolve(x)
+    if v == nil then return ("help: nothing is called '%s' (help() lists where to start)"):format(x) end
+    return help.text(v)
+  end
+  if type(x) == 'function' then
+    return help.doc(x) or 'a function without documentation'
+  end
+  if torch.is_tensor(x) then
+    return tostring(x):match('[^\n]*') .. '\n\n' .. help.text(torch.Tensor)
+  end
+  if type(x) == 'table' then
+    local out = {}
+    local is_instance = nn.is_module(x) and getmetatable(x) ~= nil
+    local cls = is_instance and getmetatable(x) or x
+    local name = rawget(cls, '__typename')
+    if name then
+      -- the class's own file: nn.Linear in nn/Linear.lua, else where its __init or forward is
+      local dir = debug.getregistry()['anatomy.lua_dir']
+      local ns, short = name:match('^(%w+)%.(%w+)$')
+      local path = dir and ns and (dir .. '/anatomy/' .. ns .. '/' .. short .. '.lua')
+      if not (path and source_lines(path)) then
+        local init = rawget(cls, 'forward') or rawget(cls, '__init')
+        path = init and lua_source(init)
+      end
+      local header = path and file_header(path)
+      out[#out + 1] = name .. (header and ('\n' .. header) or '')
+      if is_instance then out[#out + 1] = '\n' .. tostring(x) end
+      out[#out + 1] = '\nmethods:'
+    elseif x == torch.Tensor then
+      out[#out + 1] = 'torch.Tensor: methods with PyTorch\'s names and arguments; dims and indices count from 1.'
+    end
+    for _, line in ipairs(member_lines(x, nil, name ~= nil)) do out[#out + 1] = line end
+    local tables = {}
+    for k, v in pairs(x) do
+      if type(k) == 'string' and not k:match('^_') and type(v) == 'table' and not name then tables[#tables + 1] = k end
+    end
+    table.sort(tables)
+    if #tables > 0 then out[#out + 1] = 'tables: ' .. table.concat(tables, ', ') end
+    return table.concat(out, '\n')
+  end
+  return ('%s: %s'):format(type(x), tostring(x))
+end
+
+-- help(x): prints the documentation of x (a function, class, model, table,
+-- tensor, or a name such as 'train.fit'); help() prints where to start.
+function help.help(x)
+  print(help.text(x))
+end
+
+return help
