@@ -32,6 +32,11 @@ std::string current_function_name(lua_State* L, bool* method) {
   if (ar.name && (name.empty() || name == ar.name)) {
     *method = std::strcmp(ar.namewhat, "method") == 0;
     name = ar.name;
+  } else if (!ar.name && !name.empty() && name.find('.') == std::string::npos && to_tensor(L, 1)) {
+    // No call site (a tail call, `return h:matmul(W)`, leaves none): a tensor
+    // function called on a tensor was almost surely written as a method, so
+    // the arguments are numbered as the script wrote them.
+    *method = true;
   }
   return name.empty() ? "?" : name;
 }

@@ -343,4 +343,14 @@ test('help() reads the documentation from the library\'s own comments', function
   eq(type(help), 'function', 'help is a global')
 end)
 
+test('an error in a tail call inside a block names the argument as written and where the block is', function()
+  local Project = nn.block('Project', function(self) self.W = nn.Parameter(torch.randn(3, 2)) end)
+  function Project:forward(h) return h:matmul(self.W) end   -- a tail call: its own frame is gone
+  local seq = nn.Sequential{nn.Linear(4, 4), Project()}
+  local ok, err = pcall(function() local y = seq(torch.ones(1, 4)) return y end)
+  eq(ok, false)
+  assert(err:find("in block 2 %(Project, forward at [^)]*test_nn%.lua:%d+%) of nn%.Sequential"), err)
+  assert(err:find("bad argument #1 to 'matmul' (shapes 1x4 and 3x2 cannot be multiplied)", 1, true), err)
+end)
+
 H.done()

@@ -130,13 +130,26 @@ end
 -- Calls child `name` of `self` on x; an error is re-raised with where it
 -- happened, the position kept in front: "script.lua:12: in block 2
 -- (nn.Linear) of nn.Sequential: ..." (torch/nn's Container does the same).
+-- The block's own forward position when it is the user's code ("forward at
+-- my_model.lua:30"): an error from a tail call in it (`return h:matmul(W)`)
+-- carries the caller's line, so the prefix says where the block is.
+local function forward_position(child)
+  local f = child.forward
+  if type(f) ~= 'function' then return '' end
+  local info = debug.getinfo(f, 'S')
+  local library = debug.getregistry()['anatomy.lua_dir']
+  if info.what ~= 'Lua' or (library and info.source:sub(2, #library + 1) == library) then return '' end
+  return (', forward at %s:%d'):format(info.short_src, info.linedefined)
+end
+
 function nn.call_child(self, name, child, x, ...)
   local ok, y = pcall(child._call, child, x, ...)
   if not ok then
     local msg = tostring(y)
     local where, rest = msg:match('^([^\n]-:%d+: )(.*)$')
-    error(('%sin %s (%s) of %s: %s'):format(where or '',
-      tonumber(name) and 'block ' .. name or "'" .. name .. "'", nn.typename(child), nn.typename(self), rest or msg), 0)
+    error(('%sin %s (%s%s) of %s: %s'):format(where or '',
+      tonumber(name) and 'block ' .. name or "'" .. name .. "'", nn.typename(child), forward_position(child), nn.typename(self),
+      rest or msg), 0)
   end
   return y
 end
