@@ -244,4 +244,18 @@ test('results:save writes results.json and results.md with the provenance line a
   os.execute("rm -rf '" .. dir .. "'")
 end)
 
+test('json.decode reads what json.encode writes, and names the byte of a malformed text', function()
+  local value = {name = 'a "quoted" \\ name\n', list = {1, 2.5, -3e-7, true, false}, nested = {x = {y = 'z'}}}
+  local back = json.decode(json.encode(value))
+  eq(back.name, value.name)
+  eq(back.list, value.list)
+  eq(back.nested.x.y, 'z')
+  eq(json.decode('"\\u00e9\\ud83d\\ude00"'), 'é😀', 'escapes, a surrogate pair too')
+  eq(json.decode(' [null] ')[1], json.null)
+  raises(function() json.decode('[1, 2') end, "json.decode: expected ',' or ']' at byte 6")
+  raises(function() json.decode('{"a": }') end, "json.decode: unexpected '}' at byte 7")
+  raises(function() json.decode('[1] x') end, 'json.decode: trailing characters at byte 5')
+  raises(function() json.decode(42) end, "bad argument #1 to 'decode' (string expected, got number)")
+end)
+
 H.done()

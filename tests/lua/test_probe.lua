@@ -186,4 +186,21 @@ test('a block whose removal costs almost nothing is a passenger; unknown plot co
     .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, removal_loss, gate_grad, gate_identity)")
 end)
 
+test('a column the autopsy cannot fill says why, in the table and the JSON', function()
+  local corpus = data.from_string(('abcd efgh '):rep(300))
+  local Net = nn.block('Net', function(self)
+    self.embed = nn.Embedding(corpus.vocab_size, 8, {positions = 8})
+    self.blocks = nn.Repeat(2, function() return nn.Residual(nn.Linear(8, 8)) end)
+    self.head = nn.Linear(8, corpus.vocab_size)
+  end)
+  function Net:forward(ids) return self.head(self.blocks(self.embed(ids))) end
+  local a = autopsy.run(Net(), corpus, {batch = 2})
+  eq(a.rows[2].name, 'blocks.1', 'rows from the blocks container')
+  eq(a.missing.lens_loss, 'Net has no readout(h) (the head applied to a hidden state)')
+  eq(a.missing.entropy, 'no block publishes an attention pattern (an attention block defines keep_pattern(keep, grad) and pattern())')
+  local s = tostring(a)
+  assert(s:find('lens loss: - because Net has no readout(h)', 1, true), s)
+  assert(require('anatomy.json').encode(a:data()):find('"missing":{', 1, true), 'the JSON says why too')
+end)
+
 H.done()
