@@ -46,3 +46,18 @@ def load(path):
         t = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
         out[name] = t.view(dtype).reshape(info["shape"]).clone()
     return out, header.get("__metadata__", {})
+
+
+def run_lua(exe, script, *args):
+    """Runs a parity script beside this file with anatomy on one thread;
+    returns True, or prints its output and the failing summary line and
+    returns False."""
+    import os
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([exe, "--threads=1", os.path.join(here, script), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout, proc.stderr)
+        print("0 passed, 1 failed")
+        return False
+    return True

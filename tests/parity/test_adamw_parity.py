@@ -6,7 +6,6 @@ Tolerance (float32): |anatomy - pytorch| <= 1e-5 + 1e-4 * |pytorch|.
 Usage: test_adamw_parity.py ANATOMY_EXECUTABLE
 """
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -19,7 +18,6 @@ from test_model_parity import B, T, V, gpt, gpt_shapes
 
 def main():
     exe = sys.argv[1]
-    here = os.path.dirname(os.path.abspath(__file__))
     torch.manual_seed(1)
     P = {}
     for name, shape in gpt_shapes().items():
@@ -39,11 +37,7 @@ def main():
             loss.backward()
             opt.step()
             losses.append(loss.detach())
-        proc = subprocess.run([exe, "--threads=1", os.path.join(here, "adamw_parity.lua"), inp, out],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(proc.stdout, proc.stderr)
-            print("0 passed, 1 failed")
+        if not safetensors_io.run_lua(exe, "adamw_parity.lua", inp, out):
             return 1
         got, _ = safetensors_io.load(out)
     passed = failed = 0

@@ -11,7 +11,6 @@ Usage: test_metrics_parity.py ANATOMY_EXECUTABLE
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -66,7 +65,6 @@ def readout(P, h):
 
 def main():
     exe = sys.argv[1]
-    here = os.path.dirname(os.path.abspath(__file__))
     torch.manual_seed(2)
     P = {}
     for name, shape in gpt_shapes(pre=True).items():
@@ -78,11 +76,7 @@ def main():
         tensors = dict(P)
         tensors["input.ids"], tensors["input.targets"] = ids + 1, targets + 1
         safetensors_io.save(inp, tensors)
-        proc = subprocess.run([exe, "--threads=1", os.path.join(here, "metrics_parity.lua"), inp, out],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(proc.stdout, proc.stderr)
-            print("0 passed, 1 failed")
+        if not safetensors_io.run_lua(exe, "metrics_parity.lua", inp, out):
             return 1
         got = json.load(open(out))
 

@@ -9,7 +9,6 @@ Usage: test_optim_parity.py ANATOMY_EXECUTABLE
 """
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -27,7 +26,6 @@ def lr_at(step, peak, steps=5, warmup=2):
 
 def main():
     exe = sys.argv[1]
-    here = os.path.dirname(os.path.abspath(__file__))
     torch.manual_seed(5)
     X, Y = torch.randn(8, 4), torch.randn(8, 3) * 0.5
     W0, b0 = torch.randn(4, 3) * 0.5, torch.randn(3) * 0.1
@@ -53,11 +51,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = os.path.join(tmp, "in"), os.path.join(tmp, "out")
         safetensors_io.save(inp, {"X": X, "Y": Y, "W": W0, "b": b0})
-        proc = subprocess.run([exe, "--threads=1", os.path.join(here, "optim_parity.lua"), inp, out],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(proc.stdout, proc.stderr)
-            print("0 passed, 1 failed")
+        if not safetensors_io.run_lua(exe, "optim_parity.lua", inp, out):
             return 1
         got, _ = safetensors_io.load(out)
     passed = failed = 0
