@@ -84,11 +84,7 @@ end
 -- corpus:file_info() -> {name, path (absolute), bytes, sha256} of the text it
 -- was read from (computed once; a corpus from a string reports the string's)
 function Corpus:file_info()
-  if not self._file_info then
-    local info = native.file_info(self.source)
-    info.name = info.path:match('([^/]+)$')
-    self._file_info = info
-  end
+  self._file_info = self._file_info or data.file_info(self.source)
   return self._file_info
 end
 

@@ -5,6 +5,7 @@
 -- report) builds its record here.
 local json = require 'anatomy.json'
 local data = require 'anatomy.data'
+local fs = require 'anatomy.fs'
 
 local provenance = {}
 local native = torch._data
@@ -14,12 +15,10 @@ local native = torch._data
 provenance.started = torch._now()
 provenance.started_utc = os.date('!%Y-%m-%dT%H:%M:%SZ')
 
+-- A file's bytes, or nil where it cannot be read (/proc and /etc differ between systems).
 local function read_file(path)
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local s = f:read('*a')
-  f:close()
-  return s
+  local ok, s = pcall(fs.read, path)
+  return ok and s or nil
 end
 
 local function command_output(cmd)
@@ -30,8 +29,6 @@ local function command_output(cmd)
   out = out:gsub('%s+$', '')
   return out ~= '' and out or nil
 end
-
-local function shell_quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
 
 -- provenance.file(path) -> {name, path (absolute), bytes, sha256}; an error
 -- naming the path when it cannot be read.
@@ -51,9 +48,9 @@ local cached_commit
 function provenance.commit()
   if cached_commit then return cached_commit end
   local root = provenance.source_root()
-  local top = root and command_output('git -C ' .. shell_quote(root) .. ' rev-parse --show-toplevel')
+  local top = root and command_output('git -C ' .. fs.quote(root) .. ' rev-parse --show-toplevel')
   if top and native.realpath(top) == root then
-    cached_commit = command_output('git -C ' .. shell_quote(root) .. ' describe --always --dirty --abbrev=12')
+    cached_commit = command_output('git -C ' .. fs.quote(root) .. ' describe --always --dirty --abbrev=12')
   end
   cached_commit = cached_commit or ('anatomy ' .. torch.version)
   return cached_commit

@@ -87,7 +87,7 @@ function experiment.corpus(cfg, opts)
   local text_opts = {}
   for k, v in pairs(opts) do if k ~= 'dataset' then text_opts[k] = v end end
   local script = arg and arg[0] or 'this experiment'
-  local path, found_by
+  local path, found_by, checked  -- checked: the file's facts when the search already hashed it
   if cfg.data and cfg.data ~= '' then
     path, found_by = cfg.data, '--data'
     if not exists(path) then error(("%s: cannot open --data=%s"):format(script, path), 0) end
@@ -96,7 +96,8 @@ function experiment.corpus(cfg, opts)
     path, dirs = experiment.find_data(key)
     found_by = 'search'
     if path then
-      local info = data.file_info(path)
+      checked = data.file_info(path)
+      local info = checked
       if info.sha256 ~= ds.sha256 then
         error(("%s: %s is not %s (sha256 %s, expected %s)\n---> HINT: pass --data=%s to run on it anyway; its verdicts then read 'not comparable'")
           :format(script, info.path, ds.name, info.sha256, ds.sha256, info.path), 0)
@@ -114,6 +115,7 @@ function experiment.corpus(cfg, opts)
     end
   end
   local corpus = data.text(path, text_opts)
+  corpus._file_info = checked
   local info = corpus:file_info()
   local d = {dataset = ds.name, comparable = info.sha256 == ds.sha256, name = info.name, path = info.path, sha256 = info.sha256}
   if d.comparable then
