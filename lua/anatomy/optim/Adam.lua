@@ -3,18 +3,17 @@
 -- added to the gradient (L2; optim.AdamW decouples it):
 --   g = grad + weight_decay p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²
 --   p = p - lr / (1 - b1^t) · m / (√v / √(1 - b2^t) + eps)
-local param_list = require 'anatomy.optim.params'
+local Optimizer = require 'anatomy.optim.Optimizer'
 
-local Adam = {}
-Adam.__index = Adam
+local Adam = Optimizer.class()
 
-setmetatable(Adam, {__call = function(_, params, opts)
+getmetatable(Adam).__call = function(_, params, opts)
   opts = require('anatomy.options').check(opts, {lr = true, betas = true, eps = true, weight_decay = true}, 'optim.Adam', 2)
   local betas = opts.betas or {0.9, 0.999}
   if not (betas[1] >= 0 and betas[1] < 1 and betas[2] >= 0 and betas[2] < 1) then error('optim.Adam: betas must be in [0, 1)', 2) end
-  return setmetatable({params = param_list(params, 'optim.Adam', 2), lr_ = opts.lr or 1e-3, beta1 = betas[1], beta2 = betas[2],
+  return setmetatable({params = Optimizer.params(params, 'optim.Adam', 2), lr_ = opts.lr or 1e-3, beta1 = betas[1], beta2 = betas[2],
     eps = opts.eps or 1e-8, weight_decay = opts.weight_decay or 0, state = {}}, Adam)
-end})
+end
 
 function Adam:step()
   torch.no_grad(function()
@@ -38,8 +37,5 @@ function Adam:step()
   end)
 end
 
-function Adam:zero_grad() for _, p in ipairs(self.params) do p.grad = nil end end
-function Adam:set_lr(lr) self.lr_ = lr end
-function Adam:lr() return self.lr_ end
 
 return Adam

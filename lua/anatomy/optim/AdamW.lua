@@ -13,8 +13,7 @@ local allowed = {lr = true, betas = true, eps = true, weight_decay = true, decay
 -- dimensions (not to biases, norms and gains), as nanoGPT does.
 setmetatable(AdamW, {__call = function(_, params, opts)
   opts = require('anatomy.options').check(opts, allowed, 'optim.AdamW', 2)
-  local list = nn.is_module(params) and params:parameters() or params
-  if type(list) ~= 'table' then error('optim.AdamW: expected a module or a table of parameters', 2) end
+  local list = require('anatomy.optim.Optimizer').params(params, 'optim.AdamW', 2)
   local decayed, plain = {}, {}
   for _, p in ipairs(list) do
     if opts.decay == 'matrices' and p:dim() < 2 then plain[#plain + 1] = p else decayed[#decayed + 1] = p end

@@ -3,22 +3,21 @@
 -- torch.optim.SGD defines it:
 --   g = grad + weight_decay p;  buf = g (first step), else momentum buf + (1 - dampening) g
 --   g = g + momentum buf (nesterov) or buf;  p = p - lr g
-local param_list = require 'anatomy.optim.params'
+local Optimizer = require 'anatomy.optim.Optimizer'
 
-local SGD = {}
-SGD.__index = SGD
+local SGD = Optimizer.class()
 
-setmetatable(SGD, {__call = function(_, params, opts)
+getmetatable(SGD).__call = function(_, params, opts)
   opts = require('anatomy.options').check(opts, {lr = true, momentum = true, dampening = true, weight_decay = true,
     nesterov = true}, 'optim.SGD', 2)
   if type(opts.lr) ~= 'number' or opts.lr < 0 then error('optim.SGD: lr must be a non-negative number (there is no default)', 2) end
-  local self = setmetatable({params = param_list(params, 'optim.SGD', 2), lr_ = opts.lr, momentum = opts.momentum or 0,
+  local self = setmetatable({params = Optimizer.params(params, 'optim.SGD', 2), lr_ = opts.lr, momentum = opts.momentum or 0,
     dampening = opts.dampening or 0, weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov == true, buffers = {}}, SGD)
   if self.nesterov and (self.momentum <= 0 or self.dampening ~= 0) then
     error('optim.SGD: nesterov needs momentum > 0 and dampening 0', 2)
   end
   return self
-end})
+end
 
 function SGD:step()
   torch.no_grad(function()
@@ -42,8 +41,5 @@ function SGD:step()
   end)
 end
 
-function SGD:zero_grad() for _, p in ipairs(self.params) do p.grad = nil end end
-function SGD:set_lr(lr) self.lr_ = lr end
-function SGD:lr() return self.lr_ end
 
 return SGD
