@@ -69,6 +69,8 @@ void forget_tensor_metatable();
 at::Tensor* to_tensor(lua_State* L, int idx);
 /// Pushes sizes (or strides) as a Lua array.
 void push_sizes(lua_State* L, at::IntArrayRef sizes);
+/// Pushes the metatable of sizes (torch.Size: prints {2, 3}), made on first use.
+void push_size_metatable(lua_State* L);
 /// Pushes a tensor (nil if undefined).
 void push_tensor(lua_State* L, at::Tensor t);
 /// For `a op b` with the operands at stack 1 and 2 (tensors or numbers):

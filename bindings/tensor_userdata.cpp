@@ -90,15 +90,48 @@ bool push_small_arith(lua_State* L, char op) {
   return true;
 }
 
-// A size is a plain Lua list with the registry's "anatomy.Size" metatable,
-// set by lua/anatomy/tensor.lua, which prints it as {2, 3}.
+namespace {
+char g_size_meta_key;  // registry[&g_size_meta_key]: the metatable of sizes
+
+// tostring(size) -> "{2, 3}"
+int size_tostring(lua_State* L) {
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addchar(&b, '{');
+  size_t n = lua_objlen(L, 1);
+  for (size_t i = 1; i <= n; ++i) {
+    if (i > 1) luaL_addstring(&b, ", ");
+    lua_rawgeti(L, 1, static_cast<int>(i));
+    luaL_addvalue(&b);
+  }
+  luaL_addchar(&b, '}');
+  luaL_pushresult(&b);
+  return 1;
+}
+}  // namespace
+
+void push_size_metatable(lua_State* L) {
+  lua_pushlightuserdata(L, &g_size_meta_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (lua_istable(L, -1)) return;
+  lua_pop(L, 1);
+  lua_createtable(L, 0, 1);
+  lua_pushcfunction(L, size_tostring);
+  lua_setfield(L, -2, "__tostring");
+  lua_pushlightuserdata(L, &g_size_meta_key);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX);
+}
+
+// A size is a plain Lua list whose metatable prints it as {2, 3}.
 void push_sizes(lua_State* L, at::IntArrayRef sizes) {
   lua_createtable(L, static_cast<int>(sizes.size()), 0);
   for (size_t i = 0; i < sizes.size(); ++i) {
     lua_pushnumber(L, static_cast<lua_Number>(sizes[i]));
     lua_rawseti(L, -2, static_cast<int>(i + 1));
   }
-  lua_getfield(L, LUA_REGISTRYINDEX, "anatomy.Size");
+  lua_pushlightuserdata(L, &g_size_meta_key);  // found by address: no string hashing per call
+  lua_rawget(L, LUA_REGISTRYINDEX);
   if (lua_istable(L, -1)) lua_setmetatable(L, -2);
   else lua_pop(L, 1);
 }

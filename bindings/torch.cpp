@@ -419,6 +419,8 @@ int luaopen_anatomy_core(lua_State* L) {
   luaL_register(L, nullptr, torch_functions);
   luaopen_anatomy_tensor(L);
   lua_setfield(L, -2, "Tensor");
+  push_size_metatable(L);
+  lua_setfield(L, -2, "Size");
   int torch = lua_gettop(L);
   register_random(L, torch);
   register_loss(L, torch);

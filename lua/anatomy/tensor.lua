@@ -24,11 +24,6 @@ local floating = {float32 = true, float64 = true, float16 = true, bfloat16 = tru
 -- x:is_floating_point(): float32, float64, float16 or bfloat16
 function Tensor:is_floating_point() return floating[self.dtype] == true end
 
--- Sizes (x:size(), x.shape) are lists of numbers that print as {2, 3}.
-local Size = {__tostring = function(t) return '{' .. table.concat(t, ', ') .. '}' end}
-debug.getregistry()['anatomy.Size'] = Size
-torch.Size = Size
-
 -- Methods that PyTorch also offers as torch.name(tensor, ...).
 local functions = {
   'exp', 'log', 'log2', 'log10', 'log1p', 'expm1', 'sqrt', 'rsqrt', 'square', 'abs', 'neg', 'sign',
