@@ -8,9 +8,11 @@ local charts = {}
 local W, H, PAD = 560, 220, 42
 local palette = {'#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf'}
 
+-- charts.esc(s): s with &, <, > and " escaped for HTML and SVG
 local function esc(s)
   return (tostring(s):gsub('[&<>"]', {['&'] = '&amp;', ['<'] = '&lt;', ['>'] = '&gt;', ['"'] = '&quot;'}))
 end
+charts.esc = esc
 
 local function num(v) return ('%.2f'):format(v) end
 

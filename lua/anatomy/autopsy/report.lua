@@ -5,9 +5,7 @@ local svg = require 'anatomy.charts'
 local format = require 'anatomy.autopsy.format'
 local report = {}
 
-local function esc(s)
-  return (tostring(s):gsub('[&<>"]', {['&'] = '&amp;', ['<'] = '&lt;', ['>'] = '&gt;', ['"'] = '&quot;'}))
-end
+local esc = svg.esc
 
 local style = [[
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }

@@ -11,8 +11,7 @@ Results.__index = Results
 
 -- Results.new(title, data) -> results; data as experiment.corpus returns it (or nil: no dataset check)
 function Results.new(title, data)
-  return setmetatable({title = title, data = data, rows = {}, runs = {}, notes = {}, sweeps = {},
-    corpus_ = nil}, Results)
+  return setmetatable({title = title, data = data, rows = {}, runs = {}, notes = {}, sweeps = {}}, Results)
 end
 
 local function text_of(v)

@@ -186,14 +186,20 @@ end
 
 -- sweep:report(path) -> path: an HTML page with the table and one chart per measured column
 function Sweep:report(path, title)
+  local esc = require('anatomy.charts').esc
   local header, rows = self:cells()
-  local parts = {'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>', title or 'sweep',
+  title = esc(title or 'sweep')
+  local parts = {'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>', title,
     '</title><style>body{font:14px/1.4 system-ui,sans-serif;margin:24px} table{border-collapse:collapse;font:12px monospace}',
-    'td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}</style></head><body><h1>', title or 'sweep',
+    'td,th{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right}</style></head><body><h1>', title,
     '</h1><table><thead><tr>'}
-  for _, h in ipairs(header) do parts[#parts + 1] = '<th>' .. h .. '</th>' end
+  for _, h in ipairs(header) do parts[#parts + 1] = '<th>' .. esc(h) .. '</th>' end
   parts[#parts + 1] = '</tr></thead><tbody>'
-  for _, r in ipairs(rows) do parts[#parts + 1] = '<tr><td>' .. table.concat(r, '</td><td>') .. '</td></tr>' end
+  for _, r in ipairs(rows) do
+    local cells = {}
+    for i, c in ipairs(r) do cells[i] = esc(c) end
+    parts[#parts + 1] = '<tr><td>' .. table.concat(cells, '</td><td>') .. '</td></tr>'
+  end
   parts[#parts + 1] = '</tbody></table>'
   for _, column in ipairs(self:numeric_columns()) do parts[#parts + 1] = '<p>' .. self:svg(column) .. '</p>' end
   parts[#parts + 1] = '</body></html>\n'
