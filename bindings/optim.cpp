@@ -99,6 +99,18 @@ int optimizer_set_lr(lua_State* L) {
   return 0;
 }
 
+// opt:set_capturable(on): see host/optim/adamw.h (for CUDA graphs)
+int optimizer_set_capturable(lua_State* L) {
+  optim::AdamW& opt = check_optimizer(L, 1);
+  if (lua_type(L, 2) != LUA_TBOOLEAN) throw ArgError(2, "boolean expected, got " + type_name(L, 2));
+  try {
+    opt.set_capturable(lua_toboolean(L, 2));
+  } catch (const optim::OptionError& e) {
+    throw CallError(e.what());
+  }
+  return 0;
+}
+
 int optimizer_lr(lua_State* L) {
   lua_pushnumber(L, check_optimizer(L, 1).lr());
   return 1;
@@ -159,6 +171,7 @@ const luaL_Reg optimizer_methods[] = {
     {"zero_grad", guarded<optimizer_zero_grad>},
     {"set_lr", guarded<optimizer_set_lr>},
     {"lr", guarded<optimizer_lr>},
+    {"set_capturable", guarded<optimizer_set_capturable>},
     {"state", guarded<optimizer_state>},
     {"load_state", guarded<optimizer_load_state>},
     {nullptr, nullptr},

@@ -32,6 +32,8 @@ void register_system(lua_State* L, int torch);
 void register_linalg(lua_State* L, int torch);
 /// Pushes torch.metrics, the autopsy's measurement kernels.
 int luaopen_anatomy_metrics(lua_State* L);
+/// Pushes torch.cuda (availability, synchronize, memory counters, CUDAGraph).
+int luaopen_anatomy_cuda(lua_State* L);
 /// Pushes the table of optimizer constructors (torch._optim).
 int luaopen_anatomy_optim(lua_State* L);
 /// Pushes the table of corpus constructors (torch._data).

@@ -262,6 +262,7 @@ int tensor_to(lua_State* L) {
     return 1;
   }
   at::TensorOptions opts = at::TensorOptions().dtype(t.scalar_type()).device(t.device());
+  bool non_blocking = false;
   for (int i = 2; i <= lua_gettop(L); ++i) {
     if (lua_type(L, i) == LUA_TSTRING) {
       std::string s = lua_tostring(L, i);
@@ -269,8 +270,11 @@ int tensor_to(lua_State* L) {
       if (is_device) opts = opts.device(parse_device_arg(s, i));
       else opts = opts.dtype(parse_dtype(s, i));
     } else if (is_options(L, i)) {
-      check_option_keys(L, i, {"dtype", "device"});
+      check_option_keys(L, i, {"dtype", "device", "non_blocking"});
       if (get_option(L, i, "dtype") == LUA_TSTRING) opts = opts.dtype(parse_dtype(lua_tostring(L, -1), i));
+      lua_pop(L, 1);
+      // non_blocking: a copy from pinned host memory to a GPU does not wait (as in PyTorch)
+      non_blocking = get_option(L, i, "non_blocking") != LUA_TNIL && lua_toboolean(L, -1);
       lua_pop(L, 1);
       if (get_option(L, i, "device") == LUA_TSTRING) opts = opts.device(parse_device_arg(lua_tostring(L, -1), i));
       lua_pop(L, 1);
@@ -278,7 +282,23 @@ int tensor_to(lua_State* L) {
       throw ArgError(i, "dtype, device, Tensor or options expected, got " + type_name(L, i));
     }
   }
-  push_tensor(L, t.to(opts.device(), opts.dtype().toScalarType()));
+  push_tensor(L, t.to(opts.device(), opts.dtype().toScalarType(), non_blocking));
+  return 1;
+}
+
+// t:pin_memory() -> a copy in page-locked host memory (needs CUDA), for
+// copies to the GPU that do not wait; t:is_pinned() -> whether t is in it.
+int tensor_pin_memory(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  if (!t.is_cpu()) throw CallError("pin_memory: only CPU tensors can be pinned, this one is on " + t.device().str());
+  if (!at::hasCUDA()) throw CallError("pin_memory: pinned memory needs a GPU, and none is visible");
+  push_tensor(L, t.pin_memory());
+  return 1;
+}
+
+int tensor_is_pinned(lua_State* L) {
+  at::Tensor& t = check_tensor(L, 1);
+  lua_pushboolean(L, t.is_cpu() && at::hasCUDA() && t.is_pinned());
   return 1;
 }
 
@@ -352,6 +372,8 @@ const luaL_Reg tensor_metamethods[] = {
 
 const luaL_Reg tensor_methods[] = {
     {"to", guarded<tensor_to>},
+    {"pin_memory", guarded<tensor_pin_memory>},
+    {"is_pinned", guarded<tensor_is_pinned>},
     {"float", guarded<tensor_cast<at::kFloat>>},
     {"double", guarded<tensor_cast<at::kDouble>>},
     {"half", guarded<tensor_cast<at::kHalf>>},

@@ -12,6 +12,7 @@
 #include "bindings/parts.h"
 #include "host/runtime.h"
 #include "host/tensor_format.h"
+#include "host/torch_compat.h"
 
 #include <cmath>
 
@@ -301,6 +302,48 @@ int run_with_grad_mode(lua_State* L, bool enabled) {
 int torch_no_grad(lua_State* L) { return run_with_grad_mode(L, false); }
 int torch_enable_grad(lua_State* L) { return run_with_grad_mode(L, true); }
 
+// ---- autocast ---------------------------------------------------------------
+
+// torch.autocast(device_type, dtype, fn, ...) -> fn(...): runs fn with
+// autocast on for 'cpu' or 'cuda' (dtype: 'bfloat16', or 'float16'; nil means
+// PyTorch's default, bfloat16 on cpu and float16 on cuda), restoring the
+// previous state afterwards, also when fn raises. As in PyTorch, ops autocast
+// lists compute in the lower precision; parameters keep their own dtype.
+int torch_autocast(lua_State* L) {
+  std::string device = check_string(L, 1);
+  if (device != "cpu" && device != "cuda") throw ArgError(1, "device_type must be 'cpu' or 'cuda', got '" + device + "'");
+  bool cuda = device == "cuda";
+  at::ScalarType dtype = cuda ? at::kHalf : at::kBFloat16;
+  if (!lua_isnil(L, 2)) {
+    dtype = parse_dtype(check_string(L, 2), 2);
+    if (dtype != at::kBFloat16 && dtype != at::kHalf)
+      throw ArgError(2, "autocast computes in bfloat16 or float16, got " + std::string(c10::toString(dtype)));
+  }
+  if (lua_type(L, 3) != LUA_TFUNCTION) throw ArgError(3, "function expected, got " + type_name(L, 3));
+  if (cuda && !at::hasCUDA()) throw ArgError(1, "'cuda' autocast needs a GPU, and none is visible");
+  bool was_enabled = cuda ? compat::cuda_autocast_enabled() : compat::cpu_autocast_enabled();
+  at::ScalarType was_dtype = cuda ? compat::cuda_autocast_dtype() : compat::cpu_autocast_dtype();
+  auto set = [cuda](bool on, at::ScalarType t) { cuda ? compat::set_cuda_autocast(on, t) : compat::set_cpu_autocast(on, t); };
+  set(true, dtype);
+  at::autocast::increment_nesting();
+  int base = lua_gettop(L) - 3;
+  int status = lua_pcall(L, base, LUA_MULTRET, 0);  // fn is at 3, its arguments above it
+  // Leaving the outermost autocast drops the cache of casted weights (as PyTorch does).
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  set(was_enabled, was_dtype);
+  if (status != 0) return lua_error(L);
+  return lua_gettop(L) - 2;
+}
+
+// torch.is_autocast_enabled(device_type = 'cpu') -> boolean, dtype name
+int torch_is_autocast_enabled(lua_State* L) {
+  std::string device = lua_isnoneornil(L, 1) ? "cpu" : check_string(L, 1);
+  if (device != "cpu" && device != "cuda") throw ArgError(1, "device_type must be 'cpu' or 'cuda', got '" + device + "'");
+  bool cuda = device == "cuda";
+  lua_pushboolean(L, cuda ? compat::cuda_autocast_enabled() : compat::cpu_autocast_enabled());
+  return 1;
+}
+
 int torch_is_grad_enabled(lua_State* L) {
   lua_pushboolean(L, at::GradMode::is_enabled());
   return 1;
@@ -331,11 +374,6 @@ int torch_device(lua_State* L) {
 int torch_set_default_device(lua_State* L) {
   set_default_device(parse_device_arg(check_string(L, 1), 1));
   return 0;
-}
-
-int torch_cuda_is_available(lua_State* L) {
-  lua_pushboolean(L, cuda_available());
-  return 1;
 }
 
 int torch_get_num_threads(lua_State* L) {
@@ -394,6 +432,8 @@ const luaL_Reg torch_functions[] = {
     {"equal", guarded<torch_equal>},
     {"is_tensor", guarded<torch_is_tensor>},
     {"no_grad", guarded<torch_no_grad>},
+    {"autocast", guarded<torch_autocast>},
+    {"is_autocast_enabled", guarded<torch_is_autocast_enabled>},
     {"enable_grad", guarded<torch_enable_grad>},
     {"is_grad_enabled", guarded<torch_is_grad_enabled>},
     {"set_grad_enabled", guarded<torch_set_grad_enabled>},
@@ -403,11 +443,6 @@ const luaL_Reg torch_functions[] = {
     {"get_num_threads", guarded<torch_get_num_threads>},
     {"set_num_threads", guarded<torch_set_num_threads>},
     {"set_printoptions", guarded<torch_set_printoptions>},
-    {nullptr, nullptr},
-};
-
-const luaL_Reg cuda_functions[] = {
-    {"is_available", guarded<torch_cuda_is_available>},
     {nullptr, nullptr},
 };
 
@@ -426,8 +461,7 @@ int luaopen_anatomy_core(lua_State* L) {
   register_loss(L, torch);
   register_system(L, torch);
   register_linalg(L, torch);
-  lua_newtable(L);
-  luaL_register(L, nullptr, cuda_functions);
+  luaopen_anatomy_cuda(L);
   lua_setfield(L, -2, "cuda");
   register_safetensors(L, lua_gettop(L));
   luaopen_anatomy_blocks(L);

@@ -1,10 +1,11 @@
 // Process-wide settings: devices, threads, seed (see runtime.h).
 #include "host/runtime.h"
 
+#include "host/log/log.h"
+
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/api/include/torch/version.h>
-#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <stdexcept>
@@ -20,7 +21,7 @@ int env_int(const char* name, int fallback) {
   char* end = nullptr;
   long n = std::strtol(v, &end, 10);
   if (*end != '\0' || n <= 0) {
-    spdlog::warn("ignoring {}={} (expected a positive integer)", name, v);
+    log::warn(std::string("ignoring ") + name + "=" + v + " (expected a positive integer)");
     return fallback;
   }
   return static_cast<int>(n);

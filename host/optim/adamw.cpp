@@ -5,12 +5,13 @@
 
 #include <string>
 
+#include "host/torch_compat.h"
+
 namespace anatomy::optim {
 namespace {
 
-// LibTorch keys its per-parameter state by the parameter's TensorImpl address
-// (a string in 1.13).
-std::string key_of(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// LibTorch keys its per-parameter state by the parameter's TensorImpl address.
+auto key_of(const at::Tensor& p) { return compat::optimizer_state_key(p); }
 
 void check(const AdamWOptions& o) {
   if (!(o.lr_ >= 0)) throw OptionError("lr", "learning rate must be non-negative, got " + std::to_string(o.lr_));
@@ -36,6 +37,80 @@ AdamW::AdamW(std::vector<at::Tensor> decayed, std::vector<at::Tensor> plain, con
   adamw_ = std::make_unique<torch::optim::AdamW>(std::move(groups), torch_options(options, options.weight_decay_));
 }
 
+void AdamW::step() {
+  if (capturable_) capturable_step();
+  else adamw_->step();
+}
+
+void AdamW::set_capturable(bool on) {
+  if (on == capturable_) return;
+  auto& states = adamw_->state();
+  if (on) {
+    std::optional<int64_t> step;
+    at::Tensor first;
+    size_t i = 0;
+    for (auto& group : adamw_->param_groups()) {
+      for (auto& p : group.params()) {
+        ++i;
+        if (!first.defined()) first = p;
+        if (p.device() != first.device())
+          throw OptionError("capturable", "parameter " + std::to_string(i) + " is on " + p.device().str() +
+                                              ", parameter 1 on " + first.device().str() + ": capturable mode needs one device");
+        auto it = states.find(key_of(p));
+        int64_t s = 0;
+        if (it == states.end()) {
+          auto state = std::make_unique<torch::optim::AdamWParamState>();
+          state->step(0);
+          state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+          state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+          states[key_of(p)] = std::move(state);
+        } else {
+          s = static_cast<const torch::optim::AdamWParamState&>(*it->second).step();
+        }
+        if (step && *step != s)
+          throw OptionError("capturable", "parameters have different step counts (" + std::to_string(*step) + " and " +
+                                              std::to_string(s) + " at parameter " + std::to_string(i) + ")");
+        step = s;
+      }
+    }
+    auto opts = at::TensorOptions().dtype(at::kDouble).device(first.device());
+    step_t_ = at::full({}, static_cast<double>(step.value_or(0)), opts);
+    lr_t_ = at::full({}, lr(), opts);
+  } else {
+    auto step = static_cast<int64_t>(step_t_.item<double>());
+    for (auto& group : adamw_->param_groups())
+      for (auto& p : group.params()) static_cast<torch::optim::AdamWParamState&>(*states.at(key_of(p))).step(step);
+    step_t_ = lr_t_ = at::Tensor();
+  }
+  capturable_ = on;
+}
+
+// AdamW's update as LibTorch writes it (decoupled decay, moments, bias
+// corrections), with the step count and learning rate read from tensors.
+void AdamW::capturable_step() {
+  at::NoGradGuard no_grad;
+  step_t_.add_(1);
+  auto& states = adamw_->state();
+  for (auto& group : adamw_->param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+    auto bias_correction1 = 1 - at::pow(beta1, step_t_);
+    auto bias_correction2_sqrt = (1 - at::pow(beta2, step_t_)).sqrt();
+    auto neg_step_size = -lr_t_ / bias_correction1;
+    auto decay = 1 - lr_t_ * o.weight_decay();
+    for (auto& p : group.params()) {
+      const auto& grad = p.grad();
+      if (!grad.defined()) continue;
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*states.at(key_of(p)));
+      if (o.weight_decay() != 0) p.mul_(decay);
+      state.exp_avg().mul_(beta1).add_(grad, 1 - beta1);
+      state.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+      auto denom = (state.exp_avg_sq().sqrt() / bias_correction2_sqrt).add_(o.eps());
+      p.add_(state.exp_avg() / denom * neg_step_size);
+    }
+  }
+}
+
 void AdamW::zero_grad() {
   for (auto& group : adamw_->param_groups())
     for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
@@ -44,6 +119,7 @@ void AdamW::zero_grad() {
 void AdamW::set_lr(double lr) {
   if (!(lr >= 0)) throw OptionError("lr", "learning rate must be non-negative, got " + std::to_string(lr));
   for (auto& group : adamw_->param_groups()) group.options().set_lr(lr);
+  if (capturable_) lr_t_.fill_(lr);
 }
 
 double AdamW::lr() const { return adamw_->param_groups().at(0).options().get_lr(); }
@@ -63,7 +139,8 @@ std::vector<std::optional<ParamState>> AdamW::state() const {
         out.emplace_back();
       } else {
         const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-        out.push_back(ParamState{s.step(), s.exp_avg(), s.exp_avg_sq()});
+        int64_t step = capturable_ ? static_cast<int64_t>(step_t_.item<double>()) : s.step();
+        out.push_back(ParamState{step, s.exp_avg(), s.exp_avg_sq()});
       }
     }
   }
@@ -71,6 +148,11 @@ std::vector<std::optional<ParamState>> AdamW::state() const {
 }
 
 void AdamW::load_state(const std::vector<std::optional<ParamState>>& states) {
+  bool was_capturable = capturable_;
+  if (was_capturable) {  // the counts come from `states`: nothing to write back
+    capturable_ = false;
+    step_t_ = lr_t_ = at::Tensor();
+  }
   size_t i = 0;
   for (auto& group : adamw_->param_groups()) {
     for (auto& p : group.params()) {
@@ -90,6 +172,7 @@ void AdamW::load_state(const std::vector<std::optional<ParamState>>& states) {
       adamw_->state()[key_of(p)] = std::move(state);
     }
   }
+  if (was_capturable) set_capturable(true);
 }
 
 }  // namespace anatomy::optim

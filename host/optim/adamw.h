@@ -44,7 +44,9 @@ class AdamW {
   /// setting or when both groups are empty.
   AdamW(std::vector<at::Tensor> decayed, std::vector<at::Tensor> plain, const AdamWOptions& options);
 
-  void step() { adamw_->step(); }
+  /// One step: LibTorch's AdamW, or in capturable mode the same update made of
+  /// tensor ops only (see set_capturable).
+  void step();
   /// Drops every gradient (PyTorch's set_to_none).
   void zero_grad();
   /// Sets the learning rate of both groups (>= 0).
@@ -58,8 +60,21 @@ class AdamW {
   /// The number of parameters.
   size_t size() const;
 
+  /// Capturable mode (PyTorch's `capturable`): the step count and the learning
+  /// rate live in tensors on the parameters' device, and a step reads nothing
+  /// back to the host, so it can be recorded in a CUDA graph and replayed.
+  /// The update is AdamW's, made of tensor ops (equal to LibTorch's up to
+  /// rounding); the step count is one for all parameters. Turning it on gives
+  /// every parameter a state (zero moments at step 0 when it had none) and
+  /// needs their step counts equal; turning it off writes the count back.
+  void set_capturable(bool on);
+  bool capturable() const { return capturable_; }
+
  private:
+  void capturable_step();
   std::unique_ptr<torch::optim::AdamW> adamw_;
+  bool capturable_ = false;
+  at::Tensor step_t_, lr_t_;  // capturable mode: float64 scalars on the parameters' device
 };
 
 }  // namespace anatomy::optim

@@ -3,7 +3,14 @@
 local torch = require 'anatomy.core'
 _G.torch = torch  -- the rest of the library refers to the global, as scripts do
 
-torch.version = '0.1.0'
+-- Versions, with PyTorch's names: torch.__version__ is LibTorch's;
+-- torch.version.cuda the CUDA it was built with (nil without); torch.version()
+-- calls give LibTorch's too. torch.version.anatomy is this library's own.
+torch.__version__ = torch.libtorch_version
+torch.version = setmetatable({anatomy = '0.1.0', libtorch = torch.libtorch_version, cuda = torch.cuda._version()}, {
+  __call = function() return torch.libtorch_version end,
+  __tostring = function() return torch.libtorch_version end,
+})
 
 -- dtype names, so that torch.float32 reads as in PyTorch
 for _, name in ipairs{'float32', 'float64', 'float16', 'bfloat16', 'int64', 'int32', 'int16', 'int8', 'uint8', 'bool'} do
@@ -20,7 +27,8 @@ end
 -- The one-line description printed by the REPL and --version.
 function torch.banner()
   return string.format('anatomy %s  (%s, LibTorch %s, %s, %d threads)',
-    torch.version, jit and jit.version or _VERSION, torch.libtorch_version, torch.device(), torch.get_num_threads())
+    torch.version.anatomy, jit and jit.version or _VERSION,
+    torch.libtorch_version .. (torch.version.cuda and ', CUDA ' .. torch.version.cuda or ''), torch.device(), torch.get_num_threads())
 end
 
 require 'anatomy.tensor'

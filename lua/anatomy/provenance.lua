@@ -52,7 +52,7 @@ function provenance.commit()
   if top and native.realpath(top) == root then
     cached_commit = command_output('git -C ' .. fs.quote(root) .. ' describe --always --dirty --abbrev=12')
   end
-  cached_commit = cached_commit or ('anatomy ' .. torch.version)
+  cached_commit = cached_commit or ('anatomy ' .. torch.version.anatomy)
   return cached_commit
 end
 
@@ -121,7 +121,7 @@ end
 function provenance.record(spec)
   spec = spec or {}
   local rec = {
-    anatomy = torch.version, libtorch = torch.libtorch_version, lua = jit and jit.version or _VERSION,
+    anatomy = torch.version.anatomy, libtorch = torch.libtorch_version, lua = jit and jit.version or _VERSION,
     threads = torch.get_num_threads(), device = torch.device(), commit = provenance.commit(),
     machine = provenance.machine(), started = spec.started_utc or provenance.started_utc,
     wall_seconds = torch._now() - (spec.started or provenance.started),

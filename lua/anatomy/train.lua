@@ -13,8 +13,12 @@ local known = {
   steps = true, batch = true, seq = true, lr = true, weight_decay = true, betas = true, warmup = true,
   schedule = true, clip = true, eval_every = true, eval_batches = true, log_every = true, seed = true,
   checkpoint = true, checkpoint_every = true, resume = true, on_step = true, log = true, decay = true,
-  quiet = true, recurrence = true, probe = true, seconds = true,
+  quiet = true, recurrence = true, probe = true, seconds = true, dtype = true, cuda_graph = true,
 }
+
+-- train.fit's dtype: what the forward pass computes in. Parameters, gradients
+-- and the optimizer's state stay float32 (master weights) in every case.
+local compute_dtypes = {float32 = 'float32', float = 'float32', bf16 = 'bfloat16', bfloat16 = 'bfloat16'}
 
 local function options(opts, model)
   opts = require('anatomy.options').check(opts, known, 'train.fit', 3)
@@ -24,6 +28,28 @@ local function options(opts, model)
   o.seq = o.seq or model:context() or 64
   o.eval_every = o.eval_every or math.max(1, math.floor(o.steps / 10))
   o.log_every = o.log_every or math.max(1, math.floor(o.steps / 50))
+  local dtype = o.dtype or 'float32'
+  if dtype == 'float16' or dtype == 'fp16' or dtype == 'half' then
+    error(("train.fit: dtype '%s' needs loss scaling, which train.fit does not do; use dtype = 'bf16' (same range as float32)"):format(dtype), 3)
+  end
+  o.compute_dtype = compute_dtypes[dtype]
+  if not o.compute_dtype then
+    error(("train.fit: unknown dtype '%s', expected 'float32' or 'bf16'"):format(tostring(dtype)), 3)
+  end
+  if o.cuda_graph ~= nil and type(o.cuda_graph) ~= 'boolean' then
+    error(('train.fit: cuda_graph must be a boolean, got %s'):format(type(o.cuda_graph)), 3)
+  end
+  if o.cuda_graph then
+    if not torch.cuda.is_available() then
+      error('train.fit: cuda_graph = true needs a GPU: ' .. (torch.version.cuda
+        and ('this LibTorch has CUDA ' .. torch.version.cuda .. ', but no GPU is visible')
+        or ('this anatomy is built against LibTorch ' .. torch.__version__ .. ' without CUDA (scripts/setup --torch=pypi builds the CUDA one)')), 3)
+    end
+    if not torch.device():match('^cuda') then
+      error(("train.fit: cuda_graph = true needs the model on the GPU, but the default device is '%s' (--device=cuda)"):format(torch.device()), 3)
+    end
+    if o.recurrence then error('train.fit: cuda_graph = true cannot record recurrence (each pass depends on the last)', 3) end
+  end
   return o
 end
 
@@ -221,38 +247,101 @@ function train.fit(model, corpus, opts)
   local tokens = 0
   local steps_done = 0
 
+  -- The forward pass, in autocast when dtype asks for it; the loss is taken
+  -- in float32 from the logits either way.
+  local device_type = torch.device():match('^cuda') and 'cuda' or 'cpu'
+  local autocast = o.compute_dtype ~= 'float32' and o.compute_dtype or nil
+  local function forward(x, hidden)
+    if not autocast then return model(x, hidden) end
+    return torch.autocast(device_type, autocast, function() return model(x, hidden) end)
+  end
+  local function loss_of(logits, y)
+    if autocast then logits = logits:float() end
+    return nn.functional.cross_entropy(logits, y)
+  end
+  local function check_loss(value, step, x)
+    if value ~= value or value == math.huge or value == -math.huge then
+      local where = train.find_nonfinite(model, x)
+      error(('train.fit: the loss is %s at step %d; first non-finite value in the output of %s'):format(
+        tostring(value), step, where or 'no module (the loss itself)'), 0)
+    end
+  end
+  local function check_norm(norm, step)
+    if norm ~= norm or norm == math.huge then
+      error(('train.fit: the gradient of %s is not finite at step %d'):format(first_bad_grad(model) or '?', step), 0)
+    end
+  end
+
+  -- On a GPU the loss and gradient norm of a step are read back one step
+  -- late, once the next step's work is queued, so the GPU never waits for the
+  -- host (a step with an evaluation, a checkpoint or on_step is read at once).
+  local defer = device_type == 'cuda' and not o.on_step
+  if o.cuda_graph then opt:set_capturable(true) end
+  -- cuda_graph: after two ordinary steps (warm-up), one step (forward,
+  -- backward, clipping, optimizer) is recorded once and replayed on fresh
+  -- batches copied into its input; probe steps run outside it.
+  local graph
+  local function graph_step(x, y)
+    if not graph then
+      local static = {x = x:clone(), y = y:clone(), graph = torch.cuda.CUDAGraph()}
+      static.graph:capture_begin()
+      local ok, err = pcall(function()
+        opt:zero_grad()
+        local loss = loss_of((forward(static.x)), static.y)
+        loss:backward()
+        static.norm = optim.clip_grad_norm_(params, o.clip)
+        opt:step()
+        static.loss = loss:detach()
+      end)
+      if not ok then
+        static.graph:reset()
+        error('train.fit: recording the training step in a CUDA graph failed: ' .. tostring(err), 0)
+      end
+      static.graph:capture_end()
+      graph = static
+    end
+    graph.x:copy_(x)
+    graph.y:copy_(y)
+    graph.graph:replay()
+    return graph.loss:clone(), graph.norm:clone()  -- the graph's own outputs are overwritten by the next replay
+  end
+
+  -- Queues one step; returns what finish() reports of it.
   local function step_once(step)
     local lr = lr_at(step)
     opt:set_lr(lr)
     local x, y = corpus:batch(o.batch, o.seq)
+    local r = {step = step, lr = lr, x = x}
+    tokens = tokens + o.batch * o.seq * (1 + (o.recurrence or 0))
     -- probes ride along on this step's own forward and backward: no extra pass
     local capture, capture_handle
     if o.probe and (step % (o.probe.every or 50) == 0 or step == 1) then
       capture, capture_handle = probe.attach_capture(model, {filter = o.probe.filter or probe_filter, grad = o.probe.grad})
     end
+    if o.cuda_graph and not capture_handle and step >= run.first_step + 2 then
+      r.loss, r.norm = graph_step(x, y)
+      return r
+    end
     opt:zero_grad()
-    local value, depth_losses
     -- One ordinary pass; with recurrence = k (a stateful model), k more passes
     -- that take the previous pass's last hidden states, each with its own
     -- loss and backward. The step's loss is the deepest pass's.
     local hidden
     for depth = 0, o.recurrence or 0 do
-      local logits, h = model(x, hidden)
-      local loss = nn.functional.cross_entropy(logits, y)
-      value = loss:item()
-      if value ~= value or value == math.huge or value == -math.huge then
-        local where = train.find_nonfinite(model, x)
-        error(('train.fit: the loss is %s at step %d; first non-finite value in the output of %s'):format(
-          tostring(value), step, where or 'no module (the loss itself)'), 0)
+      local logits, h = forward(x, hidden)
+      local loss = loss_of(logits, y)
+      if not defer or o.recurrence then
+        r.value = loss:item()
+        check_loss(r.value, step, x)
       end
       loss:backward()
+      r.loss = loss:detach()
       if o.recurrence then
-        depth_losses = depth_losses or {}
-        depth_losses[depth + 1] = value
+        r.depth_losses = r.depth_losses or {}
+        r.depth_losses[depth + 1] = r.value
         hidden = h:detach()
       end
     end
-    if depth_losses then run.depth_losses[#run.depth_losses + 1] = depth_losses end
     if capture_handle then
       capture_handle:remove()
       -- the autopsy's own per-step measures: fused gradient norms, stds read back together
@@ -260,27 +349,29 @@ function train.fit(model, corpus, opts)
       if o.probe.fn then o.probe.fn(step, capture, record) end
       run.probes[#run.probes + 1] = record
     end
-    local norm = optim.clip_grad_norm(params, o.clip)
-    if norm ~= norm or norm == math.huge then
-      error(('train.fit: the gradient of %s is not finite at step %d'):format(first_bad_grad(model) or '?', step), 0)
+    r.norm = optim.clip_grad_norm_(params, o.clip)
+    if not defer then
+      r.norm_value = r.norm:item()
+      check_norm(r.norm_value, step)
     end
     opt:step()
-    tokens = tokens + o.batch * o.seq * (1 + (o.recurrence or 0))
-    return value, lr, norm
+    return r
   end
 
-  for step = run.first_step, o.steps do
-    local ok, value, lr, norm = pcall(step_once, step)
-    if not ok then
-      if tostring(value):match('interrupted$') then
-        run.interrupted = true
-        if tty then io.write('\n') end
-        print(('interrupted at step %d: the model keeps what it learned in %d steps'):format(step, step - 1))
-        break
-      end
-      if log then log:close() end
-      error(value, 0)
+  -- Reads a queued step's loss and norm, and reports it: the run's record,
+  -- evaluation, the log, the progress line, the checkpoint, on_step.
+  local function finish(r)
+    local step = r.step
+    if not r.value then
+      r.value = r.loss:item()
+      check_loss(r.value, step, r.x)
     end
+    if not r.norm_value then
+      r.norm_value = r.norm:item()
+      check_norm(r.norm_value, step)
+    end
+    local value, lr, norm = r.value, r.lr, r.norm_value
+    if r.depth_losses then run.depth_losses[#run.depth_losses + 1] = r.depth_losses end
     steps_done = steps_done + 1
     run.train[#run.train + 1] = value
     run.steps = step
@@ -316,8 +407,45 @@ function train.fit(model, corpus, opts)
       train.save_checkpoint(o.checkpoint, model, opt, step, meta)
     end
     if o.on_step then o.on_step(step, info) end
-    if o.seconds and elapsed >= o.seconds then break end
   end
+  -- a step whose report needs the model as it is right after it
+  local function due(step)
+    return step == o.steps or step % o.eval_every == 0 or (o.checkpoint and o.checkpoint_every and step % o.checkpoint_every == 0)
+  end
+
+  local pending
+  for step = run.first_step, o.steps do
+    local ok, err = pcall(function()
+      local r = step_once(step)
+      if pending then
+        local p = pending
+        pending = nil
+        finish(p)
+      end
+      if defer and not due(step) then pending = r else finish(r) end
+    end)
+    if not ok then
+      if tostring(err):match('interrupted$') then
+        if pending then pcall(finish, pending) end
+        run.interrupted = true
+        if tty then io.write('\n') end
+        print(('interrupted at step %d: the model keeps what it learned in %d steps'):format(step, step - 1))
+        pending = nil
+        break
+      end
+      if log then log:close() end
+      error(err, 0)
+    end
+    if o.seconds and torch._now() - started >= o.seconds then break end
+  end
+  if pending then
+    local ok, err = pcall(finish, pending)
+    if not ok then
+      if log then log:close() end
+      error(err, 0)
+    end
+  end
+  if o.cuda_graph then opt:set_capturable(false) end
   if log then log:close() end
   run.seconds = torch._now() - started
   run.total_seconds = time_before + run.seconds  -- with the time of the run it resumed

@@ -180,7 +180,7 @@ test('options are checked', function()
   local c = data.from_string(sample_text)
   local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
   raises(function() train.fit(m, c, {stepz = 3}) end, "train.fit: unknown option 'stepz' (expected batch, betas, "
-    .. 'checkpoint, checkpoint_every, clip, decay, eval_batches, eval_every, log, log_every, lr, on_step, probe, quiet, '
+    .. 'checkpoint, checkpoint_every, clip, cuda_graph, decay, dtype, eval_batches, eval_every, log, log_every, lr, on_step, probe, quiet, '
     .. 'recurrence, resume, schedule, seconds, seed, seq, steps, warmup, weight_decay)')
   local empty = os.tmpname()
   raises(function() train.fit(m, c, {steps = 2, checkpoint = empty, quiet = true}) end,
@@ -260,6 +260,68 @@ test('SGD, Adam and a learning-rate scheduler outside train.fit', function()
   raises(function() optim.SGD({w}, {}) end, 'optim.SGD: lr must be a non-negative number (there is no default)')
   raises(function() optim.Adam({torch.zeros(2)}) end, 'optim.Adam: parameter 1 is not a tensor that requires grad')
   raises(function() optim.lr_scheduler({}, {steps = 3}) end, 'optim.lr_scheduler: the first argument must be an optimizer (optim.AdamW, optim.Adam, optim.SGD)')
+end)
+
+test('dtype = bf16: autocast compute, float32 master weights, the float32 loss curve within 0.02 nats over 100 steps', function()
+  -- Tolerance: bfloat16 keeps 8 bits of mantissa; on this model the mean of
+  -- the last 10 of 100 losses differs from float32's by ~3e-4 nats, the first
+  -- loss by ~3e-5. 0.02 nats (0.01 on the first loss) fails a broken cast or
+  -- a model that stopped learning, not rounding.
+  local c = data.from_string(sample_text)
+  local function run(dtype)
+    torch.manual_seed(7)
+    local m = models.gpt{vocab = c.vocab_size, seq = 32, dim = 64, layers = 2, heads = 4, ffn = 256}
+    local r = train.fit(m, c, {steps = 100, batch = 8, seq = 32, lr = 3e-3, seed = 7, quiet = true, dtype = dtype, eval_every = 1000})
+    local tail = 0
+    for i = 91, 100 do tail = tail + r.train[i] end
+    return r, tail / 10, m
+  end
+  local f32, f32_tail = run('float32')
+  local bf16, bf16_tail, m = run('bf16')
+  close(bf16.train[1], f32.train[1], 0.01, 'first loss')
+  close(bf16_tail, f32_tail, 0.02, 'mean of the last 10 losses')
+  assert(bf16.train[1] ~= f32.train[1], 'bf16 compute must change the loss at all (autocast is on)')
+  assert(bf16_tail < f32.train[1] - 1.5, ('bf16 run learned: %.3f -> %.3f'):format(f32.train[1], bf16_tail))
+  for name, p in m:named_parameters() do eq(p.dtype, 'float32', name .. ' stays float32') end
+  for _, s in ipairs(bf16.optimizer._native:state()) do eq(s.exp_avg.dtype, 'float32', 'optimizer state') end
+  -- autocast itself: a Linear inside computes in bfloat16, outside in float32
+  local lin = nn.Linear(4, 3)
+  eq(torch.autocast('cpu', 'bfloat16', function() return lin(torch.randn(2, 4)) end).dtype, 'bfloat16')
+  eq(lin(torch.randn(2, 4)).dtype, 'float32')
+  eq(torch.is_autocast_enabled('cpu'), false, 'autocast is off again')
+  raises(function() torch.autocast('cpu', nil, function() error('inside') end) end, 'inside')
+  eq(torch.is_autocast_enabled('cpu'), false, 'and off after an error')
+  raises(function() torch.autocast('tpu', nil, function() end) end, "bad argument #1 to 'autocast' (device_type must be 'cpu' or 'cuda', got 'tpu')")
+  raises(function() torch.autocast('cpu', 'int64', function() end) end, "bad argument #2 to 'autocast' (autocast computes in bfloat16 or float16, got Long)")
+  raises(function() train.fit(m, c, {steps = 1, dtype = 'float16', quiet = true}) end,
+    "train.fit: dtype 'float16' needs loss scaling, which train.fit does not do; use dtype = 'bf16' (same range as float32)")
+  raises(function() train.fit(m, c, {steps = 1, dtype = 'int8', quiet = true}) end, "train.fit: unknown dtype 'int8', expected 'float32' or 'bf16'")
+end)
+
+test('capturable AdamW (for CUDA graphs) takes the same steps as LibTorch AdamW', function()
+  local function run(capturable)
+    torch.manual_seed(1)
+    local m = nn.Sequential{nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4)}
+    local opt = optim.AdamW(m, {lr = 1e-2, weight_decay = 0.1, decay = 'matrices'})
+    local x = torch.randn(8, 6)
+    for s = 1, 20 do
+      if s == 5 and capturable then opt:set_capturable(true) end  -- moments and count carried over
+      if s == 15 then opt:set_lr(3e-3) end                          -- a new lr reaches the tensor it reads
+      opt:zero_grad()
+      m(x):pow(2):mean():backward()
+      opt:step()
+    end
+    return m, opt
+  end
+  local a, oa = run(false)
+  local b, ob = run(true)
+  local pa, pb = a:parameters(), b:parameters()
+  for i = 1, #pa do close((pa[i] - pb[i]):abs():max():item(), 0, 1e-6, 'parameter ' .. i) end
+  eq(ob:state_tensors()['optim.1.step']:item(), 20, 'step count')
+  ob:set_capturable(false)
+  eq(ob:state_tensors()['optim.1.step']:item(), 20, 'written back')
+  eq(oa:state_tensors()['optim.1.step']:item(), 20)
+  raises(function() ob:set_capturable(1) end, "bad argument #1 to 'set_capturable' (boolean expected, got number)")
 end)
 
 H.done()

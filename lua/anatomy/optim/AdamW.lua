@@ -30,6 +30,11 @@ function AdamW:step() self._native:step() end
 function AdamW:zero_grad() self._native:zero_grad() end
 function AdamW:set_lr(lr) self._native:set_lr(lr) end
 function AdamW:lr() return self._native:lr() end
+-- opt:set_capturable(true|false): PyTorch's `capturable`: the step count and
+-- the learning rate live in tensors on the parameters' device and a step reads
+-- nothing back, so that a CUDA graph can record it (train.fit's cuda_graph).
+-- The same update up to rounding; one step count for all parameters.
+function AdamW:set_capturable(on) self._native:set_capturable(on) end
 
 -- opt:state_tensors(prefix) -> {prefix .. i .. '.exp_avg' = t, ...}: the state as named tensors
 function AdamW:state_tensors(prefix)

@@ -23,20 +23,27 @@ function optim.schedule(kind, lr, steps, warmup)
   end
 end
 
--- optim.clip_grad_norm(params, max_norm) -> the total gradient norm before
--- clipping (one read back, not one per parameter); when max_norm is a positive
--- number and the norm exceeds it, every gradient is scaled down to it
--- (PyTorch's torch.nn.utils.clip_grad_norm_). train.fit clips with it.
-function optim.clip_grad_norm(params, max_norm)
+-- optim.clip_grad_norm_(params, max_norm) -> the total gradient norm before
+-- clipping, as a tensor (nothing is read back to the host); when max_norm is a
+-- positive number every gradient is multiplied by min(1, max_norm / (norm +
+-- 1e-6)), as PyTorch's torch.nn.utils.clip_grad_norm_ does.
+function optim.clip_grad_norm_(params, max_norm)
   local norms = {}
   for _, p in ipairs(params) do if p.grad ~= nil then norms[#norms + 1] = p.grad:norm() end end
-  if #norms == 0 then return 0 end
-  local total = torch.stack(norms):norm():item()
-  if max_norm and max_norm > 0 and total > max_norm then
-    local scale = max_norm / (total + 1e-6)
-    torch.no_grad(function() for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(scale) end end end)
+  if #norms == 0 then return torch.zeros({}) end
+  local total = torch.stack(norms):norm()
+  if max_norm and max_norm > 0 then
+    torch.no_grad(function()
+      local coef = (max_norm / (total + 1e-6)):clamp_max(1)
+      for _, p in ipairs(params) do if p.grad ~= nil then p.grad:mul_(coef) end end
+    end)
   end
   return total
+end
+
+-- optim.clip_grad_norm(params, max_norm) -> the same norm as a number (one read back).
+function optim.clip_grad_norm(params, max_norm)
+  return optim.clip_grad_norm_(params, max_norm):item()
 end
 
 optim.LRScheduler = require 'anatomy.optim.LRScheduler'

@@ -1,0 +1,75 @@
+// The one place where LibTorch versions differ. anatomy builds against
+// Debian's LibTorch 1.13 (CPU, the default) and PyPI's 2.x (with CUDA); every
+// difference in the API the two expose is bridged here, and nowhere else.
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>  // at::GradMode, at::AutoGradMode (2.x no longer brings it through ATen.h)
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/api/include/torch/version.h>
+
+#include <string>
+
+#define ANATOMY_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace anatomy::compat {
+
+/// The key of a parameter's state in LibTorch's optimizers: its TensorImpl
+/// address, as a string in 1.13 and as the pointer itself in 2.x.
+#if ANATOMY_TORCH_AT_LEAST(2, 0)
+inline void* optimizer_state_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
+#else
+inline std::string optimizer_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+#endif
+
+/// CPU autocast (bfloat16 or float16 compute of the ops autocast lists).
+/// 1.13 has per-device functions; 2.4 and later take the device type.
+inline void set_cpu_autocast(bool enabled, at::ScalarType dtype) {
+#if ANATOMY_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCPU, enabled);
+  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+#else
+  at::autocast::set_cpu_enabled(enabled);
+  at::autocast::set_autocast_cpu_dtype(dtype);
+#endif
+}
+inline bool cpu_autocast_enabled() {
+#if ANATOMY_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(at::kCPU);
+#else
+  return at::autocast::is_cpu_enabled();
+#endif
+}
+inline at::ScalarType cpu_autocast_dtype() {
+#if ANATOMY_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(at::kCPU);
+#else
+  return at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+/// CUDA autocast, for the same purpose on a GPU.
+inline void set_cuda_autocast(bool enabled, at::ScalarType dtype) {
+#if ANATOMY_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCUDA, enabled);
+  at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+#else
+  at::autocast::set_enabled(enabled);
+  at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+inline bool cuda_autocast_enabled() {
+#if ANATOMY_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(at::kCUDA);
+#else
+  return at::autocast::is_enabled();
+#endif
+}
+inline at::ScalarType cuda_autocast_dtype() {
+#if ANATOMY_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(at::kCUDA);
+#else
+  return at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+}  // namespace anatomy::compat
