@@ -77,7 +77,7 @@ std::vector<double> norms(const std::vector<at::Tensor>& tensors) {
     if (t.defined()) defined.push_back(t.detach());
   std::vector<double> out(tensors.size(), std::nan(""));
   if (defined.empty()) return out;
-  at::Tensor all = at::stack(at::_foreach_norm(defined)).to(at::kDouble).contiguous();
+  at::Tensor all = at::stack(at::_foreach_norm(defined)).to(at::kCPU, at::kDouble).contiguous();  // read on the host
   const double* v = all.data_ptr<double>();
   for (size_t i = 0, j = 0; i < tensors.size(); ++i)
     if (tensors[i].defined()) out[i] = v[j++];

@@ -23,6 +23,9 @@ function generate.generate(self, ids, opts)
   opts = opts or {}
   local squeeze = ids:dim() == 1
   if squeeze then ids = ids:unsqueeze(1) end
+  -- the prompt goes where the model is (a corpus encodes on the CPU)
+  local first = self:parameters()[1]
+  if first and ids.device ~= first.device then ids = ids:to(first.device) end
   if opts.seed then torch.manual_seed(opts.seed) end
   local seq = self:context() or ids:size(2)
   local was_training = self.training

@@ -53,6 +53,18 @@ local function lua_source(f)
   return path, info.linedefined
 end
 
+-- C functions whose Lua form differs from PyTorch's (a function argument
+-- where Python has a `with` block).
+local own_signatures = {
+  no_grad = 'torch.no_grad(fn, ...) -> fn(...): runs fn without recording gradients (PyTorch\'s `with torch.no_grad():`)',
+  enable_grad = 'torch.enable_grad(fn, ...) -> fn(...): runs fn with gradients recorded, inside a no_grad',
+  autocast = 'torch.autocast(device_type, dtype, fn, ...) -> fn(...): runs fn under autocast on \'cpu\' or \'cuda\' '
+    .. '(dtype \'bfloat16\' or \'float16\'; nil: bfloat16 on cpu, float16 on cuda), as PyTorch\'s `with torch.autocast(...)`; '
+    .. 'the previous state comes back afterwards, also after an error',
+  ['cuda.CUDAGraph'] = 'torch.cuda.CUDAGraph() -> g: g:capture_begin(), the work to record, g:capture_end(), then g:replay() '
+    .. 'reruns it on the same memory (copy new input into the captured tensors first); g:reset() drops it. Needs a GPU',
+}
+
 -- help.doc(f) -> the documentation of a function (nil when it has none)
 function help.doc(f)
   if type(f) ~= 'function' then return nil end
@@ -60,6 +72,7 @@ function help.doc(f)
   if path then return comment_above(path, line) end
   local names = debug.getregistry()['anatomy.names'] or {}
   local name = names[f]
+  if name and own_signatures[name] then return own_signatures[name] end
   if name then
     return ('%s: a LibTorch operation with PyTorch\'s arguments (see torch.%s in PyTorch\'s documentation); '
       .. 'dims and indices count from 1, options go in a trailing table'):format(name, name:gsub('^nn%.', 'nn.'))
@@ -113,7 +126,8 @@ end
 
 local start = [[
 anatomy: LuaJIT over LibTorch. Globals, each with help(name):
-  torch       tensors and autograd, PyTorch's names, 1-based dims and indices (help(torch.Tensor))
+  torch       tensors and autograd, PyTorch's names, 1-based dims and indices (help(torch.Tensor));
+              torch.cuda (is_available, synchronize, memory counters, CUDAGraph), torch.autocast
   nn          modules: nn.Linear, nn.Sequential, nn.block, ... (help(nn.Module): the model protocol)
   models      the seed architectures: models.gpt, models.vibenet, models.funnel, models.stateful, models.build
   data        corpora and tokenizers: data.text, data.default_text

@@ -117,11 +117,12 @@ end
 
 -- provenance.record{corpus, model, run, runs = {{label, model, run}, ...}, config, started}
 -- -> the record: data, model, training (or runs), config (the script's),
--- seed, threads, device, dtype, libtorch, anatomy, commit, machine, started, wall_seconds.
+-- seed, threads, device, dtype, libtorch, cuda (the version LibTorch was built with, nil without), anatomy,
+-- commit, machine, started, wall_seconds.
 function provenance.record(spec)
   spec = spec or {}
   local rec = {
-    anatomy = torch.version.anatomy, libtorch = torch.libtorch_version, lua = jit and jit.version or _VERSION,
+    anatomy = torch.version.anatomy, libtorch = torch.libtorch_version, cuda = torch.version.cuda, lua = jit and jit.version or _VERSION,
     threads = torch.get_num_threads(), device = torch.device(), commit = provenance.commit(),
     machine = provenance.machine(), started = spec.started_utc or provenance.started_utc,
     wall_seconds = torch._now() - (spec.started or provenance.started),

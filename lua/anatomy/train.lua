@@ -180,7 +180,10 @@ end
 -- passes of a stateful model, fed its previous pass's hidden states), probe
 -- ({every = 50, filter, grad, fn(step, capture, record)}: captures during
 -- that step's own forward and backward, at step 1 and every `every` steps),
--- seconds (a time budget: stop after the first step that ends past it).
+-- seconds (a time budget: stop after the first step that ends past it),
+-- dtype ('float32', or 'bf16': the forward pass under autocast, float32 master
+-- weights), cuda_graph (true: on a GPU, one whole step recorded after two
+-- warm-up steps and replayed; probe steps run outside it).
 -- The run: train (loss per step), val ({step, loss} per evaluation), steps,
 -- seconds, tokens_per_second, interrupted (Ctrl-C stopped it at a step boundary),
 -- depth_losses (with recurrence: per step, the loss of each pass, depth 0 first),
