@@ -187,7 +187,7 @@ int64_t check_dim(lua_State* L, int idx, int64_t ndim) {
 at::Tensor zero_based_index(const at::Tensor& index, int64_t size, int arg) {
   if (!at::isIntegralType(index.scalar_type(), /*includeBool=*/false))
     throw ArgError(arg, std::string("index tensor must have an integer dtype, got ") + dtype_name(index.scalar_type()));
-  if (index.numel() > 0) {
+  if (index.numel() > 0 && (index.is_cpu() || !TrustedIds::active())) {  // host/runtime.h
     int64_t lo = index.min().item<int64_t>(), hi = index.max().item<int64_t>();
     if (lo < 1 || hi > size) {
       int64_t bad = lo < 1 ? lo : hi;

@@ -219,7 +219,21 @@ const luaL_Reg module_methods[] = {
     {nullptr, nullptr},
 };
 
+// torch._native.with_trusted_ids(fn, ...) -> fn(...): runs fn with
+// host/runtime.h's TrustedIds alive (GPU ids are not read back to be checked).
+int with_trusted_ids(lua_State* L) {
+  if (lua_type(L, 1) != LUA_TFUNCTION) throw ArgError(1, "function expected, got " + type_name(L, 1));
+  int status;
+  {
+    TrustedIds trusted;
+    status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  }
+  if (status != 0) return lua_error(L);
+  return lua_gettop(L);
+}
+
 const luaL_Reg module_constructors[] = {
+    {"with_trusted_ids", guarded<with_trusted_ids>},
     {"Linear", guarded<new_linear>},
     {"Embedding", guarded<new_embedding>},
     {"LayerNorm", guarded<new_layer_norm>},

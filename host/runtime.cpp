@@ -62,6 +62,13 @@ void configure_runtime(const RuntimeOptions& options) {
   if (options.seed) at::manual_seed(*options.seed);
 }
 
+namespace {
+thread_local bool g_trusted_ids = false;
+}
+TrustedIds::TrustedIds() : previous_(g_trusted_ids) { g_trusted_ids = true; }
+TrustedIds::~TrustedIds() { g_trusted_ids = previous_; }
+bool TrustedIds::active() { return g_trusted_ids; }
+
 c10::Device default_device() { return g_default_device; }
 void set_default_device(c10::Device device) { g_default_device = device; }
 

@@ -29,6 +29,24 @@ c10::Device default_device();
 void set_default_device(c10::Device device);
 /// The canonical name of a device ("cpu", "cuda:0").
 std::string device_name(c10::Device device);
+/// While one is alive (on this thread), token ids and class targets that live
+/// on a GPU are not range-checked (Embedding, cross_entropy, index ops): the
+/// check reads them back to the host, a wait per call, and cannot run inside a
+/// CUDA graph. The caller vouches for the ids
+/// (train.fit checks its corpus's ids once against the model, then trains
+/// under one). CPU ids are always checked.
+class TrustedIds {
+ public:
+  TrustedIds();
+  ~TrustedIds();
+  TrustedIds(const TrustedIds&) = delete;
+  TrustedIds& operator=(const TrustedIds&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 /// LibTorch's version, e.g. "1.13.0".
 std::string torch_version();
 /// anatomy's cache folder (trained tokenizers, the default corpus):

@@ -97,7 +97,7 @@ at::Tensor Embedding::forward(const at::Tensor& ids) {
   if (ids.scalar_type() != at::kLong)
     throw InputError(std::string("Embedding expects int64 token ids, got ") + dtype_name(ids.scalar_type()) +
                      " (use {dtype = 'int64'} or x:long())");
-  if (ids.numel() > 0) {
+  if (ids.numel() > 0 && (ids.is_cpu() || !TrustedIds::active())) {
     int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
     if (lo < 1 || hi > num_embeddings)
       throw InputError("token id " + std::to_string(lo < 1 ? lo : hi) + " is out of range 1.." +

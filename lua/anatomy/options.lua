@@ -16,7 +16,9 @@ function options.check(opts, allowed, where, level)
   for k in pairs(opts) do
     if not set[k] then
       local names = {}
-      for n in pairs(set) do names[#names + 1] = n end
+      for n in pairs(set) do
+        if not tostring(n):match('^_') then names[#names + 1] = n end  -- _names are internal (tests)
+      end
       table.sort(names)
       error(("%s: unknown option '%s' (expected %s)"):format(where, tostring(k), table.concat(names, ', ')), level)
     end

@@ -14,6 +14,7 @@ local known = {
   schedule = true, clip = true, eval_every = true, eval_batches = true, log_every = true, seed = true,
   checkpoint = true, checkpoint_every = true, resume = true, on_step = true, log = true, decay = true,
   quiet = true, recurrence = true, probe = true, seconds = true, dtype = true, cuda_graph = true,
+  _gpu_paths = true,  -- tests only: the GPU's bookkeeping (one-step-late reads, trusted ids) on any device
 }
 
 -- train.fit's dtype: what the forward pass computes in. Parameters, gradients
@@ -262,6 +263,30 @@ function train.fit(model, corpus, opts)
     if autocast then logits = logits:float() end
     return nn.functional.cross_entropy(logits, y)
   end
+  -- On a GPU the range checks of token ids and targets would read every batch
+  -- back to the host. Every id of a batch is one of the corpus's, so the
+  -- corpus's smallest and largest id go through the model once, checked; the
+  -- run then trains with GPU ids trusted (host/runtime.h, TrustedIds).
+  local gpu_paths = device_type == 'cuda' or o._gpu_paths
+  if gpu_paths then
+    local ids = corpus:tokens()
+    local probe_ids = torch.full({1, o.seq}, ids:min():item(), {dtype = 'int64'})
+    probe_ids:narrow(2, o.seq, 1):fill_(ids:max():item())
+    local was_training = model.training
+    model:eval()
+    local ok, err = pcall(torch.no_grad, function()  -- the ids as inputs and as targets
+      local p = probe_ids:to(torch.device())
+      nn.functional.cross_entropy((model(p)), p)
+    end)
+    model:train(was_training)
+    if not ok then
+      error(('train.fit: the corpus\'s token ids (%d..%d) do not fit the model: %s'):format(
+        ids:min():item(), ids:max():item(), tostring(err):gsub('^[^:]*:%d+: ', '')), 0)
+    end
+    local plain_forward, plain_loss = forward, loss_of
+    forward = function(x, hidden) return torch._native.with_trusted_ids(plain_forward, x, hidden) end
+    loss_of = function(logits, y) return torch._native.with_trusted_ids(plain_loss, logits, y) end
+  end
   local function check_loss(value, step, x)
     if value ~= value or value == math.huge or value == -math.huge then
       local where = train.find_nonfinite(model, x)
@@ -278,7 +303,7 @@ function train.fit(model, corpus, opts)
   -- On a GPU the loss and gradient norm of a step are read back one step
   -- late, once the next step's work is queued, so the GPU never waits for the
   -- host (a step with an evaluation, a checkpoint or on_step is read at once).
-  local defer = device_type == 'cuda' and not o.on_step
+  local defer = gpu_paths and not o.on_step
   if o.cuda_graph then opt:set_capturable(true) end
   -- cuda_graph: after two ordinary steps (warm-up), one step (forward,
   -- backward, clipping, optimizer) is recorded once and replayed on fresh

@@ -324,4 +324,35 @@ test('capturable AdamW (for CUDA graphs) takes the same steps as LibTorch AdamW'
   raises(function() ob:set_capturable(1) end, "bad argument #1 to 'set_capturable' (boolean expected, got number)")
 end)
 
+test("the GPU's bookkeeping (losses read one step late, ids checked once) gives the same run", function()
+  -- train.fit's GPU path, run on the CPU: every loss, evaluation and checkpoint
+  -- must be those of the ordinary path, to the bit.
+  local c = data.from_string(sample_text)
+  local function run(gpu_paths, ckpt)
+    torch.manual_seed(5)
+    local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
+    return train.fit(m, c, {steps = 12, batch = 4, lr = 3e-3, seed = 5, eval_every = 5, quiet = true,
+      checkpoint = ckpt, checkpoint_every = 4, _gpu_paths = gpu_paths}), m
+  end
+  local p1, p2 = os.tmpname(), os.tmpname()
+  os.remove(p1); os.remove(p2)
+  local a = run(false, p1)
+  local b = run(true, p2)
+  eq(#b.train, 12)
+  for i = 1, 12 do eq(b.train[i], a.train[i], 'loss at step ' .. i) end
+  eq(#b.val, #a.val)
+  for i = 1, #a.val do eq(b.val[i].step, a.val[i].step); eq(b.val[i].loss, a.val[i].loss) end
+  local ta, tb = torch.load_safetensors(p1), torch.load_safetensors(p2)
+  for name, t in pairs(ta) do
+    if name ~= 'rng' then eq((t:double() - tb[name]:double()):abs():max():item(), 0, name) end
+  end
+  os.remove(p1); os.remove(p2)
+  -- a model whose table is smaller than the corpus's ids is refused before any step
+  torch.manual_seed(5)
+  local small = models.gpt{vocab = c.vocab_size - 1, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
+  raises(function() train.fit(small, c, {steps = 2, quiet = true, _gpu_paths = true}) end,
+    ("train.fit: the corpus's token ids (1..%d) do not fit the model: bad argument #1 to 'forward' (token id %d is out of range 1..%d (ids are 1-based))")
+      :format(c.vocab_size, c.vocab_size, c.vocab_size - 1))
+end)
+
 H.done()
