@@ -24,8 +24,7 @@ function generate.generate(self, ids, opts)
   local squeeze = ids:dim() == 1
   if squeeze then ids = ids:unsqueeze(1) end
   -- the prompt goes where the model is (a corpus encodes on the CPU)
-  local first = self:parameters()[1]
-  if first and ids.device ~= first.device then ids = ids:to(first.device) end
+  if ids.device ~= self:device() then ids = ids:to(self:device()) end
   if opts.seed then torch.manual_seed(opts.seed) end
   local seq = self:context() or ids:size(2)
   local was_training = self.training

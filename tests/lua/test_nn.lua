@@ -353,4 +353,10 @@ test('an error in a tail call inside a block names the argument as written and w
   assert(err:find("bad argument #1 to 'matmul' (shapes 1x4 and 3x2 cannot be multiplied)", 1, true), err)
 end)
 
+test('m:device(): where the parameters are, else the default device', function()
+  eq(nn.Linear(2, 3):device(), 'cpu')
+  eq(nn.ReLU():device(), torch.device(), 'no parameters')
+  if torch.cuda.is_available() then eq(nn.Linear(2, 3):to('cuda'):device(), 'cuda:0') end
+end)
+
 H.done()

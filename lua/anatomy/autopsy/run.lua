@@ -100,7 +100,7 @@ local function run(model, source, opts)
   if opts.probe_text and type(source) == 'table' and source.encode then
     local ok, ids = pcall(source.encode, source, opts.probe_text)
     if ok and ids:numel() > 1 then
-      ids = ids:narrow(1, 1, math.min(ids:numel(), seq)):unsqueeze(1)
+      ids = ids:narrow(1, 1, math.min(ids:numel(), seq)):unsqueeze(1):to(model:device())  -- encoded on the CPU
       local cap = probe.capture(model, {filter = '*.pattern'}, function() torch.no_grad(function() model(ids) end) end)
       for _, l in ipairs(layers) do
         for name, pattern in pairs(cap) do

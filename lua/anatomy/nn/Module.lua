@@ -335,6 +335,13 @@ function Module:to(what)
   return self
 end
 
+-- m:device() -> the device of the module's first parameter ('cpu', 'cuda:0');
+-- the default device (torch.device()) for a module without parameters.
+function Module:device()
+  local first = self:parameters()[1]
+  return first and first.device or torch.device()
+end
+
 -- m:save(path): the parameters as a safetensors file (written atomically).
 function Module:save(path)
   torch.save_safetensors(path, self:state_dict(), {format = 'anatomy', class = nn.typename(self)})
