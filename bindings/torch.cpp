@@ -317,20 +317,20 @@ int torch_autocast(lua_State* L) {
   if (!lua_isnil(L, 2)) {
     dtype = parse_dtype(check_string(L, 2), 2);
     if (dtype != at::kBFloat16 && dtype != at::kHalf)
-      throw ArgError(2, "autocast computes in bfloat16 or float16, got " + std::string(c10::toString(dtype)));
+      throw ArgError(2, std::string("autocast computes in bfloat16 or float16, got ") + dtype_name(dtype));
   }
   if (lua_type(L, 3) != LUA_TFUNCTION) throw ArgError(3, "function expected, got " + type_name(L, 3));
   if (cuda && !at::hasCUDA()) throw ArgError(1, "'cuda' autocast needs a GPU, and none is visible");
-  bool was_enabled = cuda ? compat::cuda_autocast_enabled() : compat::cpu_autocast_enabled();
-  at::ScalarType was_dtype = cuda ? compat::cuda_autocast_dtype() : compat::cpu_autocast_dtype();
-  auto set = [cuda](bool on, at::ScalarType t) { cuda ? compat::set_cuda_autocast(on, t) : compat::set_cpu_autocast(on, t); };
-  set(true, dtype);
+  at::DeviceType type = cuda ? at::kCUDA : at::kCPU;
+  bool was_enabled = compat::autocast_enabled(type);
+  at::ScalarType was_dtype = compat::autocast_dtype(type);
+  compat::set_autocast(type, true, dtype);
   at::autocast::increment_nesting();
   int base = lua_gettop(L) - 3;
   int status = lua_pcall(L, base, LUA_MULTRET, 0);  // fn is at 3, its arguments above it
   // Leaving the outermost autocast drops the cache of casted weights (as PyTorch does).
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  set(was_enabled, was_dtype);
+  compat::set_autocast(type, was_enabled, was_dtype);
   if (status != 0) return lua_error(L);
   return lua_gettop(L) - 2;
 }
@@ -339,8 +339,7 @@ int torch_autocast(lua_State* L) {
 int torch_is_autocast_enabled(lua_State* L) {
   std::string device = lua_isnoneornil(L, 1) ? "cpu" : check_string(L, 1);
   if (device != "cpu" && device != "cuda") throw ArgError(1, "device_type must be 'cpu' or 'cuda', got '" + device + "'");
-  bool cuda = device == "cuda";
-  lua_pushboolean(L, cuda ? compat::cuda_autocast_enabled() : compat::cpu_autocast_enabled());
+  lua_pushboolean(L, compat::autocast_enabled(device == "cuda" ? at::kCUDA : at::kCPU));
   return 1;
 }
 

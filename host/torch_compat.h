@@ -22,53 +22,31 @@ inline void* optimizer_state_key(const at::Tensor& p) { return p.unsafeGetTensor
 inline std::string optimizer_state_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
 #endif
 
-/// CPU autocast (bfloat16 or float16 compute of the ops autocast lists).
-/// 1.13 has per-device functions; 2.4 and later take the device type.
-inline void set_cpu_autocast(bool enabled, at::ScalarType dtype) {
+/// Autocast on `device` (kCPU or kCUDA): bfloat16 or float16 compute of the
+/// ops autocast lists. 1.13 has a function per device; 2.4 and later take the
+/// device type.
+inline void set_autocast(at::DeviceType device, bool enabled, at::ScalarType dtype) {
 #if ANATOMY_TORCH_AT_LEAST(2, 4)
-  at::autocast::set_autocast_enabled(at::kCPU, enabled);
-  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+  at::autocast::set_autocast_enabled(device, enabled);
+  at::autocast::set_autocast_dtype(device, dtype);
 #else
-  at::autocast::set_cpu_enabled(enabled);
-  at::autocast::set_autocast_cpu_dtype(dtype);
+  bool cpu = device == at::kCPU;
+  cpu ? at::autocast::set_cpu_enabled(enabled) : at::autocast::set_enabled(enabled);
+  cpu ? at::autocast::set_autocast_cpu_dtype(dtype) : at::autocast::set_autocast_gpu_dtype(dtype);
 #endif
 }
-inline bool cpu_autocast_enabled() {
+inline bool autocast_enabled(at::DeviceType device) {
 #if ANATOMY_TORCH_AT_LEAST(2, 4)
-  return at::autocast::is_autocast_enabled(at::kCPU);
+  return at::autocast::is_autocast_enabled(device);
 #else
-  return at::autocast::is_cpu_enabled();
+  return device == at::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
 #endif
 }
-inline at::ScalarType cpu_autocast_dtype() {
+inline at::ScalarType autocast_dtype(at::DeviceType device) {
 #if ANATOMY_TORCH_AT_LEAST(2, 4)
-  return at::autocast::get_autocast_dtype(at::kCPU);
+  return at::autocast::get_autocast_dtype(device);
 #else
-  return at::autocast::get_autocast_cpu_dtype();
-#endif
-}
-/// CUDA autocast, for the same purpose on a GPU.
-inline void set_cuda_autocast(bool enabled, at::ScalarType dtype) {
-#if ANATOMY_TORCH_AT_LEAST(2, 4)
-  at::autocast::set_autocast_enabled(at::kCUDA, enabled);
-  at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-#else
-  at::autocast::set_enabled(enabled);
-  at::autocast::set_autocast_gpu_dtype(dtype);
-#endif
-}
-inline bool cuda_autocast_enabled() {
-#if ANATOMY_TORCH_AT_LEAST(2, 4)
-  return at::autocast::is_autocast_enabled(at::kCUDA);
-#else
-  return at::autocast::is_enabled();
-#endif
-}
-inline at::ScalarType cuda_autocast_dtype() {
-#if ANATOMY_TORCH_AT_LEAST(2, 4)
-  return at::autocast::get_autocast_dtype(at::kCUDA);
-#else
-  return at::autocast::get_autocast_gpu_dtype();
+  return device == at::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
 #endif
 }
 
