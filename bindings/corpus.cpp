@@ -198,6 +198,7 @@ int luaopen_anatomy_corpus(lua_State* L) {
   define_userdata<CorpusPtr>(L, kCorpusMeta, "Corpus", corpus_methods);
   lua_newtable(L);
   luaL_register(L, nullptr, data_functions);
+  register_tokenizer(L, lua_gettop(L));
   return 1;
 }
 

@@ -38,6 +38,8 @@ int luaopen_anatomy_cuda(lua_State* L);
 int luaopen_anatomy_optim(lua_State* L);
 /// Pushes the table of corpus constructors (torch._data).
 int luaopen_anatomy_corpus(lua_State* L);
+/// Adds the byte-level BPE loaders (_bpe_from_json, _bpe_from_vocab_merges) to torch._data at idx.
+void register_tokenizer(lua_State* L, int data);
 /// Pushes torch._exact: the Rational type (GMP) and certified bounds.
 int luaopen_anatomy_rational(lua_State* L);
 /// Adds save_safetensors and load_safetensors to the torch table on the stack top.

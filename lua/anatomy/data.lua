@@ -121,4 +121,50 @@ function Corpus:__tostring()
     self.source, self.tokenizer, self.vocab_size, self:size('train'), self:size('val'))
 end
 
+-- A byte-level BPE tokenizer (GPT-2, Pythia, Llama 3, Qwen2), as Hugging
+-- Face's `tokenizers` applies it (host/io/bpe.cpp). Ids are 1-based: Hugging
+-- Face's id i is anatomy's i + 1.
+local Tokenizer = {}
+Tokenizer.__index = Tokenizer
+data.Tokenizer = Tokenizer
+
+-- data.tokenizer(path) -> tok: path is a tokenizer.json, or a folder holding
+-- tokenizer.json or GPT-2's vocab.json + merges.txt.
+function data.tokenizer(path)
+  if type(path) ~= 'string' then error(('data.tokenizer: path must be a string, got %s'):format(type(path)), 2) end
+  local native
+  if fs.is_dir(path) then
+    local json_path, vocab, merges = path .. '/tokenizer.json', path .. '/vocab.json', path .. '/merges.txt'
+    if fs.exists(json_path) then native = torch._data._bpe_from_json(json_path)
+    elseif fs.exists(vocab) and fs.exists(merges) then native = torch._data._bpe_from_vocab_merges(vocab, merges)
+    else error(("data.tokenizer: '%s' holds neither tokenizer.json nor vocab.json and merges.txt"):format(path), 2) end
+  else
+    native = torch._data._bpe_from_json(path)
+  end
+  return setmetatable({_native = native, vocab_size = native:vocab_size(), path = path}, Tokenizer)
+end
+
+-- tok:encode(text, {add_special_tokens = true}) -> int64 ids (1-based), with
+-- the special tokens the tokenizer's post-processor adds (a BOS, say).
+function Tokenizer:encode(text, opts)
+  opts = check_options(opts, {add_special_tokens = true}, 'encode')
+  local ids = self._native:encode(text, opts.add_special_tokens ~= false)
+  return ids
+end
+
+-- tok:decode(ids, {skip_special_tokens = false}) -> text
+function Tokenizer:decode(ids, opts)
+  opts = check_options(opts, {skip_special_tokens = true}, 'decode')
+  local text = self._native:decode(ids, opts.skip_special_tokens == true)
+  return text
+end
+
+-- tok:token_to_id('Ġthe') -> id or nil; tok:id_to_token(id) -> string or nil
+function Tokenizer:token_to_id(token) local id = self._native:token_to_id(token) return id end
+function Tokenizer:id_to_token(id) local token = self._native:id_to_token(id) return token end
+
+function Tokenizer:__tostring()
+  return ('data.Tokenizer(byte-level BPE, %d tokens, %s)'):format(self.vocab_size, self.path)
+end
+
 return data

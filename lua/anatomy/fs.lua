@@ -13,6 +13,13 @@ function fs.exists(path)
   return f ~= nil
 end
 
+-- fs.is_dir(path) -> true when path is a folder (path/. opens only for a folder)
+function fs.is_dir(path)
+  local f = io.open(path .. '/.', 'rb')
+  if f then f:close() end
+  return f ~= nil
+end
+
 -- fs.mkdir(dir): makes dir and its parents; an error naming dir when it cannot
 function fs.mkdir(dir)
   if dir == nil or dir == '' or dir == '.' then return end

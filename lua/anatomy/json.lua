@@ -20,7 +20,7 @@ end
 
 local function encode(v, seen)
   local t = type(v)
-  if v == nil then return 'null' end
+  if v == nil or v == json.null then return 'null' end
   if t == 'boolean' then return tostring(v) end
   if t == 'number' then
     if v ~= v or v == math.huge or v == -math.huge then return 'null' end

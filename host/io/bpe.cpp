@@ -1,0 +1,463 @@
+// Byte-level BPE (see bpe.h).
+#include "host/io/bpe.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <fstream>
+#include <sstream>
+
+namespace anatomy::io {
+namespace {
+
+using json = nlohmann::json;
+
+// GPT-2's split pattern: the one ByteLevel uses when use_regex is true.
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw TokenizerError("cannot open '" + path + "'");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+json parse_json(const std::string& path) {
+  try {
+    return json::parse(read_file(path));
+  } catch (const json::exception& e) {
+    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 1, column 11: ..."
+    if (auto close = what.find("] "); what.rfind("[json.exception", 0) == 0 && close != std::string::npos) what = what.substr(close + 2);
+    throw TokenizerError("'" + path + "' is not valid JSON: " + what);
+  }
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// GPT-2's reversible map of the 256 bytes onto printable characters: the
+// printable Latin-1 bytes stand for themselves, the others for U+0100 onwards.
+struct ByteMap {
+  std::string to_char[256];                      // byte -> UTF-8 of its character
+  std::unordered_map<uint32_t, uint8_t> to_byte;  // character -> byte
+  ByteMap() {
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
+      append_utf8(to_char[b], cp);
+      to_byte[cp] = static_cast<uint8_t>(b);
+    }
+  }
+};
+const ByteMap& byte_map() {
+  static const ByteMap map;
+  return map;
+}
+
+// Splits UTF-8 text into its characters (as strings); invalid bytes stand alone.
+std::vector<std::string> utf8_chars(std::string_view s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    if (i + n > s.size()) n = 1;
+    out.emplace_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+uint32_t decode_utf8(const std::string& c) {
+  auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(c[i])); };
+  if (c.size() == 1) return b(0);
+  if (c.size() == 2) return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+  if (c.size() == 3) return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+  return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
+}
+
+// The bytes as UTF-8, each maximal invalid subsequence replaced by U+FFFD
+// (the Unicode standard's practice, and Rust's from_utf8_lossy).
+std::string valid_utf8(const std::string& s) {
+  std::string out;
+  auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = byte(i);
+    size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+    if (c < 0x80) n = 1;
+    else if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) { n = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { n = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    size_t good = n == 0 ? 0 : 1;  // bytes of a valid prefix
+    while (good > 0 && good < n && i + good < s.size()) {
+      unsigned char b = byte(i + good);
+      if (good == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) break;
+      ++good;
+    }
+    if (n > 0 && good == n) {
+      out.append(s, i, n);
+      i += n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += std::max<size_t>(good, 1);
+    }
+  }
+  return out;
+}
+
+bool flag(const json& j, const char* key, bool fallback) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? fallback : it->get<bool>();
+}
+
+}  // namespace
+
+struct BpeTokenizer::Regex {
+  pcre2_code* code = nullptr;
+  pcre2_match_data* match = nullptr;
+  explicit Regex(const std::string& pattern, const std::string& where) {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
+                         &offset, nullptr);
+    if (!code) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      throw TokenizerError(where + ": the split pattern does not compile at offset " + std::to_string(offset) + ": " +
+                           reinterpret_cast<char*>(msg));
+    }
+    match = pcre2_match_data_create_from_pattern(code, nullptr);
+  }
+  ~Regex() {
+    pcre2_match_data_free(match);
+    pcre2_code_free(code);
+  }
+  // The pieces of text: every match, and every stretch between matches
+  // (tokenizers' Split with behavior "Isolated").
+  std::vector<std::string_view> split(std::string_view text) const {
+    std::vector<std::string_view> out;
+    size_t start = 0, last = 0;
+    while (start <= text.size()) {
+      int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start,
+                           PCRE2_NO_UTF_CHECK, match, nullptr);
+      if (rc < 0) break;
+      PCRE2_SIZE* v = pcre2_get_ovector_pointer(match);
+      size_t b = v[0], e = v[1];
+      if (b > last) out.push_back(text.substr(last, b - last));
+      if (e > b) out.push_back(text.substr(b, e - b));
+      last = e;
+      if (e == b) {  // an empty match: step over one character
+        if (e >= text.size()) break;
+        start = e + 1;
+        while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) ++start;
+      } else {
+        start = e;
+      }
+    }
+    if (last < text.size()) out.push_back(text.substr(last));
+    return out;
+  }
+};
+
+BpeTokenizer::BpeTokenizer() = default;
+BpeTokenizer::~BpeTokenizer() = default;
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::string& path) {
+  json j = parse_json(path);
+  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
+  auto where = [&](const std::string& key) { return "'" + path + "': " + key; };
+  if (!j.contains("model") || !j["model"].is_object()) throw TokenizerError(where("model") + " is missing");
+  const json& model = j["model"];
+  std::string type = model.value("type", "BPE");
+  if (type != "BPE") throw TokenizerError(where("model.type") + " is '" + type + "'; only BPE is supported");
+  if (!model.value("dropout", json()).is_null()) throw TokenizerError(where("model.dropout") + " is set; BPE dropout is not supported");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (model.contains(key) && !model[key].is_null() && model[key] != "")
+      throw TokenizerError(where(std::string("model.") + key) + " is set; not supported");
+  if (flag(model, "byte_fallback", false))
+    throw TokenizerError(where("model.byte_fallback") + " is true (a SentencePiece-style BPE); load its tokenizer.model instead");
+  if (j.contains("normalizer") && !j["normalizer"].is_null())
+    throw TokenizerError(where("normalizer") + " is '" + j["normalizer"].value("type", "?") + "'; normalizers are not supported");
+
+  for (const auto& [token, id] : model.at("vocab").items()) t->vocab_[token] = id.get<int64_t>();
+  int rank = 0;
+  for (const auto& m : model.at("merges")) {
+    std::string key = m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>();
+    t->merge_rank_.emplace(key, rank++);
+  }
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    auto it = t->vocab_.find(model["unk_token"].get<std::string>());
+    if (it != t->vocab_.end()) t->unk_ = it->second;
+  }
+  t->ignore_merges_ = flag(model, "ignore_merges", false);
+
+  // The pre-tokenizer: ByteLevel alone (GPT-2's pattern), or a Split pattern
+  // followed by ByteLevel without its own pattern (Llama 3, Qwen2).
+  const json& pre = j.value("pre_tokenizer", json());
+  auto byte_level = [&](const json& p, bool alone) {
+    t->add_prefix_space_ = flag(p, "add_prefix_space", false);
+    if (flag(p, "use_regex", true)) {
+      if (!alone) throw TokenizerError(where("pre_tokenizer") + ": a Split before a ByteLevel with use_regex is not supported");
+      t->split_ = std::make_unique<Regex>(kGpt2Pattern, path);
+    }
+  };
+  auto split = [&](const json& p) {
+    std::string behavior = p.value("behavior", "Isolated");
+    if (behavior != "Isolated") throw TokenizerError(where("pre_tokenizer Split.behavior") + " is '" + behavior + "'; only Isolated is supported");
+    if (flag(p, "invert", false)) throw TokenizerError(where("pre_tokenizer Split.invert") + " is true; not supported");
+    const json& pattern = p.at("pattern");
+    if (!pattern.contains("Regex")) throw TokenizerError(where("pre_tokenizer Split.pattern") + ": only Regex patterns are supported");
+    t->split_ = std::make_unique<Regex>(pattern["Regex"].get<std::string>(), path);
+  };
+  std::string pre_type = pre.is_null() ? "none" : pre.value("type", "?");
+  if (pre_type == "ByteLevel") {
+    byte_level(pre, true);
+  } else if (pre_type == "Sequence" && pre.contains("pretokenizers") && pre["pretokenizers"].size() == 2 &&
+             pre["pretokenizers"][0].value("type", "") == "Split" && pre["pretokenizers"][1].value("type", "") == "ByteLevel") {
+    split(pre["pretokenizers"][0]);
+    byte_level(pre["pretokenizers"][1], false);
+  } else {
+    throw TokenizerError(where("pre_tokenizer") + " is '" + pre_type +
+                         "'; supported: ByteLevel, or a Sequence of Split and ByteLevel");
+  }
+  const json& dec = j.value("decoder", json());
+  if (!dec.is_null() && dec.value("type", "") != "ByteLevel")
+    throw TokenizerError(where("decoder") + " is '" + dec.value("type", "?") + "'; only ByteLevel is supported");
+
+  for (const auto& a : j.value("added_tokens", json::array())) {
+    if (flag(a, "single_word", false))
+      throw TokenizerError(where("added_tokens") + ": '" + a.value("content", "") + "' has single_word; not supported");
+    t->added_.push_back({a.at("content").get<std::string>(), a.at("id").get<int64_t>(), flag(a, "special", false),
+                         flag(a, "lstrip", false), flag(a, "rstrip", false)});
+  }
+
+  // The post-processor: ByteLevel (nothing to add), or a template of special
+  // tokens around the text.
+  const json& post = j.value("post_processor", json());
+  auto add_template = [&](const json& tp) {
+    bool before = true;
+    for (const auto& piece : tp.at("single")) {
+      if (piece.contains("Sequence")) {
+        before = false;
+        continue;
+      }
+      std::string name = piece.at("SpecialToken").at("id").get<std::string>();
+      const json& ids = tp.at("special_tokens").at(name).at("ids");
+      for (const auto& id : ids) (before ? t->prefix_ : t->suffix_).push_back(id.get<int64_t>() + 1);
+    }
+  };
+  std::string post_type = post.is_null() ? "none" : post.value("type", "?");
+  if (post_type == "TemplateProcessing") {
+    add_template(post);
+  } else if (post_type == "Sequence") {
+    for (const auto& p : post.at("processors")) {
+      std::string pt = p.value("type", "?");
+      if (pt == "TemplateProcessing") add_template(p);
+      else if (pt != "ByteLevel") throw TokenizerError(where("post_processor") + " has '" + pt + "'; supported: ByteLevel, TemplateProcessing");
+    }
+  } else if (post_type != "none" && post_type != "ByteLevel") {
+    throw TokenizerError(where("post_processor") + " is '" + post_type + "'; supported: ByteLevel, TemplateProcessing");
+  }
+  t->finish_loading(path);
+  return t;
+}
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_vocab_merges(const std::string& vocab_json, const std::string& merges_txt) {
+  json v = parse_json(vocab_json);
+  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
+  if (!v.is_object()) throw TokenizerError("'" + vocab_json + "' is not an object of token -> id");
+  for (const auto& [token, id] : v.items()) t->vocab_[token] = id.get<int64_t>();
+  std::istringstream merges(read_file(merges_txt));
+  std::string line;
+  int rank = 0;
+  while (std::getline(merges, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    if (line.find(' ') == std::string::npos) throw TokenizerError("'" + merges_txt + "': line '" + line + "' is not a merge (two tokens)");
+    t->merge_rank_.emplace(line, rank++);
+  }
+  t->split_ = std::make_unique<Regex>(kGpt2Pattern, vocab_json);
+  // GPT-2's <|endoftext|> is in its vocab.json; as a special token it is never split.
+  if (auto it = t->vocab_.find("<|endoftext|>"); it != t->vocab_.end())
+    t->added_.push_back({"<|endoftext|>", it->second, true, false, false});
+  t->finish_loading(vocab_json);
+  return t;
+}
+
+void BpeTokenizer::finish_loading(const std::string& where) {
+  int64_t n = 0;
+  for (const auto& [token, id] : vocab_) n = std::max(n, id + 1);
+  for (const auto& a : added_) n = std::max(n, a.id + 1);
+  id_to_token_.assign(static_cast<size_t>(n), "");
+  special_.assign(static_cast<size_t>(n), false);
+  for (const auto& [token, id] : vocab_) {
+    if (id < 0) throw TokenizerError("'" + where + "': token '" + token + "' has a negative id");
+    id_to_token_[static_cast<size_t>(id)] = token;
+  }
+  for (const auto& a : added_) {
+    if (a.id < 0) throw TokenizerError("'" + where + "': added token '" + a.content + "' has a negative id");
+    id_to_token_[static_cast<size_t>(a.id)] = a.content;
+    special_[static_cast<size_t>(a.id)] = a.special;
+  }
+  std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+}
+
+int64_t BpeTokenizer::vocab_size() const { return static_cast<int64_t>(id_to_token_.size()); }
+
+// One pre-token: its bytes as characters, merged pair by pair, lowest rank first.
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>& out) const {
+  std::string key(piece);
+  if (auto it = cache_.find(key); it != cache_.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  const ByteMap& map = byte_map();
+  std::vector<std::string> symbols;
+  std::string whole;
+  for (unsigned char b : piece) {
+    symbols.push_back(map.to_char[b]);
+    whole += map.to_char[b];
+  }
+  std::vector<int64_t> ids;
+  auto direct = vocab_.find(whole);
+  if (ignore_merges_ && direct != vocab_.end()) {
+    ids.push_back(direct->second + 1);
+  } else {
+    while (symbols.size() > 1) {
+      int best = INT_MAX;
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+        auto it = merge_rank_.find(symbols[i] + " " + symbols[i + 1]);
+        if (it != merge_rank_.end() && it->second < best) {
+          best = it->second;
+          at = i;
+        }
+      }
+      if (best == INT_MAX) break;
+      // merge every occurrence of this pair, left to right
+      std::string a = symbols[at], b = symbols[at + 1];
+      std::vector<std::string> merged;
+      for (size_t i = 0; i < symbols.size();) {
+        if (i + 1 < symbols.size() && symbols[i] == a && symbols[i + 1] == b) {
+          merged.push_back(a + b);
+          i += 2;
+        } else {
+          merged.push_back(symbols[i++]);
+        }
+      }
+      symbols.swap(merged);
+    }
+    for (const auto& s : symbols) {
+      auto it = vocab_.find(s);
+      if (it != vocab_.end()) ids.push_back(it->second + 1);
+      else if (unk_) ids.push_back(*unk_ + 1);
+      else throw std::invalid_argument("the piece '" + s + "' is not in the vocabulary and the tokenizer has no unk_token");
+    }
+  }
+  if (cache_.size() < 100000) cache_.emplace(std::move(key), ids);
+  out.insert(out.end(), ids.begin(), ids.end());
+}
+
+// Text without added tokens: pre-tokenize, then BPE each piece.
+void BpeTokenizer::encode_plain(std::string_view text, std::vector<int64_t>& out) const {
+  if (text.empty()) return;
+  std::string owned;
+  if (add_prefix_space_ && text[0] != ' ') {
+    owned = " " + std::string(text);
+    text = owned;
+  }
+  if (!split_) {
+    encode_piece(text, out);
+    return;
+  }
+  for (std::string_view piece : split_->split(text)) encode_piece(piece, out);
+}
+
+std::vector<int64_t> BpeTokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  std::vector<int64_t> out;
+  if (add_special_tokens) out = prefix_;
+  // Added tokens are found first, longest first at each position; the text
+  // between them is encoded as plain text (lstrip/rstrip take the spaces beside).
+  size_t start = 0, i = 0;
+  while (i < text.size()) {
+    const AddedToken* hit = nullptr;
+    for (const auto& a : added_)
+      if (!a.content.empty() && text.compare(i, a.content.size(), a.content) == 0) {
+        hit = &a;
+        break;
+      }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    size_t end_plain = i, next = i + hit->content.size();
+    if (hit->lstrip)
+      while (end_plain > start && std::isspace(static_cast<unsigned char>(text[end_plain - 1]))) --end_plain;
+    if (hit->rstrip)
+      while (next < text.size() && std::isspace(static_cast<unsigned char>(text[next]))) ++next;
+    encode_plain(text.substr(start, end_plain - start), out);
+    out.push_back(hit->id + 1);
+    start = i = next;
+  }
+  encode_plain(text.substr(start), out);
+  if (add_special_tokens) out.insert(out.end(), suffix_.begin(), suffix_.end());
+  return out;
+}
+
+std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  // As tokenizers' ByteLevel decoder: a token whose characters all stand for
+  // bytes becomes those bytes, any other token its own text; the bytes are
+  // then read as UTF-8, each invalid sequence becoming U+FFFD.
+  const ByteMap& map = byte_map();
+  std::string bytes;
+  for (int64_t id : ids) {
+    if (id < 1 || id > vocab_size() || id_to_token_[static_cast<size_t>(id - 1)].empty())
+      throw std::out_of_range("token id " + std::to_string(id) + " is out of range 1.." + std::to_string(vocab_size()));
+    size_t k = static_cast<size_t>(id - 1);
+    if (skip_special_tokens && special_[k]) continue;
+    const std::string& token = id_to_token_[k];
+    std::string as_bytes;
+    bool all = true;
+    for (const auto& c : utf8_chars(token)) {
+      auto it = map.to_byte.find(decode_utf8(c));
+      if (it == map.to_byte.end()) {
+        all = false;
+        break;
+      }
+      as_bytes += static_cast<char>(it->second);
+    }
+    bytes += all ? as_bytes : token;
+  }
+  return valid_utf8(bytes);
+}
+
+std::optional<std::string> BpeTokenizer::id_to_token(int64_t id) const {
+  if (id < 1 || id > vocab_size() || id_to_token_[static_cast<size_t>(id - 1)].empty()) return std::nullopt;
+  return id_to_token_[static_cast<size_t>(id - 1)];
+}
+
+std::optional<int64_t> BpeTokenizer::token_to_id(const std::string& token) const {
+  if (auto it = vocab_.find(token); it != vocab_.end()) return it->second + 1;
+  for (const auto& a : added_)
+    if (a.content == token) return a.id + 1;
+  return std::nullopt;
+}
+
+}  // namespace anatomy::io

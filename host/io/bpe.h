@@ -1,0 +1,79 @@
+// Byte-level BPE, the tokenizer of GPT-2, Pythia, Llama 3 and Qwen2, read
+// from a Hugging Face `tokenizer.json` (or GPT-2's `vocab.json` +
+// `merges.txt`) and applied as the `tokenizers` library applies it: added
+// tokens split out first, the pre-tokenizer's split pattern (PCRE2, with
+// Unicode properties), bytes mapped to printable characters, merges by rank,
+// then the post-processor's template (a BOS token, say). What a file asks for
+// and this does not do is refused by name, never approximated.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "host/io/corpus.h"
+
+namespace anatomy::io {
+
+/// A tokenizer file that cannot be read or asks for something unsupported;
+/// the message names the file and the key.
+struct TokenizerError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class BpeTokenizer : public Tokenizer {
+ public:
+  /// A Hugging Face tokenizer.json (model.type "BPE" over byte-level pieces).
+  static std::unique_ptr<BpeTokenizer> from_tokenizer_json(const std::string& path);
+  /// GPT-2's two files: vocab.json (token -> id) and merges.txt.
+  static std::unique_ptr<BpeTokenizer> from_vocab_merges(const std::string& vocab_json, const std::string& merges_txt);
+  ~BpeTokenizer() override;
+
+  std::string kind() const override { return "bpe"; }
+  /// The largest id + 1 (added tokens included), as `len(tokenizer)` in transformers.
+  int64_t vocab_size() const override;
+  /// 1-based ids with the post-processor's special tokens (as tokenizers'
+  /// encode(text) with add_special_tokens=True).
+  std::vector<int64_t> encode(std::string_view text) const override { return encode(text, true); }
+  std::vector<int64_t> encode(std::string_view text, bool add_special_tokens) const;
+  /// The text of 1-based ids; special tokens kept (decode(ids, skip_special_tokens=False)).
+  std::string decode(const std::vector<int64_t>& ids) const override { return decode(ids, false); }
+  std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const;
+  /// The token string of a 1-based id ("Ġthe"), or nothing.
+  std::optional<std::string> id_to_token(int64_t id) const;
+  /// The 1-based id of a token string, or nothing.
+  std::optional<int64_t> token_to_id(const std::string& token) const;
+  /// The ids (1-based) the post-processor puts before and after a text.
+  const std::vector<int64_t>& prefix_ids() const { return prefix_; }
+  const std::vector<int64_t>& suffix_ids() const { return suffix_; }
+
+ private:
+  BpeTokenizer();
+  struct Regex;
+  struct AddedToken {
+    std::string content;
+    int64_t id;  // 0-based, as in the file
+    bool special, lstrip, rstrip;
+  };
+  void finish_loading(const std::string& where);
+  void encode_piece(std::string_view piece, std::vector<int64_t>& out) const;
+  void encode_plain(std::string_view text, std::vector<int64_t>& out) const;
+
+  std::unordered_map<std::string, int64_t> vocab_;  // token -> 0-based id
+  std::vector<std::string> id_to_token_;            // 0-based id -> token ("" where none)
+  std::vector<bool> special_;                       // 0-based id -> a special added token
+  std::unordered_map<std::string, int> merge_rank_;  // "a b" -> rank
+  std::vector<AddedToken> added_;                   // longest content first
+  std::unique_ptr<Regex> split_;                    // the pre-tokenizer's pattern (none: the whole text)
+  bool add_prefix_space_ = false;
+  bool ignore_merges_ = false;  // a whole piece found in the vocabulary is one token (Llama 3)
+  std::optional<int64_t> unk_;
+  std::vector<int64_t> prefix_, suffix_;  // 1-based
+  mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
+};
+
+}  // namespace anatomy::io
