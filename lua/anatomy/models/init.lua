@@ -6,6 +6,7 @@ require 'anatomy.models.vibenet'
 require 'anatomy.models.gpt'
 require 'anatomy.models.funnel'
 require 'anatomy.models.stateful'
+require 'anatomy.models.pretrained'  -- models.from_pretrained (Hugging Face folders)
 
 -- Checks a config table: required keys present, no unknown keys.
 function models.check_config(name, cfg, required, optional)

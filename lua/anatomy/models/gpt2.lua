@@ -1,0 +1,123 @@
+-- models.GPT2: Hugging Face's GPT-2 (model_type "gpt2") in the library's
+-- blocks, for models.from_pretrained. Pre-norm blocks of LayerNorm, causal
+-- attention with a fused qkv projection and an MLP; learned positions; the
+-- head tied to the token embedding unless the config unties it.
+-- Names follow Hugging Face's with layers counted from 1: h.1 is h.0.
+local models = require 'anatomy.models'
+local pretrained = require 'anatomy.models.pretrained'
+
+local F = {}
+
+local activations = {gelu_new = 'gelu_tanh', gelu_pytorch_tanh = 'gelu_tanh', gelu = 'gelu', relu = 'relu'}
+
+-- config.json -> settings; a switch anatomy does not honour is an error naming it.
+function F.check(c, where)
+  local function need(key)
+    if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (GPT-2)'):format(where, key), 0) end
+    return c[key]
+  end
+  local s = {
+    vocab = need('vocab_size'), positions = need('n_positions'), dim = need('n_embd'), layers = need('n_layer'),
+    heads = need('n_head'), eps = c.layer_norm_epsilon or 1e-5,
+    tied = c.tie_word_embeddings ~= false,
+  }
+  s.ffn = type(c.n_inner) == 'number' and c.n_inner or 4 * s.dim
+  local act = c.activation_function or 'gelu_new'
+  s.activation = activations[act]
+  if not s.activation then pretrained.refuse(where, 'activation_function', act, 'supported: gelu_new, gelu_pytorch_tanh, gelu, relu') end
+  if s.dim % s.heads ~= 0 then pretrained.refuse(where, 'n_embd', s.dim, ('not divisible by n_head = %d'):format(s.heads)) end
+  if c.scale_attn_weights == false then pretrained.refuse(where, 'scale_attn_weights', false, 'attention is always scaled by 1/sqrt(head dim)') end
+  if c.scale_attn_by_inverse_layer_idx then
+    pretrained.refuse(where, 'scale_attn_by_inverse_layer_idx', true, 'attention is scaled by 1/sqrt(head dim) only')
+  end
+  if c.reorder_and_upcast_attn then
+    pretrained.refuse(where, 'reorder_and_upcast_attn', true, 'attention scores are computed in the model\'s dtype')
+  end
+  if c.add_cross_attention then pretrained.refuse(where, 'add_cross_attention', true, 'decoder-only models') end
+  return s
+end
+
+local Block = nn.block('models.GPT2Block', function(self, s)
+  self.ln_1 = nn.LayerNorm(s.dim, {eps = s.eps})
+  self.attn = nn.Attention(s.dim, s.heads, {causal = true})
+  self.ln_2 = nn.LayerNorm(s.dim, {eps = s.eps})
+  self.mlp = nn.MLP(s.dim, s.ffn, {activation = s.activation})
+end)
+models.GPT2Block = Block
+
+function Block:forward(x)
+  x = x + self.attn(self.ln_1(x))
+  return x + self.mlp(self.ln_2(x))
+end
+
+local GPT2 = nn.block('models.GPT2', function(self, s)
+  rawset(self, 'config', s)
+  self.wte = nn.Embedding(s.vocab, s.dim)
+  self.wpe = nn.Embedding(s.positions, s.dim)
+  local blocks = {}
+  for i = 1, s.layers do blocks[i] = Block(s) end
+  self.h = nn.ModuleList(blocks)
+  self.ln_f = nn.LayerNorm(s.dim, {eps = s.eps})
+  if not s.tied then self.lm_head = nn.Linear(s.dim, s.vocab, {bias = false}) end
+end)
+models.GPT2 = GPT2
+
+-- The head applied to a final hidden state (B, T, C): the logit lens.
+function GPT2:readout(h)
+  h = self.ln_f(h)
+  if self.lm_head then return self.lm_head(h) end
+  return nn.functional.linear(h, self.wte.weight)
+end
+
+-- ids (B, T) int64, 1-based -> logits (B, T, V)
+function GPT2:forward(ids)
+  local T = ids:size(-1)
+  if T > self.config.positions then
+    error(('models.GPT2: %d tokens exceed the %d learned positions'):format(T, self.config.positions), 2)
+  end
+  local x = self.wte(ids) + self.wpe.weight:narrow(1, 1, T)
+  for i = 1, #self.h do x = self.h[i](x) end
+  return self:readout(x)
+end
+
+function GPT2:context() return self.config.positions end
+
+function GPT2:extra_repr()
+  local s = self.config
+  return ('vocab=%d, dim=%d, heads=%d, layers=%d, positions=%d, ffn=%d%s'):format(
+    s.vocab, s.dim, s.heads, s.layers, s.positions, s.ffn, s.tied and ', tied head' or '')
+end
+
+function F.build(s) return GPT2(s) end
+
+-- {anatomy name, Hugging Face name, stored transposed}: GPT-2's Conv1D keeps
+-- its weights as [in, out]. A checkpoint saved from GPT2LMHeadModel prefixes
+-- `transformer.`; one saved from the base GPT2Model (the Hub's gpt2) does not.
+function F.weights(s, tensors)
+  local prefix = tensors['transformer.wte.weight'] ~= nil and 'transformer.' or ''
+  local list = {{'wte.weight', prefix .. 'wte.weight'}, {'wpe.weight', prefix .. 'wpe.weight'}}
+  local function add(name, transposed) list[#list + 1] = {name, prefix .. models.hf_name(name), transposed} end
+  for i = 1, s.layers do
+    local b = 'h.' .. i .. '.'
+    add(b .. 'ln_1.weight'); add(b .. 'ln_1.bias'); add(b .. 'ln_2.weight'); add(b .. 'ln_2.bias')
+    list[#list + 1] = {b .. 'attn.qkv.weight', prefix .. models.hf_name(b) .. 'attn.c_attn.weight', true}
+    list[#list + 1] = {b .. 'attn.qkv.bias', prefix .. models.hf_name(b) .. 'attn.c_attn.bias'}
+    list[#list + 1] = {b .. 'attn.proj.weight', prefix .. models.hf_name(b) .. 'attn.c_proj.weight', true}
+    list[#list + 1] = {b .. 'attn.proj.bias', prefix .. models.hf_name(b) .. 'attn.c_proj.bias'}
+    list[#list + 1] = {b .. 'mlp.fc.weight', prefix .. models.hf_name(b) .. 'mlp.c_fc.weight', true}
+    list[#list + 1] = {b .. 'mlp.fc.bias', prefix .. models.hf_name(b) .. 'mlp.c_fc.bias'}
+    list[#list + 1] = {b .. 'mlp.proj.weight', prefix .. models.hf_name(b) .. 'mlp.c_proj.weight', true}
+    list[#list + 1] = {b .. 'mlp.proj.bias', prefix .. models.hf_name(b) .. 'mlp.c_proj.bias'}
+  end
+  add('ln_f.weight'); add('ln_f.bias')
+  if not s.tied then list[#list + 1] = {'lm_head.weight', 'lm_head.weight'} end
+  return list
+end
+
+-- Tensors a GPT-2 checkpoint may carry that are not weights: the causal-mask
+-- buffers of old checkpoints, and a tied head saved anyway.
+function F.ignored(name)
+  return name:match('%.attn%.bias$') ~= nil or name:match('%.attn%.masked_bias$') ~= nil or name == 'lm_head.weight'
+end
+
+return F

@@ -1,0 +1,148 @@
+-- models.from_pretrained: a Hugging Face model folder (config.json, the
+-- safetensors weights, the tokenizer) read from disk into the library's own
+-- blocks, so that probes, the autopsy, the logit lens and layer removal work
+-- on a published checkpoint as on a model trained here.
+--
+-- Layer numbers: Hugging Face counts layers from 0, anatomy from 1. The
+-- anatomy model keeps Hugging Face's names otherwise, so `h.0.attn` of a GPT-2
+-- checkpoint is `h.1.attn` here (model.h[1]); models.hf_name and
+-- models.anatomy_name translate a dotted name either way.
+local models = require 'anatomy.models'
+local json = require 'anatomy.json'
+local fs = require 'anatomy.fs'
+
+local pretrained = {}
+models.pretrained = pretrained
+
+-- model_type -> the family's module (lua/anatomy/models/<family>.lua): each
+-- has check(config, where) -> its settings, build(settings) -> model, and
+-- weights(settings) -> {{anatomy name, hf name, transpose}, ...}.
+pretrained.families = {gpt2 = 'anatomy.models.gpt2'}
+
+-- The config's value of `key` checked against what anatomy does: `ok(value)`
+-- true, else an error naming the key and its value.
+function pretrained.refuse(where, key, value, why)
+  error(('%s: config.json has %s = %s, which anatomy does not support (%s)'):format(
+    where, key, json.encode(value), why), 0)
+end
+
+-- Shifts the layer numbers of a dotted name: from Hugging Face's (from 0) to
+-- anatomy's (from 1) with by = 1, back with by = -1. Only the number right
+-- after a layer container (h, layers) moves.
+local function shift(name, by)
+  local out = name:gsub('(%f[%w]h%.)(%d+)', function(p, n) return p .. (tonumber(n) + by) end)
+  out = out:gsub('(%f[%w]layers%.)(%d+)', function(p, n) return p .. (tonumber(n) + by) end)
+  return out
+end
+function models.anatomy_name(hf) return (shift(hf, 1)) end
+function models.hf_name(name) return (shift(name, -1)) end
+
+-- The weights of a folder: model.safetensors, or the shards that
+-- model.safetensors.index.json lists. Returns {name = tensor}.
+local function load_weights(folder, where)
+  local single, index = folder .. '/model.safetensors', folder .. '/model.safetensors.index.json'
+  if fs.exists(single) then return (torch.load_safetensors(single)) end
+  if not fs.exists(index) then
+    error(("%s: '%s' has neither model.safetensors nor model.safetensors.index.json"):format(where, folder), 0)
+  end
+  local ok, idx = pcall(json.decode, fs.read(index))
+  if not ok or type(idx) ~= 'table' or type(idx.weight_map) ~= 'table' then
+    error(("%s: '%s' is not a safetensors index (no weight_map)"):format(where, index), 0)
+  end
+  local files, order = {}, {}
+  for name, file in pairs(idx.weight_map) do
+    if not files[file] then files[file] = {}; order[#order + 1] = file end
+    files[file][#files[file] + 1] = name
+  end
+  table.sort(order)
+  local all = {}
+  for _, file in ipairs(order) do
+    local path = folder .. '/' .. file
+    if not fs.exists(path) then
+      error(("%s: the shard '%s' that %s lists for %s is missing"):format(where, file, index, files[file][1]), 0)
+    end
+    local t = torch.load_safetensors(path)
+    for _, name in ipairs(files[file]) do
+      if t[name] == nil then error(("%s: the index puts %s in '%s', which does not hold it"):format(where, name, path), 0) end
+      all[name] = t[name]
+    end
+  end
+  return all
+end
+
+-- models.from_pretrained(folder, {dtype = 'float32'|'bfloat16'|'float16', device})
+-- -> model, tokenizer (nil when the folder has none). The model is in eval
+-- mode; its modules are the library's blocks; model.config is the
+-- family's settings and model.hf_config the config.json read.
+function models.from_pretrained(folder, opts)
+  local where = 'models.from_pretrained'
+  if type(folder) ~= 'string' then error(('%s: folder must be a string, got %s'):format(where, type(folder)), 2) end
+  opts = require('anatomy.options').check(opts, {dtype = true, device = true}, where, 2)
+  if not fs.is_dir(folder) then error(("%s: '%s' is not a folder"):format(where, folder), 2) end
+  local config_path = folder .. '/config.json'
+  if not fs.exists(config_path) then error(("%s: '%s' has no config.json"):format(where, folder), 2) end
+  local ok, config = pcall(json.decode, fs.read(config_path))
+  if not ok or type(config) ~= 'table' then error(("%s: '%s' is not valid JSON: %s"):format(where, config_path, tostring(config)), 2) end
+  local family = pretrained.families[config.model_type]
+  if not family then
+    local known = {}
+    for k in pairs(pretrained.families) do known[#known + 1] = k end
+    table.sort(known)
+    error(("%s: model_type '%s' in %s is not supported (supported: %s)"):format(
+      where, tostring(config.model_type), config_path, table.concat(known, ', ')), 2)
+  end
+  local F = require(family)
+  local settings = F.check(config, where)
+  local weights = load_weights(folder, where)
+  -- everything is checked before the model is made: nothing half-loaded comes back
+  local plan = F.weights(settings, weights)
+  local used = {}
+  for _, w in ipairs(plan) do
+    local name, t = w[2], weights[w[2]]
+    if t == nil then
+      error(("%s: the checkpoint in '%s' has no tensor %s (for %s)"):format(where, folder, name, w[1]), 2)
+    end
+    used[name] = true
+  end
+  local model = F.build(settings)
+  local params = {}
+  for name, p in model:named_parameters() do params[name] = p end
+  torch.no_grad(function()
+    for _, w in ipairs(plan) do
+      local p, t = params[w[1]], weights[w[2]]
+      if w[3] then t = t:t() end
+      if not p then error(('%s: internal: the model has no parameter %s'):format(where, w[1]), 0) end
+      if table.concat(t:size(), 'x') ~= table.concat(p:size(), 'x') then
+        local want = p:size()
+        if w[3] then want = {want[2], want[1]} end
+        error(('%s: %s has shape %s in the checkpoint, expected %s for %s%s'):format(where, w[2],
+          table.concat(weights[w[2]]:size(), 'x'), table.concat(want, 'x'), w[1],
+          w[3] and (' (stored transposed, [in, out])') or ''), 2)
+      end
+      p:copy_(t)
+      weights[w[2]] = nil  -- freed as soon as it is copied
+    end
+  end)
+  for name in pairs(weights) do
+    if not used[name] and not (F.ignored and F.ignored(name)) then
+      error(("%s: the checkpoint has a tensor anatomy does not place: %s"):format(where, name), 2)
+    end
+  end
+  if opts.dtype and opts.dtype ~= 'float32' then
+    if opts.dtype ~= 'bfloat16' and opts.dtype ~= 'float16' then
+      error(("%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'"):format(where, tostring(opts.dtype)), 2)
+    end
+    model:to(opts.dtype)
+  end
+  if opts.device then model:to(opts.device) end
+  rawset(model, 'hf_config', config)
+  rawset(model, 'hf_folder', folder)
+  model:eval()
+  local tok
+  if fs.exists(folder .. '/tokenizer.json') or (fs.exists(folder .. '/vocab.json') and fs.exists(folder .. '/merges.txt')) then
+    tok = data.tokenizer(folder)
+  end
+  return model, tok
+end
+
+return pretrained

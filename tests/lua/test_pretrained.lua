@@ -1,0 +1,106 @@
+-- models.from_pretrained on Hugging Face folders written here (config.json and
+-- safetensors with GPT-2's names and Conv1D layout): the weights land where
+-- they belong, and every broken folder is an error naming the file and the
+-- tensor, with nothing half-loaded returned. (Numbers against transformers:
+-- tests/parity/test_pretrained_parity.py.)
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require 'harness'
+local test, eq, raises = H.test, H.eq, H.raises
+local json = require 'anatomy.json'
+local fs = require 'anatomy.fs'
+
+local C, L, V, P = 8, 2, 11, 16
+local config = {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C, n_layer = L, n_head = 2,
+  activation_function = 'gelu_new', layer_norm_epsilon = 1e-5}
+
+-- GPT-2's tensors, as GPT2LMHeadModel saves them (Conv1D weights are [in, out]).
+local function gpt2_tensors(prefix)
+  torch.manual_seed(0)
+  local t = {[prefix .. 'wte.weight'] = torch.randn(V, C), [prefix .. 'wpe.weight'] = torch.randn(P, C),
+    [prefix .. 'ln_f.weight'] = torch.randn(C), [prefix .. 'ln_f.bias'] = torch.randn(C)}
+  for i = 0, L - 1 do
+    local b = prefix .. 'h.' .. i .. '.'
+    for _, n in ipairs{'ln_1', 'ln_2'} do t[b .. n .. '.weight'] = torch.randn(C); t[b .. n .. '.bias'] = torch.randn(C) end
+    t[b .. 'attn.c_attn.weight'] = torch.randn(C, 3 * C); t[b .. 'attn.c_attn.bias'] = torch.randn(3 * C)
+    t[b .. 'attn.c_proj.weight'] = torch.randn(C, C); t[b .. 'attn.c_proj.bias'] = torch.randn(C)
+    t[b .. 'mlp.c_fc.weight'] = torch.randn(C, 4 * C); t[b .. 'mlp.c_fc.bias'] = torch.randn(4 * C)
+    t[b .. 'mlp.c_proj.weight'] = torch.randn(4 * C, C); t[b .. 'mlp.c_proj.bias'] = torch.randn(C)
+  end
+  return t
+end
+
+local function folder(cfg, tensors)
+  local dir = os.tmpname()
+  os.remove(dir)
+  fs.mkdir(dir)
+  if cfg then fs.write_atomic(dir .. '/config.json', json.encode(cfg)) end
+  if tensors then torch.save_safetensors(dir .. '/model.safetensors', tensors) end
+  return dir
+end
+local function remove(dir) os.execute("rm -rf '" .. dir .. "'") end
+
+test('GPT-2: weights placed (Conv1D transposed, layers from 1), tied head, either prefix', function()
+  for _, prefix in ipairs{'transformer.', ''} do
+    local t = gpt2_tensors(prefix)
+    local dir = folder(config, t)
+    local m, tok = models.from_pretrained(dir)
+    eq(tok, nil, 'no tokenizer files: no tokenizer')
+    eq(m.training, false, 'eval mode')
+    local p = {}
+    for name, param in m:named_parameters() do p[name] = param end
+    eq((p['h.2.attn.qkv.weight'] - t[prefix .. 'h.1.attn.c_attn.weight']:t()):abs():max():item(), 0, 'h.2 is h.1, transposed')
+    eq((p['h.1.mlp.proj.weight'] - t[prefix .. 'h.0.mlp.c_proj.weight']:t()):abs():max():item(), 0)
+    eq((p['h.1.ln_2.bias'] - t[prefix .. 'h.0.ln_2.bias']):abs():max():item(), 0)
+    local ids = torch.tensor({{1, 5, 11}}, {dtype = 'int64'})
+    local logits = m(ids)
+    eq(logits:size(), {1, 3, V})
+    -- the tied head: logits of the last position are ln_f(h) . wte
+    local h = m.wte(ids) + m.wpe.weight:narrow(1, 1, 3)
+    for i = 1, L do h = m.h[i](h) end
+    eq((nn.functional.linear(m.ln_f(h), m.wte.weight) - logits):abs():max():item(), 0)
+    eq(models.hf_name('h.1.attn'), 'h.0.attn')
+    eq(models.anatomy_name('h.0.attn'), 'h.1.attn')
+    remove(dir)
+  end
+end)
+
+test('broken folders: each an error naming what is wrong', function()
+  local t = gpt2_tensors('')
+  local cases = {}
+  local function case(cfg, tensors, expected, prepare)
+    cases[#cases + 1] = {cfg, tensors, expected, prepare}
+  end
+  local missing = gpt2_tensors(''); missing['h.1.mlp.c_fc.bias'] = nil
+  case(config, missing, "has no tensor h.1.mlp.c_fc.bias (for h.2.mlp.fc.bias)")
+  local wrong = gpt2_tensors(''); wrong['h.0.attn.c_attn.weight'] = torch.randn(3 * C, C)
+  case(config, wrong, 'h.0.attn.c_attn.weight has shape 24x8 in the checkpoint, expected 8x24 for h.1.attn.qkv.weight (stored transposed, [in, out])')
+  local extra = gpt2_tensors(''); extra['h.0.attn.rotary.inv_freq'] = torch.randn(4)
+  case(config, extra, 'the checkpoint has a tensor anatomy does not place: h.0.attn.rotary.inv_freq')
+  local llama = {}; for k, v in pairs(config) do llama[k] = v end; llama.model_type = 'mamba'
+  case(llama, t, "model_type 'mamba' in")
+  local inv = {}; for k, v in pairs(config) do inv[k] = v end; inv.scale_attn_by_inverse_layer_idx = true
+  case(inv, t, 'config.json has scale_attn_by_inverse_layer_idx = true, which anatomy does not support (attention is scaled by 1/sqrt(head dim) only)')
+  local act = {}; for k, v in pairs(config) do act[k] = v end; act.activation_function = 'swish'
+  case(act, t, 'config.json has activation_function = "swish", which anatomy does not support (supported: gelu_new, gelu_pytorch_tanh, gelu, relu)')
+  case(nil, t, "has no config.json")
+  case(config, nil, "has neither model.safetensors nor model.safetensors.index.json")
+  case(config, nil, "the shard 'model-00002-of-00002.safetensors' that", function(dir)
+    local half = {}
+    for k, v in pairs(t) do half[k] = 'model-00002-of-00002.safetensors' end
+    half['wte.weight'] = 'model-00001-of-00002.safetensors'
+    torch.save_safetensors(dir .. '/model-00001-of-00002.safetensors', {['wte.weight'] = t['wte.weight']})
+    fs.write_atomic(dir .. '/model.safetensors.index.json', json.encode({weight_map = half}))
+  end)
+  for _, c in ipairs(cases) do
+    local dir = folder(c[1], c[2])
+    if c[4] then c[4](dir) end
+    local ok, err = pcall(models.from_pretrained, dir)
+    eq(ok, false, c[3])
+    assert(tostring(err):find(c[3], 1, true), ('expected %q in %q'):format(c[3], tostring(err)))
+    remove(dir)
+  end
+  raises(function() models.from_pretrained('/no/such/folder') end, "models.from_pretrained: '/no/such/folder' is not a folder")
+  raises(function() models.from_pretrained('/tmp', {dtype = 'int8'}) end, "has no config.json")
+end)
+
+H.done()

@@ -1,0 +1,29 @@
+-- Runs a Hugging Face folder through models.from_pretrained, for
+-- test_pretrained_parity.py. arg: folder, text, out.json. Writes the ids, the
+-- logits, every hidden state (the embeddings, each block, the final norm's),
+-- every attention pattern, the loss and a greedy continuation.
+local json = require 'anatomy.json'
+local fs = require 'anatomy.fs'
+local model, tok = models.from_pretrained(arg[1])
+local ids = tok:encode(arg[2]):unsqueeze(1)
+local L = #model.h
+local names = {'ln_f'}
+for i = 1, L do names[#names + 1] = 'h.' .. i; names[#names + 1] = 'h.' .. i .. '.attn.pattern' end
+local cap, logits = probe.capture(model, {filter = names}, function()
+  return torch.no_grad(function() return model(ids) end)
+end)
+local T = ids:size(2)
+local out = {ids = {}, hidden = {}, attentions = {}}
+for i = 1, T do out.ids[i] = ids[1][i]:item() - 1 end
+out.logits = logits[1]:tolist()
+torch.no_grad(function() out.hidden[1] = (model.wte(ids) + model.wpe.weight:narrow(1, 1, T))[1]:tolist() end)
+for i = 1, L - 1 do out.hidden[i + 1] = cap['h.' .. i][1]:tolist() end
+out.hidden[L + 1] = cap['ln_f'][1]:tolist()  -- Hugging Face's last hidden state is after ln_f
+for i = 1, L do out.attentions[i] = cap['h.' .. i .. '.attn.pattern'][1]:tolist() end
+out.loss = nn.functional.cross_entropy(logits:narrow(2, 1, T - 1), ids:narrow(2, 2, T - 1)):item()
+local gen = model:generate(ids, {max_new = 8, temperature = 0})
+out.generated = {}
+for i = 1, gen:size(2) do out.generated[i] = gen[1][i]:item() - 1 end
+out.names = {}
+for name in model:named_parameters() do out.names[#out.names + 1] = name end
+fs.write_atomic(arg[3], json.encode(out))

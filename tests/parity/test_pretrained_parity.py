@@ -1,0 +1,154 @@
+"""Pretrained checkpoints: tiny random GPT-2 models made here with
+`transformers` and saved with save_pretrained (with a byte-level BPE
+tokenizer trained here) load through models.from_pretrained and give the same
+numbers as `transformers` on the same text: logits, every hidden state
+(output_hidden_states), every attention pattern (output_attentions), the loss,
+and greedy generation. Variants: tied and untied heads, gelu_new and gelu,
+the Hub's base-model layout (no `transformer.` prefix, no head), sharded
+weights; and the refusal of a config switch anatomy does not honour.
+
+Tolerance (float32): |anatomy - transformers| <= 1e-4 + 1e-4 * |transformers|
+for logits, hidden states and patterns; loss within 1e-5; token ids and
+generated ids exact.
+Needs transformers and tokenizers (the PyPI build's venv); exits 77 without.
+Usage: test_pretrained_parity.py ANATOMY_EXECUTABLE
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
+    from test_bpe_parity import gpt2_like
+except ImportError as e:
+    print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test --torch=pypi)")
+    sys.exit(77)
+
+transformers.logging.set_verbosity_error()
+transformers.logging.disable_progress_bar()
+
+TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé 👋🏽 1234!"
+TOL = 1e-4
+
+
+def run(exe, folder, tmp):
+    out = os.path.join(tmp, "out.json")
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([exe, "--threads=1", os.path.join(here, "pretrained_parity.lua"), folder, TEXT, out],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, (proc.stdout + proc.stderr).strip()
+    return json.load(open(out)), None
+
+
+def max_excess(a, b):
+    """The largest |a - b| - TOL * (1 + |b|) (<= 0 when within tolerance), and |a - b| there."""
+    a, b = torch.tensor(a, dtype=torch.float64), b.double()
+    if a.shape != b.shape:
+        return float("inf"), f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    d = (a - b).abs()
+    return (d - TOL * (1 + b.abs())).max().item(), d.max().item()
+
+
+largest = [0.0]  # the largest logit difference seen, printed at the end
+
+
+def compare(name, got, hf, tok, failures):
+    ids = tok.encode(TEXT).ids
+    checks = 0
+
+    def check(what, ok, detail=""):
+        nonlocal checks
+        checks += 1
+        if not ok:
+            failures.append(f"{name}: {what} {detail}")
+
+    check("token ids", got["ids"] == ids, f"{got['ids']} vs {ids}")
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        o = hf(x, output_hidden_states=True, output_attentions=True, labels=x)
+    excess, d = max_excess(got["logits"], o.logits[0])
+    check("logits", excess <= 0, f"(max difference {d})")
+    largest[0] = max(largest[0], d)
+    check("number of hidden states", len(got["hidden"]) == len(o.hidden_states))
+    for i, h in enumerate(o.hidden_states):
+        excess, d = max_excess(got["hidden"][i], h[0])
+        check(f"hidden state {i}", excess <= 0, f"(max difference {d})")
+    for i, a in enumerate(o.attentions):
+        excess, d = max_excess(got["attentions"][i], a[0])
+        check(f"attention pattern of layer {i}", excess <= 0, f"(max difference {d})")
+    check("loss", abs(got["loss"] - o.loss.item()) <= 1e-5, f"{got['loss']} vs {o.loss.item()}")
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    gen = hf.generate(x, max_new_tokens=8, do_sample=False)[0].tolist()
+    check("greedy generation", got["generated"] == gen, f"{got['generated']} vs {gen}")
+    return checks
+
+
+def make(tmp, name, tok, base=False, shard=False, **config):
+    torch.manual_seed(len(name))
+    cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                     bos_token_id=0, eos_token_id=0, **config)
+    cfg._attn_implementation = "eager"
+    model = (GPT2Model if base else GPT2LMHeadModel)(cfg).eval()
+    folder = os.path.join(tmp, name)
+    model.save_pretrained(folder, max_shard_size="20KB" if shard else "5GB")
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    if base:  # compare with the LM model of the same weights
+        lm = GPT2LMHeadModel(cfg).eval()
+        lm.transformer.load_state_dict(model.state_dict())
+        lm.tie_weights()
+        model = lm
+    return folder, model
+
+
+def main():
+    exe = sys.argv[1]
+    passed = 0
+    failures = []
+    tok = gpt2_like()
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [
+            ("tied, gelu_new", {}),
+            ("untied head", {"tie_word_embeddings": False}),
+            ("gelu", {"activation_function": "gelu"}),
+            ("the Hub's base-model layout", {"base": True}),
+            ("sharded", {"shard": True}),
+        ]
+        for name, kw in cases:
+            folder, hf = make(tmp, name.replace(" ", "_").replace(",", "").replace("'", ""), tok, **kw)
+            got, err = run(exe, folder, tmp)
+            if err:
+                failures.append(f"{name}: anatomy failed: {err}")
+                continue
+            if kw.get("shard"):
+                ok = os.path.exists(os.path.join(folder, "model.safetensors.index.json"))
+                passed += ok
+                if not ok:
+                    failures.append(f"{name}: transformers wrote no shards")
+            before = len(failures)
+            n = compare(name, got, hf, tok, failures)
+            passed += n - (len(failures) - before)
+            print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
+        # a switch anatomy does not honour is refused by name, and nothing is returned
+        folder, _ = make(tmp, "inverse_layer_idx", tok, scale_attn_by_inverse_layer_idx=True)
+        _, err = run(exe, folder, tmp)
+        want = "config.json has scale_attn_by_inverse_layer_idx = true, which anatomy does not support"
+        if err and want in err:
+            passed += 1
+            print("ok    scale_attn_by_inverse_layer_idx is refused by name")
+        else:
+            failures.append(f"scale_attn_by_inverse_layer_idx: expected an error with '{want}', got {err!r}")
+    for f in failures:
+        print("FAIL  " + f)
+    print(f"largest logit difference: {largest[0]:.3g}")
+    print(f"{passed} passed, {len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
