@@ -219,6 +219,36 @@ const luaL_Reg module_methods[] = {
     {nullptr, nullptr},
 };
 
+// RoPEAttention(dim, heads, {kv_heads, head_dim, rotary_dim, theta, scaling,
+// factor, low_freq_factor, high_freq_factor, original_max_positions,
+// qkv_bias, out_bias, causal, sliding_window})
+int new_rope_attention(lua_State* L) {
+  nn::RoPEAttentionOptions o(check_integer(L, 1), check_integer(L, 2));
+  if (auto v = option<int64_t>(L, 3, "kv_heads")) o.kv_heads(*v);
+  if (auto v = option<int64_t>(L, 3, "head_dim")) o.head_dim(*v);
+  if (auto v = option<int64_t>(L, 3, "rotary_dim")) o.rotary_dim(*v);
+  if (auto v = option<double>(L, 3, "theta")) o.theta(*v);
+  if (auto v = option<std::string>(L, 3, "scaling")) o.scaling(*v);
+  if (auto v = option<double>(L, 3, "factor")) o.factor(*v);
+  if (auto v = option<double>(L, 3, "low_freq_factor")) o.low_freq_factor(*v);
+  if (auto v = option<double>(L, 3, "high_freq_factor")) o.high_freq_factor(*v);
+  if (auto v = option<int64_t>(L, 3, "original_max_positions")) o.original_max_positions(*v);
+  if (auto v = option<bool>(L, 3, "qkv_bias")) o.qkv_bias(*v);
+  if (auto v = option<bool>(L, 3, "out_bias")) o.out_bias(*v);
+  if (auto v = option<bool>(L, 3, "causal")) o.causal(*v);
+  if (auto v = option<int64_t>(L, 3, "sliding_window")) o.sliding_window(*v);
+  push_new(L, 3, {{"dim", 1}, {"heads", 2}}, [&] { return std::make_shared<nn::RoPEAttention>(o); });
+  return 1;
+}
+
+// SwiGLU(dim, hidden, {bias})
+int new_swiglu(lua_State* L) {
+  nn::SwiGLUOptions o(check_integer(L, 1), check_integer(L, 2));
+  if (auto v = option<bool>(L, 3, "bias")) o.bias(*v);
+  push_new(L, 3, {{"dim", 1}, {"hidden", 2}}, [&] { return std::make_shared<nn::SwiGLU>(o); });
+  return 1;
+}
+
 // torch._native.with_trusted_ids(fn, ...) -> fn(...): runs fn with
 // host/runtime.h's TrustedIds alive (GPU ids are not read back to be checked).
 int with_trusted_ids(lua_State* L) {
@@ -243,6 +273,8 @@ const luaL_Reg module_constructors[] = {
     {"Attention", guarded<new_attention>},
     {"VibeAttention", guarded<new_vibe_attention>},
     {"MLP", guarded<new_mlp>},
+    {"RoPEAttention", guarded<new_rope_attention>},
+    {"SwiGLU", guarded<new_swiglu>},
     {nullptr, nullptr},
 };
 

@@ -203,6 +203,115 @@ std::string Attention::describe() const {
   return std::to_string(dim) + ", heads=" + std::to_string(heads) + ", causal=" + bool_str(causal);
 }
 
+RoPEAttention::RoPEAttention(const RoPEAttentionOptions& o) : options(o) {
+  require_positive(o.dim(), "dim");
+  require_positive(o.heads(), "heads");
+  require_positive(o.kv_heads(), "kv_heads");
+  if (o.heads() % o.kv_heads() != 0)
+    throw OptionError("kv_heads", std::to_string(o.heads()) + " heads are not divisible into " + std::to_string(o.kv_heads()) + " key/value heads");
+  if (o.head_dim() < 0) throw OptionError("head_dim", "head_dim must be positive, got " + std::to_string(o.head_dim()));
+  if (o.head_dim() == 0 && o.dim() % o.heads() != 0)
+    throw OptionError("heads", "dim " + std::to_string(o.dim()) + " is not divisible by " + std::to_string(o.heads()) + " heads");
+  head_dim = o.head_dim() > 0 ? o.head_dim() : o.dim() / o.heads();
+  rotary_dim = o.rotary_dim() > 0 ? o.rotary_dim() : head_dim;
+  if (rotary_dim > head_dim || rotary_dim % 2 != 0)
+    throw OptionError("rotary_dim", "rotary_dim must be even and at most head_dim " + std::to_string(head_dim) + ", got " + std::to_string(rotary_dim));
+  if (!(o.theta() > 0)) throw OptionError("theta", "theta must be positive, got " + std::to_string(o.theta()));
+  if (o.sliding_window() < 0) throw OptionError("sliding_window", "sliding_window must be >= 0, got " + std::to_string(o.sliding_window()));
+  const std::string& sc = o.scaling();
+  if (sc != "default" && sc != "linear" && sc != "llama3")
+    throw OptionError("scaling", "unknown RoPE scaling '" + sc + "', expected default, linear or llama3");
+  if (!(o.factor() > 0)) throw OptionError("factor", "factor must be positive, got " + std::to_string(o.factor()));
+  const int64_t H = o.heads(), KV = o.kv_heads(), D = head_dim, C = o.dim();
+  q = register_module("q", std::make_shared<Linear>(LinearOptions(C, H * D).bias(o.qkv_bias())));
+  k = register_module("k", std::make_shared<Linear>(LinearOptions(C, KV * D).bias(o.qkv_bias())));
+  v = register_module("v", std::make_shared<Linear>(LinearOptions(C, KV * D).bias(o.qkv_bias())));
+  this->o = register_module("o", std::make_shared<Linear>(LinearOptions(H * D, C).bias(o.out_bias())));
+  // inv_freq[i] = theta^(-2i / rotary_dim), then the scaling's adjustment (as transformers computes it).
+  inv_freq = at::arange(0, rotary_dim, 2, at::kDouble).div(static_cast<double>(rotary_dim)).mul(std::log(o.theta())).neg().exp();
+  if (sc == "linear") inv_freq = inv_freq / o.factor();
+  if (sc == "llama3") {
+    const double old_len = static_cast<double>(o.original_max_positions());
+    const double low_wavelen = old_len / o.low_freq_factor(), high_wavelen = old_len / o.high_freq_factor();
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / o.factor(), inv_freq);
+    at::Tensor smooth = (old_len / wavelen - o.low_freq_factor()) / (o.high_freq_factor() - o.low_freq_factor());
+    at::Tensor smoothed = (1 - smooth) * scaled / o.factor() + smooth * scaled;
+    at::Tensor medium = wavelen.ge(high_wavelen) & wavelen.le(low_wavelen);
+    inv_freq = at::where(medium, smoothed, scaled);
+  }
+}
+
+at::Tensor RoPEAttention::forward(const at::Tensor& x) {
+  require_btc(x, options.dim(), "RoPEAttention");
+  const int64_t B = x.size(0), T = x.size(1), H = options.heads(), KV = options.kv_heads(), D = head_dim, R = rotary_dim;
+  at::Tensor qh = q->forward(x).view({B, T, H, D}).transpose(1, 2);   // (B, H, T, D)
+  at::Tensor kh = k->forward(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
+  at::Tensor vh = v->forward(x).view({B, T, KV, D}).transpose(1, 2);
+  if (!cos_.defined() || cos_.size(0) != T || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
+    // angles in float32 as transformers computes them, then cast to x's dtype
+    at::Tensor pos = at::arange(T, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor freqs = at::outer(pos, inv_freq.to(at::kFloat));  // (T, R/2)
+    at::Tensor emb = at::cat({freqs, freqs}, -1);                 // (T, R)
+    cos_ = emb.cos().to(x.device(), x.scalar_type());
+    sin_ = emb.sin().to(x.device(), x.scalar_type());
+  }
+  auto rotate = [&](const at::Tensor& t) {
+    at::Tensor r = R == D ? t : t.narrow(-1, 0, R);
+    at::Tensor half1 = r.narrow(-1, 0, R / 2), half2 = r.narrow(-1, R / 2, R / 2);
+    at::Tensor rotated = r * cos_ + at::cat({-half2, half1}, -1) * sin_;
+    return R == D ? rotated : at::cat({rotated, t.narrow(-1, R, D - R)}, -1);
+  };
+  qh = rotate(qh);
+  kh = rotate(kh);
+  if (KV != H) {
+    kh = kh.repeat_interleave(H / KV, 1);
+    vh = vh.repeat_interleave(H / KV, 1);
+  }
+  at::Tensor att = at::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
+  if (options.causal() || options.sliding_window() > 0) {
+    if (!mask_.defined() || mask_.size(0) != T || mask_.device() != x.device()) {
+      at::Tensor i = at::arange(T, at::TensorOptions().dtype(at::kLong).device(x.device())).unsqueeze(1);
+      at::Tensor j = i.transpose(0, 1);
+      at::Tensor masked = at::zeros({T, T}, at::TensorOptions().dtype(at::kBool).device(x.device()));
+      if (options.causal()) masked = masked | j.gt(i);
+      if (options.sliding_window() > 0) masked = masked | (i - j).ge(options.sliding_window());
+      mask_ = masked;
+    }
+    att = att.masked_fill(mask_, -std::numeric_limits<double>::infinity());
+  }
+  att = at::softmax(att, -1, at::kFloat).to(x.scalar_type());  // softmax in float32, as transformers does
+  if (keep_pattern) pattern = pattern_grad ? att : att.detach();
+  at::Tensor y = at::matmul(att, vh).transpose(1, 2).reshape({B, T, H * D});
+  return o->forward(y);
+}
+
+std::string RoPEAttention::describe() const {
+  std::string s = std::to_string(options.dim()) + ", heads=" + std::to_string(options.heads());
+  if (options.kv_heads() != options.heads()) s += ", kv_heads=" + std::to_string(options.kv_heads());
+  if (head_dim * options.heads() != options.dim()) s += ", head_dim=" + std::to_string(head_dim);
+  if (rotary_dim != head_dim) s += ", rotary_dim=" + std::to_string(rotary_dim);
+  s += ", theta=" + number_str(options.theta());
+  if (options.scaling() != "default") s += ", scaling=" + options.scaling() + " x" + number_str(options.factor());
+  if (options.sliding_window() > 0) s += ", sliding_window=" + std::to_string(options.sliding_window());
+  return s;
+}
+
+SwiGLU::SwiGLU(const SwiGLUOptions& o) : dim(o.dim()), hidden(o.hidden()) {
+  require_positive(dim, "dim");
+  require_positive(hidden, "hidden");
+  gate = register_module("gate", std::make_shared<Linear>(LinearOptions(dim, hidden).bias(o.bias())));
+  up = register_module("up", std::make_shared<Linear>(LinearOptions(dim, hidden).bias(o.bias())));
+  down = register_module("down", std::make_shared<Linear>(LinearOptions(hidden, dim).bias(o.bias())));
+}
+
+at::Tensor SwiGLU::forward(const at::Tensor& x) {
+  require_last_dim(x, dim, "SwiGLU");
+  return down->forward(at::silu(gate->forward(x)) * up->forward(x));
+}
+
+std::string SwiGLU::describe() const { return std::to_string(dim) + " -> " + std::to_string(hidden) + " -> " + std::to_string(dim); }
+
 VibeAttention::VibeAttention(bool c) : causal(c) {}
 
 namespace {

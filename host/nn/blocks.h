@@ -77,6 +77,46 @@ struct MLPOptions {
   TORCH_ARG(bool, bias) = true;
 };
 
+struct RoPEAttentionOptions {
+  RoPEAttentionOptions(int64_t dim, int64_t heads) : dim_(dim), heads_(heads), kv_heads_(heads) {}
+  /// model width C (input and output), >= 1
+  TORCH_ARG(int64_t, dim);
+  /// query heads H, >= 1
+  TORCH_ARG(int64_t, heads);
+  /// key/value heads, dividing heads (grouped-query attention; 1: multi-query)
+  TORCH_ARG(int64_t, kv_heads);
+  /// size of each head; 0: dim / heads
+  TORCH_ARG(int64_t, head_dim) = 0;
+  /// the leading dims of each head that rotate (even); 0: all of them (partial rotary below head_dim)
+  TORCH_ARG(int64_t, rotary_dim) = 0;
+  /// RoPE's base (rope_theta)
+  TORCH_ARG(double, theta) = 10000.0;
+  /// "default", "linear" (positions / factor) or "llama3" (Llama 3.1's frequency bands)
+  TORCH_ARG(std::string, scaling) = "default";
+  /// scaling factor ("linear", "llama3")
+  TORCH_ARG(double, factor) = 1.0;
+  /// "llama3": low_freq_factor, high_freq_factor, original_max_position_embeddings
+  TORCH_ARG(double, low_freq_factor) = 1.0;
+  TORCH_ARG(double, high_freq_factor) = 4.0;
+  TORCH_ARG(int64_t, original_max_positions) = 8192;
+  /// biases in the q, k, v projections (Qwen2, GPT-NeoX) and in the output one (GPT-NeoX)
+  TORCH_ARG(bool, qkv_bias) = false;
+  TORCH_ARG(bool, out_bias) = false;
+  TORCH_ARG(bool, causal) = true;
+  /// attend to at most this many positions back, the current one included (Mistral); 0: no limit
+  TORCH_ARG(int64_t, sliding_window) = 0;
+};
+
+struct SwiGLUOptions {
+  SwiGLUOptions(int64_t dim, int64_t hidden) : dim_(dim), hidden_(hidden) {}
+  /// input and output size, >= 1
+  TORCH_ARG(int64_t, dim);
+  /// hidden size, >= 1
+  TORCH_ARG(int64_t, hidden);
+  /// biases in gate, up and down
+  TORCH_ARG(bool, bias) = false;
+};
+
 class Block : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x) = 0;
@@ -189,6 +229,37 @@ class VibeAttention : public Block {
 
  private:
   at::Tensor mask_;  // the causal mask for the last length seen
+};
+
+/// Self-attention with rotary position embeddings (RoPE) as Llama, Mistral,
+/// Qwen2 and GPT-NeoX use it: q, k, v and o projections; keys and values
+/// shared by groups of query heads (kv_heads); the first rotary_dim dims of
+/// each head rotated by position, the pairs being (i, i + rotary_dim/2).
+class RoPEAttention : public Block {
+ public:
+  explicit RoPEAttention(const RoPEAttentionOptions& options);
+  at::Tensor forward(const at::Tensor& x) override;
+  std::string kind() const override { return "RoPEAttention"; }
+  std::string describe() const override;
+  RoPEAttentionOptions options;
+  int64_t head_dim, rotary_dim;
+  std::shared_ptr<Linear> q, k, v, o;
+  /// the rotation frequencies (rotary_dim / 2), float64 on the CPU
+  at::Tensor inv_freq;
+
+ private:
+  at::Tensor cos_, sin_, mask_;  // for the last length, device and dtype seen
+};
+
+/// SwiGLU MLP (Llama): down(silu(gate(x)) * up(x)).
+class SwiGLU : public Block {
+ public:
+  explicit SwiGLU(const SwiGLUOptions& options);
+  at::Tensor forward(const at::Tensor& x) override;
+  std::string kind() const override { return "SwiGLU"; }
+  std::string describe() const override;
+  int64_t dim, hidden;
+  std::shared_ptr<Linear> gate, up, down;
 };
 
 /// fc (dim -> hidden), activation, proj (hidden -> dim).

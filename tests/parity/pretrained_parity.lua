@@ -6,9 +6,10 @@ local json = require 'anatomy.json'
 local fs = require 'anatomy.fs'
 local model, tok = models.from_pretrained(arg[1])
 local ids = tok:encode(arg[2]):unsqueeze(1)
-local L = #model.h
-local names = {'ln_f'}
-for i = 1, L do names[#names + 1] = 'h.' .. i; names[#names + 1] = 'h.' .. i .. '.attn.pattern' end
+local layers = model:layers()
+local L = #layers
+local names = {model.final_norm}
+for _, l in ipairs(layers) do names[#names + 1] = l[1]; names[#names + 1] = l[1] .. '.*.pattern' end
 local cap, logits = probe.capture(model, {filter = names}, function()
   return torch.no_grad(function() return model(ids) end)
 end)
@@ -16,10 +17,14 @@ local T = ids:size(2)
 local out = {ids = {}, hidden = {}, attentions = {}}
 for i = 1, T do out.ids[i] = ids[1][i]:item() - 1 end
 out.logits = logits[1]:tolist()
-torch.no_grad(function() out.hidden[1] = (model.wte(ids) + model.wpe.weight:narrow(1, 1, T))[1]:tolist() end)
-for i = 1, L - 1 do out.hidden[i + 1] = cap['h.' .. i][1]:tolist() end
-out.hidden[L + 1] = cap['ln_f'][1]:tolist()  -- Hugging Face's last hidden state is after ln_f
-for i = 1, L do out.attentions[i] = cap['h.' .. i .. '.attn.pattern'][1]:tolist() end
+torch.no_grad(function() out.hidden[1] = model:embed(ids)[1]:tolist() end)
+for i = 1, L - 1 do out.hidden[i + 1] = cap[layers[i][1]][1]:tolist() end
+out.hidden[L + 1] = cap[model.final_norm][1]:tolist()  -- Hugging Face's last hidden state is after the final norm
+for i, l in ipairs(layers) do
+  for name, p in pairs(cap) do
+    if name:sub(1, #l[1] + 1) == l[1] .. '.' and name:match('%.pattern$') then out.attentions[i] = p[1]:tolist() end
+  end
+end
 out.loss = nn.functional.cross_entropy(logits:narrow(2, 1, T - 1), ids:narrow(2, 2, T - 1)):item()
 local gen = model:generate(ids, {max_new = 8, temperature = 0})
 out.generated = {}

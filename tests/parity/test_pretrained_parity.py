@@ -22,8 +22,9 @@ import tempfile
 try:
     import torch
     import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model
-    from test_bpe_parity import gpt2_like
+    from transformers import (GPT2Config, GPT2LMHeadModel, GPT2Model, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                              MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+    from test_bpe_parity import gpt2_like, llama3_like
 except ImportError as e:
     print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test --torch=pypi)")
     sys.exit(77)
@@ -83,13 +84,14 @@ def compare(name, got, hf, tok, failures):
         check(f"attention pattern of layer {i}", excess <= 0, f"(max difference {d})")
     check("loss", abs(got["loss"] - o.loss.item()) <= 1e-5, f"{got['loss']} vs {o.loss.item()}")
     hf.generation_config.eos_token_id = None
-    hf.generation_config.pad_token_id = 0
-    gen = hf.generate(x, max_new_tokens=8, do_sample=False)[0].tolist()
+    hf.generation_config.pad_token_id = hf.config.vocab_size - 1
+    # an explicit mask: with none, generate treats ids equal to the pad id as padding
+    gen = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False)[0].tolist()
     check("greedy generation", got["generated"] == gen, f"{got['generated']} vs {gen}")
     return checks
 
 
-def make(tmp, name, tok, base=False, shard=False, **config):
+def make(tmp, name, tok, base=False, shard=False, **config):  # GPT-2
     torch.manual_seed(len(name))
     cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=4,
                      bos_token_id=0, eos_token_id=0, **config)
@@ -106,26 +108,62 @@ def make(tmp, name, tok, base=False, shard=False, **config):
     return folder, model
 
 
+def make_llama(tmp, name, tok, cls=LlamaForCausalLM, config_cls=LlamaConfig, **config):
+    torch.manual_seed(len(name))
+    base = dict(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, bos_token_id=0,
+                eos_token_id=0, tie_word_embeddings=False)
+    base.update(config)
+    cfg = config_cls(**base)
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).eval()
+    with torch.no_grad():  # random norms and biases, so that a misplaced one shows
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight") or n.endswith(".bias"):
+                p.copy_(1 + 0.1 * torch.randn_like(p) if n.endswith("norm.weight") else 0.1 * torch.randn_like(p))
+    folder = os.path.join(tmp, name)
+    model.save_pretrained(folder)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    return folder, model
+
+
 def main():
     exe = sys.argv[1]
     passed = 0
     failures = []
-    tok = gpt2_like()
+    gpt2_tok, llama_tok = gpt2_like(), llama3_like()
     with tempfile.TemporaryDirectory() as tmp:
         cases = [
-            ("tied, gelu_new", {}),
-            ("untied head", {"tie_word_embeddings": False}),
-            ("gelu", {"activation_function": "gelu"}),
-            ("the Hub's base-model layout", {"base": True}),
-            ("sharded", {"shard": True}),
+            ("gpt2: tied, gelu_new", lambda n: make(tmp, n, gpt2_tok), gpt2_tok),
+            ("gpt2: untied head", lambda n: make(tmp, n, gpt2_tok, tie_word_embeddings=False), gpt2_tok),
+            ("gpt2: gelu", lambda n: make(tmp, n, gpt2_tok, activation_function="gelu"), gpt2_tok),
+            ("gpt2: the Hub's base-model layout", lambda n: make(tmp, n, gpt2_tok, base=True), gpt2_tok),
+            ("gpt2: sharded", lambda n: make(tmp, n, gpt2_tok, shard=True), gpt2_tok),
+            ("llama: grouped-query, untied", lambda n: make_llama(tmp, n, llama_tok), llama_tok),
+            ("llama: multi-query, tied, head_dim 16, attention_bias",
+             lambda n: make_llama(tmp, n, llama_tok, num_key_value_heads=1, tie_word_embeddings=True, head_dim=16,
+                                  attention_bias=True), llama_tok),
+            ("llama: rope_scaling llama3 (Llama 3.1), rope_theta 500000",
+             lambda n: make_llama(tmp, n, llama_tok, rope_theta=500000.0, max_position_embeddings=64,
+                                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8}),
+             llama_tok),
+            ("llama: rope_scaling linear",
+             lambda n: make_llama(tmp, n, llama_tok, rope_scaling={"rope_type": "linear", "factor": 4.0}), llama_tok),
+            ("mistral: sliding_window 4",
+             lambda n: make_llama(tmp, n, llama_tok, cls=MistralForCausalLM, config_cls=MistralConfig, sliding_window=4),
+             llama_tok),
+            ("qwen2: qkv bias, sliding window off",
+             lambda n: make_llama(tmp, n, llama_tok, cls=Qwen2ForCausalLM, config_cls=Qwen2Config,
+                                  use_sliding_window=False, sliding_window=4), llama_tok),
         ]
-        for name, kw in cases:
-            folder, hf = make(tmp, name.replace(" ", "_").replace(",", "").replace("'", ""), tok, **kw)
+        for name, build, tok in cases:
+            folder, hf = build("".join(c if c.isalnum() else "_" for c in name))
             got, err = run(exe, folder, tmp)
             if err:
                 failures.append(f"{name}: anatomy failed: {err}")
                 continue
-            if kw.get("shard"):
+            if "sharded" in name:
                 ok = os.path.exists(os.path.join(folder, "model.safetensors.index.json"))
                 passed += ok
                 if not ok:
@@ -135,14 +173,21 @@ def main():
             passed += n - (len(failures) - before)
             print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
         # a switch anatomy does not honour is refused by name, and nothing is returned
-        folder, _ = make(tmp, "inverse_layer_idx", tok, scale_attn_by_inverse_layer_idx=True)
-        _, err = run(exe, folder, tmp)
-        want = "config.json has scale_attn_by_inverse_layer_idx = true, which anatomy does not support"
-        if err and want in err:
-            passed += 1
-            print("ok    scale_attn_by_inverse_layer_idx is refused by name")
-        else:
-            failures.append(f"scale_attn_by_inverse_layer_idx: expected an error with '{want}', got {err!r}")
+        refusals = [
+            (lambda: make(tmp, "inverse_layer_idx", gpt2_tok, scale_attn_by_inverse_layer_idx=True),
+             "config.json has scale_attn_by_inverse_layer_idx = true, which anatomy does not support"),
+            (lambda: make_llama(tmp, "yarn", llama_tok, rope_scaling={"rope_type": "yarn", "factor": 2.0,
+                                                                     "original_max_position_embeddings": 64}),
+             "which anatomy does not support (supported: default, linear, llama3)"),
+        ]
+        for build, want in refusals:
+            folder, _ = build()
+            _, err = run(exe, folder, tmp)
+            if err and want in err:
+                passed += 1
+                print(f"ok    refused: {want}")
+            else:
+                failures.append(f"expected an error with '{want}', got {err!r}")
     for f in failures:
         print("FAIL  " + f)
     print(f"largest logit difference: {largest[0]:.3g}")

@@ -69,16 +69,22 @@ function GPT2:readout(h)
   return nn.functional.linear(h, self.wte.weight)
 end
 
--- ids (B, T) int64, 1-based -> logits (B, T, V)
-function GPT2:forward(ids)
+-- The hidden state the first block reads: token plus position embeddings.
+function GPT2:embed(ids)
   local T = ids:size(-1)
   if T > self.config.positions then
     error(('models.GPT2: %d tokens exceed the %d learned positions'):format(T, self.config.positions), 2)
   end
-  local x = self.wte(ids) + self.wpe.weight:narrow(1, 1, T)
+  return self.wte(ids) + self.wpe.weight:narrow(1, 1, T)
+end
+
+-- ids (B, T) int64, 1-based -> logits (B, T, V)
+function GPT2:forward(ids)
+  local x = self:embed(ids)
   for i = 1, #self.h do x = self.h[i](x) end
   return self:readout(x)
 end
+GPT2.final_norm = 'ln_f'  -- whose output is Hugging Face's last hidden state
 
 function GPT2:context() return self.config.positions end
 

@@ -5,7 +5,8 @@
 --
 -- Layer numbers: Hugging Face counts layers from 0, anatomy from 1. The
 -- anatomy model keeps Hugging Face's names otherwise, so `h.0.attn` of a GPT-2
--- checkpoint is `h.1.attn` here (model.h[1]); models.hf_name and
+-- checkpoint is `h.1.attn` here (model.h[1]); a Llama's `model.layers.0` is
+-- `blocks.1` (every model has a layers() method). models.hf_name and
 -- models.anatomy_name translate a dotted name either way.
 local models = require 'anatomy.models'
 local json = require 'anatomy.json'
@@ -17,7 +18,8 @@ models.pretrained = pretrained
 -- model_type -> the family's module (lua/anatomy/models/<family>.lua): each
 -- has check(config, where) -> its settings, build(settings) -> model, and
 -- weights(settings) -> {{anatomy name, hf name, transpose}, ...}.
-pretrained.families = {gpt2 = 'anatomy.models.gpt2'}
+pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.llama', mistral = 'anatomy.models.llama',
+  qwen2 = 'anatomy.models.llama'}
 
 -- The config's value of `key` checked against what anatomy does: `ok(value)`
 -- true, else an error naming the key and its value.
@@ -26,16 +28,36 @@ function pretrained.refuse(where, key, value, why)
     where, key, json.encode(value), why), 0)
 end
 
--- Shifts the layer numbers of a dotted name: from Hugging Face's (from 0) to
--- anatomy's (from 1) with by = 1, back with by = -1. Only the number right
--- after a layer container (h, layers) moves.
+-- Translates a dotted name between anatomy's form and Hugging Face's: layers
+-- count from 1 here and from 0 there. With a model whose stack has another
+-- name here (models.Llama's blocks are model.layers), that name changes too;
+-- without one, the number after `h.` or `layers.` moves.
 local function shift(name, by)
   local out = name:gsub('(%f[%w]h%.)(%d+)', function(p, n) return p .. (tonumber(n) + by) end)
   out = out:gsub('(%f[%w]layers%.)(%d+)', function(p, n) return p .. (tonumber(n) + by) end)
   return out
 end
-function models.anatomy_name(hf) return (shift(hf, 1)) end
-function models.hf_name(name) return (shift(name, -1)) end
+local function escape(s) return (s:gsub('%p', '%%%0')) end
+-- models.hf_name(name[, model]) -> Hugging Face's name ('h.1.attn' -> 'h.0.attn')
+function models.hf_name(name, model)
+  local stack = model and model.hf_stack
+  if stack then
+    local n, rest = name:match('^' .. escape(stack[1]) .. '%.(%d+)(.*)$')
+    if n then return stack[2] .. '.' .. (tonumber(n) - 1) .. rest end
+    return name
+  end
+  return (shift(name, -1))
+end
+-- models.anatomy_name(hf[, model]) -> anatomy's name ('h.0.attn' -> 'h.1.attn')
+function models.anatomy_name(hf, model)
+  local stack = model and model.hf_stack
+  if stack then
+    local n, rest = hf:match('^' .. escape(stack[2]) .. '%.(%d+)(.*)$')
+    if n then return stack[1] .. '.' .. (tonumber(n) + 1) .. rest end
+    return hf
+  end
+  return (shift(hf, 1))
+end
 
 -- The weights of a folder: model.safetensors, or the shards that
 -- model.safetensors.index.json lists. Returns {name = tensor}.

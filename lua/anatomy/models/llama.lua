@@ -1,0 +1,157 @@
+-- models.Llama: Hugging Face's Llama family (model_type "llama", "mistral",
+-- "qwen2"; SmolLM is "llama") in the library's blocks, for
+-- models.from_pretrained. Pre-norm blocks of RMSNorm, nn.RoPEAttention
+-- (grouped-query, rotary positions) and nn.SwiGLU; a final RMSNorm; the head
+-- tied to the embedding or not. Names follow Hugging Face's, except the stack:
+-- blocks.1 is model.layers.0 (`layers` is the method every model has).
+local models = require 'anatomy.models'
+local pretrained = require 'anatomy.models.pretrained'
+
+local F = {}
+
+-- RoPE's settings from either config form: the Hub's (rope_theta and
+-- rope_scaling) or transformers 5's (rope_parameters).
+local function rope(c, where)
+  local p = type(c.rope_parameters) == 'table' and c.rope_parameters or c.rope_scaling
+  local r = {theta = (type(c.rope_parameters) == 'table' and c.rope_parameters.rope_theta) or c.rope_theta or 10000,
+    scaling = 'default'}
+  if type(p) == 'table' then
+    local kind = p.rope_type or p.type or 'default'
+    local key = type(c.rope_parameters) == 'table' and 'rope_parameters.rope_type' or 'rope_scaling.type'
+    if kind == 'linear' then
+      r.scaling, r.factor = 'linear', p.factor
+    elseif kind == 'llama3' then
+      r.scaling, r.factor = 'llama3', p.factor
+      r.low_freq_factor, r.high_freq_factor = p.low_freq_factor, p.high_freq_factor
+      r.original_max_positions = p.original_max_position_embeddings
+    elseif kind ~= 'default' then
+      pretrained.refuse(where, key, kind, 'supported: default, linear, llama3')
+    end
+  end
+  return r
+end
+
+function F.check(c, where)
+  local function need(key)
+    if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (%s)'):format(where, key, c.model_type), 0) end
+    return c[key]
+  end
+  local s = {
+    family = c.model_type, vocab = need('vocab_size'), dim = need('hidden_size'), ffn = need('intermediate_size'),
+    layers = need('num_hidden_layers'), heads = need('num_attention_heads'),
+    eps = c.rms_norm_eps or 1e-6, tied = c.tie_word_embeddings == true,
+    positions = c.max_position_embeddings,
+  }
+  s.kv_heads = type(c.num_key_value_heads) == 'number' and c.num_key_value_heads or s.heads
+  s.head_dim = type(c.head_dim) == 'number' and c.head_dim or nil
+  s.rope = rope(c, where)
+  local act = c.hidden_act or 'silu'
+  if act ~= 'silu' then pretrained.refuse(where, 'hidden_act', act, 'the SwiGLU MLP gates with silu') end
+  if (c.pretraining_tp or 1) ~= 1 then pretrained.refuse(where, 'pretraining_tp', c.pretraining_tp, 'only 1') end
+  if c.mlp_bias then s.mlp_bias = true end
+  -- Llama's attention_bias covers q, k, v and o; Qwen2 has q, k, v biases and none on o.
+  if c.model_type == 'qwen2' then
+    s.qkv_bias, s.out_bias = true, false
+  else
+    s.qkv_bias, s.out_bias = c.attention_bias == true, c.attention_bias == true
+  end
+  -- Sliding windows: Mistral's whenever set; Qwen2's only with use_sliding_window,
+  -- and then from layer max_window_layers on (counted from 0).
+  if c.model_type == 'mistral' and type(c.sliding_window) == 'number' then
+    s.window, s.window_from = c.sliding_window, 1
+  elseif c.model_type == 'qwen2' and c.use_sliding_window and type(c.sliding_window) == 'number' then
+    s.window, s.window_from = c.sliding_window, (c.max_window_layers or 0) + 1
+  elseif c.model_type == 'llama' and type(c.sliding_window) == 'number' then
+    pretrained.refuse(where, 'sliding_window', c.sliding_window, 'Llama attends to every earlier position')
+  end
+  return s
+end
+
+local Block = nn.block('models.LlamaBlock', function(self, s, i)
+  self.input_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
+  self.self_attn = nn.RoPEAttention(s.dim, s.heads, {kv_heads = s.kv_heads, head_dim = s.head_dim,
+    theta = s.rope.theta, scaling = s.rope.scaling, factor = s.rope.factor, low_freq_factor = s.rope.low_freq_factor,
+    high_freq_factor = s.rope.high_freq_factor, original_max_positions = s.rope.original_max_positions,
+    qkv_bias = s.qkv_bias, out_bias = s.out_bias, sliding_window = (s.window and i >= s.window_from) and s.window or nil})
+  self.post_attention_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
+  self.mlp = nn.SwiGLU(s.dim, s.ffn, {bias = s.mlp_bias})
+end)
+models.LlamaBlock = Block
+
+function Block:forward(x)
+  x = x + self.self_attn(self.input_layernorm(x))
+  return x + self.mlp(self.post_attention_layernorm(x))
+end
+
+local Llama = nn.block('models.Llama', function(self, s)
+  rawset(self, 'config', s)
+  self.embed_tokens = nn.Embedding(s.vocab, s.dim)
+  local blocks = {}
+  for i = 1, s.layers do blocks[i] = Block(s, i) end
+  self.blocks = nn.ModuleList(blocks)
+  self.norm = nn.RMSNorm(s.dim, {eps = s.eps})
+  if not s.tied then self.lm_head = nn.Linear(s.dim, s.vocab, {bias = false}) end
+end)
+models.Llama = Llama
+
+-- The hidden state the first layer reads: the token embeddings.
+function Llama:embed(ids) return self.embed_tokens(ids) end
+
+-- The head applied to a hidden state (B, T, C): the logit lens.
+function Llama:readout(h)
+  h = self.norm(h)
+  if self.lm_head then return self.lm_head(h) end
+  return nn.functional.linear(h, self.embed_tokens.weight)
+end
+
+-- ids (B, T) int64, 1-based -> logits (B, T, V)
+function Llama:forward(ids)
+  local x = self:embed(ids)
+  for i = 1, #self.blocks do x = self.blocks[i](x) end
+  return self:readout(x)
+end
+
+function Llama:context() return self.config.positions end
+Llama.final_norm = 'norm'
+Llama.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
+
+function Llama:extra_repr()
+  local s = self.config
+  return ('%s: vocab=%d, dim=%d, heads=%d, kv_heads=%d, layers=%d, ffn=%d%s'):format(
+    s.family, s.vocab, s.dim, s.heads, s.kv_heads, s.layers, s.ffn, s.tied and ', tied head' or '')
+end
+
+function F.build(s) return Llama(s) end
+
+-- {anatomy name, Hugging Face name}: LlamaForCausalLM prefixes `model.`;
+-- a checkpoint of the base LlamaModel does not.
+function F.weights(s, tensors)
+  local prefix = tensors['model.embed_tokens.weight'] ~= nil and 'model.' or ''
+  local list = {{'embed_tokens.weight', prefix .. 'embed_tokens.weight'}}
+  local function add(name, hf) list[#list + 1] = {name, prefix .. hf} end
+  for i = 1, s.layers do
+    local b, h = 'blocks.' .. i .. '.', 'layers.' .. (i - 1) .. '.'
+    add(b .. 'input_layernorm.weight', h .. 'input_layernorm.weight')
+    add(b .. 'post_attention_layernorm.weight', h .. 'post_attention_layernorm.weight')
+    for _, p in ipairs{'q', 'k', 'v', 'o'} do
+      add(b .. 'self_attn.' .. p .. '.weight', h .. 'self_attn.' .. p .. '_proj.weight')
+      if (p == 'o' and s.out_bias) or (p ~= 'o' and s.qkv_bias) then
+        add(b .. 'self_attn.' .. p .. '.bias', h .. 'self_attn.' .. p .. '_proj.bias')
+      end
+    end
+    for _, p in ipairs{'gate', 'up', 'down'} do
+      add(b .. 'mlp.' .. p .. '.weight', h .. 'mlp.' .. p .. '_proj.weight')
+      if s.mlp_bias then add(b .. 'mlp.' .. p .. '.bias', h .. 'mlp.' .. p .. '_proj.bias') end
+    end
+  end
+  add('norm.weight', 'norm.weight')
+  if not s.tied then list[#list + 1] = {'lm_head.weight', 'lm_head.weight'} end
+  return list
+end
+
+-- Not weights: rotary frequencies some checkpoints keep, a tied head saved anyway.
+function F.ignored(name)
+  return name:match('rotary_emb%.inv_freq$') ~= nil or name == 'lm_head.weight'
+end
+
+return F
