@@ -22,7 +22,7 @@ import tempfile
 try:
     import torch
     import transformers
-    from transformers import (GPT2Config, GPT2LMHeadModel, GPT2Model, LlamaConfig, LlamaForCausalLM, MistralConfig,
+    from transformers import (GPT2Config, GPT2LMHeadModel, GPT2Model, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                               MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
     from test_bpe_parity import gpt2_like, llama3_like
 except ImportError as e:
@@ -114,6 +114,7 @@ def make_llama(tmp, name, tok, cls=LlamaForCausalLM, config_cls=LlamaConfig, **c
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, bos_token_id=0,
                 eos_token_id=0, tie_word_embeddings=False)
     base.update(config)
+    base = {k: v for k, v in base.items() if v is not None}
     cfg = config_cls(**base)
     cfg._attn_implementation = "eager"
     model = cls(cfg).eval()
@@ -121,10 +122,17 @@ def make_llama(tmp, name, tok, cls=LlamaForCausalLM, config_cls=LlamaConfig, **c
         for n, p in model.named_parameters():
             if n.endswith("norm.weight") or n.endswith(".bias"):
                 p.copy_(1 + 0.1 * torch.randn_like(p) if n.endswith("norm.weight") else 0.1 * torch.randn_like(p))
+            elif "layernorm" in n or "layer_norm" in n:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
     folder = os.path.join(tmp, name)
     model.save_pretrained(folder)
     tok.save(os.path.join(folder, "tokenizer.json"))
     return folder, model
+
+
+def neox(**config):
+    """GPT-NeoX's names for make_llama's settings (it has no key/value heads)."""
+    return dict(num_key_value_heads=None, hidden_act="gelu", layer_norm_eps=1e-5, **config)
 
 
 def main():
@@ -139,6 +147,12 @@ def main():
             ("gpt2: gelu", lambda n: make(tmp, n, gpt2_tok, activation_function="gelu"), gpt2_tok),
             ("gpt2: the Hub's base-model layout", lambda n: make(tmp, n, gpt2_tok, base=True), gpt2_tok),
             ("gpt2: sharded", lambda n: make(tmp, n, gpt2_tok, shard=True), gpt2_tok),
+            ("gpt_neox: Pythia's parallel residual, rotary_pct 0.25",
+             lambda n: make_llama(tmp, n, gpt2_tok, cls=GPTNeoXForCausalLM, config_cls=GPTNeoXConfig,
+                                  **neox(rotary_pct=0.25)), gpt2_tok),
+            ("gpt_neox: sequential residual, rotary_pct 0.5, rotary_emb_base 500",
+             lambda n: make_llama(tmp, n, gpt2_tok, cls=GPTNeoXForCausalLM, config_cls=GPTNeoXConfig,
+                                  **neox(rotary_pct=0.5, use_parallel_residual=False, rotary_emb_base=500)), gpt2_tok),
             ("llama: grouped-query, untied", lambda n: make_llama(tmp, n, llama_tok), llama_tok),
             ("llama: multi-query, tied, head_dim 16, attention_bias",
              lambda n: make_llama(tmp, n, llama_tok, num_key_value_heads=1, tie_word_embeddings=True, head_dim=16,

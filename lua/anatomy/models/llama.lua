@@ -9,28 +9,6 @@ local pretrained = require 'anatomy.models.pretrained'
 
 local F = {}
 
--- RoPE's settings from either config form: the Hub's (rope_theta and
--- rope_scaling) or transformers 5's (rope_parameters).
-local function rope(c, where)
-  local p = type(c.rope_parameters) == 'table' and c.rope_parameters or c.rope_scaling
-  local r = {theta = (type(c.rope_parameters) == 'table' and c.rope_parameters.rope_theta) or c.rope_theta or 10000,
-    scaling = 'default'}
-  if type(p) == 'table' then
-    local kind = p.rope_type or p.type or 'default'
-    local key = type(c.rope_parameters) == 'table' and 'rope_parameters.rope_type' or 'rope_scaling.type'
-    if kind == 'linear' then
-      r.scaling, r.factor = 'linear', p.factor
-    elseif kind == 'llama3' then
-      r.scaling, r.factor = 'llama3', p.factor
-      r.low_freq_factor, r.high_freq_factor = p.low_freq_factor, p.high_freq_factor
-      r.original_max_positions = p.original_max_position_embeddings
-    elseif kind ~= 'default' then
-      pretrained.refuse(where, key, kind, 'supported: default, linear, llama3')
-    end
-  end
-  return r
-end
-
 function F.check(c, where)
   local function need(key)
     if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (%s)'):format(where, key, c.model_type), 0) end
@@ -44,7 +22,8 @@ function F.check(c, where)
   }
   s.kv_heads = type(c.num_key_value_heads) == 'number' and c.num_key_value_heads or s.heads
   s.head_dim = type(c.head_dim) == 'number' and c.head_dim or nil
-  s.rope = rope(c, where)
+  s.rope = pretrained.rope(c, where)
+  if s.rope.partial ~= 1 then pretrained.refuse(where, 'partial_rotary_factor', s.rope.partial, 'Llama rotates whole heads') end
   local act = c.hidden_act or 'silu'
   if act ~= 'silu' then pretrained.refuse(where, 'hidden_act', act, 'the SwiGLU MLP gates with silu') end
   if (c.pretraining_tp or 1) ~= 1 then pretrained.refuse(where, 'pretraining_tp', c.pretraining_tp, 'only 1') end

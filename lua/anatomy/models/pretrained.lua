@@ -17,9 +17,10 @@ models.pretrained = pretrained
 
 -- model_type -> the family's module (lua/anatomy/models/<family>.lua): each
 -- has check(config, where) -> its settings, build(settings) -> model, and
--- weights(settings) -> {{anatomy name, hf name, transpose}, ...}.
+-- weights(settings, tensors) -> {{anatomy name, hf name, convert}, ...}, where
+-- convert is true (stored transposed) or a function of the stored tensor.
 pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.llama', mistral = 'anatomy.models.llama',
-  qwen2 = 'anatomy.models.llama'}
+  qwen2 = 'anatomy.models.llama', gpt_neox = 'anatomy.models.gpt_neox'}
 
 -- The config's value of `key` checked against what anatomy does: `ok(value)`
 -- true, else an error naming the key and its value.
@@ -57,6 +58,31 @@ function models.anatomy_name(hf, model)
     return hf
   end
   return (shift(hf, 1))
+end
+
+-- RoPE's settings from either config form: the Hub's (rope_theta and
+-- rope_scaling; GPT-NeoX's rotary_emb_base and rotary_pct) or transformers
+-- 5's (rope_parameters).
+function pretrained.rope(c, where)
+  local p = type(c.rope_parameters) == 'table' and c.rope_parameters or c.rope_scaling
+  local r = {theta = (type(c.rope_parameters) == 'table' and c.rope_parameters.rope_theta) or c.rope_theta
+    or c.rotary_emb_base or 10000, scaling = 'default',
+    -- the share of each head that rotates (GPT-NeoX's rotary_pct)
+    partial = (type(c.rope_parameters) == 'table' and c.rope_parameters.partial_rotary_factor) or c.rotary_pct or 1}
+  if type(p) == 'table' then
+    local kind = p.rope_type or p.type or 'default'
+    local key = type(c.rope_parameters) == 'table' and 'rope_parameters.rope_type' or 'rope_scaling.type'
+    if kind == 'linear' then
+      r.scaling, r.factor = 'linear', p.factor
+    elseif kind == 'llama3' then
+      r.scaling, r.factor = 'llama3', p.factor
+      r.low_freq_factor, r.high_freq_factor = p.low_freq_factor, p.high_freq_factor
+      r.original_max_positions = p.original_max_position_embeddings
+    elseif kind ~= 'default' then
+      pretrained.refuse(where, key, kind, 'supported: default, linear, llama3')
+    end
+  end
+  return r
 end
 
 -- The weights of a folder: model.safetensors, or the shards that
@@ -118,35 +144,38 @@ function models.from_pretrained(folder, opts)
   local weights = load_weights(folder, where)
   -- everything is checked before the model is made: nothing half-loaded comes back
   local plan = F.weights(settings, weights)
-  local used = {}
+  local used = {}  -- checkpoint name -> how many parameters still take from it
   for _, w in ipairs(plan) do
     local name, t = w[2], weights[w[2]]
     if t == nil then
       error(("%s: the checkpoint in '%s' has no tensor %s (for %s)"):format(where, folder, name, w[1]), 2)
     end
-    used[name] = true
+    used[name] = (used[name] or 0) + 1
   end
+  local placed = {}
+  for name in pairs(used) do placed[name] = true end
   local model = F.build(settings)
   local params = {}
   for name, p in model:named_parameters() do params[name] = p end
   torch.no_grad(function()
     for _, w in ipairs(plan) do
       local p, t = params[w[1]], weights[w[2]]
-      if w[3] then t = t:t() end
+      if w[3] == true then t = t:t() elseif w[3] then t = w[3](t) end
       if not p then error(('%s: internal: the model has no parameter %s'):format(where, w[1]), 0) end
       if table.concat(t:size(), 'x') ~= table.concat(p:size(), 'x') then
         local want = p:size()
-        if w[3] then want = {want[2], want[1]} end
+        if w[3] == true then want = {want[2], want[1]} end
         error(('%s: %s has shape %s in the checkpoint, expected %s for %s%s'):format(where, w[2],
           table.concat(weights[w[2]]:size(), 'x'), table.concat(want, 'x'), w[1],
-          w[3] and (' (stored transposed, [in, out])') or ''), 2)
+          w[3] == true and ' (stored transposed, [in, out])' or (w[3] and ' (after its conversion)' or '')), 2)
       end
       p:copy_(t)
-      weights[w[2]] = nil  -- freed as soon as it is copied
+      used[w[2]] = used[w[2]] - 1
+      if used[w[2]] == 0 then weights[w[2]] = nil end  -- freed once its last use is copied
     end
   end)
   for name in pairs(weights) do
-    if not used[name] and not (F.ignored and F.ignored(name)) then
+    if not placed[name] and not (F.ignored and F.ignored(name)) then
       error(("%s: the checkpoint has a tensor anatomy does not place: %s"):format(where, name), 2)
     end
   end

@@ -1,0 +1,135 @@
+-- models.GPTNeoX: Hugging Face's GPT-NeoX (model_type "gpt_neox": Pythia) in
+-- the library's blocks, for models.from_pretrained. Blocks of LayerNorm,
+-- nn.RoPEAttention with partial rotary (rotary_pct) and biases, and nn.MLP;
+-- the parallel residual x + attn(ln1(x)) + mlp(ln2(x)) or the sequential one
+-- (use_parallel_residual); a final LayerNorm; an untied head (embed_out).
+-- Names follow Hugging Face's, except the stack: blocks.1 is
+-- gpt_neox.layers.0.
+local models = require 'anatomy.models'
+local pretrained = require 'anatomy.models.pretrained'
+
+local F = {}
+
+local activations = {gelu = 'gelu', gelu_new = 'gelu_tanh', gelu_pytorch_tanh = 'gelu_tanh', relu = 'relu'}
+
+function F.check(c, where)
+  local function need(key)
+    if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (gpt_neox)'):format(where, key), 0) end
+    return c[key]
+  end
+  local s = {
+    vocab = need('vocab_size'), dim = need('hidden_size'), ffn = need('intermediate_size'),
+    layers = need('num_hidden_layers'), heads = need('num_attention_heads'), eps = c.layer_norm_eps or 1e-5,
+    parallel = c.use_parallel_residual ~= false, tied = c.tie_word_embeddings == true,
+    bias = c.attention_bias ~= false, positions = c.max_position_embeddings,
+  }
+  s.activation = activations[c.hidden_act or 'gelu']
+  if not s.activation then pretrained.refuse(where, 'hidden_act', c.hidden_act, 'supported: gelu, gelu_new, gelu_pytorch_tanh, relu') end
+  if s.dim % s.heads ~= 0 then pretrained.refuse(where, 'hidden_size', s.dim, ('not divisible by num_attention_heads = %d'):format(s.heads)) end
+  s.rope = pretrained.rope(c, where)
+  s.head_dim = math.floor(s.dim / s.heads)
+  s.rotary_dim = math.floor(s.head_dim * s.rope.partial)
+  if s.rotary_dim % 2 == 1 then
+    pretrained.refuse(where, 'rotary_pct', s.rope.partial, ('it rotates an odd %d of %d dims per head'):format(s.rotary_dim, s.head_dim))
+  end
+  return s
+end
+
+local Block = nn.block('models.GPTNeoXBlock', function(self, s)
+  rawset(self, 'parallel', s.parallel)
+  self.input_layernorm = nn.LayerNorm(s.dim, {eps = s.eps})
+  self.attention = nn.RoPEAttention(s.dim, s.heads, {rotary_dim = s.rotary_dim, theta = s.rope.theta,
+    scaling = s.rope.scaling, factor = s.rope.factor, low_freq_factor = s.rope.low_freq_factor,
+    high_freq_factor = s.rope.high_freq_factor, original_max_positions = s.rope.original_max_positions,
+    qkv_bias = s.bias, out_bias = s.bias})
+  self.post_attention_layernorm = nn.LayerNorm(s.dim, {eps = s.eps})
+  self.mlp = nn.MLP(s.dim, s.ffn, {activation = s.activation})
+end)
+models.GPTNeoXBlock = Block
+
+function Block:forward(x)
+  if self.parallel then
+    return x + self.attention(self.input_layernorm(x)) + self.mlp(self.post_attention_layernorm(x))
+  end
+  x = x + self.attention(self.input_layernorm(x))
+  return x + self.mlp(self.post_attention_layernorm(x))
+end
+
+function Block:extra_repr() return self.parallel and 'parallel residual' or 'sequential residual' end
+
+local GPTNeoX = nn.block('models.GPTNeoX', function(self, s)
+  rawset(self, 'config', s)
+  self.embed_in = nn.Embedding(s.vocab, s.dim)
+  local blocks = {}
+  for i = 1, s.layers do blocks[i] = Block(s) end
+  self.blocks = nn.ModuleList(blocks)
+  self.final_layer_norm = nn.LayerNorm(s.dim, {eps = s.eps})
+  if not s.tied then self.embed_out = nn.Linear(s.dim, s.vocab, {bias = false}) end
+end)
+models.GPTNeoX = GPTNeoX
+
+function GPTNeoX:embed(ids) return self.embed_in(ids) end
+
+function GPTNeoX:readout(h)
+  h = self.final_layer_norm(h)
+  if self.embed_out then return self.embed_out(h) end
+  return nn.functional.linear(h, self.embed_in.weight)
+end
+
+function GPTNeoX:forward(ids)
+  local x = self:embed(ids)
+  for i = 1, #self.blocks do x = self.blocks[i](x) end
+  return self:readout(x)
+end
+
+function GPTNeoX:context() return self.config.positions end
+GPTNeoX.final_norm = 'final_layer_norm'
+GPTNeoX.hf_stack = {'blocks', 'gpt_neox.layers'}
+
+function GPTNeoX:extra_repr()
+  local s = self.config
+  return ('vocab=%d, dim=%d, heads=%d, layers=%d, ffn=%d, rotary_dim=%d, %s residual'):format(
+    s.vocab, s.dim, s.heads, s.layers, s.ffn, s.rotary_dim, s.parallel and 'parallel' or 'sequential')
+end
+
+function F.build(s) return GPTNeoX(s) end
+
+-- GPT-NeoX fuses q, k and v per head: rows of query_key_value are (head,
+-- {q, k, v}, head dim). part(i) takes q (1), k (2) or v (3) of every head.
+local function part(s, i)
+  return function(t)
+    local shape = t:dim() == 2 and {s.heads, 3, s.head_dim, t:size(2)} or {s.heads, 3, s.head_dim}
+    local picked = t:reshape(shape):select(2, i)
+    return picked:reshape(t:dim() == 2 and {s.heads * s.head_dim, t:size(2)} or {s.heads * s.head_dim}):contiguous()
+  end
+end
+
+function F.weights(s, tensors)
+  local prefix = tensors['gpt_neox.embed_in.weight'] ~= nil and 'gpt_neox.' or ''
+  local list = {{'embed_in.weight', prefix .. 'embed_in.weight'}}
+  local function add(name, hf, convert) list[#list + 1] = {name, prefix .. hf, convert} end
+  for i = 1, s.layers do
+    local b, h = 'blocks.' .. i .. '.', 'layers.' .. (i - 1) .. '.'
+    for _, n in ipairs{'input_layernorm', 'post_attention_layernorm'} do
+      add(b .. n .. '.weight', h .. n .. '.weight'); add(b .. n .. '.bias', h .. n .. '.bias')
+    end
+    for k, p in ipairs{'q', 'k', 'v'} do
+      add(b .. 'attention.' .. p .. '.weight', h .. 'attention.query_key_value.weight', part(s, k))
+      if s.bias then add(b .. 'attention.' .. p .. '.bias', h .. 'attention.query_key_value.bias', part(s, k)) end
+    end
+    add(b .. 'attention.o.weight', h .. 'attention.dense.weight')
+    if s.bias then add(b .. 'attention.o.bias', h .. 'attention.dense.bias') end
+    add(b .. 'mlp.fc.weight', h .. 'mlp.dense_h_to_4h.weight'); add(b .. 'mlp.fc.bias', h .. 'mlp.dense_h_to_4h.bias')
+    add(b .. 'mlp.proj.weight', h .. 'mlp.dense_4h_to_h.weight'); add(b .. 'mlp.proj.bias', h .. 'mlp.dense_4h_to_h.bias')
+  end
+  add('final_layer_norm.weight', 'final_layer_norm.weight'); add('final_layer_norm.bias', 'final_layer_norm.bias')
+  if not s.tied then list[#list + 1] = {'embed_out.weight', 'embed_out.weight'} end
+  return list
+end
+
+function F.ignored(name)
+  return name:match('%.attention%.bias$') ~= nil or name:match('%.attention%.masked_bias$') ~= nil
+    or name:match('rotary_emb%.inv_freq$') ~= nil or name == 'embed_out.weight'
+end
+
+return F
