@@ -5,6 +5,7 @@
 #include "bindings/parts.h"
 #include "bindings/common.h"
 #include "host/io/corpus.h"
+#include "host/io/bpe.h"
 #include "host/io/digest.h"
 
 namespace anatomy::lua {
@@ -28,6 +29,17 @@ double split_fraction(lua_State* L, int idx) {
 // text(path, tokenizer, split, vocab_size, type, model)
 int data_text(lua_State* L) {
   std::string path = check_string(L, 1);
+  if (auto bpe = to_bpe_tokenizer(L, 2)) {  // a pretrained model's tokenizer (data.tokenizer)
+    double fraction = split_fraction(L, 3);
+    try {
+      push_corpus(L, io::load_text_corpus(path, io::BpeTokenizer::for_corpus(bpe), fraction));
+    } catch (const std::runtime_error& e) {
+      throw CallError(e.what());
+    } catch (const std::invalid_argument& e) {
+      throw CallError(e.what());
+    }
+    return 1;
+  }
   io::TokenizerSpec spec;
   if (!lua_isnoneornil(L, 2)) spec.kind = check_string(L, 2);
   if (spec.kind != "char" && spec.kind != "byte" && spec.kind != "sentencepiece")

@@ -4,7 +4,12 @@
 #include <ATen/core/Tensor.h>
 #include <lua.hpp>
 
+#include <memory>
 #include <vector>
+
+namespace anatomy::io {
+class BpeTokenizer;
+}
 
 namespace anatomy::lua {
 
@@ -40,6 +45,8 @@ int luaopen_anatomy_optim(lua_State* L);
 int luaopen_anatomy_corpus(lua_State* L);
 /// Adds the byte-level BPE loaders (_bpe_from_json, _bpe_from_vocab_merges) to torch._data at idx.
 void register_tokenizer(lua_State* L, int data);
+/// The BPE tokenizer userdata at idx, or nullptr when idx holds something else.
+std::shared_ptr<io::BpeTokenizer> to_bpe_tokenizer(lua_State* L, int idx);
 /// Pushes torch._exact: the Rational type (GMP) and certified bounds.
 int luaopen_anatomy_rational(lua_State* L);
 /// Adds save_safetensors and load_safetensors to the torch table on the stack top.

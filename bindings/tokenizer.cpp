@@ -102,6 +102,11 @@ const luaL_Reg tokenizer_methods[] = {
 
 }  // namespace
 
+std::shared_ptr<io::BpeTokenizer> to_bpe_tokenizer(lua_State* L, int idx) {
+  void* p = luaL_testudata(L, idx, kTokenizerMeta);
+  return p ? *static_cast<TokenizerPtr*>(p) : nullptr;
+}
+
 /// Adds _bpe_from_json and _bpe_from_vocab_merges to the table at idx (torch._data).
 void register_tokenizer(lua_State* L, int data) {
   define_userdata<TokenizerPtr>(L, kTokenizerMeta, "Tokenizer", tokenizer_methods);

@@ -176,6 +176,24 @@ struct BpeTokenizer::Regex {
   }
 };
 
+namespace {
+class CorpusBpe : public Tokenizer {
+ public:
+  explicit CorpusBpe(std::shared_ptr<const BpeTokenizer> t) : t_(std::move(t)) {}
+  std::string kind() const override { return "bpe"; }
+  int64_t vocab_size() const override { return t_->vocab_size(); }
+  std::vector<int64_t> encode(std::string_view text) const override { return t_->encode(text, false); }
+  std::string decode(const std::vector<int64_t>& ids) const override { return t_->decode(ids, false); }
+
+ private:
+  std::shared_ptr<const BpeTokenizer> t_;
+};
+}  // namespace
+
+std::unique_ptr<Tokenizer> BpeTokenizer::for_corpus(std::shared_ptr<const BpeTokenizer> tokenizer) {
+  return std::make_unique<CorpusBpe>(std::move(tokenizer));
+}
+
 BpeTokenizer::BpeTokenizer() = default;
 BpeTokenizer::~BpeTokenizer() = default;
 

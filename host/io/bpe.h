@@ -27,6 +27,9 @@ struct TokenizerError : std::runtime_error {
 
 class BpeTokenizer : public Tokenizer {
  public:
+  /// The tokenizer as a corpus uses it: a text's ids without the
+  /// post-processor's special tokens (a running text is not one sequence).
+  static std::unique_ptr<Tokenizer> for_corpus(std::shared_ptr<const BpeTokenizer> tokenizer);
   /// A Hugging Face tokenizer.json (model.type "BPE" over byte-level pieces).
   static std::unique_ptr<BpeTokenizer> from_tokenizer_json(const std::string& path);
   /// GPT-2's two files: vocab.json (token -> id) and merges.txt.

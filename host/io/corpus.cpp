@@ -341,6 +341,11 @@ std::unique_ptr<Corpus> make_text_corpus(std::string_view text, const std::strin
   throw std::invalid_argument("unknown tokenizer '" + tokenizer + "', expected char or byte");
 }
 
+std::unique_ptr<Corpus> load_text_corpus(const std::string& path, std::unique_ptr<Tokenizer> tokenizer, double train_fraction) {
+  MappedFile file(path);
+  return make_corpus(std::move(tokenizer), file.text(), train_fraction);
+}
+
 std::unique_ptr<Corpus> load_text_corpus(const std::string& path, const TokenizerSpec& spec, double train_fraction) {
   MappedFile file(path);
   if (spec.kind == "sentencepiece") {

@@ -81,6 +81,8 @@ struct TokenizerSpec {
 
 /// Reads `path` through a memory map (never a copy of the whole text) and tokenizes it.
 std::unique_ptr<Corpus> load_text_corpus(const std::string& path, const TokenizerSpec& spec, double train_fraction);
+/// A text file tokenized with a tokenizer made elsewhere (a pretrained model's).
+std::unique_ptr<Corpus> load_text_corpus(const std::string& path, std::unique_ptr<Tokenizer> tokenizer, double train_fraction);
 /// The same for text already in memory.
 std::unique_ptr<Corpus> make_text_corpus(std::string_view text, const std::string& tokenizer, double train_fraction);
 

@@ -21,9 +21,13 @@ end
 --   type = 'bpe'|'unigram', model = 'file.model', split = 0.9}) -> corpus
 -- SentencePiece trains on the text the first time (or loads `model`) and
 -- caches the model beside the text (~/.cache/anatomy if that is read-only).
+-- tokenizer may also be a data.Tokenizer (a pretrained model's: the text's ids
+-- without the template's special tokens).
 function data.text(path, opts)
   opts = check_options(opts, {tokenizer = true, vocab_size = true, type = true, model = true, split = true}, 'data.text')
-  return wrap(native.text(path, opts.tokenizer or 'char', opts.split, opts.vocab_size, opts.type, opts.model), path)
+  local tok = opts.tokenizer
+  if getmetatable(tok) == data.Tokenizer then tok = tok._native end
+  return wrap(native.text(path, tok or 'char', opts.split, opts.vocab_size, opts.type, opts.model), path)
 end
 
 -- data.from_string(text, {tokenizer = 'char'|'byte', split = 0.9}): a corpus from text in memory

@@ -93,4 +93,23 @@ test('what it does not do is refused by name', function()
   os.execute("rmdir '" .. dir .. "'")
 end)
 
+test('a corpus read with the tokenizer: ids without the template, decoded back to the text', function()
+  local spec = base_spec()
+  spec.post_processor = {type = 'TemplateProcessing',
+    single = {{SpecialToken = {id = '<|end|>', type_id = 0}}, {Sequence = {id = 'A', type_id = 0}}},
+    pair = {}, special_tokens = {['<|end|>'] = {id = '<|end|>', ids = {19}, tokens = {'<|end|>'}}}}
+  local path = write_tokenizer(spec)
+  local tok = data.tokenizer(path)
+  local text_path = os.tmpname()
+  local f = io.open(text_path, 'wb'); f:write(('hello abc! '):rep(30)); f:close()
+  local c = data.text(text_path, {tokenizer = tok, split = 0.5})
+  eq(c.tokenizer, 'bpe')
+  eq(c.vocab_size, 20)
+  eq(c:decode(c:tokens()), ('hello abc! '):rep(30), 'no BOS inside a running text')
+  -- 'hello' -> hello; ' abc' -> Ġ, ab, c (no merge makes Ġab); '!' -> !
+  eq(c:tokens():narrow(1, 1, 5):tolist(), {17, 9, 19, 3, 8})
+  os.remove(text_path)
+  os.remove(path)
+end)
+
 H.done()
