@@ -103,4 +103,20 @@ test('broken folders: each an error naming what is wrong', function()
   raises(function() models.from_pretrained('/tmp', {dtype = 'int8'}) end, "has no config.json")
 end)
 
+test('save_pretrained writes the layout back: read again, every parameter is equal', function()
+  local dir = folder(config, gpt2_tensors(''))
+  local m = models.from_pretrained(dir)
+  local out = dir .. '/saved'
+  eq(m:save_pretrained(out), out)
+  local again = models.from_pretrained(out)
+  local a = {}
+  for name, p in m:named_parameters() do a[name] = p end
+  for name, p in again:named_parameters() do eq((p - a[name]):abs():max():item(), 0, name) end
+  local saved = torch.load_safetensors(out .. '/model.safetensors')
+  eq(saved['transformer.h.0.attn.c_attn.weight']:size(), {C, 3 * C}, 'Conv1D layout, [in, out]')
+  raises(function() models.gpt{vocab = 5, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8}:save_pretrained(out) end,
+    'save_pretrained: models.GPT did not come from models.from_pretrained (it has no Hugging Face config)')
+  remove(dir)
+end)
+
 H.done()

@@ -31,4 +31,13 @@ out.generated = {}
 for i = 1, gen:size(2) do out.generated[i] = gen[1][i]:item() - 1 end
 out.names = {}
 for name in model:named_parameters() do out.names[#out.names + 1] = name end
+-- edited, then written back for transformers to load: the final norm's gain
+-- scaled, so the saved model is not the one that was read
+if arg[4] then
+  torch.no_grad(function()
+    for name, p in model:named_parameters() do if name == model.final_norm .. '.weight' then p:mul_(1.5) end end
+  end)
+  model:save_pretrained(arg[4])
+  out.edited_logits = torch.no_grad(function() return model(ids) end)[1]:tolist()
+end
 fs.write_atomic(arg[3], json.encode(out))

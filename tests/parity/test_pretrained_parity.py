@@ -36,11 +36,11 @@ TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé 👋🏽 1234!"
 TOL = 1e-4
 
 
-def run(exe, folder, tmp):
+def run(exe, folder, tmp, saved=None):
     out = os.path.join(tmp, "out.json")
     here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([exe, "--threads=1", os.path.join(here, "pretrained_parity.lua"), folder, TEXT, out],
-                          capture_output=True, text=True)
+    proc = subprocess.run([exe, "--threads=1", os.path.join(here, "pretrained_parity.lua"), folder, TEXT, out]
+                          + ([saved] if saved else []), capture_output=True, text=True)
     if proc.returncode != 0:
         return None, (proc.stdout + proc.stderr).strip()
     return json.load(open(out)), None
@@ -173,7 +173,8 @@ def main():
         ]
         for name, build, tok in cases:
             folder, hf = build("".join(c if c.isalnum() else "_" for c in name))
-            got, err = run(exe, folder, tmp)
+            saved = folder + "-saved"
+            got, err = run(exe, folder, tmp, saved)
             if err:
                 failures.append(f"{name}: anatomy failed: {err}")
                 continue
@@ -184,6 +185,14 @@ def main():
                     failures.append(f"{name}: transformers wrote no shards")
             before = len(failures)
             n = compare(name, got, hf, tok, failures)
+            # save_pretrained: transformers loads the edited model anatomy wrote
+            reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
+            with torch.no_grad():
+                logits = reloaded(torch.tensor([got["ids"]])).logits[0]
+            excess, d = max_excess(got["edited_logits"], logits)
+            n += 1
+            if excess > 0:
+                failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
             passed += n - (len(failures) - before)
             print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
         # a switch anatomy does not honour is refused by name, and nothing is returned

@@ -100,7 +100,7 @@ function F.build(s) return GPT2(s) end
 -- its weights as [in, out]. A checkpoint saved from GPT2LMHeadModel prefixes
 -- `transformer.`; one saved from the base GPT2Model (the Hub's gpt2) does not.
 function F.weights(s, tensors)
-  local prefix = tensors['transformer.wte.weight'] ~= nil and 'transformer.' or ''
+  local prefix = (tensors == nil or tensors['transformer.wte.weight'] ~= nil) and 'transformer.' or ''  -- nil: the layout save_pretrained writes
   local list = {{'wte.weight', prefix .. 'wte.weight'}, {'wpe.weight', prefix .. 'wpe.weight'}}
   local function add(name, transposed) list[#list + 1] = {name, prefix .. models.hf_name(name), transposed} end
   for i = 1, s.layers do

@@ -104,8 +104,18 @@ local function part(s, i)
   end
 end
 
+-- The inverse of part: q, k and v of every head back into query_key_value.
+function F.fuse(s, parts)
+  local q, k, v = parts[1], parts[2], parts[3]
+  local per_head = function(t)
+    return t:dim() == 2 and t:reshape({s.heads, 1, s.head_dim, t:size(2)}) or t:reshape({s.heads, 1, s.head_dim})
+  end
+  local fused = torch.cat({per_head(q), per_head(k), per_head(v)}, 2)
+  return fused:reshape(q:dim() == 2 and {3 * s.dim, q:size(2)} or {3 * s.dim}):contiguous()
+end
+
 function F.weights(s, tensors)
-  local prefix = tensors['gpt_neox.embed_in.weight'] ~= nil and 'gpt_neox.' or ''
+  local prefix = (tensors == nil or tensors['gpt_neox.embed_in.weight'] ~= nil) and 'gpt_neox.' or ''  -- nil: the layout save_pretrained writes
   local list = {{'embed_in.weight', prefix .. 'embed_in.weight'}}
   local function add(name, hf, convert) list[#list + 1] = {name, prefix .. hf, convert} end
   for i = 1, s.layers do

@@ -105,7 +105,7 @@ function F.build(s) return Llama(s) end
 -- {anatomy name, Hugging Face name}: LlamaForCausalLM prefixes `model.`;
 -- a checkpoint of the base LlamaModel does not.
 function F.weights(s, tensors)
-  local prefix = tensors['model.embed_tokens.weight'] ~= nil and 'model.' or ''
+  local prefix = (tensors == nil or tensors['model.embed_tokens.weight'] ~= nil) and 'model.' or ''  -- nil: the layout save_pretrained writes
   local list = {{'embed_tokens.weight', prefix .. 'embed_tokens.weight'}}
   local function add(name, hf) list[#list + 1] = {name, prefix .. hf} end
   for i = 1, s.layers do

@@ -196,4 +196,61 @@ function models.from_pretrained(folder, opts)
   return model, tok
 end
 
+-- model:save_pretrained(folder) for a model from models.from_pretrained:
+-- writes config.json, model.safetensors in Hugging Face's names and layout
+-- (the ...ForCausalLM one), and the tokenizer files of the folder it came
+-- from, so that transformers loads the model as anatomy has it now (edited or
+-- trained). Written into a temporary folder renamed into place.
+function pretrained.save(model, folder)
+  local where = 'save_pretrained'
+  local config = rawget(model, 'hf_config')
+  if type(config) ~= 'table' then
+    error(('%s: %s did not come from models.from_pretrained (it has no Hugging Face config)'):format(where, nn.typename(model)), 3)
+  end
+  if type(folder) ~= 'string' or folder == '' then error(('%s: folder must be a path, got %s'):format(where, tostring(folder)), 3) end
+  local F = require(pretrained.families[config.model_type])
+  local s = model.config
+  local params = {}
+  for name, p in model:named_parameters() do params[name] = p:detach():float():cpu() end
+  local tensors, fused = {}, {}
+  for _, w in ipairs(F.weights(s, nil)) do
+    local t = params[w[1]]
+    if w[3] == true then
+      tensors[w[2]] = t:t():contiguous()
+    elseif w[3] then  -- parts of one stored tensor (GPT-NeoX's query_key_value)
+      fused[w[2]] = fused[w[2]] or {}
+      table.insert(fused[w[2]], t)
+    else
+      tensors[w[2]] = t
+    end
+  end
+  for name, parts in pairs(fused) do tensors[name] = F.fuse(s, parts) end
+  -- each file is written beside its final place and renamed over it: a failed
+  -- save leaves the folder's previous files whole
+  fs.mkdir(folder)
+  local written = {}
+  local function put(file, write)
+    local tmp = folder .. '/.' .. file .. '.tmp'
+    write(tmp)
+    written[#written + 1] = {tmp, folder .. '/' .. file}
+  end
+  local cfg = {}
+  for k, v in pairs(config) do cfg[k] = v end
+  cfg.torch_dtype = 'float32'
+  put('config.json', function(path) local f = assert(io.open(path, 'wb')); f:write(json.encode(cfg), '\n'); f:close() end)
+  put('model.safetensors', function(path) torch.save_safetensors(path, tensors, {format = 'pt'}) end)
+  local from = rawget(model, 'hf_folder')
+  for _, file in ipairs{'tokenizer.json', 'vocab.json', 'merges.txt', 'tokenizer_config.json', 'special_tokens_map.json',
+                        'generation_config.json', 'tokenizer.model'} do
+    if from and from ~= folder and fs.exists(from .. '/' .. file) then
+      put(file, function(path) local f = assert(io.open(path, 'wb')); f:write(fs.read(from .. '/' .. file)); f:close() end)
+    end
+  end
+  for _, pair in ipairs(written) do
+    local ok, err = os.rename(pair[1], pair[2])
+    if not ok then error(('%s: cannot move %s into place: %s'):format(where, pair[1], tostring(err)), 3) end
+  end
+  return folder
+end
+
 return pretrained

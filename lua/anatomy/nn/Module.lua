@@ -342,6 +342,14 @@ function Module:device()
   return first and first.device or torch.device()
 end
 
+-- m:save_pretrained(folder): a model from models.from_pretrained written back
+-- in Hugging Face's layout (config.json, model.safetensors, its tokenizer
+-- files), loadable by transformers (lua/anatomy/models/pretrained.lua).
+function Module:save_pretrained(folder)
+  local path = require('anatomy.models.pretrained').save(self, folder)
+  return path
+end
+
 -- m:save(path): the parameters as a safetensors file (written atomically).
 function Module:save(path)
   torch.save_safetensors(path, self:state_dict(), {format = 'anatomy', class = nn.typename(self)})
