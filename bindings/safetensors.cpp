@@ -5,6 +5,7 @@
 #include "bindings/parts.h"
 #include "bindings/common.h"
 #include "host/io/safetensors.h"
+#include "host/tensor_format.h"
 #include "host/runtime.h"
 
 #include <algorithm>
@@ -90,7 +91,85 @@ int torch_load_safetensors(lua_State* L) {
   return 3;
 }
 
+// torch.safe_open(path) -> f: a file's header read and checked, its tensors
+// read one at a time (as safetensors' safe_open): f:keys(), f:get_tensor(name),
+// f:shape(name), f:dtype(name), f:metadata().
+constexpr const char* kSafeOpenMeta = "anatomy.SafeOpen";
+using IndexPtr = std::shared_ptr<io::SafetensorsIndex>;
+
+io::SafetensorsIndex& check_index(lua_State* L) { return *check_userdata<IndexPtr>(L, 1, kSafeOpenMeta, "safe_open file"); }
+
+const io::SafetensorsIndex::Entry& check_entry(lua_State* L, const io::SafetensorsIndex& index) {
+  std::string name = check_string(L, 2);
+  const auto* e = index.find(name);
+  if (!e) throw ArgError(2, "no tensor " + name + " in '" + index.path + "'");
+  return *e;
+}
+
+int torch_safe_open(lua_State* L) {
+  std::string path = check_string(L, 1);
+  try {
+    push_userdata<IndexPtr>(L, kSafeOpenMeta, std::make_shared<io::SafetensorsIndex>(io::open_safetensors(path)));
+  } catch (const io::SafetensorsError& e) {
+    throw CallError(e.what());
+  }
+  return 1;
+}
+
+int safe_keys(lua_State* L) {
+  const auto& index = check_index(L);
+  lua_createtable(L, static_cast<int>(index.entries.size()), 0);
+  for (size_t i = 0; i < index.entries.size(); ++i) {
+    lua_pushstring(L, index.entries[i].name.c_str());
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+  return 1;
+}
+
+int safe_get_tensor(lua_State* L) {
+  const auto& index = check_index(L);
+  const auto& e = check_entry(L, index);
+  try {
+    push_tensor(L, io::read_tensor(index, e).to(default_device()));
+  } catch (const io::SafetensorsError& err) {
+    throw CallError(err.what());
+  }
+  return 1;
+}
+
+int safe_shape(lua_State* L) {
+  const auto& index = check_index(L);
+  push_sizes(L, check_entry(L, index).shape);
+  return 1;
+}
+
+int safe_dtype(lua_State* L) {
+  const auto& index = check_index(L);
+  lua_pushstring(L, dtype_name(check_entry(L, index).type));
+  return 1;
+}
+
+int safe_metadata(lua_State* L) {
+  const auto& index = check_index(L);
+  lua_createtable(L, 0, static_cast<int>(index.metadata.size()));
+  for (const auto& [k, v] : index.metadata) {
+    lua_pushlstring(L, v.data(), v.size());
+    lua_setfield(L, -2, k.c_str());
+  }
+  return 1;
+}
+
+const luaL_Reg safe_open_methods[] = {
+    {"keys", guarded<safe_keys>},
+    {"get_tensor", guarded<safe_get_tensor>},
+    {"shape", guarded<safe_shape>},
+    {"dtype", guarded<safe_dtype>},
+    {"metadata", guarded<safe_metadata>},
+    {nullptr, nullptr},
+};
+
 const luaL_Reg safetensors_functions[] = {
+    {"safe_open", guarded<torch_safe_open>},
     {"save_safetensors", guarded<torch_save_safetensors>},
     {"load_safetensors", guarded<torch_load_safetensors>},
     {nullptr, nullptr},
@@ -98,6 +177,11 @@ const luaL_Reg safetensors_functions[] = {
 
 }  // namespace
 
-void register_safetensors(lua_State* L, int torch) { luaL_register(L, nullptr, safetensors_functions); }
+void register_safetensors(lua_State* L, int torch) {
+  define_userdata<IndexPtr>(L, kSafeOpenMeta, "safe_open file", safe_open_methods);
+  lua_pushvalue(L, torch);
+  luaL_register(L, nullptr, safetensors_functions);
+  lua_pop(L, 1);
+}
 
 }  // namespace anatomy::lua

@@ -89,7 +89,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   }
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+SafetensorsIndex open_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw SafetensorsError("cannot open " + in_quotes(path) + ": " + std::strerror(errno));
   const uint64_t size = static_cast<uint64_t>(in.tellg());
@@ -113,14 +113,11 @@ SafetensorsFile load_safetensors(const std::string& path) {
   if (!header.is_object()) corrupt(path, "the header is not a JSON object");
 
   const uint64_t data_size = size - 8 - n;
-  SafetensorsFile file;
-  struct Entry {
-    std::string name;
-    c10::ScalarType type;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
-  std::vector<Entry> entries;
+  SafetensorsIndex file;
+  file.path = path;
+  file.data_start = 8 + n;
+  using Entry = SafetensorsIndex::Entry;
+  std::vector<Entry>& entries = file.entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const json& v = it.value();
@@ -167,15 +164,32 @@ SafetensorsFile load_safetensors(const std::string& path) {
     if (entries[i].begin < entries[i - 1].end)
       corrupt(path, "tensors " + in_quotes(entries[i - 1].name) + " and " + in_quotes(entries[i].name) + " overlap");
 
-  for (const Entry& e : entries) {
-    // Booleans are read as bytes: a byte other than 0 or 1 must not become a bool.
-    bool is_bool = e.type == at::kBool;
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(is_bool ? at::kByte : e.type));
-    in.seekg(static_cast<std::streamoff>(8 + n + e.begin));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in) corrupt(path, "the data of tensor " + in_quotes(e.name) + " could not be read");
-    file.tensors.emplace_back(e.name, is_bool ? t.ne(0) : t);
-  }
+  return file;
+}
+
+at::Tensor read_tensor(const SafetensorsIndex& index, const SafetensorsIndex::Entry& e) {
+  std::ifstream in(index.path, std::ios::binary);
+  if (!in) throw SafetensorsError("cannot open " + in_quotes(index.path) + ": " + std::strerror(errno));
+  // Booleans are read as bytes: a byte other than 0 or 1 must not become a bool.
+  bool is_bool = e.type == at::kBool;
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(is_bool ? at::kByte : e.type));
+  in.seekg(static_cast<std::streamoff>(index.data_start + e.begin));
+  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+  if (!in) corrupt(index.path, "the data of tensor " + in_quotes(e.name) + " could not be read");
+  return is_bool ? t.ne(0) : t;
+}
+
+const SafetensorsIndex::Entry* SafetensorsIndex::find(const std::string& name) const {
+  for (const auto& e : entries)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  SafetensorsIndex index = open_safetensors(path);
+  SafetensorsFile file;
+  file.metadata = index.metadata;
+  for (const auto& e : index.entries) file.tensors.emplace_back(e.name, read_tensor(index, e));
   return file;
 }
 

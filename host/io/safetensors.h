@@ -29,8 +29,29 @@ struct SafetensorsFile {
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-/// Reads and validates a whole file: header length, JSON, dtypes, shapes and
+/// A file's validated header: each tensor's dtype, shape and byte range, read
+/// without its data (safetensors' safe_open), for loading one tensor at a time.
+struct SafetensorsIndex {
+  struct Entry {
+    std::string name;
+    c10::ScalarType type;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;  ///< byte range within the data
+  };
+  std::string path;
+  uint64_t data_start = 0;                      ///< where the data begins in the file
+  std::vector<Entry> entries;                   ///< in file order
+  std::map<std::string, std::string> metadata;  ///< the header's "__metadata__"
+  /// The entry of a tensor, or nullptr.
+  const Entry* find(const std::string& name) const;
+};
+
+/// Reads and validates a file's header: header length, JSON, dtypes, shapes and
 /// byte ranges (inside the data, no overlaps, sizes matching shapes).
+SafetensorsIndex open_safetensors(const std::string& path);
+/// One tensor's data (CPU), read from the file.
+at::Tensor read_tensor(const SafetensorsIndex& index, const SafetensorsIndex::Entry& entry);
+/// open_safetensors, then every tensor read.
 SafetensorsFile load_safetensors(const std::string& path);
 
 }  // namespace anatomy::io

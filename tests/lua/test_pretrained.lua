@@ -100,7 +100,8 @@ test('broken folders: each an error naming what is wrong', function()
     remove(dir)
   end
   raises(function() models.from_pretrained('/no/such/folder') end, "models.from_pretrained: '/no/such/folder' is not a folder")
-  raises(function() models.from_pretrained('/tmp', {dtype = 'int8'}) end, "has no config.json")
+  raises(function() models.from_pretrained('/tmp', {dtype = 'int8'}) end, "models.from_pretrained: dtype must be 'float32', 'bfloat16' or 'float16', got 'int8'")
+  raises(function() models.from_pretrained('/tmp') end, "models.from_pretrained: '/tmp' has no config.json")
 end)
 
 test('save_pretrained writes the layout back: read again, every parameter is equal', function()

@@ -85,11 +85,17 @@ function pretrained.rope(c, where)
   return r
 end
 
--- The weights of a folder: model.safetensors, or the shards that
--- model.safetensors.index.json lists. Returns {name = tensor}.
-local function load_weights(folder, where)
+-- The weights of a folder, opened but not read: model.safetensors, or the
+-- shards that model.safetensors.index.json lists. Returns {name = the
+-- torch.safe_open file that holds it}; each tensor is read when it is placed.
+local function open_weights(folder, where)
   local single, index = folder .. '/model.safetensors', folder .. '/model.safetensors.index.json'
-  if fs.exists(single) then return (torch.load_safetensors(single)) end
+  local files = {}
+  if fs.exists(single) then
+    local f = torch.safe_open(single)
+    for _, name in ipairs(f:keys()) do files[name] = f end
+    return files
+  end
   if not fs.exists(index) then
     error(("%s: '%s' has neither model.safetensors nor model.safetensors.index.json"):format(where, folder), 0)
   end
@@ -97,35 +103,43 @@ local function load_weights(folder, where)
   if not ok or type(idx) ~= 'table' or type(idx.weight_map) ~= 'table' then
     error(("%s: '%s' is not a safetensors index (no weight_map)"):format(where, index), 0)
   end
-  local files, order = {}, {}
-  for name, file in pairs(idx.weight_map) do
-    if not files[file] then files[file] = {}; order[#order + 1] = file end
-    files[file][#files[file] + 1] = name
-  end
-  table.sort(order)
-  local all = {}
-  for _, file in ipairs(order) do
+  local shards, names = {}, {}
+  for name, file in pairs(idx.weight_map) do names[#names + 1] = name; shards[file] = shards[file] or name end
+  table.sort(names)
+  local opened = {}
+  for _, name in ipairs(names) do
+    local file = idx.weight_map[name]
     local path = folder .. '/' .. file
-    if not fs.exists(path) then
-      error(("%s: the shard '%s' that %s lists for %s is missing"):format(where, file, index, files[file][1]), 0)
+    if not opened[file] then
+      if not fs.exists(path) then
+        error(("%s: the shard '%s' that %s lists for %s is missing"):format(where, file, index, shards[file]), 0)
+      end
+      opened[file] = torch.safe_open(path)
+      opened[file .. '\0names'] = {}
+      for _, n in ipairs(opened[file]:keys()) do opened[file .. '\0names'][n] = true end
     end
-    local t = torch.load_safetensors(path)
-    for _, name in ipairs(files[file]) do
-      if t[name] == nil then error(("%s: the index puts %s in '%s', which does not hold it"):format(where, name, path), 0) end
-      all[name] = t[name]
+    if not opened[file .. '\0names'][name] then
+      error(("%s: the index puts %s in '%s', which does not hold it"):format(where, name, path), 0)
     end
+    files[name] = opened[file]
   end
-  return all
+  return files
 end
 
 -- models.from_pretrained(folder, {dtype = 'float32'|'bfloat16'|'float16', device})
 -- -> model, tokenizer (nil when the folder has none). The model is in eval
 -- mode; its modules are the library's blocks; model.config is the
--- family's settings and model.hf_config the config.json read.
+-- family's settings and model.hf_config the config.json read. Every tensor is
+-- checked (present, placed, shaped) before the model is made, then read from
+-- its file and copied into its parameter one at a time: the weights are never
+-- held twice.
 function models.from_pretrained(folder, opts)
   local where = 'models.from_pretrained'
   if type(folder) ~= 'string' then error(('%s: folder must be a string, got %s'):format(where, type(folder)), 2) end
   opts = require('anatomy.options').check(opts, {dtype = true, device = true}, where, 2)
+  if opts.dtype and opts.dtype ~= 'float32' and opts.dtype ~= 'bfloat16' and opts.dtype ~= 'float16' then
+    error(("%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'"):format(where, tostring(opts.dtype)), 2)
+  end
   if not fs.is_dir(folder) then error(("%s: '%s' is not a folder"):format(where, folder), 2) end
   local config_path = folder .. '/config.json'
   if not fs.exists(config_path) then error(("%s: '%s' has no config.json"):format(where, folder), 2) end
@@ -141,50 +155,51 @@ function models.from_pretrained(folder, opts)
   end
   local F = require(family)
   local settings = F.check(config, where)
-  local weights = load_weights(folder, where)
-  -- everything is checked before the model is made: nothing half-loaded comes back
-  local plan = F.weights(settings, weights)
-  local used = {}  -- checkpoint name -> how many parameters still take from it
+  local files = open_weights(folder, where)
+  local plan = F.weights(settings, files)
+  local used = {}  -- checkpoint name -> how many parameters take from it
   for _, w in ipairs(plan) do
-    local name, t = w[2], weights[w[2]]
-    if t == nil then
-      error(("%s: the checkpoint in '%s' has no tensor %s (for %s)"):format(where, folder, name, w[1]), 2)
+    if files[w[2]] == nil then
+      error(("%s: the checkpoint in '%s' has no tensor %s (for %s)"):format(where, folder, w[2], w[1]), 2)
     end
-    used[name] = (used[name] or 0) + 1
+    used[w[2]] = (used[w[2]] or 0) + 1
   end
-  local placed = {}
-  for name in pairs(used) do placed[name] = true end
-  local model = F.build(settings)
-  local params = {}
-  for name, p in model:named_parameters() do params[name] = p end
-  torch.no_grad(function()
-    for _, w in ipairs(plan) do
-      local p, t = params[w[1]], weights[w[2]]
-      if w[3] == true then t = t:t() elseif w[3] then t = w[3](t) end
-      if not p then error(('%s: internal: the model has no parameter %s'):format(where, w[1]), 0) end
-      if table.concat(t:size(), 'x') ~= table.concat(p:size(), 'x') then
-        local want = p:size()
-        if w[3] == true then want = {want[2], want[1]} end
-        error(('%s: %s has shape %s in the checkpoint, expected %s for %s%s'):format(where, w[2],
-          table.concat(weights[w[2]]:size(), 'x'), table.concat(want, 'x'), w[1],
-          w[3] == true and ' (stored transposed, [in, out])' or (w[3] and ' (after its conversion)' or '')), 2)
-      end
-      p:copy_(t)
-      used[w[2]] = used[w[2]] - 1
-      if used[w[2]] == 0 then weights[w[2]] = nil end  -- freed once its last use is copied
-    end
-  end)
-  for name in pairs(weights) do
-    if not placed[name] and not (F.ignored and F.ignored(name)) then
+  for name in pairs(files) do
+    if not used[name] and not (F.ignored and F.ignored(name)) then
       error(("%s: the checkpoint has a tensor anatomy does not place: %s"):format(where, name), 2)
     end
   end
-  if opts.dtype and opts.dtype ~= 'float32' then
-    if opts.dtype ~= 'bfloat16' and opts.dtype ~= 'float16' then
-      error(("%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'"):format(where, tostring(opts.dtype)), 2)
+  local model = F.build(settings)
+  local params = {}
+  for name, p in model:named_parameters() do params[name] = p end
+  local function check_shape(w, stored, shape)
+    local p = params[w[1]]
+    if table.concat(shape, 'x') ~= table.concat(p:size(), 'x') then
+      local want = p:size()
+      if w[3] == true then want = {want[2], want[1]} end
+      error(('%s: %s has shape %s in the checkpoint, expected %s for %s%s'):format(where, w[2], table.concat(stored, 'x'),
+        table.concat(want, 'x'), w[1], w[3] == true and ' (stored transposed, [in, out])' or (w[3] and ' (after its conversion)' or '')), 3)
     end
-    model:to(opts.dtype)
   end
+  for _, w in ipairs(plan) do  -- shapes first: nothing is read before every one fits
+    if not params[w[1]] then error(('%s: internal: the model has no parameter %s'):format(where, w[1]), 2) end
+    if w[3] == nil or w[3] == true then  -- converted ones are checked once converted
+      local stored = files[w[2]]:shape(w[2])
+      check_shape(w, stored, w[3] and {stored[2], stored[1]} or stored)
+    end
+  end
+  local last_name, last  -- a stored tensor that feeds several parameters is read once
+  torch.no_grad(function()
+    for _, w in ipairs(plan) do
+      local t = w[2] == last_name and last or files[w[2]]:get_tensor(w[2])
+      last_name, last = w[2], t
+      if w[3] == true then t = t:t() elseif w[3] then t = w[3](t) end
+      check_shape(w, files[w[2]]:shape(w[2]), t:size())
+      params[w[1]]:copy_(t)
+    end
+  end)
+  last = nil
+  if opts.dtype and opts.dtype ~= 'float32' then model:to(opts.dtype) end
   if opts.device then model:to(opts.device) end
   rawset(model, 'hf_config', config)
   rawset(model, 'hf_folder', folder)
