@@ -1,0 +1,171 @@
+"""The pretrained-checkpoint benchmark: random-weight checkpoints at the real
+shapes of GPT-2 small (124M) and Pythia-410M, made here with `transformers`
+and saved with save_pretrained; then, on the same machine and threads, for
+each: the time to read the weights file against anatomy's load time
+(models.from_pretrained), anatomy's peak memory against the weights' size,
+forward tokens/s of anatomy against `transformers` (eval, no grad, B x T
+random ids, the two sides alternating), and the time of anatomy's autopsy
+(logit lens and layer removal included) on B sequences of T tokens.
+Writes the table between the `pretrained` markers of bench/RESULTS.md with
+the configuration, the commit and the machine.
+Usage: pretrained.py ANATOMY_EXECUTABLE [--models gpt2,pythia-410m] [--threads N] [--rounds N]
+Needs the PyPI build's venv (transformers). Takes ~20 minutes on 2 cores.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import transformers
+
+MODELS = {
+    "gpt2": ("GPT-2 small (124M)", lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config())),
+    "pythia-410m": ("Pythia-410M", lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=50304, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+        rotary_pct=0.25, max_position_embeddings=2048, use_parallel_residual=True, tie_word_embeddings=False))),
+}
+B, T = 8, 256
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def anatomy(exe, threads, folder, mode, tmp, repeats=3):
+    out = os.path.join(tmp, "anatomy.json")
+    cmd = ["/usr/bin/time", "-f", "%M", exe, f"--threads={threads}", os.path.join(HERE, "pretrained.lua"), folder, out, mode,
+           str(B), str(T), str(repeats)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"anatomy failed: {proc.stdout}{proc.stderr}")
+    result = json.load(open(out))
+    result["max_rss_bytes"] = int(proc.stderr.strip().splitlines()[-1]) * 1024
+    return result
+
+
+def idle_rss(exe, threads):
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", exe, f"--threads={threads}", "-e", "local m = models"],
+                          capture_output=True, text=True)
+    return int(proc.stderr.strip().splitlines()[-1]) * 1024
+
+
+def read_seconds(path, repeats=3):
+    best = float("inf")
+    for _ in range(repeats):
+        s = time.perf_counter()
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+        best = min(best, time.perf_counter() - s)
+    return best
+
+
+def transformers_forward(folder, threads, repeats=3):
+    torch.set_num_threads(threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    torch.manual_seed(0)
+    x = torch.randint(0, model.config.vocab_size, (B, T))
+    with torch.no_grad():
+        model(x)
+        times = []
+        for _ in range(repeats):
+            s = time.perf_counter()
+            model(x)
+            times.append(time.perf_counter() - s)
+    del model
+    return times
+
+
+def git(*args):
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("anatomy")
+    p.add_argument("--models", default="gpt2,pythia-410m")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--rounds", type=int, default=2)
+    a = p.parse_args()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    rows = []
+    idle = idle_rss(a.anatomy, a.threads)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
+        for key in a.models.split(","):
+            label, make = MODELS[key]
+            torch.manual_seed(0)
+            model = make().eval()
+            folder = os.path.join(tmp, key)
+            model.save_pretrained(folder)
+            params = sum(p.numel() for p in model.parameters())
+            del model
+            weights = os.path.join(folder, "model.safetensors")
+            size = os.path.getsize(weights)
+            print(f"{label}: {params / 1e6:.0f}M parameters, {size / 1e9:.2f} GB of weights", file=sys.stderr)
+            read = read_seconds(weights)
+            load = anatomy(a.anatomy, a.threads, folder, "load", tmp)
+            ours, theirs = [], []
+            for r in range(a.rounds):  # the two sides alternate
+                ours += anatomy(a.anatomy, a.threads, folder, "forward", tmp)["forward_seconds"]
+                theirs += transformers_forward(folder, a.threads)
+            autopsy = anatomy(a.anatomy, a.threads, folder, "autopsy", tmp)
+            tok_ours, tok_theirs = B * T / statistics.median(ours), B * T / statistics.median(theirs)
+            rows.append({
+                "model": label, "parameters": params, "weights_bytes": size, "read_seconds": read,
+                "load_seconds": load["load_seconds"], "peak_rss_bytes": load["max_rss_bytes"], "idle_rss_bytes": idle,
+                "forward_anatomy": ours, "forward_transformers": theirs,
+                "tokens_per_second_anatomy": tok_ours, "tokens_per_second_transformers": tok_theirs,
+                "autopsy_seconds": autopsy["autopsy_seconds"],
+            })
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    cpu = ""
+    try:
+        cpu = re.search(r"model name\s*:\s*(.*)", open("/proc/cpuinfo").read()).group(1)
+    except (OSError, AttributeError):
+        pass
+    lines = [
+        f"Generated by `bench/pretrained.py` on {datetime.date.today().isoformat()}, commit {git('rev-parse', '--short=12', 'HEAD')}"
+        f"{' (with uncommitted changes)' if git('status', '--porcelain', '--untracked-files=no') else ''}; "
+        f"{cpu or platform.machine()}, {os.cpu_count()} cores, {a.threads} threads; LibTorch {torch.__version__} on both sides, "
+        f"transformers {transformers.__version__}. Random weights at the real shapes (float32), saved by `save_pretrained`; "
+        f"forward: eval, no grad, {B} x {T} random ids, median of {a.rounds} alternating rounds of 3; autopsy: "
+        f"`autopsy.run` with logit lens and layer removal on {B} x {T} tokens. Memory: peak RSS of a process that only loads, "
+        f"less that of one that starts (`{idle / 2**20:.0f} MiB`). Goals: load <= 1.5x the file read, memory <= 1.3x the weights, "
+        f"forward >= 1.0x transformers.",
+        "",
+        "| model | weights | read the file | load (x read) | memory over start (x weights) | forward tok/s anatomy | transformers | ratio | autopsy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mem = r["peak_rss_bytes"] - r["idle_rss_bytes"]
+        lines.append(
+            f"| {r['model']} | {r['weights_bytes'] / 1e9:.2f} GB | {r['read_seconds']:.2f} s | {r['load_seconds']:.2f} s "
+            f"({r['load_seconds'] / r['read_seconds']:.1f}x) | {mem / 1e9:.2f} GB ({mem / r['weights_bytes']:.2f}x) | "
+            f"{r['tokens_per_second_anatomy']:.0f} | {r['tokens_per_second_transformers']:.0f} | "
+            f"{r['tokens_per_second_anatomy'] / r['tokens_per_second_transformers']:.2f} | {r['autopsy_seconds']:.0f} s |")
+    table = "\n".join(lines)
+    print(table)
+    path = os.path.join(HERE, "RESULTS.md")
+    text = open(path).read() if os.path.exists(path) else ""
+    block = f"<!-- pretrained:begin (written by bench/pretrained.py) -->\n## Pretrained checkpoints\n\n{table}\n<!-- pretrained:end -->"
+    if "<!-- pretrained:begin" in text:
+        text = re.sub(r"<!-- pretrained:begin.*?<!-- pretrained:end -->", lambda m: block, text, flags=re.S)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+    with open(os.path.join(HERE, "pretrained.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
