@@ -262,8 +262,22 @@ int with_trusted_ids(lua_State* L) {
   return lua_gettop(L);
 }
 
+// torch._native.without_init(fn, ...) -> fn(...): runs fn with host/runtime.h's
+// SkipInit alive (blocks built inside draw no initial values).
+int without_init(lua_State* L) {
+  if (lua_type(L, 1) != LUA_TFUNCTION) throw ArgError(1, "function expected, got " + type_name(L, 1));
+  int status;
+  {
+    SkipInit skip;
+    status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  }
+  if (status != 0) return lua_error(L);
+  return lua_gettop(L);
+}
+
 const luaL_Reg module_constructors[] = {
     {"with_trusted_ids", guarded<with_trusted_ids>},
+    {"without_init", guarded<without_init>},
     {"Linear", guarded<new_linear>},
     {"Embedding", guarded<new_embedding>},
     {"LayerNorm", guarded<new_layer_norm>},

@@ -137,6 +137,28 @@ int safe_get_tensor(lua_State* L) {
   return 1;
 }
 
+// f:read_into(name, t) -> whether it read: a parameter whose dtype, shape and
+// layout (contiguous, CPU) match the stored tensor gets its bytes straight
+// from the file, autograd untouched; false (nothing read) when they do not.
+int safe_read_into(lua_State* L) {
+  const auto& index = check_index(L);
+  const auto& e = check_entry(L, index);
+  at::Tensor& out = check_tensor(L, 3);
+  bool fits = out.is_cpu() && out.is_contiguous() && out.scalar_type() == e.type && e.type != at::kBool &&
+              out.sizes() == at::IntArrayRef(e.shape);
+  if (fits) {
+    try {
+      at::Tensor target = out.detach();  // the same storage, outside autograd's view
+      io::read_tensor_into(index, e, target);
+      target.unsafeGetTensorImpl()->bump_version();
+    } catch (const io::SafetensorsError& err) {
+      throw CallError(err.what());
+    }
+  }
+  lua_pushboolean(L, fits);
+  return 1;
+}
+
 int safe_shape(lua_State* L) {
   const auto& index = check_index(L);
   push_sizes(L, check_entry(L, index).shape);
@@ -162,6 +184,7 @@ int safe_metadata(lua_State* L) {
 const luaL_Reg safe_open_methods[] = {
     {"keys", guarded<safe_keys>},
     {"get_tensor", guarded<safe_get_tensor>},
+    {"read_into", guarded<safe_read_into>},
     {"shape", guarded<safe_shape>},
     {"dtype", guarded<safe_dtype>},
     {"metadata", guarded<safe_metadata>},

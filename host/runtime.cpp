@@ -69,6 +69,13 @@ TrustedIds::TrustedIds() : previous_(g_trusted_ids) { g_trusted_ids = true; }
 TrustedIds::~TrustedIds() { g_trusted_ids = previous_; }
 bool TrustedIds::active() { return g_trusted_ids; }
 
+namespace {
+thread_local bool g_skip_init = false;
+}
+SkipInit::SkipInit() : previous_(g_skip_init) { g_skip_init = true; }
+SkipInit::~SkipInit() { g_skip_init = previous_; }
+bool SkipInit::active() { return g_skip_init; }
+
 c10::Device default_device() { return g_default_device; }
 void set_default_device(c10::Device device) { g_default_device = device; }
 

@@ -47,6 +47,21 @@ class TrustedIds {
   bool previous_;
 };
 
+/// While one is alive (on this thread), built-in blocks allocate their
+/// parameters without drawing initial values: a checkpoint fills them next
+/// (models.from_pretrained), so the random draw would be wasted time.
+class SkipInit {
+ public:
+  SkipInit();
+  ~SkipInit();
+  SkipInit(const SkipInit&) = delete;
+  SkipInit& operator=(const SkipInit&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 /// LibTorch's version, e.g. "1.13.0".
 std::string torch_version();
 /// anatomy's cache folder (trained tokenizers, the default corpus):

@@ -179,6 +179,19 @@ at::Tensor read_tensor(const SafetensorsIndex& index, const SafetensorsIndex::En
   return is_bool ? t.ne(0) : t;
 }
 
+void read_tensor_into(const SafetensorsIndex& index, const SafetensorsIndex::Entry& e, at::Tensor& out) {
+  if (!out.is_cpu() || !out.is_contiguous() || out.scalar_type() != e.type || out.sizes() != at::IntArrayRef(e.shape) ||
+      e.type == at::kBool)
+    throw SafetensorsError("tensor " + in_quotes(e.name) + " cannot be read in place into a " +
+                           std::string(out.is_cpu() ? "" : "non-CPU ") + (out.is_contiguous() ? "" : "non-contiguous ") +
+                           "tensor of another dtype or shape");
+  std::ifstream in(index.path, std::ios::binary);
+  if (!in) throw SafetensorsError("cannot open " + in_quotes(index.path) + ": " + std::strerror(errno));
+  in.seekg(static_cast<std::streamoff>(index.data_start + e.begin));
+  in.read(static_cast<char*>(out.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+  if (!in) corrupt(index.path, "the data of tensor " + in_quotes(e.name) + " could not be read");
+}
+
 const SafetensorsIndex::Entry* SafetensorsIndex::find(const std::string& name) const {
   for (const auto& e : entries)
     if (e.name == name) return &e;

@@ -51,6 +51,10 @@ struct SafetensorsIndex {
 SafetensorsIndex open_safetensors(const std::string& path);
 /// One tensor's data (CPU), read from the file.
 at::Tensor read_tensor(const SafetensorsIndex& index, const SafetensorsIndex::Entry& entry);
+/// One tensor's data read straight into `out` (a contiguous CPU tensor of the
+/// entry's dtype and shape), with no buffer between. Throws SafetensorsError
+/// naming the mismatch otherwise.
+void read_tensor_into(const SafetensorsIndex& index, const SafetensorsIndex::Entry& entry, at::Tensor& out);
 /// open_safetensors, then every tensor read.
 SafetensorsFile load_safetensors(const std::string& path);
 

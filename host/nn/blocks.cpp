@@ -33,6 +33,10 @@ void require_positive(double v, const char* field) {
 // Parameters are made on the default device, like every factory.
 at::TensorOptions param_options() { return at::TensorOptions().dtype(at::kFloat).device(default_device()); }
 
+// A parameter's initial values, unless a checkpoint is about to fill it (SkipInit).
+at::Tensor init_uniform(at::Tensor t, double bound) { return SkipInit::active() ? t : t.uniform_(-bound, bound); }
+at::Tensor init_normal(at::Tensor t) { return SkipInit::active() ? t : t.normal_(); }
+
 void require_last_dim(const at::Tensor& x, int64_t dim, const char* what) {
   if (x.dim() == 0 || x.size(-1) != dim)
     throw InputError(std::string(what) + " expects inputs whose last dimension is " + std::to_string(dim) +
@@ -68,8 +72,8 @@ Linear::Linear(const LinearOptions& o) : in_features(o.in_features()), out_featu
   const int64_t in = in_features, out = out_features;
   const bool has_bias = o.bias();
   double bound = 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in, 1)));
-  weight = register_parameter("weight", at::empty({out, in}, param_options()).uniform_(-bound, bound));
-  if (has_bias) bias = register_parameter("bias", at::empty({out}, param_options()).uniform_(-bound, bound));
+  weight = register_parameter("weight", init_uniform(at::empty({out, in}, param_options()), bound));
+  if (has_bias) bias = register_parameter("bias", init_uniform(at::empty({out}, param_options()), bound));
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) {
@@ -89,8 +93,8 @@ Embedding::Embedding(const EmbeddingOptions& o)
   require_positive(o.embedding_dim(), "embedding_dim");
   if (o.positions() < 0) throw OptionError("positions", "positions must be positive, got " + std::to_string(o.positions()));
   const int64_t n = num_embeddings, dim = embedding_dim, pos = positions;
-  weight = register_parameter("weight", at::randn({n, dim}, param_options()));
-  if (pos > 0) pos_weight = register_parameter("pos_weight", at::randn({pos, dim}, param_options()));
+  weight = register_parameter("weight", init_normal(at::empty({n, dim}, param_options())));
+  if (pos > 0) pos_weight = register_parameter("pos_weight", init_normal(at::empty({pos, dim}, param_options())));
 }
 
 at::Tensor Embedding::forward(const at::Tensor& ids) {

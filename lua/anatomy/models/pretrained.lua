@@ -169,7 +169,7 @@ function models.from_pretrained(folder, opts)
       error(("%s: the checkpoint has a tensor anatomy does not place: %s"):format(where, name), 2)
     end
   end
-  local model = F.build(settings)
+  local model = torch._native.without_init(F.build, settings)  -- every parameter is filled below
   local params = {}
   for name, p in model:named_parameters() do params[name] = p end
   local function check_shape(w, stored, shape)
@@ -191,11 +191,16 @@ function models.from_pretrained(folder, opts)
   local last_name, last  -- a stored tensor that feeds several parameters is read once
   torch.no_grad(function()
     for _, w in ipairs(plan) do
-      local t = w[2] == last_name and last or files[w[2]]:get_tensor(w[2])
-      last_name, last = w[2], t
-      if w[3] == true then t = t:t() elseif w[3] then t = w[3](t) end
-      check_shape(w, files[w[2]]:shape(w[2]), t:size())
-      params[w[1]]:copy_(t)
+      -- stored as the parameter is: read straight into it, no buffer between
+      if w[3] == nil and files[w[2]]:read_into(w[2], params[w[1]]) then goto placed end
+      do
+        local t = w[2] == last_name and last or files[w[2]]:get_tensor(w[2])
+        last_name, last = w[2], t
+        if w[3] == true then t = t:t() elseif w[3] then t = w[3](t) end
+        check_shape(w, files[w[2]]:shape(w[2]), t:size())
+        params[w[1]]:copy_(t)
+      end
+      ::placed::
     end
   end)
   last = nil
