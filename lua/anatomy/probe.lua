@@ -23,8 +23,32 @@ local function matcher(filter)
 end
 probe.matcher = matcher
 
+-- A model from models.from_pretrained also answers to the names of its
+-- checkpoint, as a user pastes them from Hugging Face or TransformerLens
+-- code: `h.0.attn` or `transformer.h.0.attn` is `h.1.attn` here,
+-- `model.layers.0.mlp` is `blocks.1.mlp`. A name that is anatomy's already
+-- stays as it is (so a bare `h.1` is anatomy's first block; the prefixed form
+-- `transformer.h.1` is the checkpoint's second). Returns the anatomy name, or name.
+local hf_prefixes = {'transformer.', 'model.', 'gpt_neox.'}
+function probe.resolve_name(model, name)
+  if type(name) ~= 'string' or rawget(model, 'hf_config') == nil then return name end
+  for n in model:named_modules() do if n == name then return name end end
+  local candidates = {name}
+  for _, p in ipairs(hf_prefixes) do
+    if name:sub(1, #p) == p then candidates[#candidates + 1] = name:sub(#p + 1) else candidates[#candidates + 1] = p .. name end
+  end
+  local names = {}
+  for n in model:named_modules() do names[n] = true end
+  for _, c in ipairs(candidates) do
+    local translated = models.anatomy_name(c, model)
+    if names[translated] then return translated end
+  end
+  return name
+end
+
 -- The module at a dotted path, or an error that lists the nearest names.
 local function find(model, name)
+  name = probe.resolve_name(model, name)
   for n, m in model:named_modules() do
     if n == name then return m end
   end
@@ -123,7 +147,17 @@ end
 -- into capture until handle:remove(). Used by probe.capture and train.fit.
 function probe.attach_capture(model, opts)
   opts = opts or {}
-  local want = matcher(opts.filter)
+  local filter = opts.filter
+  if type(filter) == 'string' then filter = {filter} end
+  if type(filter) == 'table' and rawget(model, 'hf_config') then  -- checkpoint names, translated
+    local translated = {}
+    for i, f in ipairs(filter) do
+      local base, pattern = f:match('^(.-)(%.pattern)$')
+      translated[i] = f:find('[%*%?]') and f or (base and probe.resolve_name(model, base) .. pattern or probe.resolve_name(model, f))
+    end
+    filter = translated
+  end
+  local want = matcher(filter)
   local grad = opts.grad == true
   local capture = {grads = {}}
   local function record(name, y, m)
