@@ -1,10 +1,17 @@
 -- Runs a Hugging Face folder through models.from_pretrained, for
 -- test_pretrained_parity.py. arg: folder, text, out.json. Writes the ids, the
 -- logits, every hidden state (the embeddings, each block, the final norm's),
--- every attention pattern, the loss and a greedy continuation.
+-- every attention pattern, the loss and a greedy continuation. With arg[5] a
+-- dtype ('bfloat16'), the model is loaded in it and only the logits are written.
 local json = require 'anatomy.json'
 local fs = require 'anatomy.fs'
-local model, tok = models.from_pretrained(arg[1])
+local model, tok = models.from_pretrained(arg[1], {dtype = arg[5]})
+if arg[5] then
+  local ids = tok:encode(arg[2]):unsqueeze(1)
+  local logits = torch.no_grad(function() return model(ids) end)
+  fs.write_atomic(arg[3], json.encode({dtype = logits.dtype, logits = logits[1]:float():tolist()}))
+  os.exit(0)
+end
 local ids = tok:encode(arg[2]):unsqueeze(1)
 local layers = model:layers()
 local L = #layers

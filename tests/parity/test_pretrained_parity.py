@@ -9,7 +9,10 @@ weights; and the refusal of a config switch anatomy does not honour.
 
 Tolerance (float32): |anatomy - transformers| <= 1e-4 + 1e-4 * |transformers|
 for logits, hidden states and patterns; loss within 1e-5; token ids and
-generated ids exact.
+generated ids exact. bfloat16 (dtype = 'bfloat16' against the model cast to
+bfloat16 in transformers): logits within 0.02 + 0.02 * |transformers| (8 bits
+of mantissa; seen here: 0.002-0.004 on logits of size ~0.5, as large as
+transformers' own bfloat16-to-float32 difference).
 Needs transformers and tokenizers (the PyPI build's venv); exits 77 without.
 Usage: test_pretrained_parity.py ANATOMY_EXECUTABLE
 """
@@ -36,11 +39,12 @@ TEXT = "The quick brown fox jumps over the lazy dog. Ünïcödé 👋🏽 1234!"
 TOL = 1e-4
 
 
-def run(exe, folder, tmp, saved=None):
+def run(exe, folder, tmp, saved=None, dtype=None):
     out = os.path.join(tmp, "out.json")
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run([exe, "--threads=1", os.path.join(here, "pretrained_parity.lua"), folder, TEXT, out]
-                          + ([saved] if saved else []), capture_output=True, text=True)
+                          + ([saved or ""] if saved or dtype else []) + ([dtype] if dtype else []),
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         return None, (proc.stdout + proc.stderr).strip()
     return json.load(open(out)), None
@@ -193,6 +197,18 @@ def main():
             n += 1
             if excess > 0:
                 failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
+            if name.startswith(("gpt2: tied", "gpt_neox: Pythia", "llama: grouped")):  # bfloat16 too
+                got16, err = run(exe, folder, tmp, dtype="bfloat16")
+                n += 1
+                if err:
+                    failures.append(f"{name}: bfloat16: anatomy failed: {err}")
+                else:
+                    with torch.no_grad():
+                        ref = hf.to(torch.bfloat16)(torch.tensor([got["ids"]])).logits[0].float()
+                    hf.float()
+                    d = (torch.tensor(got16["logits"]) - ref).abs()
+                    if got16["dtype"] != "bfloat16" or not bool((d <= 0.02 + 0.02 * ref.abs()).all()):
+                        failures.append(f"{name}: bfloat16 logits ({got16['dtype']}) differ by {d.max().item()}")
             passed += n - (len(failures) - before)
             print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
         # a switch anatomy does not honour is refused by name, and nothing is returned
