@@ -184,6 +184,20 @@ int64_t check_dim(lua_State* L, int idx, int64_t ndim) {
   return wrap_dim(check_integer(L, idx), ndim, idx);
 }
 
+std::vector<int64_t> check_token_ids(lua_State* L, int idx) {
+  std::vector<int64_t> ids;
+  if (at::Tensor* t = to_tensor(L, idx)) {
+    if (!at::isIntegralType(t->scalar_type(), false)) throw ArgError(idx, "token ids must be an integer tensor");
+    at::Tensor flat = t->detach().to(at::kCPU, at::kLong).contiguous().reshape({-1});
+    ids.assign(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel());
+  } else if (lua_type(L, idx) == LUA_TTABLE) {
+    ids = check_sizes(L, idx);
+  } else {
+    throw ArgError(idx, "Tensor or table of token ids expected, got " + type_name(L, idx));
+  }
+  return ids;
+}
+
 at::Tensor zero_based_index(const at::Tensor& index, int64_t size, int arg) {
   if (!at::isIntegralType(index.scalar_type(), /*includeBool=*/false))
     throw ArgError(arg, std::string("index tensor must have an integer dtype, got ") + dtype_name(index.scalar_type()));

@@ -249,26 +249,16 @@ int new_swiglu(lua_State* L) {
   return 1;
 }
 
-// torch._native.with_trusted_ids(fn, ...) -> fn(...): runs fn with
-// host/runtime.h's TrustedIds alive (GPU ids are not read back to be checked).
-int with_trusted_ids(lua_State* L) {
+// fn(...) with a Guard (host/runtime.h) alive on this thread for the call:
+// torch._native.with_trusted_ids (TrustedIds: GPU ids are not read back to be
+// checked) and torch._native.without_init (SkipInit: blocks built inside draw
+// no initial values).
+template <typename Guard>
+int with_guard(lua_State* L) {
   if (lua_type(L, 1) != LUA_TFUNCTION) throw ArgError(1, "function expected, got " + type_name(L, 1));
   int status;
   {
-    TrustedIds trusted;
-    status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
-  }
-  if (status != 0) return lua_error(L);
-  return lua_gettop(L);
-}
-
-// torch._native.without_init(fn, ...) -> fn(...): runs fn with host/runtime.h's
-// SkipInit alive (blocks built inside draw no initial values).
-int without_init(lua_State* L) {
-  if (lua_type(L, 1) != LUA_TFUNCTION) throw ArgError(1, "function expected, got " + type_name(L, 1));
-  int status;
-  {
-    SkipInit skip;
+    Guard guard;
     status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
   }
   if (status != 0) return lua_error(L);
@@ -276,8 +266,8 @@ int without_init(lua_State* L) {
 }
 
 const luaL_Reg module_constructors[] = {
-    {"with_trusted_ids", guarded<with_trusted_ids>},
-    {"without_init", guarded<without_init>},
+    {"with_trusted_ids", guarded<with_guard<TrustedIds>>},
+    {"without_init", guarded<with_guard<SkipInit>>},
     {"Linear", guarded<new_linear>},
     {"Embedding", guarded<new_embedding>},
     {"LayerNorm", guarded<new_layer_norm>},

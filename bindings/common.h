@@ -107,6 +107,8 @@ void check_option_keys(lua_State* L, int idx, const std::vector<const char*>& al
 /// Leaves the value on the stack; returns its Lua type.
 int get_option(lua_State* L, int idx, const char* key);
 
+/// Token ids at idx: an integer tensor of any shape (flattened) or a Lua array.
+std::vector<int64_t> check_token_ids(lua_State* L, int idx);
 /// Sizes from numbers at start.. (stopping at a non-number) or one table.
 std::vector<int64_t> check_sizes(lua_State* L, int start, int* next = nullptr);
 /// dtype from its name ("float32", "float", "int64", "long", ...).

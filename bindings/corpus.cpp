@@ -99,16 +99,7 @@ int corpus_encode(lua_State* L) {
 // c:decode(ids): a tensor of any shape (flattened) or a Lua array of ids
 int corpus_decode(lua_State* L) {
   io::Corpus& c = check_corpus(L, 1);
-  std::vector<int64_t> ids;
-  if (at::Tensor* t = to_tensor(L, 2)) {
-    if (!at::isIntegralType(t->scalar_type(), false)) throw ArgError(2, "token ids must be an integer tensor");
-    at::Tensor flat = t->detach().to(at::kCPU, at::kLong).contiguous().reshape({-1});
-    ids.assign(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel());
-  } else if (lua_type(L, 2) == LUA_TTABLE) {
-    for (int64_t v : check_sizes(L, 2)) ids.push_back(v);
-  } else {
-    throw ArgError(2, "Tensor or table of token ids expected, got " + type_name(L, 2));
-  }
+  std::vector<int64_t> ids = check_token_ids(L, 2);
   try {
     std::string s = c.tokenizer().decode(ids);
     lua_pushlstring(L, s.data(), s.size());

@@ -55,16 +55,7 @@ int tok_encode(lua_State* L) {
 // tok:decode(ids, skip_special_tokens = false) -> text; ids: a tensor or a Lua array, 1-based
 int tok_decode(lua_State* L) {
   io::BpeTokenizer& t = check_tok(L);
-  std::vector<int64_t> ids;
-  if (at::Tensor* x = to_tensor(L, 2)) {
-    if (!at::isIntegralType(x->scalar_type(), false)) throw ArgError(2, "token ids must be an integer tensor");
-    at::Tensor flat = x->detach().to(at::kCPU, at::kLong).contiguous().reshape({-1});
-    ids.assign(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel());
-  } else if (lua_type(L, 2) == LUA_TTABLE) {
-    for (int64_t v : check_sizes(L, 2)) ids.push_back(v);
-  } else {
-    throw ArgError(2, "Tensor or table of token ids expected, got " + type_name(L, 2));
-  }
+  std::vector<int64_t> ids = check_token_ids(L, 2);
   try {
     std::string s = t.decode(ids, opt_boolean(L, 3, false));
     lua_pushlstring(L, s.data(), s.size());

@@ -62,13 +62,6 @@ local GPT2 = nn.block('models.GPT2', function(self, s)
 end)
 models.GPT2 = GPT2
 
--- The head applied to a final hidden state (B, T, C): the logit lens.
-function GPT2:readout(h)
-  h = self.ln_f(h)
-  if self.lm_head then return self.lm_head(h) end
-  return nn.functional.linear(h, self.wte.weight)
-end
-
 -- The hidden state the first block reads: token plus position embeddings.
 function GPT2:embed(ids)
   local T = ids:size(-1)
@@ -77,16 +70,7 @@ function GPT2:embed(ids)
   end
   return self.wte(ids) + self.wpe.weight:narrow(1, 1, T)
 end
-
--- ids (B, T) int64, 1-based -> logits (B, T, V)
-function GPT2:forward(ids)
-  local x = self:embed(ids)
-  for i = 1, #self.h do x = self.h[i](x) end
-  return self:readout(x)
-end
-GPT2.final_norm = 'ln_f'  -- whose output is Hugging Face's last hidden state
-
-function GPT2:context() return self.config.positions end
+pretrained.decoder(GPT2, {embed = 'wte', stack = 'h', norm = 'ln_f', head = 'lm_head'})
 
 function GPT2:extra_repr()
   local s = self.config

@@ -68,22 +68,7 @@ local GPTNeoX = nn.block('models.GPTNeoX', function(self, s)
 end)
 models.GPTNeoX = GPTNeoX
 
-function GPTNeoX:embed(ids) return self.embed_in(ids) end
-
-function GPTNeoX:readout(h)
-  h = self.final_layer_norm(h)
-  if self.embed_out then return self.embed_out(h) end
-  return nn.functional.linear(h, self.embed_in.weight)
-end
-
-function GPTNeoX:forward(ids)
-  local x = self:embed(ids)
-  for i = 1, #self.blocks do x = self.blocks[i](x) end
-  return self:readout(x)
-end
-
-function GPTNeoX:context() return self.config.positions end
-GPTNeoX.final_norm = 'final_layer_norm'
+pretrained.decoder(GPTNeoX, {embed = 'embed_in', stack = 'blocks', norm = 'final_layer_norm', head = 'embed_out'})
 GPTNeoX.hf_stack = {'blocks', 'gpt_neox.layers'}
 
 function GPTNeoX:extra_repr()

@@ -73,25 +73,7 @@ local Llama = nn.block('models.Llama', function(self, s)
 end)
 models.Llama = Llama
 
--- The hidden state the first layer reads: the token embeddings.
-function Llama:embed(ids) return self.embed_tokens(ids) end
-
--- The head applied to a hidden state (B, T, C): the logit lens.
-function Llama:readout(h)
-  h = self.norm(h)
-  if self.lm_head then return self.lm_head(h) end
-  return nn.functional.linear(h, self.embed_tokens.weight)
-end
-
--- ids (B, T) int64, 1-based -> logits (B, T, V)
-function Llama:forward(ids)
-  local x = self:embed(ids)
-  for i = 1, #self.blocks do x = self.blocks[i](x) end
-  return self:readout(x)
-end
-
-function Llama:context() return self.config.positions end
-Llama.final_norm = 'norm'
+pretrained.decoder(Llama, {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'})
 Llama.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
 
 function Llama:extra_repr()

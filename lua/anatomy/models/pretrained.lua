@@ -22,6 +22,33 @@ models.pretrained = pretrained
 pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.llama', mistral = 'anatomy.models.llama',
   qwen2 = 'anatomy.models.llama', gpt_neox = 'anatomy.models.gpt_neox'}
 
+-- What the families' models share (a decoder: embed, a stack of blocks, a
+-- final norm, a head tied to the token embedding or not), written once.
+-- names: the model's own names of its token embedding, stack, final norm and
+-- untied head. A class may define embed(ids) itself (GPT-2 adds positions).
+function pretrained.decoder(cls, names)
+  cls.final_norm = names.norm  -- whose output is Hugging Face's last hidden state
+  -- The hidden state the first block reads: the token embeddings.
+  if not rawget(cls, 'embed') then
+    cls.embed = function(self, ids) return self[names.embed](ids) end
+  end
+  -- The head applied to a hidden state (B, T, C): the logit lens.
+  cls.readout = function(self, h)
+    h = self[names.norm](h)
+    local head = self[names.head]
+    if head then return head(h) end
+    return nn.functional.linear(h, self[names.embed].weight)
+  end
+  -- ids (B, T) int64, 1-based -> logits (B, T, V)
+  cls.forward = function(self, ids)
+    local x = self:embed(ids)
+    local stack = self[names.stack]
+    for i = 1, #stack do x = stack[i](x) end
+    return self:readout(x)
+  end
+  cls.context = function(self) return self.config.positions end
+end
+
 -- The config's value of `key` checked against what anatomy does: `ok(value)`
 -- true, else an error naming the key and its value.
 function pretrained.refuse(where, key, value, why)
