@@ -30,6 +30,11 @@ local function base_spec()
   }
 end
 
+-- A template that puts <|end|> (id 19 in the file) before each text.
+local end_first_template = {type = 'TemplateProcessing',
+  single = {{SpecialToken = {id = '<|end|>', type_id = 0}}, {Sequence = {id = 'A', type_id = 0}}},
+  pair = {}, special_tokens = {['<|end|>'] = {id = '<|end|>', ids = {19}, tokens = {'<|end|>'}}}}
+
 test('encode: pieces by the split pattern, merges by rank; ids 1-based', function()
   local path = write_tokenizer(base_spec())
   local tok = data.tokenizer(path)
@@ -54,9 +59,7 @@ end)
 
 test('a template adds special tokens; add_special_tokens = false leaves them out', function()
   local spec = base_spec()
-  spec.post_processor = {type = 'TemplateProcessing',
-    single = {{SpecialToken = {id = '<|end|>', type_id = 0}}, {Sequence = {id = 'A', type_id = 0}}},
-    pair = {}, special_tokens = {['<|end|>'] = {id = '<|end|>', ids = {19}, tokens = {'<|end|>'}}}}
+  spec.post_processor = end_first_template
   local path = write_tokenizer(spec)
   local tok = data.tokenizer(path)
   eq(tok:encode('hello'):tolist(), {20, 17})
@@ -95,9 +98,7 @@ end)
 
 test('a corpus read with the tokenizer: ids without the template, decoded back to the text', function()
   local spec = base_spec()
-  spec.post_processor = {type = 'TemplateProcessing',
-    single = {{SpecialToken = {id = '<|end|>', type_id = 0}}, {Sequence = {id = 'A', type_id = 0}}},
-    pair = {}, special_tokens = {['<|end|>'] = {id = '<|end|>', ids = {19}, tokens = {'<|end|>'}}}}
+  spec.post_processor = end_first_template
   local path = write_tokenizer(spec)
   local tok = data.tokenizer(path)
   local text_path = os.tmpname()

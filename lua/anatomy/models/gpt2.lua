@@ -8,14 +8,11 @@ local pretrained = require 'anatomy.models.pretrained'
 
 local F = {}
 
-local activations = {gelu_new = 'gelu_tanh', gelu_pytorch_tanh = 'gelu_tanh', gelu = 'gelu', relu = 'relu'}
+local activations = pretrained.activations
 
 -- config.json -> settings; a switch anatomy does not honour is an error naming it.
 function F.check(c, where)
-  local function need(key)
-    if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (GPT-2)'):format(where, key), 0) end
-    return c[key]
-  end
+  local function need(key) return pretrained.need(c, key, where) end
   local s = {
     vocab = need('vocab_size'), positions = need('n_positions'), dim = need('n_embd'), layers = need('n_layer'),
     heads = need('n_head'), eps = c.layer_norm_epsilon or 1e-5,

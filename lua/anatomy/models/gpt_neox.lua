@@ -10,13 +10,10 @@ local pretrained = require 'anatomy.models.pretrained'
 
 local F = {}
 
-local activations = {gelu = 'gelu', gelu_new = 'gelu_tanh', gelu_pytorch_tanh = 'gelu_tanh', relu = 'relu'}
+local activations = pretrained.activations
 
 function F.check(c, where)
-  local function need(key)
-    if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (gpt_neox)'):format(where, key), 0) end
-    return c[key]
-  end
+  local function need(key) return pretrained.need(c, key, where) end
   local s = {
     vocab = need('vocab_size'), dim = need('hidden_size'), ffn = need('intermediate_size'),
     layers = need('num_hidden_layers'), heads = need('num_attention_heads'), eps = c.layer_norm_eps or 1e-5,

@@ -10,10 +10,7 @@ local pretrained = require 'anatomy.models.pretrained'
 local F = {}
 
 function F.check(c, where)
-  local function need(key)
-    if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (%s)'):format(where, key, c.model_type), 0) end
-    return c[key]
-  end
+  local function need(key) return pretrained.need(c, key, where) end
   local s = {
     family = c.model_type, vocab = need('vocab_size'), dim = need('hidden_size'), ffn = need('intermediate_size'),
     layers = need('num_hidden_layers'), heads = need('num_attention_heads'),

@@ -49,6 +49,15 @@ function pretrained.decoder(cls, names)
   cls.context = function(self) return self.config.positions end
 end
 
+-- config.json's number `key`, or an error naming it and the family.
+function pretrained.need(c, key, where)
+  if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (%s)'):format(where, key, tostring(c.model_type)), 0) end
+  return c[key]
+end
+
+-- Hugging Face's activation names -> nn.MLP's.
+pretrained.activations = {gelu_new = 'gelu_tanh', gelu_pytorch_tanh = 'gelu_tanh', gelu = 'gelu', relu = 'relu'}
+
 -- The config's value of `key` checked against what anatomy does: `ok(value)`
 -- true, else an error naming the key and its value.
 function pretrained.refuse(where, key, value, why)
