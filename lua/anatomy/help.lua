@@ -61,6 +61,9 @@ local own_signatures = {
   autocast = 'torch.autocast(device_type, dtype, fn, ...) -> fn(...): runs fn under autocast on \'cpu\' or \'cuda\' '
     .. '(dtype \'bfloat16\' or \'float16\'; nil: bfloat16 on cpu, float16 on cuda), as PyTorch\'s `with torch.autocast(...)`; '
     .. 'the previous state comes back afterwards, also after an error',
+  safe_open = 'torch.safe_open(path) -> f: a safetensors file\'s header read and checked, its tensors read one at a time: '
+    .. 'f:keys(), f:get_tensor(name), f:shape(name), f:dtype(name), f:metadata(), f:read_into(name, t) (straight into a '
+    .. 'tensor of the same dtype and shape; false when it does not fit). As safetensors\' safe_open',
   ['cuda.CUDAGraph'] = 'torch.cuda.CUDAGraph() -> g: g:capture_begin(), the work to record, g:capture_end(), then g:replay() '
     .. 'reruns it on the same memory (copy new input into the captured tensors first); g:reset() drops it. Needs a GPU',
 }
