@@ -5,9 +5,11 @@
 #include <pcre2.h>
 
 #include <nlohmann/json.hpp>
+#include <utf8proc.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -211,8 +213,11 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
       throw TokenizerError(where(std::string("model.") + key) + " is set; not supported");
   if (flag(model, "byte_fallback", false))
     throw TokenizerError(where("model.byte_fallback") + " is true (a SentencePiece-style BPE); load its tokenizer.model instead");
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    throw TokenizerError(where("normalizer") + " is '" + j["normalizer"].value("type", "?") + "'; normalizers are not supported");
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+    std::string kind = j["normalizer"].value("type", "?");
+    if (kind != "NFC") throw TokenizerError(where("normalizer") + " is '" + kind + "'; supported: NFC (Qwen2)");
+    t->nfc_ = true;
+  }
 
   for (const auto& [token, id] : model.at("vocab").items()) t->vocab_[token] = id.get<int64_t>();
   int rank = 0;
@@ -393,10 +398,20 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>& ou
   out.insert(out.end(), ids.begin(), ids.end());
 }
 
-// Text without added tokens: pre-tokenize, then BPE each piece.
+// Text without added tokens: normalize, pre-tokenize, then BPE each piece.
 void BpeTokenizer::encode_plain(std::string_view text, std::vector<int64_t>& out) const {
   if (text.empty()) return;
   std::string owned;
+  if (nfc_) {  // Unicode's canonical composition (utf8proc), as the NFC normalizer does
+    utf8proc_uint8_t* composed = nullptr;
+    utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                      static_cast<utf8proc_ssize_t>(text.size()), &composed,
+                                      static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (n < 0) throw std::invalid_argument(std::string("the text is not valid UTF-8 (") + utf8proc_errmsg(n) + ")");
+    owned.assign(reinterpret_cast<char*>(composed), static_cast<size_t>(n));
+    std::free(composed);
+    text = owned;
+  }
   if (add_prefix_space_ && text[0] != ' ') {
     owned = " " + std::string(text);
     text = owned;

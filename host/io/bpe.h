@@ -73,7 +73,8 @@ class BpeTokenizer : public Tokenizer {
   std::vector<AddedToken> added_;                   // longest content first
   std::unique_ptr<Regex> split_;                    // the pre-tokenizer's pattern (none: the whole text)
   bool add_prefix_space_ = false;
-  bool ignore_merges_ = false;  // a whole piece found in the vocabulary is one token (Llama 3)
+  bool ignore_merges_ = false;
+  bool nfc_ = false;  // the NFC normalizer (Qwen2)  // a whole piece found in the vocabulary is one token (Llama 3)
   std::optional<int64_t> unk_;
   std::vector<int64_t> prefix_, suffix_;  // 1-based
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;

@@ -70,7 +70,7 @@ end)
 test('what it does not do is refused by name', function()
   local cases = {
     {function(s) s.model.type = 'WordPiece' end, "model.type is 'WordPiece'; only BPE is supported"},
-    {function(s) s.normalizer = {type = 'NFC'} end, "normalizer is 'NFC'; normalizers are not supported"},
+    {function(s) s.normalizer = {type = 'Lowercase'} end, "normalizer is 'Lowercase'; supported: NFC (Qwen2)"},
     {function(s) s.pre_tokenizer = {type = 'Metaspace'} end, "pre_tokenizer is 'Metaspace'; supported: ByteLevel, or a Sequence of Split and ByteLevel"},
     {function(s) s.model.byte_fallback = true end, 'model.byte_fallback is true (a SentencePiece-style BPE); load its tokenizer.model instead'},
     {function(s) s.decoder = {type = 'WordPiece'} end, "decoder is 'WordPiece'; only ByteLevel is supported"},

@@ -2,8 +2,9 @@
 as Hugging Face `tokenizers` does, for tokenizers trained here on a short text
 in the layouts the published checkpoints use: GPT-2's (ByteLevel with its own
 split pattern; as tokenizer.json and as vocab.json + merges.txt), with a
-prefix space, and Llama 3's (a Split pattern, ByteLevel without one,
-ignore_merges, a BOS added by a template, special tokens with lstrip/rstrip).
+prefix space, Llama 3's (a Split pattern, ByteLevel without one,
+ignore_merges, a BOS added by a template, special tokens with lstrip/rstrip),
+and Qwen2's (the same with the NFC normalizer; decomposed and composed text).
 Texts: Unicode, emoji with joiners, whitespace runs, numbers, contractions,
 special tokens inside the text, invalid UTF-8 from partial tokens on decode.
 
@@ -49,6 +50,7 @@ TEXTS = [
     " ",
     "x",
     "unseen letters: ǅ ẞ Ω ∑ ∞ ⊕ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "decomposed: cafe\u0301 A\u030a \u1100\u1161 and composed: café Å 가",
 ]
 
 GPT2_PATTERN = None  # ByteLevel's own
@@ -80,6 +82,14 @@ def llama3_like():
     tok.add_special_tokens([AddedToken("<|eot|>", lstrip=True, rstrip=True)])
     bos = tok.token_to_id("<|begin_of_text|>")
     tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)])
+    return tok
+
+
+def qwen2_like():
+    """Llama 3's layout with Qwen2's NFC normalizer."""
+    from tokenizers import normalizers
+    tok = llama3_like()
+    tok.normalizer = normalizers.NFC()
     return tok
 
 
@@ -143,6 +153,9 @@ def main():
         llama = llama3_like()
         llama.save(os.path.join(tmp, "llama3.json"))
         cases.append(("llama3 (Split + ByteLevel, ignore_merges, BOS template, lstrip/rstrip)", os.path.join(tmp, "llama3.json"), llama))
+        qwen = qwen2_like()
+        qwen.save(os.path.join(tmp, "qwen2.json"))
+        cases.append(("qwen2 (NFC normalizer)", os.path.join(tmp, "qwen2.json"), qwen))
         for name, path, tok in cases:
             p, f = check(exe, name, path, tok, tmp)
             passed += p
