@@ -12,6 +12,10 @@
 #define ANATOMY_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+#if ANATOMY_TORCH_AT_LEAST(2, 1)
+#include <ATen/ops/scaled_dot_product_attention.h>
+#endif
+
 namespace anatomy::compat {
 
 /// The key of a parameter's state in LibTorch's optimizers: its TensorImpl
@@ -47,6 +51,22 @@ inline at::ScalarType autocast_dtype(at::DeviceType device) {
   return at::autocast::get_autocast_dtype(device);
 #else
   return device == at::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+
+/// softmax(q kᵀ/√d, masked) v as one fused kernel (PyTorch's
+/// scaled_dot_product_attention), for (B, H, T, D) q, k, v. `allowed` (bool,
+/// true where a query may attend) or `causal` gives the mask. Returns an
+/// undefined tensor where this LibTorch has no such kernel (1.13): the caller
+/// computes it step by step.
+inline at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
+                                  bool causal) {
+#if ANATOMY_TORCH_AT_LEAST(2, 1)
+  return at::scaled_dot_product_attention(q, k, v, allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt, 0.0,
+                                          causal && !allowed.defined());
+#else
+  (void)q, (void)k, (void)v, (void)allowed, (void)causal;
+  return at::Tensor();
 #endif
 }
 

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "host/runtime.h"
+#include "host/torch_compat.h"
 #include "host/tensor_format.h"
 
 namespace anatomy::nn {
@@ -272,8 +273,7 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
     kh = kh.repeat_interleave(H / KV, 1);
     vh = vh.repeat_interleave(H / KV, 1);
   }
-  at::Tensor att = at::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
-  if (options.causal() || options.sliding_window() > 0) {
+  auto make_mask = [&] {
     if (!mask_.defined() || mask_.size(0) != T || mask_.device() != x.device()) {
       at::Tensor i = at::arange(T, at::TensorOptions().dtype(at::kLong).device(x.device())).unsqueeze(1);
       at::Tensor j = i.transpose(0, 1);
@@ -282,6 +282,19 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
       if (options.sliding_window() > 0) masked = masked | (i - j).ge(options.sliding_window());
       mask_ = masked;
     }
+  };
+  if (!keep_pattern) {  // no probe wants the pattern: one fused kernel where LibTorch has it
+    at::Tensor allowed;
+    if (options.sliding_window() > 0) {
+      make_mask();
+      allowed = mask_.logical_not();
+    }
+    at::Tensor y = compat::fused_attention(qh, kh, vh, allowed, options.causal());
+    if (y.defined()) return o->forward(y.transpose(1, 2).reshape({B, T, H * D}));
+  }
+  at::Tensor att = at::matmul(qh, kh.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
+  if (options.causal() || options.sliding_window() > 0) {
+    make_mask();
     att = att.masked_fill(mask_, -std::numeric_limits<double>::infinity());
   }
   att = at::softmax(att, -1, at::kFloat).to(x.scalar_type());  // softmax in float32, as transformers does

@@ -4,7 +4,9 @@ parameter. The reference is written here from the published definitions
 (rotary embeddings with the halves rotated as Llama's and GPT-NeoX's code
 does, grouped-query attention, Llama 3.1's and linear RoPE scaling, a sliding
 window, SwiGLU). Cases: grouped-query, multi-query, partial rotary, biases,
-head_dim apart from dim/heads, both scalings, a window, no causal mask.
+head_dim apart from dim/heads, both scalings, a window, no causal mask; and
+the output again with no pattern kept, which LibTorch 2.x computes with its
+fused scaled_dot_product_attention.
 
 Tolerance: |anatomy - pytorch| <= 1e-5 + 1e-4 * |pytorch| (float32).
 Usage: test_rope_parity.py ANATOMY_EXECUTABLE
@@ -135,6 +137,7 @@ def main():
         expected[f"{c['name']}.y"], expected[f"{c['name']}.dx"] = y.detach(), x.grad
         if att is not None:
             expected[f"{c['name']}.pattern"] = att.detach()
+            expected[f"{c['name']}.y_fused"] = y.detach()  # the output without a pattern kept (fused where LibTorch has it)
     with tempfile.TemporaryDirectory() as tmp:
         cases, inp, outp = (os.path.join(tmp, n) for n in ("cases.json", "in.safetensors", "out.safetensors"))
         with open(cases, "w") as f:
