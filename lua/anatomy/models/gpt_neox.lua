@@ -35,10 +35,8 @@ end
 local Block = nn.block('models.GPTNeoXBlock', function(self, s)
   rawset(self, 'parallel', s.parallel)
   self.input_layernorm = nn.LayerNorm(s.dim, {eps = s.eps})
-  self.attention = nn.RoPEAttention(s.dim, s.heads, {rotary_dim = s.rotary_dim, theta = s.rope.theta,
-    scaling = s.rope.scaling, factor = s.rope.factor, low_freq_factor = s.rope.low_freq_factor,
-    high_freq_factor = s.rope.high_freq_factor, original_max_positions = s.rope.original_max_positions,
-    qkv_bias = s.bias, out_bias = s.bias})
+  self.attention = nn.RoPEAttention(s.dim, s.heads, pretrained.attention_options(s.rope, {rotary_dim = s.rotary_dim,
+    qkv_bias = s.bias, out_bias = s.bias}))
   self.post_attention_layernorm = nn.LayerNorm(s.dim, {eps = s.eps})
   self.mlp = nn.MLP(s.dim, s.ffn, {activation = s.activation})
 end)

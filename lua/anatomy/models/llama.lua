@@ -45,10 +45,9 @@ end
 
 local Block = nn.block('models.LlamaBlock', function(self, s, i)
   self.input_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
-  self.self_attn = nn.RoPEAttention(s.dim, s.heads, {kv_heads = s.kv_heads, head_dim = s.head_dim,
-    theta = s.rope.theta, scaling = s.rope.scaling, factor = s.rope.factor, low_freq_factor = s.rope.low_freq_factor,
-    high_freq_factor = s.rope.high_freq_factor, original_max_positions = s.rope.original_max_positions,
-    qkv_bias = s.qkv_bias, out_bias = s.out_bias, sliding_window = (s.window and i >= s.window_from) and s.window or nil})
+  self.self_attn = nn.RoPEAttention(s.dim, s.heads, pretrained.attention_options(s.rope, {kv_heads = s.kv_heads,
+    head_dim = s.head_dim, qkv_bias = s.qkv_bias, out_bias = s.out_bias,
+    sliding_window = (s.window and i >= s.window_from) and s.window or nil}))
   self.post_attention_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
   self.mlp = nn.SwiGLU(s.dim, s.ffn, {bias = s.mlp_bias})
 end)

@@ -121,6 +121,16 @@ function pretrained.rope(c, where)
   return r
 end
 
+-- nn.RoPEAttention's options: the RoPE settings pretrained.rope read, and a
+-- family's own (kv_heads, biases, rotary_dim, sliding_window).
+local rope_keys = {'theta', 'scaling', 'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_positions'}
+function pretrained.attention_options(rope, own)
+  local o = {}
+  for _, k in ipairs(rope_keys) do o[k] = rope[k] end
+  for k, v in pairs(own) do o[k] = v end
+  return o
+end
+
 -- The weights of a folder, opened but not read: model.safetensors, or the
 -- shards that model.safetensors.index.json lists. Returns {name = the
 -- torch.safe_open file that holds it}; each tensor is read when it is placed.
