@@ -196,6 +196,10 @@ at::Tensor Attention::forward(const at::Tensor& x) {
   auto parts = qkv->forward(x).split(C, -1);  // q, k, v: (B, T, C)
   auto split_heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
   at::Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
+  if (!keep_pattern) {  // no probe wants the pattern: one fused kernel where LibTorch has it
+    at::Tensor y = compat::fused_attention(q, k, v, at::Tensor(), causal);
+    if (y.defined()) return proj->forward(y.transpose(1, 2).reshape({B, T, C}));
+  }
   at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
   if (causal) att = att.masked_fill(cached_causal_mask(mask_, T, x.device()), -std::numeric_limits<double>::infinity());
   att = at::softmax(att, -1);
