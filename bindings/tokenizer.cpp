@@ -1,4 +1,5 @@
-// The Lua-visible Tokenizer: userdata holding host/io/bpe.h's byte-level BPE.
+// The Lua-visible Tokenizer: userdata holding host/io/bpe.h's BPE (byte-level or
+// SentencePiece-style).
 // lua/anatomy/data.lua wraps it as data.tokenizer(path).
 #include <ATen/ATen.h>
 
@@ -34,6 +35,17 @@ int bpe_from_json(lua_State* L) {
 int bpe_from_vocab_merges(lua_State* L) {
   std::string vocab = check_string(L, 1), merges = check_string(L, 2);
   return load(L, [&] { return io::BpeTokenizer::from_vocab_merges(vocab, merges); });
+}
+
+// _bpe_from_sentencepiece(path, add_bos_token, add_eos_token, add_prefix_space, legacy) -> Tokenizer
+int bpe_from_sentencepiece(lua_State* L) {
+  std::string path = check_string(L, 1);
+  io::BpeTokenizer::SentencePieceSettings s;
+  s.add_bos_token = opt_boolean(L, 2, s.add_bos_token);
+  s.add_eos_token = opt_boolean(L, 3, s.add_eos_token);
+  s.add_prefix_space = opt_boolean(L, 4, s.add_prefix_space);
+  s.legacy = opt_boolean(L, 5, s.legacy);
+  return load(L, [&] { return io::BpeTokenizer::from_sentencepiece_model(path, s); });
 }
 
 // tok:encode(text, add_special_tokens = true) -> int64 ids (1-based)
@@ -98,13 +110,15 @@ std::shared_ptr<io::BpeTokenizer> to_bpe_tokenizer(lua_State* L, int idx) {
   return p ? *static_cast<TokenizerPtr*>(p) : nullptr;
 }
 
-/// Adds _bpe_from_json and _bpe_from_vocab_merges to the table at idx (torch._data).
+/// Adds _bpe_from_json, _bpe_from_vocab_merges and _bpe_from_sentencepiece to the table at idx (torch._data).
 void register_tokenizer(lua_State* L, int data) {
   define_userdata<TokenizerPtr>(L, kTokenizerMeta, "Tokenizer", tokenizer_methods);
   lua_pushcfunction(L, guarded<bpe_from_json>);
   lua_setfield(L, data, "_bpe_from_json");
   lua_pushcfunction(L, guarded<bpe_from_vocab_merges>);
   lua_setfield(L, data, "_bpe_from_vocab_merges");
+  lua_pushcfunction(L, guarded<bpe_from_sentencepiece>);
+  lua_setfield(L, data, "_bpe_from_sentencepiece");
 }
 
 }  // namespace anatomy::lua

@@ -8,7 +8,9 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -19,6 +21,9 @@ namespace {
 using json = nlohmann::json;
 
 // GPT-2's split pattern: the one ByteLevel uses when use_regex is true.
+// SentencePiece's stand-in for a space, U+2581.
+constexpr const char* kSpace = "\xE2\x96\x81";
+
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
@@ -203,6 +208,17 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
   json j = parse_json(path);
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
   auto where = [&](const std::string& key) { return "'" + path + "': " + key; };
+  // Metaspace's prepend_scheme (tokenizers >= 0.14), or its older add_prefix_space.
+  auto metaspace_prepend = [&](const json& p, const std::string& key) {
+    if (p.contains("prepend_scheme") && !p["prepend_scheme"].is_null()) {
+      std::string v = p["prepend_scheme"].get<std::string>();
+      if (v == "first") return Prepend::first;
+      if (v == "always") return Prepend::always;
+      if (v == "never") return Prepend::never;
+      throw TokenizerError(key + " is '" + v + "'; expected first, always or never");
+    }
+    return flag(p, "add_prefix_space", true) ? Prepend::always : Prepend::never;
+  };
   if (!j.contains("model") || !j["model"].is_object()) throw TokenizerError(where("model") + " is missing");
   const json& model = j["model"];
   std::string type = model.value("type", "BPE");
@@ -211,13 +227,32 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(key) && !model[key].is_null() && model[key] != "")
       throw TokenizerError(where(std::string("model.") + key) + " is set; not supported");
-  if (flag(model, "byte_fallback", false))
-    throw TokenizerError(where("model.byte_fallback") + " is true (a SentencePiece-style BPE); load its tokenizer.model instead");
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    std::string kind = j["normalizer"].value("type", "?");
-    if (kind != "NFC") throw TokenizerError(where("normalizer") + " is '" + kind + "'; supported: NFC (Qwen2)");
-    t->nfc_ = true;
+  t->byte_fallback_ = flag(model, "byte_fallback", false);
+  t->fuse_unk_ = flag(model, "fuse_unk", false);
+  // The normalizer: NFC (Qwen2), or SentencePiece's Prepend("▁") and
+  // Replace(" " -> "▁") (Llama 2), alone or in a Sequence.
+  const json& norm = j.value("normalizer", json());
+  auto normalizer = [&](const json& n) {
+    std::string kind = n.value("type", "?");
+    if (kind == "NFC") {
+      t->nfc_ = true;
+    } else if (kind == "Prepend") {
+      t->prepend_ = Prepend::always;  // each segment between added tokens, as tokenizers normalizes each
+      t->space_ = n.value("prepend", "");
+    } else if (kind == "Replace" && n.contains("pattern") && n["pattern"].contains("String") && n["pattern"]["String"] == " ") {
+      t->space_ = n.value("content", "");
+    } else {
+      throw TokenizerError(where("normalizer") + " is '" + kind +
+                           "'; supported: NFC, Prepend and Replace(' ' -> '\u2581'), alone or in a Sequence");
+    }
+  };
+  if (!norm.is_null() && norm.value("type", "") == "Sequence") {
+    for (const auto& n : norm.value("normalizers", json::array())) normalizer(n);
+  } else if (!norm.is_null()) {
+    normalizer(norm);
   }
+  if (t->prepend_ == Prepend::always && t->space_.empty())
+    throw TokenizerError(where("normalizer") + ": a Prepend without a Replace of spaces by the same character is not supported");
 
   for (const auto& [token, id] : model.at("vocab").items()) t->vocab_[token] = id.get<int64_t>();
   int rank = 0;
@@ -232,7 +267,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
   t->ignore_merges_ = flag(model, "ignore_merges", false);
 
   // The pre-tokenizer: ByteLevel alone (GPT-2's pattern), or a Split pattern
-  // followed by ByteLevel without its own pattern (Llama 3, Qwen2).
+  // followed by ByteLevel without its own pattern (Llama 3, Qwen2); Metaspace,
+  // or none after the Prepend + Replace normalizers (SentencePiece-style).
   const json& pre = j.value("pre_tokenizer", json());
   auto byte_level = [&](const json& p, bool alone) {
     t->add_prefix_space_ = flag(p, "add_prefix_space", false);
@@ -256,13 +292,61 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
              pre["pretokenizers"][0].value("type", "") == "Split" && pre["pretokenizers"][1].value("type", "") == "ByteLevel") {
     split(pre["pretokenizers"][0]);
     byte_level(pre["pretokenizers"][1], false);
+  } else if (pre_type == "Metaspace") {
+    if (!t->space_.empty()) throw TokenizerError(where("pre_tokenizer") + ": a Metaspace after a normalizer that already replaces spaces is not supported");
+    t->byte_level_ = false;
+    t->space_ = pre.value("replacement", std::string(kSpace));
+    t->prepend_ = metaspace_prepend(pre, where("pre_tokenizer Metaspace.prepend_scheme"));
+    t->prepend_if_missing_ = true;
+    t->split_at_space_ = flag(pre, "split", true);
+  } else if (pre_type == "none" && !t->space_.empty()) {
+    t->byte_level_ = false;  // the normalizers did the work (Llama 2's tokenizer.json)
   } else {
     throw TokenizerError(where("pre_tokenizer") + " is '" + pre_type +
-                         "'; supported: ByteLevel, or a Sequence of Split and ByteLevel");
+                         "'; supported: ByteLevel, a Sequence of Split and ByteLevel, Metaspace, or none after the "
+                         "Prepend and Replace normalizers");
   }
+  if (t->byte_level_ && (t->byte_fallback_ || !t->space_.empty()))
+    throw TokenizerError(where(t->byte_fallback_ ? "model.byte_fallback" : "normalizer") +
+                         ": SentencePiece-style settings with a ByteLevel pre-tokenizer are not supported");
+  if (t->byte_level_ && t->prepend_ != Prepend::never)
+    throw TokenizerError(where("normalizer") + ": Prepend with a ByteLevel pre-tokenizer is not supported");
+  // The decoder: ByteLevel for byte-level BPE; for SentencePiece-style, a
+  // chain of Replace, ByteFallback, Fuse, Strip, or a Metaspace.
   const json& dec = j.value("decoder", json());
-  if (!dec.is_null() && dec.value("type", "") != "ByteLevel")
-    throw TokenizerError(where("decoder") + " is '" + dec.value("type", "?") + "'; only ByteLevel is supported");
+  if (t->byte_level_) {
+    if (!dec.is_null() && dec.value("type", "") != "ByteLevel")
+      throw TokenizerError(where("decoder") + " is '" + dec.value("type", "?") + "'; only ByteLevel is supported with byte-level BPE");
+  } else {
+    using Kind = DecodeStep::Kind;
+    auto step = [&](const json& d) {
+      std::string kind = d.value("type", "?");
+      DecodeStep s{Kind::fuse, "", "", 0, 0};
+      if (kind == "Replace" && d.contains("pattern") && d["pattern"].contains("String")) {
+        s = {Kind::replace, d["pattern"]["String"].get<std::string>(), d.value("content", ""), 0, 0};
+      } else if (kind == "ByteFallback") {
+        s.kind = Kind::byte_fallback;
+      } else if (kind == "Fuse") {
+        s.kind = Kind::fuse;
+      } else if (kind == "Strip") {
+        s = {Kind::strip, d.value("content", " "), "", d.value("start", 0), d.value("stop", 0)};
+        if (utf8_chars(s.from).size() != 1) throw TokenizerError(where("decoder Strip.content") + " must be one character");
+      } else if (kind == "Metaspace") {
+        s = {Kind::metaspace, d.value("replacement", std::string(kSpace)), "", 0, 0};
+        s.start = metaspace_prepend(d, where("decoder Metaspace.prepend_scheme")) != Prepend::never;
+      } else {
+        throw TokenizerError(where("decoder") + " has '" + kind + "'; supported with SentencePiece-style BPE: Replace, "
+                             "ByteFallback, Fuse, Strip, Metaspace");
+      }
+      t->decoder_.push_back(s);
+    };
+    if (dec.is_null()) throw TokenizerError(where("decoder") + " is missing; a SentencePiece-style BPE needs one");
+    if (dec.value("type", "") == "Sequence") {
+      for (const auto& d : dec.value("decoders", json::array())) step(d);
+    } else {
+      step(dec);
+    }
+  }
 
   for (const auto& a : j.value("added_tokens", json::array())) {
     if (flag(a, "single_word", false))
@@ -297,6 +381,136 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
     }
   } else if (post_type != "none" && post_type != "ByteLevel") {
     throw TokenizerError(where("post_processor") + " is '" + post_type + "'; supported: ByteLevel, TemplateProcessing");
+  }
+  t->finish_loading(path);
+  return t;
+}
+
+namespace {
+// A protocol-buffer message read field by field (the wire format: a varint
+// key = field number << 3 | wire type, then a varint, 8 or 4 bytes, or a
+// length and that many bytes). Every length is checked against what is left.
+struct ProtoReader {
+  const unsigned char* p;
+  const unsigned char* end;
+  const std::string& where;
+  [[noreturn]] void corrupt(const std::string& what) const {
+    throw TokenizerError("'" + where + "' is not a SentencePiece model: " + what);
+  }
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (p >= end) corrupt("a number runs past the end");
+      unsigned char b = *p++;
+      v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    corrupt("a number longer than 10 bytes");
+  }
+  // The next field: its number, wire type, and (length-delimited) its bytes.
+  bool next(uint32_t& field, uint32_t& wire, std::string_view& bytes, uint64_t& number) {
+    if (p >= end) return false;
+    uint64_t key = varint();
+    field = static_cast<uint32_t>(key >> 3);
+    wire = static_cast<uint32_t>(key & 7);
+    if (wire == 0) {
+      number = varint();
+    } else if (wire == 1 || wire == 5) {
+      size_t n = wire == 1 ? 8 : 4;
+      if (static_cast<size_t>(end - p) < n) corrupt("a fixed-size field runs past the end");
+      number = 0;
+      for (size_t i = 0; i < n; ++i) number |= static_cast<uint64_t>(p[i]) << (8 * i);
+      p += n;
+    } else if (wire == 2) {
+      uint64_t n = varint();
+      if (n > static_cast<uint64_t>(end - p)) corrupt("a field of " + std::to_string(n) + " bytes runs past the end");
+      bytes = std::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n));
+      p += n;
+    } else {
+      corrupt("wire type " + std::to_string(wire) + " (groups or an unknown type)");
+    }
+    return true;
+  }
+};
+}  // namespace
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_sentencepiece_model(const std::string& path, const SentencePieceSettings& settings) {
+  std::string file = read_file(path);
+  enum : int { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+  struct Piece {
+    std::string text;
+    int type = kNormal;
+  };
+  std::vector<Piece> pieces;
+  int model_type = 1;  // TrainerSpec.model_type: UNIGRAM = 1 (the default), BPE = 2
+  ProtoReader top{reinterpret_cast<const unsigned char*>(file.data()), reinterpret_cast<const unsigned char*>(file.data()) + file.size(), path};
+  uint32_t field = 0, wire = 0;
+  std::string_view bytes;
+  uint64_t number = 0;
+  while (top.next(field, wire, bytes, number)) {
+    if (field == 1 && wire == 2) {  // ModelProto.pieces
+      ProtoReader r{reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size(), path};
+      Piece piece;
+      while (r.next(field, wire, bytes, number)) {
+        if (field == 1 && wire == 2) piece.text = std::string(bytes);
+        else if (field == 3 && wire == 0) piece.type = static_cast<int>(number);
+      }
+      pieces.push_back(std::move(piece));
+    } else if (field == 2 && wire == 2) {  // ModelProto.trainer_spec
+      ProtoReader r{reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size(), path};
+      while (r.next(field, wire, bytes, number))
+        if (field == 3 && wire == 0) model_type = static_cast<int>(number);
+    }
+  }
+  if (pieces.empty()) top.corrupt("it has no pieces");
+  if (model_type != 2)
+    throw TokenizerError("'" + path + "': trainer_spec.model_type is " +
+                         (model_type == 1 ? std::string("UNIGRAM") : std::to_string(model_type)) +
+                         "; only BPE SentencePiece models (Llama, Mistral) are supported");
+
+  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].text.empty()) top.corrupt("piece " + std::to_string(i) + " is empty");
+    t->vocab_.emplace(pieces[i].text, static_cast<int64_t>(i));
+  }
+  // Merges as transformers' generate_merges makes them: every split of every
+  // piece into two pieces, ordered by the merged piece's id, then by the
+  // length (in characters) of its left part.
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    std::vector<std::string> chars = utf8_chars(pieces[i].text);
+    std::string left;
+    for (size_t k = 1; k < chars.size(); ++k) {
+      left += chars[k - 1];
+      std::string right = pieces[i].text.substr(left.size());
+      if (t->vocab_.count(left) && t->vocab_.count(right))
+        t->merge_rank_.emplace(left + " " + right, static_cast<int>(t->merge_rank_.size()));
+    }
+  }
+  t->byte_level_ = false;
+  t->byte_fallback_ = true;
+  t->fuse_unk_ = true;  // and no unk_token: what neither the vocabulary nor the bytes spell is dropped, as there
+  t->space_ = kSpace;
+  t->prepend_ = !settings.add_prefix_space ? Prepend::never : settings.legacy ? Prepend::always : Prepend::first;
+  t->prepend_if_missing_ = true;
+  t->split_at_space_ = false;
+  using Kind = DecodeStep::Kind;
+  t->decoder_ = {{Kind::replace, kSpace, " ", 0, 0}, {Kind::byte_fallback, "", "", 0, 0}, {Kind::fuse, "", "", 0, 0}};
+  if (settings.add_prefix_space) t->decoder_.push_back({Kind::strip, " ", "", 1, 0});
+  std::optional<int64_t> bos, eos;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& piece = pieces[i];
+    if (piece.type == kUnknown || piece.type == kControl || piece.type == kUserDefined)
+      t->added_.push_back({piece.text, static_cast<int64_t>(i), piece.type != kUserDefined, false, false});
+    if (piece.type == kControl && piece.text == "<s>") bos = static_cast<int64_t>(i);
+    if (piece.type == kControl && piece.text == "</s>") eos = static_cast<int64_t>(i);
+  }
+  if (settings.add_bos_token) {
+    if (!bos) throw TokenizerError("'" + path + "': add_bos_token is true but the model has no <s> piece");
+    t->prefix_.push_back(*bos + 1);
+  }
+  if (settings.add_eos_token) {
+    if (!eos) throw TokenizerError("'" + path + "': add_eos_token is true but the model has no </s> piece");
+    t->suffix_.push_back(*eos + 1);
   }
   t->finish_loading(path);
   return t;
@@ -344,20 +558,54 @@ void BpeTokenizer::finish_loading(const std::string& where) {
 
 int64_t BpeTokenizer::vocab_size() const { return static_cast<int64_t>(id_to_token_.size()); }
 
-// One pre-token: its bytes as characters, merged pair by pair, lowest rank first.
+// One pre-token, as symbols: byte-level, its bytes as characters; otherwise
+// its characters, one outside the vocabulary spelled as its bytes' <0xNN>
+// tokens (byte_fallback) or unknown. Then merged pair by pair, lowest rank first.
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>& out) const {
   std::string key(piece);
   if (auto it = cache_.find(key); it != cache_.end()) {
     out.insert(out.end(), it->second.begin(), it->second.end());
     return;
   }
-  const ByteMap& map = byte_map();
+  static const std::string kUnknown("\0unk", 4);  // never a token nor half of a merge
   std::vector<std::string> symbols;
-  std::string whole;
-  for (unsigned char b : piece) {
-    symbols.push_back(map.to_char[b]);
-    whole += map.to_char[b];
+  if (byte_level_) {
+    const ByteMap& map = byte_map();
+    for (unsigned char b : piece) symbols.push_back(map.to_char[b]);
+  } else {
+    // An unknown character waits until the next known one (or the end), so
+    // byte-fallback tokens between overtake it: tokenizers' order, kept.
+    bool unknown_waits = false;
+    for (auto& c : utf8_chars(piece)) {
+      if (vocab_.count(c)) {
+        if (unknown_waits) symbols.push_back(kUnknown);
+        unknown_waits = false;
+        symbols.push_back(std::move(c));
+        continue;
+      }
+      std::vector<std::string> bytes;
+      if (byte_fallback_) {
+        for (unsigned char b : c) {
+          char name[8];
+          std::snprintf(name, sizeof name, "<0x%02X>", b);
+          if (!vocab_.count(name)) {
+            bytes.clear();
+            break;
+          }
+          bytes.emplace_back(name);
+        }
+      }
+      if (!bytes.empty()) {
+        symbols.insert(symbols.end(), bytes.begin(), bytes.end());
+      } else {
+        if (unknown_waits && !fuse_unk_) symbols.push_back(kUnknown);
+        unknown_waits = true;
+      }
+    }
+    if (unknown_waits) symbols.push_back(kUnknown);
   }
+  std::string whole;
+  for (const auto& sym : symbols) whole += sym;
   std::vector<int64_t> ids;
   auto direct = vocab_.find(whole);
   if (ignore_merges_ && direct != vocab_.end()) {
@@ -387,11 +635,13 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>& ou
       }
       symbols.swap(merged);
     }
-    for (const auto& s : symbols) {
-      auto it = vocab_.find(s);
+    for (const auto& sym : symbols) {
+      auto it = sym == kUnknown ? vocab_.end() : vocab_.find(sym);
       if (it != vocab_.end()) ids.push_back(it->second + 1);
       else if (unk_) ids.push_back(*unk_ + 1);
-      else throw std::invalid_argument("the piece '" + s + "' is not in the vocabulary and the tokenizer has no unk_token");
+      else if (!byte_level_) continue;  // tokenizers drops it where there is no unk_token
+      else throw std::invalid_argument("the piece '" + (sym == kUnknown ? std::string(piece) : sym) +
+                                       "' is not in the vocabulary and the tokenizer has no unk_token");
     }
   }
   if (cache_.size() < 100000) cache_.emplace(std::move(key), ids);
@@ -399,7 +649,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int64_t>& ou
 }
 
 // Text without added tokens: normalize, pre-tokenize, then BPE each piece.
-void BpeTokenizer::encode_plain(std::string_view text, std::vector<int64_t>& out) const {
+void BpeTokenizer::encode_plain(std::string_view text, bool first, std::vector<int64_t>& out) const {
   if (text.empty()) return;
   std::string owned;
   if (nfc_) {  // Unicode's canonical composition (utf8proc), as the NFC normalizer does
@@ -411,6 +661,28 @@ void BpeTokenizer::encode_plain(std::string_view text, std::vector<int64_t>& out
     owned.assign(reinterpret_cast<char*>(composed), static_cast<size_t>(n));
     std::free(composed);
     text = owned;
+  }
+  if (!byte_level_) {  // SentencePiece-style: spaces become the replacement, which may start the text
+    std::string s;
+    for (char c : text) {
+      if (c == ' ') s += space_;
+      else s += c;
+    }
+    bool starts = s.compare(0, space_.size(), space_) == 0;
+    if ((prepend_ == Prepend::always || (prepend_ == Prepend::first && first)) && !(prepend_if_missing_ && starts))
+      s = space_ + s;
+    if (!split_at_space_) {
+      encode_piece(s, out);
+      return;
+    }
+    // Metaspace's split: a piece starts at each replacement (merged with what follows)
+    size_t from = 0;
+    for (size_t at = s.find(space_, 1); at != std::string::npos; at = s.find(space_, at + 1)) {
+      encode_piece(std::string_view(s).substr(from, at - from), out);
+      from = at;
+    }
+    encode_piece(std::string_view(s).substr(from), out);
+    return;
   }
   if (add_prefix_space_ && text[0] != ' ') {
     owned = " " + std::string(text);
@@ -445,11 +717,11 @@ std::vector<int64_t> BpeTokenizer::encode(std::string_view text, bool add_specia
       while (end_plain > start && std::isspace(static_cast<unsigned char>(text[end_plain - 1]))) --end_plain;
     if (hit->rstrip)
       while (next < text.size() && std::isspace(static_cast<unsigned char>(text[next]))) ++next;
-    encode_plain(text.substr(start, end_plain - start), out);
+    encode_plain(text.substr(start, end_plain - start), start == 0, out);
     out.push_back(hit->id + 1);
     start = i = next;
   }
-  encode_plain(text.substr(start), out);
+  encode_plain(text.substr(start), start == 0, out);
   if (add_special_tokens) out.insert(out.end(), suffix_.begin(), suffix_.end());
   return out;
 }
@@ -460,11 +732,16 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
   // then read as UTF-8, each invalid sequence becoming U+FFFD.
   const ByteMap& map = byte_map();
   std::string bytes;
+  std::vector<std::string> tokens;  // SentencePiece-style: through the decoder chain
   for (int64_t id : ids) {
     if (id < 1 || id > vocab_size() || id_to_token_[static_cast<size_t>(id - 1)].empty())
       throw std::out_of_range("token id " + std::to_string(id) + " is out of range 1.." + std::to_string(vocab_size()));
     size_t k = static_cast<size_t>(id - 1);
     if (skip_special_tokens && special_[k]) continue;
+    if (!byte_level_) {
+      tokens.push_back(id_to_token_[k]);
+      continue;
+    }
     const std::string& token = id_to_token_[k];
     std::string as_bytes;
     bool all = true;
@@ -478,7 +755,96 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
     }
     bytes += all ? as_bytes : token;
   }
-  return valid_utf8(bytes);
+  return byte_level_ ? valid_utf8(bytes) : decode_chain(tokens);
+}
+
+// tokenizers' decoders, step by step over the list of token strings.
+std::string BpeTokenizer::decode_chain(const std::vector<std::string>& input) const {
+  using Kind = DecodeStep::Kind;
+  std::vector<std::string> tokens = input;
+  auto byte_token = [](const std::string& t, unsigned char& b) {  // "<0xNN>"
+    if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>' || !std::isxdigit(static_cast<unsigned char>(t[3])) ||
+        !std::isxdigit(static_cast<unsigned char>(t[4])))
+      return false;
+    b = static_cast<unsigned char>(std::strtoul(t.substr(3, 2).c_str(), nullptr, 16));
+    return true;
+  };
+  for (const auto& step : decoder_) {
+    std::vector<std::string> next;
+    switch (step.kind) {
+      case Kind::replace:
+        for (auto& t : tokens) {
+          std::string r;
+          for (size_t i = 0; i < t.size();) {
+            if (!step.from.empty() && t.compare(i, step.from.size(), step.from) == 0) {
+              r += step.to;
+              i += step.from.size();
+            } else {
+              r += t[i++];
+            }
+          }
+          next.push_back(std::move(r));
+        }
+        break;
+      case Kind::byte_fallback: {  // a run of <0xNN> tokens: its bytes if UTF-8, else one U+FFFD a token
+        std::string run;
+        size_t count = 0;
+        auto flush = [&] {
+          if (count == 0) return;
+          if (valid_utf8(run) == run) next.push_back(run);
+          else for (size_t i = 0; i < count; ++i) next.emplace_back("\xEF\xBF\xBD");
+          run.clear();
+          count = 0;
+        };
+        for (auto& t : tokens) {
+          unsigned char b = 0;
+          if (byte_token(t, b)) {
+            run += static_cast<char>(b);
+            ++count;
+          } else {
+            flush();
+            next.push_back(std::move(t));
+          }
+        }
+        flush();
+        break;
+      }
+      case Kind::fuse: {
+        std::string all;
+        for (const auto& t : tokens) all += t;
+        next.push_back(std::move(all));
+        break;
+      }
+      case Kind::strip:  // up to `start` copies of the character at the front, `stop` at the back
+        for (auto& t : tokens) {
+          size_t b = 0, e = t.size();
+          for (int i = 0; i < step.start && t.compare(b, step.from.size(), step.from) == 0; ++i) b += step.from.size();
+          for (int i = 0; i < step.stop && e >= b + step.from.size() && t.compare(e - step.from.size(), step.from.size(), step.from) == 0; ++i)
+            e -= step.from.size();
+          next.push_back(t.substr(b, e - b));
+        }
+        break;
+      case Kind::metaspace:  // the replacement is a space again; in the first token it is dropped
+        for (size_t k = 0; k < tokens.size(); ++k) {
+          std::string r;
+          const std::string& t = tokens[k];
+          for (size_t i = 0; i < t.size();) {
+            if (t.compare(i, step.from.size(), step.from) == 0) {
+              if (!(k == 0 && step.start)) r += ' ';
+              i += step.from.size();
+            } else {
+              r += t[i++];
+            }
+          }
+          next.push_back(std::move(r));
+        }
+        break;
+    }
+    tokens.swap(next);
+  }
+  std::string out;
+  for (const auto& t : tokens) out += t;
+  return out;
 }
 
 std::optional<std::string> BpeTokenizer::id_to_token(int64_t id) const {

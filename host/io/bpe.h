@@ -1,9 +1,15 @@
-// Byte-level BPE, the tokenizer of GPT-2, Pythia, Llama 3 and Qwen2, read
-// from a Hugging Face `tokenizer.json` (or GPT-2's `vocab.json` +
-// `merges.txt`) and applied as the `tokenizers` library applies it: added
-// tokens split out first, the pre-tokenizer's split pattern (PCRE2, with
-// Unicode properties), bytes mapped to printable characters, merges by rank,
-// then the post-processor's template (a BOS token, say). What a file asks for
+// BPE as Hugging Face's `tokenizers` applies it, read from a `tokenizer.json`
+// (or GPT-2's `vocab.json` + `merges.txt`). Two kinds:
+//  - byte-level (GPT-2, Pythia, Llama 3, Qwen2): added tokens split out
+//    first, the pre-tokenizer's split pattern (PCRE2, with Unicode
+//    properties), bytes mapped to printable characters, merges by rank;
+//  - SentencePiece-style (Llama 2, Mistral, TinyLlama): spaces become "▁"
+//    (a Metaspace pre-tokenizer, or the Prepend + Replace normalizers), merges
+//    over characters, a character outside the vocabulary spelled as its
+//    bytes' <0xNN> tokens (byte_fallback), unknown runs fused into one unk;
+//    decoded through the file's decoder chain (Replace, ByteFallback, Fuse,
+//    Strip, Metaspace).
+// Then the post-processor's template (a BOS token, say). What a file asks for
 // and this does not do is refused by name, never approximated.
 #pragma once
 #include <cstdint>
@@ -32,6 +38,18 @@ class BpeTokenizer : public Tokenizer {
   static std::unique_ptr<Tokenizer> for_corpus(std::shared_ptr<const BpeTokenizer> tokenizer);
   /// A Hugging Face tokenizer.json (model.type "BPE" over byte-level pieces).
   static std::unique_ptr<BpeTokenizer> from_tokenizer_json(const std::string& path);
+  /// How transformers' LlamaTokenizer reads a SentencePiece `tokenizer.model`
+  /// (its settings from tokenizer_config.json).
+  struct SentencePieceSettings {
+    bool add_bos_token = false, add_eos_token = false;  // transformers 5's defaults (Llama's config sets add_bos_token)
+    bool add_prefix_space = true;  // a "▁" before the text
+    bool legacy = false;           // before every segment between added tokens, not only the first
+  };
+  /// A SentencePiece BPE model file, turned into the tokenizer transformers 5
+  /// builds from it (LlamaTokenizer): the pieces as the vocabulary, merges
+  /// ordered by the merged piece's id, byte fallback, a Metaspace, control
+  /// and user-defined pieces as added tokens, a BOS/EOS template.
+  static std::unique_ptr<BpeTokenizer> from_sentencepiece_model(const std::string& path, const SentencePieceSettings& settings);
   /// GPT-2's two files: vocab.json (token -> id) and merges.txt.
   static std::unique_ptr<BpeTokenizer> from_vocab_merges(const std::string& vocab_json, const std::string& merges_txt);
   ~BpeTokenizer() override;
@@ -64,7 +82,9 @@ class BpeTokenizer : public Tokenizer {
   };
   void finish_loading(const std::string& where);
   void encode_piece(std::string_view piece, std::vector<int64_t>& out) const;
-  void encode_plain(std::string_view text, std::vector<int64_t>& out) const;
+  void encode_plain(std::string_view text, bool first, std::vector<int64_t>& out) const;
+  void encode_chars(std::string_view piece, std::vector<int64_t>& out) const;
+  std::string decode_chain(const std::vector<std::string>& tokens) const;
 
   std::unordered_map<std::string, int64_t> vocab_;  // token -> 0-based id
   std::vector<std::string> id_to_token_;            // 0-based id -> token ("" where none)
@@ -73,9 +93,24 @@ class BpeTokenizer : public Tokenizer {
   std::vector<AddedToken> added_;                   // longest content first
   std::unique_ptr<Regex> split_;                    // the pre-tokenizer's pattern (none: the whole text)
   bool add_prefix_space_ = false;
-  bool ignore_merges_ = false;
-  bool nfc_ = false;  // the NFC normalizer (Qwen2)  // a whole piece found in the vocabulary is one token (Llama 3)
+  bool ignore_merges_ = false;  // a whole piece found in the vocabulary is one token (Llama 3)
+  bool nfc_ = false;            // the NFC normalizer (Qwen2)
   std::optional<int64_t> unk_;
+  // SentencePiece-style: no byte map; what stands for a space, where it is
+  // prepended ("first": the text's first segment only, "always": each segment
+  // between added tokens), whether pieces split at it (Metaspace split).
+  bool byte_level_ = true;
+  bool byte_fallback_ = false, fuse_unk_ = false;
+  std::string space_;               // "▁" (empty: spaces stay spaces)
+  enum class Prepend { never, first, always } prepend_ = Prepend::never;
+  bool prepend_if_missing_ = false;  // Metaspace: not when the segment already starts with it
+  bool split_at_space_ = false;
+  struct DecodeStep {
+    enum class Kind { replace, byte_fallback, fuse, strip, metaspace } kind;
+    std::string from, to;  // replace; metaspace: from = the replacement
+    int start = 0, stop = 0;  // strip: how many `from` characters at each end; metaspace: start = strip the first space
+  };
+  std::vector<DecodeStep> decoder_;  // SentencePiece-style only
   std::vector<int64_t> prefix_, suffix_;  // 1-based
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
 };

@@ -125,23 +125,61 @@ function Corpus:__tostring()
     self.source, self.tokenizer, self.vocab_size, self:size('train'), self:size('val'))
 end
 
--- A byte-level BPE tokenizer (GPT-2, Pythia, Llama 3, Qwen2), as Hugging
--- Face's `tokenizers` applies it (host/io/bpe.cpp). Ids are 1-based: Hugging
--- Face's id i is anatomy's i + 1.
+-- A pretrained model's BPE tokenizer, as Hugging Face's `tokenizers` applies
+-- it (host/io/bpe.cpp): byte-level (GPT-2, Pythia, Llama 3, Qwen2) or
+-- SentencePiece-style with byte fallback (Llama 2, Mistral, TinyLlama). Ids
+-- are 1-based: Hugging Face's id i is anatomy's i + 1.
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
 data.Tokenizer = Tokenizer
 
+-- A SentencePiece tokenizer.model as transformers' LlamaTokenizer reads it,
+-- with tokenizer_config.json's add_bos_token, add_eos_token,
+-- add_prefix_space and legacy where the folder has one.
+local function from_sentencepiece(folder, model)
+  local settings = {}
+  local config_path = folder .. '/tokenizer_config.json'
+  if fs.exists(config_path) then
+    local f = assert(io.open(config_path, 'rb'))
+    local text = f:read('*a')
+    f:close()
+    local ok, config = pcall(require('anatomy.json').decode, text)
+    if not ok or type(config) ~= 'table' then
+      error(("data.tokenizer: '%s' is not valid JSON: %s"):format(config_path, tostring(config)), 3)
+    end
+    local class = config.tokenizer_class
+    if class ~= nil and class ~= 'LlamaTokenizer' and class ~= 'LlamaTokenizerFast' then
+      error(("data.tokenizer: '%s' has tokenizer_class = %s; a tokenizer.model alone is read as LlamaTokenizer "
+        .. "(Llama, Mistral) only"):format(config_path, tostring(class)), 3)
+    end
+    for _, key in ipairs {'add_bos_token', 'add_eos_token', 'add_prefix_space', 'legacy'} do
+      local v = config[key]
+      if v ~= nil and type(v) ~= 'boolean' then
+        error(("data.tokenizer: '%s': %s must be true or false, got %s"):format(config_path, key, tostring(v)), 3)
+      end
+      settings[key] = v
+    end
+  end
+  return torch._data._bpe_from_sentencepiece(model, settings.add_bos_token, settings.add_eos_token,
+    settings.add_prefix_space, settings.legacy)
+end
+
 -- data.tokenizer(path) -> tok: path is a tokenizer.json, or a folder holding
--- tokenizer.json or GPT-2's vocab.json + merges.txt.
+-- tokenizer.json, GPT-2's vocab.json + merges.txt, or a SentencePiece
+-- tokenizer.model (read as transformers' LlamaTokenizer reads it), first
+-- found first.
 function data.tokenizer(path)
   if type(path) ~= 'string' then error(('data.tokenizer: path must be a string, got %s'):format(type(path)), 2) end
   local native
   if fs.is_dir(path) then
-    local json_path, vocab, merges = path .. '/tokenizer.json', path .. '/vocab.json', path .. '/merges.txt'
+    local json_path, vocab, merges, model = path .. '/tokenizer.json', path .. '/vocab.json', path .. '/merges.txt',
+      path .. '/tokenizer.model'
     if fs.exists(json_path) then native = torch._data._bpe_from_json(json_path)
     elseif fs.exists(vocab) and fs.exists(merges) then native = torch._data._bpe_from_vocab_merges(vocab, merges)
-    else error(("data.tokenizer: '%s' holds neither tokenizer.json nor vocab.json and merges.txt"):format(path), 2) end
+    elseif fs.exists(model) then native = from_sentencepiece(path, model)
+    else error(("data.tokenizer: '%s' holds none of tokenizer.json, vocab.json and merges.txt, tokenizer.model"):format(path), 2) end
+  elseif path:match('%.model$') then
+    native = from_sentencepiece(path:match('^(.*)/[^/]*$') or '.', path)
   else
     native = torch._data._bpe_from_json(path)
   end

@@ -70,10 +70,14 @@ end)
 test('what it does not do is refused by name', function()
   local cases = {
     {function(s) s.model.type = 'WordPiece' end, "model.type is 'WordPiece'; only BPE is supported"},
-    {function(s) s.normalizer = {type = 'Lowercase'} end, "normalizer is 'Lowercase'; supported: NFC (Qwen2)"},
-    {function(s) s.pre_tokenizer = {type = 'Metaspace'} end, "pre_tokenizer is 'Metaspace'; supported: ByteLevel, or a Sequence of Split and ByteLevel"},
-    {function(s) s.model.byte_fallback = true end, 'model.byte_fallback is true (a SentencePiece-style BPE); load its tokenizer.model instead'},
-    {function(s) s.decoder = {type = 'WordPiece'} end, "decoder is 'WordPiece'; only ByteLevel is supported"},
+    {function(s) s.normalizer = {type = 'Lowercase'} end, "alone or in a Sequence"},
+    {function(s) s.pre_tokenizer = {type = 'Whitespace'} end, "supported: ByteLevel, a Sequence of Split and ByteLevel, Metaspace, or none after the Prepend and Replace normalizers"},
+    {function(s) s.model.byte_fallback = true end, 'model.byte_fallback: SentencePiece-style settings with a ByteLevel pre-tokenizer are not supported'},
+    {function(s) s.decoder = {type = 'WordPiece'} end, "decoder is 'WordPiece'; only ByteLevel is supported with byte-level BPE"},
+    {function(s) s.pre_tokenizer = {type = 'Metaspace', replacement = '_', prepend_scheme = 'first', split = false}; s.decoder = {type = 'ByteLevel'} end,
+      "decoder has 'ByteLevel'; supported with SentencePiece-style BPE: Replace, ByteFallback, Fuse, Strip, Metaspace"},
+    {function(s) s.pre_tokenizer = {type = 'Metaspace', replacement = '_', prepend_scheme = 'sometimes'} end,
+      "pre_tokenizer Metaspace.prepend_scheme is 'sometimes'; expected first, always or never"},
     {function(s) s.pre_tokenizer = {type = 'Sequence', pretokenizers = {{type = 'Split', pattern = {Regex = '(unclosed'}, behavior = 'Isolated'}, {type = 'ByteLevel', use_regex = false}}} end,
       'the split pattern does not compile at offset 9: missing closing parenthesis'},
   }
@@ -92,7 +96,7 @@ test('what it does not do is refused by name', function()
   local dir = os.tmpname()
   os.remove(dir)
   os.execute("mkdir -p '" .. dir .. "'")
-  raises(function() data.tokenizer(dir) end, "holds neither tokenizer.json nor vocab.json and merges.txt")
+  raises(function() data.tokenizer(dir) end, "holds none of tokenizer.json, vocab.json and merges.txt, tokenizer.model")
   os.execute("rmdir '" .. dir .. "'")
 end)
 
@@ -111,6 +115,104 @@ test('a corpus read with the tokenizer: ids without the template, decoded back t
   eq(c:tokens():narrow(1, 1, 5):tolist(), {17, 9, 19, 3, 8})
   os.remove(text_path)
   os.remove(path)
+end)
+
+-- A SentencePiece model file written here, byte by byte (protocol buffers:
+-- ModelProto.pieces = 1 {piece = 1, score = 2, type = 3}, trainer_spec = 2
+-- {model_type = 3}), read as transformers' LlamaTokenizer reads it.
+local function varint(n)
+  local out = {}
+  repeat
+    local b = n % 128
+    n = math.floor(n / 128)
+    out[#out + 1] = string.char(n > 0 and b + 128 or b)
+  until n == 0
+  return table.concat(out)
+end
+local function field(number, bytes) return varint(number * 8 + 2) .. varint(#bytes) .. bytes end
+local SP = '\226\150\129'  -- U+2581
+-- 0-based ids: 0 <unk>, 1 <s>, 2 </s>, 3 <0xC3>, 4 <0xA9>, 5 ▁, 6 h, 7 e, 8 l, 9 o, 10 ▁h, 11 ll, 12 he,
+-- 13 ▁he, 14 llo, 15 ▁hello, 16 <|user|>. Merges, by the merged piece's id then the left part's length:
+-- ▁ h (0), l l (1), h e (2), ▁ he (3), ▁h e (4), ll o (5), ▁he llo (6).
+local PIECES = {{'<unk>', 2}, {'<s>', 3}, {'</s>', 3}, {'<0xC3>', 6}, {'<0xA9>', 6}, {SP, 1}, {'h', 1}, {'e', 1}, {'l', 1},
+  {'o', 1}, {SP .. 'h', 1}, {'ll', 1}, {'he', 1}, {SP .. 'he', 1}, {'llo', 1}, {SP .. 'hello', 1}, {'<|user|>', 4}}
+local function spm_bytes(model_type, pieces)
+  local out = {}
+  for _, p in ipairs(pieces or PIECES) do out[#out + 1] = field(1, field(1, p[1]) .. varint(3 * 8) .. varint(p[2])) end
+  out[#out + 1] = field(2, varint(3 * 8) .. varint(model_type or 2))
+  return table.concat(out)
+end
+local function spm_folder(bytes, config)
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute("mkdir -p '" .. dir .. "'")
+  local f = assert(io.open(dir .. '/tokenizer.model', 'wb'))
+  f:write(bytes)
+  f:close()
+  if config then
+    f = assert(io.open(dir .. '/tokenizer_config.json', 'wb'))
+    f:write(config)
+    f:close()
+  end
+  return dir
+end
+local function remove_folder(dir) os.execute("rm -rf '" .. dir .. "'") end
+
+test('a SentencePiece tokenizer.model: merges by piece id, byte fallback, prefix only before the first segment', function()
+  local dir = spm_folder(spm_bytes())
+  local tok = data.tokenizer(dir)
+  eq(tok.vocab_size, 17)
+  -- ▁hello: ▁h, ll, ▁he, llo, ▁hello -> one piece, id 15 (16 one-based)
+  eq(tok:encode('hello'):tolist(), {16})
+  -- é is not a piece: its bytes C3 A9 are; x is neither, and there is no unk_token: dropped, as transformers does
+  eq(tok:encode('hé'):tolist(), {11, 4, 5})
+  eq(tok:encode('x'):tolist(), {6})
+  -- after a special token the text is not the first segment: no ▁, so he + llo
+  eq(tok:encode('<s>hello'):tolist(), {2, 13, 15})
+  eq(tok:encode('hello<|user|>'):tolist(), {16, 17})
+  eq(tok:decode({16}), 'hello', "Strip takes the prefix's space")
+  eq(tok:decode({11, 4, 5}), 'hé', 'bytes fused back into UTF-8')
+  eq(tok:decode({4}), '\239\191\189', 'a lone continuation byte: U+FFFD')
+  eq(tok:decode({2, 16, 3}, {skip_special_tokens = true}), 'hello')
+  eq(tok:id_to_token(16), SP .. 'hello')
+  eq(tok:token_to_id('<|user|>'), 17)
+  remove_folder(dir)
+end)
+
+test("tokenizer.model with tokenizer_config.json: add_bos_token, add_eos_token, legacy, add_prefix_space", function()
+  local dir = spm_folder(spm_bytes(), '{"tokenizer_class": "LlamaTokenizer", "add_bos_token": true, "add_eos_token": true, "legacy": true}')
+  local tok = data.tokenizer(dir)
+  eq(tok:encode('hello'):tolist(), {2, 16, 3})
+  eq(tok:encode('<s>hello', {add_special_tokens = false}):tolist(), {2, 16}, 'legacy: a ▁ before every segment')
+  remove_folder(dir)
+  dir = spm_folder(spm_bytes(), '{"add_prefix_space": false}')
+  eq(data.tokenizer(dir):encode('hello'):tolist(), {13, 15}, 'no prefix: he + llo')
+  eq(data.tokenizer(dir):decode({16}), ' hello', 'and nothing stripped')
+  remove_folder(dir)
+end)
+
+test('a tokenizer.model that is not one, or not BPE, is refused by name', function()
+  local cases = {
+    {spm_bytes(1), "trainer_spec.model_type is UNIGRAM; only BPE SentencePiece models (Llama, Mistral) are supported"},
+    {spm_bytes():sub(1, 18), 'is not a SentencePiece model: a field of 7 bytes runs past the end'},
+    {'', 'is not a SentencePiece model: it has no pieces'},
+    {'\255\255\255\255\255\255\255\255\255\255\255', 'is not a SentencePiece model: a number longer than 10 bytes'},
+    {'\11', 'is not a SentencePiece model: wire type 3 (groups or an unknown type)'},
+  }
+  for _, c in ipairs(cases) do
+    local dir = spm_folder(c[1])
+    raises(function() data.tokenizer(dir) end, c[2])
+    remove_folder(dir)
+  end
+  local dir = spm_folder(spm_bytes(), '{"tokenizer_class": "T5Tokenizer"}')
+  raises(function() data.tokenizer(dir) end, "has tokenizer_class = T5Tokenizer; a tokenizer.model alone is read as LlamaTokenizer (Llama, Mistral) only")
+  remove_folder(dir)
+  dir = spm_folder(spm_bytes(), '{"add_bos_token": "yes"}')
+  raises(function() data.tokenizer(dir) end, "add_bos_token must be true or false, got yes")
+  remove_folder(dir)
+  dir = spm_folder(spm_bytes(), '{"add_bos_token": true')
+  raises(function() data.tokenizer(dir) end, "tokenizer_config.json' is not valid JSON: json.decode: expected ',' or '}' at byte 23")
+  remove_folder(dir)
 end)
 
 H.done()

@@ -4,13 +4,24 @@ in the layouts the published checkpoints use: GPT-2's (ByteLevel with its own
 split pattern; as tokenizer.json and as vocab.json + merges.txt), with a
 prefix space, Llama 3's (a Split pattern, ByteLevel without one,
 ignore_merges, a BOS added by a template, special tokens with lstrip/rstrip),
-and Qwen2's (the same with the NFC normalizer; decomposed and composed text).
+and Qwen2's (the same with the NFC normalizer; decomposed and composed text);
+and the SentencePiece-style BPE of Llama 2, Mistral and TinyLlama: byte
+fallback to <0xNN> tokens (here only some bytes have one, so unknown runs
+fuse into one <unk>), spaces as U+2581 through the Prepend + Replace
+normalizers (the hub's tokenizer.json) or a Metaspace pre-tokenizer
+(transformers 5's LlamaTokenizer, prepend_scheme first; and always with
+split), decoded through Replace, ByteFallback, Fuse, Strip or Metaspace;
+and a SentencePiece tokenizer.model alone (BPE, byte fallback, a
+user-defined piece), against what `transformers` builds from it
+(LlamaTokenizer) under tokenizer_config.json's defaults, legacy,
+add_eos_token without add_bos_token, and add_prefix_space false.
 Texts: Unicode, emoji with joiners, whitespace runs, numbers, contractions,
 special tokens inside the text, invalid UTF-8 from partial tokens on decode.
 
 Exact: every id and every decoded string must be equal.
-Needs `tokenizers` (the PyPI build's venv: scripts/setup --tests --torch=pypi);
-exits 77 (skip) without it.
+Needs `tokenizers`, and for tokenizer.model `transformers` and `sentencepiece`
+(the PyPI build's venv: scripts/setup --tests --torch=pypi); exits 77 (skip)
+without `tokenizers`.
 Usage: test_bpe_parity.py ANATOMY_EXECUTABLE
 """
 import json
@@ -51,6 +62,9 @@ TEXTS = [
     "x",
     "unseen letters: ǅ ẞ Ω ∑ ∞ ⊕ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
     "decomposed: cafe\u0301 A\u030a \u1100\u1161 and composed: café Å 가",
+    "<s>Hello</s> world<s>",
+    "  two leading, ▁ a literal U+2581 and ▁▁ two",
+    "ÀÉÎõü ßðþ then 日本 then 𝔘𝔫 mixed ÀÉ日",
 ]
 
 GPT2_PATTERN = None  # ByteLevel's own
@@ -91,6 +105,90 @@ def qwen2_like():
     tok = llama3_like()
     tok.normalizer = normalizers.NFC()
     return tok
+
+
+def sentencepiece_like(form):
+    """Llama 2's tokenizer as its tokenizer.json has it ("legacy": Prepend +
+    Replace normalizers, no pre-tokenizer) or as transformers 5 builds it
+    ("metaspace": Metaspace with prepend_scheme first, no split), or a
+    Metaspace that prepends always and splits ("split"). Byte tokens exist for
+    ASCII and the lead bytes of 3- and 4-byte characters only, so some
+    characters fall back to bytes and others (2-byte ones) are unknown."""
+    from tokenizers import AddedToken, normalizers
+    bytes_ = [f"<0x{b:02X}>" for b in list(range(0x00, 0x80)) + list(range(0xE0, 0xF5)) + list(range(0x80, 0xC0))]
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    if form == "legacy":
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        tok.pre_tokenizer = None
+        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(content=" ", left=1)])
+    else:
+        first = form == "metaspace"
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first" if first else "always",
+                                                     split=not first)
+        if first:
+            tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                             decoders.Strip(content=" ", left=1)])
+        else:
+            tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace(replacement="\u2581", prepend_scheme="always")])
+    # trained on a text without most non-Latin letters, so they reach the fallback
+    latin = [t for t in CORPUS if t.isascii() or "café" in t]
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<unk>", "<s>", "</s>"] + bytes_, show_progress=False,
+                                  limit_alphabet=60)
+    tok.train_from_iterator(latin, trainer)
+    tok.add_special_tokens([AddedToken("<|eot|>", lstrip=True, rstrip=True)])
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    return tok
+
+
+class FromTransformers:
+    """A transformers tokenizer with the `tokenizers` calls check() makes."""
+
+    class Encoding:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def encode(self, text, add_special_tokens=True):
+        return self.Encoding(self.tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids, skip_special_tokens=False):
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def get_vocab_size(self, with_added_tokens=True):
+        return len(self.tok)
+
+
+def sentencepiece_model_cases(tmp):
+    """A SentencePiece BPE model trained here, in folders whose
+    tokenizer_config.json set LlamaTokenizer's switches; each loaded by
+    transformers from the tokenizer.model alone."""
+    import sentencepiece
+    import transformers
+    text = os.path.join(tmp, "spm-train.txt")
+    with open(text, "w") as f:
+        f.write("\n".join(t for t in CORPUS if "日本" not in t))
+    prefix = os.path.join(tmp, "spm")
+    sentencepiece.SentencePieceTrainer.train(
+        input=text, model_prefix=prefix, vocab_size=500, model_type="bpe", byte_fallback=True, character_coverage=0.99,
+        user_defined_symbols=["<|eot|>"], normalization_rule_name="identity", remove_extra_whitespaces=False,
+        minloglevel=2)
+    cases = []
+    for name, config in (("defaults", {}), ("legacy, add_bos_token", {"legacy": True, "add_bos_token": True}),
+                         ("add_eos_token, no add_bos_token", {"add_bos_token": False, "add_eos_token": True}),
+                         ("add_prefix_space false", {"add_prefix_space": False})):
+        folder = os.path.join(tmp, "spm-" + "".join(c if c.isalnum() else "_" for c in name))
+        os.mkdir(folder)
+        with open(prefix + ".model", "rb") as src, open(os.path.join(folder, "tokenizer.model"), "wb") as dst:
+            dst.write(src.read())
+        with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+            json.dump({"tokenizer_class": "LlamaTokenizer", **config}, f)
+        tok = transformers.AutoTokenizer.from_pretrained(folder)
+        cases.append((f"tokenizer.model (LlamaTokenizer, {name})", folder, FromTransformers(tok)))
+    return cases
 
 
 def check(exe, name, path, tok, tmp):
@@ -156,6 +254,13 @@ def main():
         qwen = qwen2_like()
         qwen.save(os.path.join(tmp, "qwen2.json"))
         cases.append(("qwen2 (NFC normalizer)", os.path.join(tmp, "qwen2.json"), qwen))
+        for form, label in (("legacy", "Llama 2 tokenizer.json: Prepend + Replace normalizers, byte fallback"),
+                            ("metaspace", "transformers 5 LlamaTokenizer: Metaspace prepend first"),
+                            ("split", "Metaspace prepend always, split, Metaspace decoder")):
+            sp = sentencepiece_like(form)
+            sp.save(os.path.join(tmp, f"sp-{form}.json"))
+            cases.append((label, os.path.join(tmp, f"sp-{form}.json"), sp))
+        cases += sentencepiece_model_cases(tmp)
         for name, path, tok in cases:
             p, f = check(exe, name, path, tok, tmp)
             passed += p

@@ -27,7 +27,7 @@ try:
     import transformers
     from transformers import (GPT2Config, GPT2LMHeadModel, GPT2Model, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                               MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
-    from test_bpe_parity import gpt2_like, llama3_like
+    from test_bpe_parity import gpt2_like, llama3_like, sentencepiece_like
 except ImportError as e:
     print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test --torch=pypi)")
     sys.exit(77)
@@ -143,7 +143,7 @@ def main():
     exe = sys.argv[1]
     passed = 0
     failures = []
-    gpt2_tok, llama_tok = gpt2_like(), llama3_like()
+    gpt2_tok, llama_tok, sp_tok = gpt2_like(), llama3_like(), sentencepiece_like("legacy")
     with tempfile.TemporaryDirectory() as tmp:
         cases = [
             ("gpt2: tied, gelu_new", lambda n: make(tmp, n, gpt2_tok), gpt2_tok),
@@ -168,9 +168,9 @@ def main():
              llama_tok),
             ("llama: rope_scaling linear",
              lambda n: make_llama(tmp, n, llama_tok, rope_scaling={"rope_type": "linear", "factor": 4.0}), llama_tok),
-            ("mistral: sliding_window 4",
-             lambda n: make_llama(tmp, n, llama_tok, cls=MistralForCausalLM, config_cls=MistralConfig, sliding_window=4),
-             llama_tok),
+            ("mistral: sliding_window 4, SentencePiece-style tokenizer.json (byte fallback)",
+             lambda n: make_llama(tmp, n, sp_tok, cls=MistralForCausalLM, config_cls=MistralConfig, sliding_window=4),
+             sp_tok),
             ("qwen2: qkv bias, sliding window off",
              lambda n: make_llama(tmp, n, llama_tok, cls=Qwen2ForCausalLM, config_cls=Qwen2Config,
                                   use_sliding_window=False, sliding_window=4), llama_tok),

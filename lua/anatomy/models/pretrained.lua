@@ -256,7 +256,8 @@ function models.from_pretrained(folder, opts)
   rawset(model, 'hf_folder', folder)
   model:eval()
   local tok
-  if fs.exists(folder .. '/tokenizer.json') or (fs.exists(folder .. '/vocab.json') and fs.exists(folder .. '/merges.txt')) then
+  if fs.exists(folder .. '/tokenizer.json') or fs.exists(folder .. '/tokenizer.model')
+      or (fs.exists(folder .. '/vocab.json') and fs.exists(folder .. '/merges.txt')) then
     tok = data.tokenizer(folder)
   end
   return model, tok
@@ -306,7 +307,7 @@ function pretrained.save(model, folder)
   put('config.json', function(path) local f = assert(io.open(path, 'wb')); f:write(json.encode(cfg), '\n'); f:close() end)
   put('model.safetensors', function(path) torch.save_safetensors(path, tensors, {format = 'pt'}) end)
   local from = rawget(model, 'hf_folder')
-  for _, file in ipairs{'tokenizer.json', 'vocab.json', 'merges.txt', 'tokenizer_config.json', 'special_tokens_map.json',
+  for _, file in ipairs{'tokenizer.json', 'tokenizer.model', 'vocab.json', 'merges.txt', 'tokenizer_config.json', 'special_tokens_map.json',
                         'generation_config.json', 'tokenizer.model'} do
     if from and from ~= folder and fs.exists(from .. '/' .. file) then
       put(file, function(path) local f = assert(io.open(path, 'wb')); f:write(fs.read(from .. '/' .. file)); f:close() end)
