@@ -8,6 +8,7 @@
 #include "bindings/common.h"
 #include "host/nn/blocks.h"
 #include "host/runtime.h"
+#include "host/tensor_format.h"
 
 #include <optional>
 #include <type_traits>
@@ -140,14 +141,74 @@ int new_mlp(lua_State* L) {
 
 // ---- methods -----------------------------------------------------------------
 
-// m:forward(x): an InputError becomes a bad argument #1 (the input).
+// Thrown out of a hook callback whose Lua function raised an error (left on
+// the stack top): module_forward raises that error as it was.
+struct HookFailed {};
+
+// m:forward(x[, hook, wanted]): an InputError becomes a bad argument #1 (the
+// input). With hook (a function(name, t) -> t or nil), the block's hook
+// points pass through it for this call (host/nn/blocks.h); wanted lists the
+// costly points to compute (an attention's "result").
 int module_forward(lua_State* L) {
   BlockPtr& b = check_block(L, 1);
   at::Tensor& x = check_tensor(L, 2);
+  if (!lua_isnoneornil(L, 3) && lua_type(L, 3) != LUA_TFUNCTION) throw ArgError(3, "function expected, got " + type_name(L, 3));
+  struct Unhook {  // the hook lives for this call only, whatever happens in it
+    nn::Block& block;
+    ~Unhook() {
+      block.hook = nullptr;
+      block.wanted.clear();
+    }
+  } unhook{*b};
+  if (lua_type(L, 3) == LUA_TFUNCTION) {
+    if (lua_istable(L, 4))
+      for (int i = 1; i <= static_cast<int>(lua_objlen(L, 4)); ++i) {
+        lua_rawgeti(L, 4, i);
+        if (lua_type(L, -1) == LUA_TSTRING) b->wanted.emplace_back(lua_tostring(L, -1));
+        lua_pop(L, 1);
+      }
+    b->hook = [L](const char* name, const at::Tensor& t) -> at::Tensor {
+      lua_pushvalue(L, 3);
+      lua_pushstring(L, name);
+      push_tensor(L, t);
+      if (lua_pcall(L, 2, 1, 0) != 0) throw HookFailed{};
+      at::Tensor out = t;
+      if (!lua_isnil(L, -1)) {
+        at::Tensor* r = to_tensor(L, -1);
+        if (!r || r->sizes() != t.sizes()) {
+          std::string got = r ? "a tensor of shape " + anatomy::shape_string(r->sizes()) : std::string("a ") + luaL_typename(L, -1);
+          lua_pop(L, 1);
+          lua_pushstring(L, ("the hook on '" + std::string(name) + "' returned " + got + ", expected nil or a tensor of shape " +
+                             anatomy::shape_string(t.sizes())).c_str());
+          throw HookFailed{};
+        }
+        out = *r;
+      }
+      lua_pop(L, 1);
+      return out;
+    };
+  }
+  at::Tensor y;
+  bool failed = false;
   try {
-    push_tensor(L, b->forward(x));
+    y = b->forward(x);
   } catch (const nn::InputError& e) {
     throw ArgError(2, e.what());
+  } catch (const HookFailed&) {
+    failed = true;
+  }
+  if (failed) return lua_error(L);  // the hook's own error, its position kept
+  push_tensor(L, y);
+  return 1;
+}
+
+// m:hook_points() -> {name, ...}: the block's hook points (host/nn/blocks.h)
+int module_hook_points(lua_State* L) {
+  auto points = check_block(L, 1)->hook_points();
+  lua_createtable(L, static_cast<int>(points.size()), 0);
+  for (size_t i = 0; i < points.size(); ++i) {
+    lua_pushstring(L, points[i].c_str());
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
   }
   return 1;
 }
@@ -214,6 +275,7 @@ const luaL_Reg module_methods[] = {
     {"kind", guarded<module_kind>},
     {"describe", guarded<module_describe>},
     {"keep_pattern", guarded<module_keep_pattern>},
+    {"hook_points", guarded<module_hook_points>},
     {"pattern", guarded<module_pattern>},
     {"to", guarded<module_to>},
     {nullptr, nullptr},

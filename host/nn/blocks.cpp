@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -137,7 +138,11 @@ LayerNorm::LayerNorm(const NormOptions& o) : dim(o.dim()), eps(o.eps()) {
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) {
   require_last_dim(x, dim, "LayerNorm");
-  return at::layer_norm(x, {dim}, weight, bias, eps);
+  if (!hook) return at::layer_norm(x, {dim}, weight, bias, eps);
+  // step by step: scale = √(var + eps) (B, T, 1), normalized = (x - mean) / scale
+  at::Tensor centered = x - x.mean(-1, /*keepdim=*/true);
+  at::Tensor scale = at_hook("scale", (centered.pow(2).mean(-1, /*keepdim=*/true) + eps).sqrt());
+  return at_hook("normalized", centered / scale) * weight + bias;
 }
 
 std::string LayerNorm::describe() const { return std::to_string(dim) + ", eps=" + number_str(eps); }
@@ -150,7 +155,9 @@ RMSNorm::RMSNorm(const NormOptions& o) : dim(o.dim()), eps(o.eps()) {
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
   require_last_dim(x, dim, "RMSNorm");
-  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  if (!hook) return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  at::Tensor scale = at_hook("scale", (x.pow(2).mean(-1, /*keepdim=*/true) + eps).sqrt());  // (B, T, 1)
+  return at_hook("normalized", x / scale) * weight;
 }
 
 std::string RMSNorm::describe() const { return std::to_string(dim) + ", eps=" + number_str(eps); }
@@ -179,7 +186,32 @@ Dropout::Dropout(double rate) : p(rate) {
 at::Tensor Dropout::forward(const at::Tensor& x) { return p == 0 ? x : at::dropout(x, p, is_training()); }
 std::string Dropout::describe() const { return "p=" + number_str(p); }
 
+bool Block::wants(const char* name) const {
+  return hook && std::find(wanted.begin(), wanted.end(), name) != wanted.end();
+}
+
 // ---- attention ----------------------------------------------------------------------
+
+namespace {
+// The end of an attention's hooked path: z (B, T, H, D) through the output
+// projection. With "result" wanted, each head's share of the output,
+// result[b, t, h] = z[b, t, h] · W[:, h·D:(h+1)·D]ᵀ (B, T, H, C), passes
+// through the hook; replaced, the output is its sum over heads plus the
+// bias, else the projection as the unhooked path computes it.
+at::Tensor project_heads(Linear& out, const at::Tensor& z, const std::function<at::Tensor(const char*, const at::Tensor&)>& hook,
+                         bool want_result) {
+  const int64_t B = z.size(0), T = z.size(1), H = z.size(2), D = z.size(3);
+  if (want_result) {
+    at::Tensor result = at::einsum("bthd,chd->bthc", {z, out.weight.view({out.out_features, H, D})});
+    at::Tensor r = hook("result", result);
+    if (!r.is_same(result)) {
+      at::Tensor y = r.sum(2);
+      return out.bias.defined() ? y + out.bias : y;
+    }
+  }
+  return out.forward(z.reshape({B, T, H * D}));
+}
+}  // namespace
 
 Attention::Attention(const AttentionOptions& o) : dim(o.dim()), heads(o.heads()), causal(o.causal()) {
   require_positive(dim, "dim");
@@ -194,18 +226,22 @@ at::Tensor Attention::forward(const at::Tensor& x) {
   require_btc(x, dim, "Attention");
   const int64_t B = x.size(0), T = x.size(1), C = dim, H = heads, D = C / H;
   auto parts = qkv->forward(x).split(C, -1);  // q, k, v: (B, T, C)
-  auto split_heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
-  at::Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
-  if (!keep_pattern) {  // no probe wants the pattern: one fused kernel where LibTorch has it
-    at::Tensor y = compat::fused_attention(q, k, v, at::Tensor(), causal);
+  if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
+    auto split_heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
+    at::Tensor y = compat::fused_attention(split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), at::Tensor(), causal);
     if (y.defined()) return proj->forward(y.transpose(1, 2).reshape({B, T, C}));
   }
+  // (B, T, H, D) through the hook, then (B, H, T, D)
+  auto heads_of = [&](const char* name, const at::Tensor& t) { return at_hook(name, t.view({B, T, H, D})).transpose(1, 2); };
+  at::Tensor q = heads_of("q", parts[0]), k = heads_of("k", parts[1]), v = heads_of("v", parts[2]);
   at::Tensor att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));  // (B, H, T, T)
   if (causal) att = att.masked_fill(cached_causal_mask(mask_, T, x.device()), -std::numeric_limits<double>::infinity());
-  att = at::softmax(att, -1);
+  att = at_hook("scores", att);
+  att = at_hook("pattern", at::softmax(att, -1));
   if (keep_pattern) pattern = pattern_grad ? att : att.detach();
-  at::Tensor y = at::matmul(att, v).transpose(1, 2).reshape({B, T, C});
-  return proj->forward(y);
+  at::Tensor z = at::matmul(att, v).transpose(1, 2);  // (B, T, H, D)
+  if (!hook) return proj->forward(z.reshape({B, T, C}));
+  return project_heads(*proj, at_hook("z", z), hook, wants("result"));
 }
 
 std::string Attention::describe() const {
@@ -254,9 +290,10 @@ RoPEAttention::RoPEAttention(const RoPEAttentionOptions& o) : options(o) {
 at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   require_btc(x, options.dim(), "RoPEAttention");
   const int64_t B = x.size(0), T = x.size(1), H = options.heads(), KV = options.kv_heads(), D = head_dim, R = rotary_dim;
-  at::Tensor qh = q->forward(x).view({B, T, H, D}).transpose(1, 2);   // (B, H, T, D)
-  at::Tensor kh = k->forward(x).view({B, T, KV, D}).transpose(1, 2);  // (B, KV, T, D)
-  at::Tensor vh = v->forward(x).view({B, T, KV, D}).transpose(1, 2);
+  // (B, T, heads, D) through the hook, then (B, heads, T, D)
+  at::Tensor qh = at_hook("q", q->forward(x).view({B, T, H, D})).transpose(1, 2);
+  at::Tensor kh = at_hook("k", k->forward(x).view({B, T, KV, D})).transpose(1, 2);
+  at::Tensor vh = at_hook("v", v->forward(x).view({B, T, KV, D})).transpose(1, 2);
   if (!cos_.defined() || cos_.size(0) != T || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
     // angles in float32 as transformers computes them, then cast to x's dtype
     at::Tensor pos = at::arange(T, at::TensorOptions().dtype(at::kFloat));
@@ -273,6 +310,10 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   };
   qh = rotate(qh);
   kh = rotate(kh);
+  if (hook) {
+    qh = at_hook("rot_q", qh.transpose(1, 2)).transpose(1, 2);
+    kh = at_hook("rot_k", kh.transpose(1, 2)).transpose(1, 2);
+  }
   if (KV != H) {
     kh = kh.repeat_interleave(H / KV, 1);
     vh = vh.repeat_interleave(H / KV, 1);
@@ -287,7 +328,7 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
       mask_ = masked;
     }
   };
-  if (!keep_pattern) {  // no probe wants the pattern: one fused kernel where LibTorch has it
+  if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
     at::Tensor allowed;
     if (options.sliding_window() > 0) {
       make_mask();
@@ -301,10 +342,12 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
     make_mask();
     att = att.masked_fill(mask_, -std::numeric_limits<double>::infinity());
   }
-  att = at::softmax(att, -1, at::kFloat).to(x.scalar_type());  // softmax in float32, as transformers does
+  att = at_hook("scores", att);
+  att = at_hook("pattern", at::softmax(att, -1, at::kFloat).to(x.scalar_type()));  // softmax in float32, as transformers does
   if (keep_pattern) pattern = pattern_grad ? att : att.detach();
-  at::Tensor y = at::matmul(att, vh).transpose(1, 2).reshape({B, T, H * D});
-  return o->forward(y);
+  at::Tensor z = at::matmul(att, vh).transpose(1, 2);  // (B, T, H, D)
+  if (!hook) return o->forward(z.reshape({B, T, H * D}));
+  return project_heads(*o, at_hook("z", z), hook, wants("result"));
 }
 
 std::string RoPEAttention::describe() const {
@@ -328,7 +371,9 @@ SwiGLU::SwiGLU(const SwiGLUOptions& o) : dim(o.dim()), hidden(o.hidden()) {
 
 at::Tensor SwiGLU::forward(const at::Tensor& x) {
   require_last_dim(x, dim, "SwiGLU");
-  return down->forward(at::silu(gate->forward(x)) * up->forward(x));
+  if (!hook) return down->forward(at::silu(gate->forward(x)) * up->forward(x));
+  at::Tensor pre = at_hook("pre", gate->forward(x)), pre_linear = at_hook("pre_linear", up->forward(x));
+  return down->forward(at_hook("post", at::silu(pre) * pre_linear));
 }
 
 std::string SwiGLU::describe() const { return std::to_string(dim) + " -> " + std::to_string(hidden) + " -> " + std::to_string(dim); }
@@ -409,8 +454,8 @@ MLP::MLP(const MLPOptions& o) : dim(o.dim()), hidden(o.hidden()), activation(o.a
 
 at::Tensor MLP::forward(const at::Tensor& x) {
   require_last_dim(x, dim, "MLP");
-  at::Tensor h = fc->forward(x);
-  h = Activation::apply(activation, h);
+  at::Tensor h = at_hook("pre", fc->forward(x));
+  h = at_hook("post", Activation::apply(activation, h));
   return proj->forward(h);
 }
 

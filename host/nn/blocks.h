@@ -8,8 +8,10 @@
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace anatomy::nn {
 
@@ -130,6 +132,24 @@ class Block : public torch::nn::Module {
   bool keep_pattern = false;
   bool pattern_grad = false;
   at::Tensor pattern;
+
+  /// Hook points inside the block ("q", "pattern", "post", "scale", ...;
+  /// hook_points() lists them). While `hook` is set, forward takes its
+  /// explicit path and passes each intermediate through hook(name, t), going
+  /// on with what it returns (t itself, or a replacement of the same shape).
+  /// Unset, forward is unchanged: no hook costs anything.
+  using HookFn = std::function<at::Tensor(const char* name, const at::Tensor& t)>;
+  HookFn hook;
+  /// Points that cost extra to compute (an attention's per-head "result",
+  /// B x T x H x C) are computed only while listed here.
+  std::vector<std::string> wanted;
+  /// The block's hook points, in the order forward reaches them.
+  virtual std::vector<std::string> hook_points() const { return {}; }
+
+ protected:
+  /// t through the hook (t itself when none is set).
+  at::Tensor at_hook(const char* name, const at::Tensor& t) const { return hook ? hook(name, t) : t; }
+  bool wants(const char* name) const;
 };
 
 /// y = x Wᵀ + b. weight [out, in], bias [out]; PyTorch's uniform(±1/√in) init.
@@ -162,6 +182,7 @@ class LayerNorm : public Block {
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "LayerNorm"; }
   std::string describe() const override;
+  std::vector<std::string> hook_points() const override { return {"scale", "normalized"}; }
   int64_t dim;
   double eps;
   at::Tensor weight, bias;
@@ -174,6 +195,7 @@ class RMSNorm : public Block {
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "RMSNorm"; }
   std::string describe() const override;
+  std::vector<std::string> hook_points() const override { return {"scale", "normalized"}; }
   int64_t dim;
   double eps;
   at::Tensor weight;
@@ -210,6 +232,7 @@ class Attention : public Block {
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "Attention"; }
   std::string describe() const override;
+  std::vector<std::string> hook_points() const override { return {"q", "k", "v", "scores", "pattern", "z", "result"}; }
   int64_t dim, heads;
   bool causal;
   std::shared_ptr<Linear> qkv, proj;
@@ -241,6 +264,7 @@ class RoPEAttention : public Block {
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "RoPEAttention"; }
   std::string describe() const override;
+  std::vector<std::string> hook_points() const override { return {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"}; }
   RoPEAttentionOptions options;
   int64_t head_dim, rotary_dim;
   std::shared_ptr<Linear> q, k, v, o;
@@ -258,6 +282,7 @@ class SwiGLU : public Block {
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "SwiGLU"; }
   std::string describe() const override;
+  std::vector<std::string> hook_points() const override { return {"pre", "pre_linear", "post"}; }
   int64_t dim, hidden;
   std::shared_ptr<Linear> gate, up, down;
 };
@@ -269,6 +294,7 @@ class MLP : public Block {
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "MLP"; }
   std::string describe() const override;
+  std::vector<std::string> hook_points() const override { return {"pre", "post"}; }
   int64_t dim, hidden;
   std::string activation;
   std::shared_ptr<Linear> fc, proj;

@@ -1,8 +1,13 @@
 -- probe: every module output is a probe point named by its dotted path
--- ('blocks.3', 'blocks.3.inner.attn'); attention blocks also publish their
--- attention matrix as '<path>.pattern'. Probes record activations (and their
--- gradients), replace them (ablation, patching) or skip a block (removal).
--- A module with no probe pays one branch per call (nn.Module._call).
+-- ('blocks.3', 'blocks.3.inner.attn'), and so is every hook point inside a
+-- block ('blocks.3.attn.q', 'blocks.3.attn.pattern', 'blocks.3.mlp.post',
+-- 'blocks.3.resid_mid', 'ln_f.scale'): what a block passes through
+-- self:hook(name, t) (nn.Module), the built-in blocks from C++ (their
+-- m:hook_points()). Probes record activations (and their gradients), replace
+-- them (ablation, patching, a set value; one head or one position), or skip
+-- a block (removal). A module with no probe pays one branch per call
+-- (nn.Module._call) and one table lookup per hook point; a built-in block
+-- with no hook probe keeps its fused path.
 local probe = {}
 
 -- Turns a glob ('blocks.*', '*.pattern') into an anchored Lua pattern.
@@ -47,16 +52,66 @@ function probe.resolve_name(model, name)
 end
 
 -- The module at a dotted path, or an error that lists the nearest names.
+local function module_names(model)
+  local names = {}
+  for n in model:named_modules() do if n ~= '' then names[#names + 1] = n end end
+  return names
+end
+
+local function no_such(model, name, level)
+  local names = module_names(model)
+  error(("no module or hook point named '%s' in %s (modules: %s; a block's hook points: probe.names(model))"):format(
+    name, nn.typename(model), table.concat(names, ', ', 1, math.min(#names, 12)) .. (#names > 12 and ', ...' or '')), level + 1)
+end
+
 local function find(model, name)
   name = probe.resolve_name(model, name)
   for n, m in model:named_modules() do
     if n == name then return m end
   end
-  local names = {}
-  for n in model:named_modules() do if n ~= '' then names[#names + 1] = n end end
-  error(("no module named '%s' in %s (probe points: %s)"):format(name, nn.typename(model),
-    table.concat(names, ', ', 1, math.min(#names, 12)) .. (#names > 12 and ', ...' or '')), 3)
+  no_such(model, name, 3)
 end
+
+-- The hook points a module declares: a built-in block's (C++), or a Lua
+-- class's hook_names; nil when it declares none (a Lua block may still call
+-- self:hook with any name).
+local function declared_points(m)
+  local points = m:hook_points()
+  if #points == 0 then return nil end
+  return points
+end
+
+-- name -> the module that owns it, its path and the hook point ('q'), or the
+-- module itself and no point when name is a module. Checkpoint names
+-- (transformer.h.0.attn.q) are translated like module names.
+local function locate(model, name, level)
+  local exact = probe.resolve_name(model, name)
+  for n, m in model:named_modules() do
+    if n == exact then return m, n, nil end
+  end
+  local base, point = name:match('^(.*)%.([^%.]+)$')
+  if not base then base, point = '', name end
+  base = base == '' and '' or probe.resolve_name(model, base)
+  for n, m in model:named_modules() do
+    if n == base then
+      local points = declared_points(m)
+      if points then
+        local known = false
+        for _, p in ipairs(points) do known = known or p == point end
+        if not known then
+          error(("no hook point '%s' in %s (%s); its hook points: %s"):format(point, base == '' and 'the model' or base,
+            nn.typename(m), table.concat(points, ', ')), level + 1)
+        end
+      elseif nn.is_instance(m, nn.Native) then  -- a built-in block without hook points (Linear, Embedding, ...)
+        error(("no hook point '%s' in %s (%s): it has none (its output is the probe point '%s')"):format(
+          point, base, nn.typename(m), base), level + 1)
+      end
+      return m, n, point
+    end
+  end
+  no_such(model, name, level + 1)
+end
+probe._locate = locate
 
 -- Runs a module's forward through its probes: skip, then forward, then
 -- replacements, then captures, in the order they were attached.
@@ -104,21 +159,111 @@ local function detach(m, entry)
   end
 end
 
+-- Hook points: a module with hook probes has _hook_entries (each with a
+-- match(full name), and record or fn) and _hooks, the dispatcher its
+-- self:hook calls; a built-in block gets the dispatcher for each forward
+-- (nn.Native), with _hooks_wanted naming its costly points ("result").
+local function dispatch(m, point, t)
+  local path = rawget(m, '_hook_path')
+  local full = path == '' and point or path .. '.' .. point
+  for _, e in ipairs(rawget(m, '_hook_entries')) do
+    if e.match(full) then
+      if e.kind == 'replace' then
+        local r = e.fn(t, full)
+        if r ~= nil then
+          if not torch.is_tensor(r) then
+            error(("probe: the replacement for '%s' is a %s, not a Tensor"):format(full, type(r)), 0)
+          end
+          if table.concat(r:size(), 'x') ~= table.concat(t:size(), 'x') then
+            error(("probe: the replacement for '%s' has shape %s, expected %s"):format(full, table.concat(r:size(), 'x'),
+              table.concat(t:size(), 'x')), 0)
+          end
+          t = r
+        end
+      elseif torch.is_tensor(t) then
+        e.record(full, t)
+      end
+    end
+  end
+  return t
+end
+
+local function refresh_wanted(m)
+  local wanted = {}
+  local path = rawget(m, '_hook_path')
+  for _, e in ipairs(rawget(m, '_hook_entries') or {}) do
+    if e.match((path == '' and '' or path .. '.') .. 'result') then wanted = {'result'} end
+  end
+  rawset(m, '_hooks_wanted', wanted)
+end
+
+local function attach_hook(m, path, entry)
+  local entries = rawget(m, '_hook_entries')
+  if not entries then
+    entries = {}
+    rawset(m, '_hook_entries', entries)
+    rawset(m, '_hook_path', path)
+    rawset(m, '_hooks', dispatch)
+  end
+  entries[#entries + 1] = entry
+  refresh_wanted(m)
+  return entry
+end
+
+local function detach_hook(m, entry)
+  local entries = rawget(m, '_hook_entries')
+  if not entries then return end
+  for i = #entries, 1, -1 do
+    if entries[i] == entry then table.remove(entries, i) end
+  end
+  if #entries == 0 then
+    rawset(m, '_hook_entries', nil)
+    rawset(m, '_hook_path', nil)
+    rawset(m, '_hooks', nil)
+    rawset(m, '_hooks_wanted', nil)
+  else
+    refresh_wanted(m)
+  end
+end
+
 local Handle = {}
 Handle.__index = Handle
 -- handle:remove(): detaches the probe (again is harmless).
 function Handle:remove()
-  for _, pair in ipairs(self.attached) do detach(pair[1], pair[2]) end
+  for _, pair in ipairs(self.attached) do
+    if pair[2].hook then detach_hook(pair[1], pair[2]) else detach(pair[1], pair[2]) end
+  end
   self.attached = {}
 end
+
+-- probe.group{h1, h2, ...} -> one handle that removes them all (interventions
+-- compose: attach several, remove them together).
+function probe.group(handles)
+  local attached = {}
+  for _, h in ipairs(handles) do
+    for _, pair in ipairs(h.attached) do attached[#attached + 1] = pair end
+    h.attached = {}
+  end
+  return setmetatable({attached = attached}, Handle)
+end
+
+local function exact_match(full) return function(n) return n == full end end
 
 -- probe.replace(model, name, fn) -> handle. fn(activation, name, input)
 -- returns the activation to use instead (nil keeps it): zero- or
 -- mean-ablation, or patching in an activation from another run.
+-- On a hook point ('blocks.1.attn.z') fn(t, name) is called with the tensor
+-- there; what it returns (nil keeps t) must have t's shape.
 function probe.replace(model, name, fn)
+  if type(name) ~= 'string' then error(('probe.replace: name must be a string, got %s'):format(type(name)), 2) end
   if type(fn) ~= 'function' then error('probe.replace: the third argument must be a function', 2) end
-  local m = find(model, name)
-  return setmetatable({attached = {{m, attach(m, {kind = 'replace', name = name, fn = fn})}}}, Handle)
+  local m, path, point = locate(model, name, 2)
+  if point then
+    local full = path == '' and point or path .. '.' .. point
+    local entry = attach_hook(m, path, {kind = 'replace', hook = true, match = exact_match(full), fn = fn})
+    return setmetatable({attached = {{m, entry}}}, Handle)
+  end
+  return setmetatable({attached = {{m, attach(m, {kind = 'replace', name = path, fn = fn})}}}, Handle)
 end
 
 -- probe.skip(model, name) -> handle: the block returns its input (layer removal).
@@ -143,8 +288,13 @@ function probe.clear(model)
   end
 end
 
--- probe.attach_capture(model, {filter, grad}) -> capture, handle: records
--- into capture until handle:remove(). Used by probe.capture and train.fit.
+-- probe.attach_capture(model, {filter, grad}) -> capture, handle, order:
+-- records into capture until handle:remove(); order lists the names in the
+-- order they were recorded. Module outputs and hook points alike: a built-in
+-- block's points only when the filter asks for one of them (each asked-for
+-- point switches it to its explicit path), a Lua block's whenever the filter
+-- may match a name it passes to self:hook. Used by probe.capture,
+-- probe.run_with_cache and train.fit.
 function probe.attach_capture(model, opts)
   opts = opts or {}
   local filter = opts.filter
@@ -152,45 +302,68 @@ function probe.attach_capture(model, opts)
   if type(filter) == 'table' and rawget(model, 'hf_config') then  -- checkpoint names, translated
     local translated = {}
     for i, f in ipairs(filter) do
-      local base, pattern = f:match('^(.-)(%.pattern)$')
-      translated[i] = f:find('[%*%?]') and f or (base and probe.resolve_name(model, base) .. pattern or probe.resolve_name(model, f))
+      local base, last = f:match('^(.*)%.([^%.]+)$')
+      if f:find('[%*%?]') then
+        translated[i] = f
+      elseif probe.resolve_name(model, f) ~= f or not base then
+        translated[i] = probe.resolve_name(model, f)
+      else
+        translated[i] = probe.resolve_name(model, base) .. '.' .. last  -- a hook point of a checkpoint-named module
+      end
     end
     filter = translated
   end
   local want = matcher(filter)
+  local exact = {}  -- a filter of plain names: which modules may own one
+  local globbed = filter == nil
+  for _, f in ipairs(type(filter) == 'table' and filter or {}) do
+    if f:find('[%*%?]') then globbed = true else exact[f:match('^(.*)%.[^%.]+$') or ''] = true end
+  end
   local grad = opts.grad == true
-  local capture = {grads = {}}
-  local function record(name, y, m)
-    if torch.is_tensor(y) then
-      if grad and y.requires_grad then
-        capture[name] = y
-        if y.is_leaf == false then
-          y:register_hook(function(g) capture.grads[name] = g end)
-        end
-      else
-        capture[name] = y:detach()
-      end
+  local capture, order = {grads = {}}, {}
+  local function keep(name, t)
+    if capture[name] == nil then order[#order + 1] = name end
+    if grad and t.requires_grad then
+      capture[name] = t
+      if t.is_leaf == false then t:register_hook(function(g) capture.grads[name] = g end) end
+    else
+      capture[name] = t:detach()
     end
+  end
+  local function record(name, y, m)
+    if torch.is_tensor(y) then keep(name, y) end
     if want(name .. '.pattern') and m.pattern then
       local pattern = m:pattern()
-      if pattern then
-        capture[name .. '.pattern'] = grad and pattern or pattern:detach()
-        if grad and pattern.requires_grad and pattern.is_leaf == false then
-          pattern:register_hook(function(g) capture.grads[name .. '.pattern'] = g end)
-        end
-      end
+      if pattern then keep(name .. '.pattern', pattern) end
     end
   end
   local handle = setmetatable({attached = {}}, Handle)
   for name, m in model:named_modules() do
-    local out, pattern = want(name), m.keep_pattern ~= nil and want(name .. '.pattern')
-    if name ~= '' and (out or pattern) then
-      local entry = {kind = 'capture', name = name, grad = grad, pattern = pattern,
+    local kept_pattern = m.keep_pattern ~= nil and name ~= '' and want(name .. '.pattern')
+    local out = name ~= '' and want(name)
+    if out or kept_pattern then
+      local entry = {kind = 'capture', name = name, grad = grad, pattern = kept_pattern,
         record = out and record or function(n, y, mod) return record(n, {}, mod) end}
       handle.attached[#handle.attached + 1] = {m, attach(m, entry)}
     end
+    local points = declared_points(m)
+    local prefix = name == '' and '' or name .. '.'
+    local hooked = false
+    if points then
+      for _, p in ipairs(points) do
+        -- an attention's pattern comes from keep_pattern (above): the fused path is not needed for it alone
+        if want(prefix .. p) and not (p == 'pattern' and kept_pattern) then hooked = true end
+      end
+    elseif not nn.is_instance(m, nn.Native) then
+      hooked = globbed or exact[name] == true
+    end
+    if hooked then
+      local entry = attach_hook(m, name, {kind = 'capture', hook = true, record = keep,
+        match = function(full) return want(full) and not (kept_pattern and full == prefix .. 'pattern') end})
+      handle.attached[#handle.attached + 1] = {m, entry}
+    end
   end
-  return capture, handle
+  return capture, handle, order
 end
 
 -- probe.capture(model, {filter = {'blocks.*', '*.pattern'}, grad = false}, fn)
@@ -207,15 +380,240 @@ function probe.capture(model, opts, fn)
 end
 
 -- probe.names(model) -> every probe point of a model, in order
+-- (module outputs, each followed by the hook points its block declares)
 function probe.names(model)
   local out = {}
   for name, m in model:named_modules() do
-    if name ~= '' then
-      out[#out + 1] = name
-      if m.keep_pattern then out[#out + 1] = name .. '.pattern' end
+    if name ~= '' then out[#out + 1] = name end
+    local points = m:hook_points()
+    local has_pattern = false
+    for _, p in ipairs(points) do
+      out[#out + 1] = name == '' and p or name .. '.' .. p
+      has_pattern = has_pattern or p == 'pattern'
     end
+    if name ~= '' and m.keep_pattern and not has_pattern then out[#out + 1] = name .. '.pattern' end
   end
   return out
 end
+
+-- ---- interventions: one head, one position, or the whole activation --------
+
+-- Where heads and positions lie in a hook point's tensor (by its last name):
+-- q, k, v, rot_q, rot_k, z, result are (B, T, H, ...); scores and pattern
+-- (B, H, T, T), their query position third; anything else (B, T, ...).
+local layouts = {q = {head = 3, pos = 2}, k = {head = 3, pos = 2}, v = {head = 3, pos = 2}, rot_q = {head = 3, pos = 2},
+  rot_k = {head = 3, pos = 2}, z = {head = 3, pos = 2}, result = {head = 3, pos = 2}, scores = {head = 2, pos = 3},
+  pattern = {head = 2, pos = 3}}
+function probe.layout(name)
+  return layouts[name:match('([^%.]+)$')] or {pos = 2}
+end
+
+-- The part of t (a view) that opts.head and opts.position select (1-based;
+-- a negative position counts from the end); t itself when neither is given.
+local function selection(t, name, opts, where)
+  local l = probe.layout(name)
+  local view = t
+  if opts.head ~= nil then
+    if not l.head then error(("%s: '%s' has no head dimension (heads: q, k, v, rot_q, rot_k, scores, pattern, z, result)"):format(where, name), 4) end
+    local H = t:size(l.head)
+    if type(opts.head) ~= 'number' or opts.head % 1 ~= 0 or opts.head < 1 or opts.head > H then
+      error(('%s: head must be an integer in 1..%d for %s, got %s'):format(where, H, name, tostring(opts.head)), 4)
+    end
+    view = view:narrow(l.head, opts.head, 1)
+  end
+  if opts.position ~= nil then
+    if t:dim() < l.pos then error(("%s: '%s' has no position dimension"):format(where, name), 4) end
+    local T = t:size(l.pos)
+    local p = opts.position
+    if type(p) ~= 'number' or p % 1 ~= 0 or p == 0 or p > T or p < -T then
+      error(('%s: position must be an integer in 1..%d (or -%d..-1) for %s, got %s'):format(where, T, T, name, tostring(p)), 4)
+    end
+    if p < 0 then p = T + p + 1 end
+    view = view:narrow(l.pos, p, 1)
+  end
+  return view
+end
+probe._selection = selection
+
+-- An intervention's head and position, checked when it is attached (the
+-- ranges again at each forward, against the tensor there).
+local function check_selection(model, name, opts, where)
+  local _, path, point = locate(model, name, 3)
+  local full = point and (path == '' and point or path .. '.' .. point) or path
+  local l = probe.layout(full)
+  if opts.head ~= nil and not l.head then
+    error(("%s: '%s' has no head dimension (heads: q, k, v, rot_q, rot_k, scores, pattern, z, result)"):format(where, full), 3)
+  end
+  for _, key in ipairs{'head', 'position'} do
+    local v = opts[key]
+    if v ~= nil and (type(v) ~= 'number' or v % 1 ~= 0 or v == 0 or (key == 'head' and v < 0)) then
+      error(('%s: %s must be a %sinteger, got %s'):format(where, key, key == 'head' and 'positive ' or 'non-zero ', tostring(v)), 3)
+    end
+  end
+  return full
+end
+
+-- The activation at `name` over a reference batch (ids, or a cache holding it).
+local function reference(model, name, over, where)
+  if type(over) == 'table' and getmetatable(over) == require('anatomy.cache') then
+    local t = over[name]
+    if t == nil then error(("%s: the cache has no '%s' (run probe.run_with_cache with it in the filter)"):format(where, name), 4) end
+    return t
+  end
+  if not torch.is_tensor(over) then error(('%s: over must be ids (B, T) or a cache, got %s'):format(where, type(over)), 4) end
+  local _, cache = probe.run_with_cache(model, over, {filter = name})
+  local t = cache[name]
+  if t == nil then error(("%s: running the reference batch published nothing at '%s'"):format(where, name), 4) end
+  return t
+end
+
+local function check_batch_shape(t, ref, name, where)
+  for d = 2, t:dim() do
+    if t:size(d) ~= ref:size(d) then
+      error(("%s: '%s' is %s here but %s in the reference batch (only the batch size may differ)"):format(where, name,
+        table.concat(t:size(), 'x'), table.concat(ref:size(), 'x')), 0)
+    end
+  end
+end
+
+-- probe.ablate(model, name, {kind = 'zero'|'mean'|'resample', over, head,
+-- position, seed}) -> handle. zero: the selection becomes 0; mean: the
+-- reference batch's mean over its examples (over: ids or a cache); resample:
+-- each example's selection from a random example of the reference batch.
+-- name is a module output or a hook point; head and position pick one head
+-- (q, k, v, scores, pattern, z, result) and one position.
+function probe.ablate(model, name, opts)
+  local where = 'probe.ablate'
+  opts = require('anatomy.options').check(opts, {'kind', 'over', 'head', 'position', 'seed'}, where, 2)
+  if opts.seed ~= nil and (type(opts.seed) ~= 'number' or opts.seed % 1 ~= 0) then error('probe.ablate: seed must be an integer', 2) end
+  local kind = opts.kind or 'zero'
+  if kind ~= 'zero' and kind ~= 'mean' and kind ~= 'resample' then
+    error(("probe.ablate: kind must be 'zero', 'mean' or 'resample', got '%s'"):format(tostring(kind)), 2)
+  end
+  if kind ~= 'zero' and opts.over == nil then error(("probe.ablate: kind = '%s' needs over (the reference batch: ids or a cache)"):format(kind), 2) end
+  check_selection(model, name, opts, where)
+  local ref = kind ~= 'zero' and reference(model, name, opts.over, where) or nil
+  local mean = kind == 'mean' and ref:mean(1, true) or nil
+  -- resample's choices from its own sequence (seed), leaving the global generator alone
+  local state = (opts.seed or 0) % 2147483648
+  local function draw(n)
+    state = (state * 1103515245 + 12345) % 2147483648
+    return math.floor(state / 2147483648 * n) + 1
+  end
+  return probe.replace(model, name, function(t, full)
+    local out = t:clone()
+    local view = selection(out, full, opts, where)
+    if kind == 'zero' then
+      view:zero_()
+    elseif kind == 'mean' then
+      check_batch_shape(t, ref, full, where)
+      view:copy_(selection(mean:expand(unpack(t:size())), full, opts, where))
+    else
+      check_batch_shape(t, ref, full, where)
+      local picks = {}
+      for b = 1, t:size(1) do picks[b] = draw(ref:size(1)) end
+      local idx = torch.tensor(picks, {dtype = 'int64'})
+      view:copy_(selection(ref:index_select(1, idx), full, opts, where))
+    end
+    return out
+  end)
+end
+
+-- probe.set(model, name, value, {head, position}) -> handle: the selection
+-- takes value (a number or a tensor that broadcasts to it).
+function probe.set(model, name, value, opts)
+  local where = 'probe.set'
+  opts = require('anatomy.options').check(opts, {'head', 'position'}, where, 2)
+  if type(value) ~= 'number' and not torch.is_tensor(value) then
+    error(('probe.set: value must be a number or a Tensor, got %s'):format(type(value)), 2)
+  end
+  check_selection(model, name, opts, where)
+  return probe.replace(model, name, function(t, full)
+    local out = t:clone()
+    local view = selection(out, full, opts, where)
+    if type(value) == 'number' then view:fill_(value) else view:copy_(value:expand(unpack(view:size()))) end
+    return out
+  end)
+end
+
+-- probe.patch(model, name, source, {head, position}) -> handle: the selection
+-- comes from the same selection of source (a cache from another run, or a
+-- tensor of the activation's shape): activation patching.
+function probe.patch(model, name, source, opts)
+  local where = 'probe.patch'
+  opts = require('anatomy.options').check(opts, {'head', 'position'}, where, 2)
+  local key = check_selection(model, name, opts, where)
+  local src = source
+  if type(source) == 'table' and getmetatable(source) == require('anatomy.cache') then
+    src = source[key]
+    if src == nil then error(("probe.patch: the cache has no '%s' (run probe.run_with_cache with it in the filter)"):format(key), 2) end
+  elseif not torch.is_tensor(source) then
+    error(('probe.patch: source must be a cache or a Tensor, got %s'):format(type(source)), 2)
+  end
+  return probe.replace(model, name, function(t, full)
+    if table.concat(src:size(), 'x') ~= table.concat(t:size(), 'x') then
+      error(("probe.patch: '%s' is %s here but %s in the source"):format(full, table.concat(t:size(), 'x'),
+        table.concat(src:size(), 'x')), 0)
+    end
+    local out = t:clone()
+    selection(out, full, opts, where):copy_(selection(src, full, opts, where))
+    return out
+  end)
+end
+
+-- ---- run with cache ---------------------------------------------------------
+
+-- input -> ids (B, T) int64 and the tokenizer used: ids (T) or (B, T) (a
+-- tensor of another dtype is passed on as it is); text,
+-- or a list of texts of one length in tokens, with opts.tokenizer or the
+-- model's own (models.from_pretrained sets model.tokenizer).
+function probe.to_ids(model, input, tokenizer, where)
+  tokenizer = tokenizer or rawget(model, 'tokenizer')
+  if torch.is_tensor(input) then
+    if input.dtype ~= 'int64' then return input, tokenizer end  -- a model that takes vectors: as it is
+    if input:dim() == 1 then input = input:unsqueeze(1) end
+    if input:dim() ~= 2 then error(('%s: ids must be (T) or (B, T), got %s'):format(where, table.concat(input:size(), 'x')), 3) end
+    return input, tokenizer
+  end
+  local texts = type(input) == 'string' and {input} or input
+  if type(texts) ~= 'table' or #texts == 0 then
+    error(('%s: input must be ids (a Tensor), a text or a list of texts, got %s'):format(where, type(input)), 3)
+  end
+  if tokenizer == nil then
+    error(('%s: a text needs a tokenizer: pass {tokenizer = tok} (a data.tokenizer or a corpus), or use a model from models.from_pretrained'):format(where), 3)
+  end
+  local rows = {}
+  for i, t in ipairs(texts) do
+    if type(t) ~= 'string' then error(('%s: input[%d] is a %s, not a string'):format(where, i, type(t)), 3) end
+    rows[i] = tokenizer:encode(t)
+    if rows[i]:size(1) ~= rows[1]:size(1) then
+      error(('%s: the texts are %d and %d tokens long; a batch needs one length'):format(where, rows[1]:size(1), rows[i]:size(1)), 3)
+    end
+  end
+  return torch.stack(rows, 1), tokenizer
+end
+
+-- probe.run_with_cache(model, input, {filter, grad = false, tokenizer}) ->
+-- output, cache. input: ids or text (probe.to_ids). cache[name] is every
+-- module output and hook point the filter matches (all of them without one),
+-- detached unless grad; cache.ids, cache.tokens[b][t] (each token's text),
+-- cache:stack('resid_post') (L, ...), cache:heads('pattern', layer),
+-- cache:memory(), cache:attention(layer, head) (lua/anatomy/cache.lua).
+function probe.run_with_cache(model, input, opts)
+  local where = 'probe.run_with_cache'
+  opts = require('anatomy.options').check(opts, {'filter', 'grad', 'tokenizer'}, where, 2)
+  local ids, tok = probe.to_ids(model, input, opts.tokenizer, where)
+  local capture, handle, order = probe.attach_capture(model, {filter = opts.filter, grad = opts.grad})
+  local ok, out = pcall(function()
+    if opts.grad then return model(ids) end
+    return torch.no_grad(function() return model(ids) end)
+  end)
+  handle:remove()
+  if not ok then error(out, 0) end
+  return out, require('anatomy.cache').new(model, capture, order, ids, tok)
+end
+
+-- probe.logit_attribution(model, input, target, {position, tokenizer}):
+-- direct logit attribution, defined in lua/anatomy/attribution.lua.
 
 return probe

@@ -15,8 +15,11 @@ test('capture records module outputs by dotted name, filtered by globs', functio
   local m = models.vibenet{vocab = 20, dim = 16, layers = 2, seq = 8}
   local ids = torch.randint(1, 21, {2, 8})
   local cap, logits = probe.capture(m, {filter = {'blocks.*', '*.pattern'}}, function() return m(ids) end)
+  -- a glob takes the hook points below too (the RMSNorm's scale, the residual's resid_pre)
   eq(keys(cap), {'blocks.1', 'blocks.1.inner', 'blocks.1.inner.attn', 'blocks.1.inner.attn.pattern', 'blocks.1.inner.norm',
-    'blocks.2', 'blocks.2.inner', 'blocks.2.inner.attn', 'blocks.2.inner.attn.pattern', 'blocks.2.inner.norm'})
+    'blocks.1.inner.norm.normalized', 'blocks.1.inner.norm.scale', 'blocks.1.resid_post', 'blocks.1.resid_pre',
+    'blocks.2', 'blocks.2.inner', 'blocks.2.inner.attn', 'blocks.2.inner.attn.pattern', 'blocks.2.inner.norm',
+    'blocks.2.inner.norm.normalized', 'blocks.2.inner.norm.scale', 'blocks.2.resid_post', 'blocks.2.resid_pre'})
   eq(logits:size(), {2, 8, 20}, 'fn results come back')
   -- the recorded values are the real intermediate values
   local x0 = m.embed(ids)
@@ -25,8 +28,11 @@ test('capture records module outputs by dotted name, filtered by globs', functio
   eq(cap['blocks.2.inner.attn.pattern']:size(), {2, 1, 8, 8})
   eq(cap['blocks.1'].requires_grad, false, 'captures are detached unless grad = true')
   -- after capture, no probe is left: the idle path is back
-  for _, mod in m:named_modules() do eq(rawget(mod, '_probe'), nil) end
-  eq(#probe.names(m), 15)
+  for _, mod in m:named_modules() do
+    eq(rawget(mod, '_probe'), nil)
+    eq(rawget(mod, '_hooks'), nil)
+  end
+  eq(#probe.names(m), 23, '15 module outputs and patterns, and 8 hook points')
 end)
 
 test('grad = true captures activation gradients', function()
@@ -85,8 +91,8 @@ test('zero-ablation changes the loss; patching a run into itself does not', func
   h = probe.replace(m, 'blocks.1.attn', function() return cap['blocks.1.attn'] end)
   close(loss(), base, 1e-6, 'patching in the same activation changes nothing')
   h:remove()
-  raises(function() probe.skip(m, 'blocks.9') end, "no module named 'blocks.9' in models.GPT (probe points: embed, blocks, blocks.1, blocks.1.attn, blocks.1.ln1, "
-    .. 'blocks.1.mlp, blocks.1.ln2, blocks.2, blocks.2.attn, blocks.2.ln1, blocks.2.mlp, blocks.2.ln2, ...)')
+  raises(function() probe.skip(m, 'blocks.9') end, "no module or hook point named 'blocks.9' in models.GPT (modules: embed, blocks, blocks.1, blocks.1.attn, "
+    .. "blocks.1.ln1, blocks.1.mlp, blocks.1.ln2, blocks.2, blocks.2.attn, blocks.2.ln1, blocks.2.mlp, blocks.2.ln2, ...; a block's hook points: probe.names(model))")
 end)
 
 test('the autopsy names passengers and explosions', function()
@@ -182,7 +188,7 @@ test('a block whose removal costs almost nothing is a passenger; unknown plot co
   local b = autopsy.run(m, {ids, y}, {thresholds = {passenger = 0, passenger_grad = 0, passenger_removal = cost + 1e-6}})
   eq(b.rows[2].verdict, 'passenger', ('removing it costs %.3g of the loss'):format(cost))
   assert(tostring(b):find('removing it costs < ', 1, true), 'the rule is printed')
-  raises(function() a:plot('nonsense') end, "test_probe.lua:185: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
+  raises(function() a:plot('nonsense') end, "test_probe.lua:191: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
     .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, removal_loss, gate_grad, gate_identity)")
 end)
 

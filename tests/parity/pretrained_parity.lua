@@ -32,6 +32,31 @@ for i, l in ipairs(layers) do
     if name:sub(1, #l[1] + 1) == l[1] .. '.' and name:match('%.pattern$') then out.attentions[i] = p[1]:tolist() end
   end
 end
+-- the same through probe.run_with_cache with every hook point on (each block's
+-- explicit path): the residual stream, the patterns, the logits; and each
+-- attention's per-head results summed with the output bias against its output
+do
+  local hooked, cache = probe.run_with_cache(model, ids)
+  out.cache_logits = hooked[1]:tolist()
+  out.cache_hidden = {cache[layers[1][1] .. '.resid_pre'][1]:tolist()}
+  for i = 1, L - 1 do out.cache_hidden[i + 1] = cache[layers[i][1] .. '.resid_post'][1]:tolist() end
+  out.cache_attentions = {}
+  local patterns = cache:stack('pattern')
+  for i = 1, L do out.cache_attentions[i] = patterns[i][1]:tolist() end
+  out.result_gap = 0
+  for _, name in ipairs(cache:names()) do
+    local attn = name:match('^(.*)%.result$')
+    if attn then
+      local bias
+      for n, p in model:named_parameters() do
+        if n == attn .. '.o.bias' or n == attn .. '.proj.bias' then bias = p end
+      end
+      local sum = cache[name]:sum(3)
+      if bias then sum = sum + bias end
+      out.result_gap = math.max(out.result_gap, (sum - cache[attn]):abs():max():item())
+    end
+  end
+end
 out.loss = nn.functional.cross_entropy(logits:narrow(2, 1, T - 1), ids:narrow(2, 2, T - 1)):item()
 local gen = model:generate(ids, {max_new = 8, temperature = 0})
 out.generated = {}

@@ -86,6 +86,16 @@ def compare(name, got, hf, tok, failures):
     for i, a in enumerate(o.attentions):
         excess, d = max_excess(got["attentions"][i], a[0])
         check(f"attention pattern of layer {i}", excess <= 0, f"(max difference {d})")
+    # the hook points of probe.run_with_cache, every block on its explicit path
+    excess, d = max_excess(got["cache_logits"], o.logits[0])
+    check("logits with every hook point on", excess <= 0, f"(max difference {d})")
+    for i, h in enumerate(o.hidden_states[:-1]):
+        excess, d = max_excess(got["cache_hidden"][i], h[0])
+        check(f"cache resid ({'resid_pre of layer 1' if i == 0 else f'resid_post of layer {i}'})", excess <= 0, f"(max difference {d})")
+    for i, a in enumerate(o.attentions):
+        excess, d = max_excess(got["cache_attentions"][i], a[0])
+        check(f"cache pattern of layer {i + 1}", excess <= 0, f"(max difference {d})")
+    check("per-head results + bias = attention output", got["result_gap"] <= 1e-5, f"(gap {got['result_gap']})")
     check("loss", abs(got["loss"] - o.loss.item()) <= 1e-5, f"{got['loss']} vs {o.loss.item()}")
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = hf.config.vocab_size - 1

@@ -17,19 +17,24 @@ local GPTBlock = nn.block('models.GPTBlock', function(self, cfg)
 end)
 models.GPTBlock = GPTBlock
 
+-- Hook points: resid_pre (what the block reads), resid_mid (the stream
+-- between attention and MLP), resid_post (what it writes).
+GPTBlock.hook_names = {'resid_pre', 'resid_mid', 'resid_post'}
+
 function GPTBlock:forward(x)
+  x = self:hook('resid_pre', x)
   if self.pre then
     if self.residual then
-      x = x + self.attn(self.ln1(x))
-      return x + self.mlp(self.ln2(x))
+      x = self:hook('resid_mid', x + self.attn(self.ln1(x)))
+      return self:hook('resid_post', x + self.mlp(self.ln2(x)))
     end
-    return self.mlp(self.ln2(self.attn(self.ln1(x))))
+    return self:hook('resid_post', self.mlp(self.ln2(self:hook('resid_mid', self.attn(self.ln1(x))))))
   end
   if self.residual then
-    x = self.ln1(x + self.attn(x))
-    return self.ln2(x + self.mlp(x))
+    x = self:hook('resid_mid', self.ln1(x + self.attn(x)))
+    return self:hook('resid_post', self.ln2(x + self.mlp(x)))
   end
-  return self.ln2(self.mlp(self.ln1(self.attn(x))))
+  return self:hook('resid_post', self.ln2(self.mlp(self:hook('resid_mid', self.ln1(self.attn(x))))))
 end
 
 function GPTBlock:extra_repr()

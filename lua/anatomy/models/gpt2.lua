@@ -42,9 +42,12 @@ local Block = nn.block('models.GPT2Block', function(self, s)
 end)
 models.GPT2Block = Block
 
+Block.hook_names = {'resid_pre', 'resid_mid', 'resid_post'}
+
 function Block:forward(x)
-  x = x + self.attn(self.ln_1(x))
-  return x + self.mlp(self.ln_2(x))
+  x = self:hook('resid_pre', x)
+  x = self:hook('resid_mid', x + self.attn(self.ln_1(x)))
+  return self:hook('resid_post', x + self.mlp(self.ln_2(x)))
 end
 
 local GPT2 = nn.block('models.GPT2', function(self, s)

@@ -42,12 +42,16 @@ local Block = nn.block('models.GPTNeoXBlock', function(self, s)
 end)
 models.GPTNeoXBlock = Block
 
+-- resid_mid only with the sequential residual (the parallel one has no stream between the two)
+Block.hook_names = {'resid_pre', 'resid_mid', 'resid_post'}
+
 function Block:forward(x)
+  x = self:hook('resid_pre', x)
   if self.parallel then
-    return x + self.attention(self.input_layernorm(x)) + self.mlp(self.post_attention_layernorm(x))
+    return self:hook('resid_post', x + self.attention(self.input_layernorm(x)) + self.mlp(self.post_attention_layernorm(x)))
   end
-  x = x + self.attention(self.input_layernorm(x))
-  return x + self.mlp(self.post_attention_layernorm(x))
+  x = self:hook('resid_mid', x + self.attention(self.input_layernorm(x)))
+  return self:hook('resid_post', x + self.mlp(self.post_attention_layernorm(x)))
 end
 
 function Block:extra_repr() return self.parallel and 'parallel residual' or 'sequential residual' end

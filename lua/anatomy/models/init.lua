@@ -8,6 +8,12 @@ require 'anatomy.models.funnel'
 require 'anatomy.models.stateful'
 require 'anatomy.models.pretrained'  -- models.from_pretrained (Hugging Face folders)
 
+-- models.llama{vocab, dim, heads, layers, ffn, ...}: lua/anatomy/models/llama.lua
+function models.llama(cfg)
+  local m = require('anatomy.models.llama').new(cfg)
+  return m
+end
+
 -- Checks a config table: required keys present, no unknown keys.
 function models.check_config(name, cfg, required, optional)
   if type(cfg) ~= 'table' then error(('models.%s: expected a config table, got %s'):format(name, type(cfg)), 3) end

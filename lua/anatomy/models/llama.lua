@@ -53,9 +53,12 @@ local Block = nn.block('models.LlamaBlock', function(self, s, i)
 end)
 models.LlamaBlock = Block
 
+Block.hook_names = {'resid_pre', 'resid_mid', 'resid_post'}
+
 function Block:forward(x)
-  x = x + self.self_attn(self.input_layernorm(x))
-  return x + self.mlp(self.post_attention_layernorm(x))
+  x = self:hook('resid_pre', x)
+  x = self:hook('resid_mid', x + self.self_attn(self.input_layernorm(x)))
+  return self:hook('resid_post', x + self.mlp(self.post_attention_layernorm(x)))
 end
 
 local Llama = nn.block('models.Llama', function(self, s)
@@ -79,6 +82,18 @@ function Llama:extra_repr()
 end
 
 function F.build(s) return Llama(s) end
+
+-- models.llama{vocab, dim, heads, layers, ffn, kv_heads = heads, seq, theta =
+-- 10000, tied = false}: a Llama to train from scratch, of the blocks
+-- models.from_pretrained builds (RMSNorm, nn.RoPEAttention, nn.SwiGLU).
+function F.new(cfg)
+  models.check_config('llama', cfg, {'vocab', 'dim', 'heads', 'layers', 'ffn'}, {'kv_heads', 'seq', 'theta', 'tied'})
+  local s = F.check({model_type = 'llama', vocab_size = cfg.vocab, hidden_size = cfg.dim, intermediate_size = cfg.ffn,
+    num_hidden_layers = cfg.layers, num_attention_heads = cfg.heads, num_key_value_heads = cfg.kv_heads,
+    max_position_embeddings = cfg.seq, rope_theta = cfg.theta, tie_word_embeddings = cfg.tied == true}, 'models.llama')
+  s.seq = cfg.seq
+  return Llama(s)
+end
 
 -- {anatomy name, Hugging Face name}: LlamaForCausalLM prefixes `model.`;
 -- a checkpoint of the base LlamaModel does not.

@@ -260,6 +260,7 @@ function models.from_pretrained(folder, opts)
       or (fs.exists(folder .. '/vocab.json') and fs.exists(folder .. '/merges.txt')) then
     tok = data.tokenizer(folder)
   end
+  rawset(model, 'tokenizer', tok)  -- probe.run_with_cache and patching.run take text with it
   return model, tok
 end
 

@@ -127,6 +127,30 @@ function Module:_call(...)
   return p(self, ...)
 end
 
+-- self:hook(name, t) -> t, or what a probe puts in its place: a hook point
+-- inside a block, which probes name '<block path>.<name>' (lua/anatomy/probe.lua).
+-- A block written in Lua publishes its intermediates this way:
+--   function Block:forward(x)
+--     x = self:hook('resid_mid', x + self.attn(self.ln1(x)))
+--     ...
+-- and lists their names in Block.hook_names = {'resid_mid', ...} so that
+-- probe.names shows them and a misspelt name is an error. Without a probe on
+-- the block it costs one table lookup.
+function Module:hook(name, t)
+  local dispatch = rawget(self, '_hooks')
+  if dispatch == nil then return t end
+  return dispatch(self, name, t)
+end
+
+-- m:hook_points() -> the names of the hook points this block publishes (its
+-- class's hook_names; a built-in block's own, from C++).
+function Module:hook_points()
+  local names = self.hook_names
+  local out = {}
+  if type(names) == 'table' then for i, n in ipairs(names) do out[i] = n end end
+  return out
+end
+
 -- Calls child `name` of `self` on x; an error is re-raised with where it
 -- happened, the position kept in front: "script.lua:12: in block 2
 -- (nn.Linear) of nn.Sequential: ..." (torch/nn's Container does the same).

@@ -14,9 +14,15 @@ function Native:_wrap(block)
 end
 
 function Native:forward(x)
+  local dispatch = rawget(self, '_hooks')
+  if dispatch ~= nil then  -- hook probes: the block's points go through them (its explicit path)
+    local y = self._native:forward(x, function(name, t) return dispatch(self, name, t) end, rawget(self, '_hooks_wanted'))
+    return y
+  end
   local y = self._native:forward(x)  -- not a tail call: errors keep the name 'forward'
   return y
 end
+function Native:hook_points() return self._native:hook_points() end
 function Native:extra_repr() return self._native:describe() end
 function Native:_set_training(mode) self._native:train(mode) end
 

@@ -11,15 +11,20 @@ function Residual:__init(inner)
   self.inner = inner
 end
 
+-- Hook points: the stream the block reads and the one it writes.
+Residual.hook_names = {'resid_pre', 'resid_post'}
+
 function Residual:forward(x)
-  return x + nn.call_child(self, 'inner', self.inner, x)
+  x = self:hook('resid_pre', x)
+  return self:hook('resid_post', x + nn.call_child(self, 'inner', self.inner, x))
 end
 
 local NoResidual = nn.class('nn.NoResidual', Residual)  -- the same child; only forward differs
 nn.NoResidual = NoResidual
 
 function NoResidual:forward(x)
-  return nn.call_child(self, 'inner', self.inner, x)
+  x = self:hook('resid_pre', x)
+  return self:hook('resid_post', nn.call_child(self, 'inner', self.inner, x))
 end
 
 return Residual

@@ -1,0 +1,153 @@
+-- The cache of probe.run_with_cache: every activation one forward published,
+-- by name (module outputs and hook points), with the ids and each token's
+-- text. cache['blocks.1.attn.pattern'] is a tensor; the methods below read
+-- across layers and heads.
+local Cache = {}
+
+local methods = {}
+Cache.__index = function(self, key)
+  local m = methods[key]
+  if m ~= nil then return m end
+  return rawget(self, '_tensors')[key]
+end
+
+-- Each token's text: tok:decode of that one id (a BPE token's leading space
+-- kept), for a tokenizer or a corpus; '#id' without one.
+local function token_texts(ids, tok)
+  local rows = {}
+  if ids.dtype ~= 'int64' or ids:dim() ~= 2 then return rows end
+  for b = 1, ids:size(1) do
+    local row = {}
+    for t = 1, ids:size(2) do
+      local id = ids[b][t]:item()
+      local ok, s = false, nil
+      if tok then ok, s = pcall(tok.decode, tok, torch.tensor({id}, {dtype = 'int64'})) end
+      row[t] = ok and s or ('#' .. id)
+    end
+    rows[b] = row
+  end
+  return rows
+end
+
+function Cache.new(model, tensors, order, ids, tok)
+  tensors.grads = nil
+  local self = setmetatable({_tensors = tensors, _order = order, _model = model, ids = ids,
+    tokens = token_texts(ids, tok), positions = {}}, Cache)
+  for t = 1, ids:dim() >= 2 and ids:size(2) or 0 do self.positions[t] = t end
+  return self
+end
+
+-- cache:names() -> the names held, in the order the forward published them
+function methods:names()
+  local out = {}
+  for i, n in ipairs(self._order) do out[i] = n end
+  return out
+end
+
+local element_bytes = {float64 = 8, int64 = 8, float32 = 4, int32 = 4, float16 = 2, bfloat16 = 2, int16 = 2, int8 = 1,
+  uint8 = 1, bool = 1}
+
+-- cache:memory() -> bytes held by all its tensors
+function methods:memory()
+  local bytes = 0
+  for _, n in ipairs(self._order) do
+    local t = self._tensors[n]
+    if t then bytes = bytes + t:numel() * (element_bytes[t.dtype] or 4) end
+  end
+  return bytes
+end
+
+-- The layers' names (model:layers()), or an error saying why there are none.
+local function layer_names(self, where)
+  local layers, why = self._model:layers()
+  if not layers then error(('%s: %s'):format(where, why), 3) end
+  local names = {}
+  for i, l in ipairs(layers) do names[i] = l[1] end
+  return names
+end
+
+-- The cached name for `point` in layer `layer`: '<layer>.<point>', or the one
+-- name below the layer that ends in '.<point>' ('pattern' finds
+-- 'blocks.2.attn.pattern'; 'attn.z' finds 'blocks.2.attn.z').
+local function in_layer(self, layer, point, where)
+  local exact = layer .. '.' .. point
+  if self._tensors[exact] ~= nil then return exact end
+  local found = {}
+  for _, n in ipairs(self._order) do
+    if n:sub(1, #layer + 1) == layer .. '.' and n:sub(-#point - 1) == '.' .. point then found[#found + 1] = n end
+  end
+  if #found == 1 then return found[1] end
+  if #found == 0 then
+    error(("%s: the cache has no '%s' in layer %s (run_with_cache's filter left it out, or the layer does not publish it)"):format(
+      where, point, layer), 3)
+  end
+  error(("%s: '%s' is ambiguous in layer %s: %s"):format(where, point, layer, table.concat(found, ', ')), 3)
+end
+
+-- cache:stack(point) -> (L, ...): point ('resid_post', 'pattern', 'mlp.post')
+-- in every layer of model:layers(), stacked.
+function methods:stack(point)
+  local where = 'cache:stack'
+  if type(point) ~= 'string' then error(('%s: point must be a string, got %s'):format(where, type(point)), 2) end
+  local list = {}
+  for i, layer in ipairs(layer_names(self, where)) do list[i] = self._tensors[in_layer(self, layer, point, where)] end
+  return torch.stack(list, 1)
+end
+
+local function layer_name(self, layer, where)
+  local names = layer_names(self, where)
+  if type(layer) == 'number' then
+    if layer % 1 ~= 0 or layer < 1 or layer > #names then
+      error(('%s: layer must be in 1..%d, got %s'):format(where, #names, tostring(layer)), 3)
+    end
+    return names[layer]
+  end
+  for _, n in ipairs(names) do if n == layer then return n end end
+  error(("%s: no layer '%s' (layers: %s)"):format(where, tostring(layer), table.concat(names, ', ')), 3)
+end
+
+-- cache:heads(point, layer) -> point in that layer (its number or name) with
+-- the head dimension first: pattern (B, H, T, T) -> (H, B, T, T), z
+-- (B, T, H, D) -> (H, B, T, D).
+function methods:heads(point, layer)
+  local where = 'cache:heads'
+  local name = in_layer(self, layer_name(self, layer, where), point, where)
+  local t = self._tensors[name]
+  local d = require('anatomy.probe').layout(name).head
+  if not d then error(("%s: '%s' has no head dimension"):format(where, name), 2) end
+  local order = {d}
+  for i = 1, t:dim() do if i ~= d then order[#order + 1] = i end end
+  return t:permute(unpack(order))
+end
+
+-- cache:attention(layer, head, {batch = 1, numbers = false}) -> text: that
+-- head's pattern, query tokens down, key tokens across, shaded by weight
+-- (numbers = true prints the weights). Also print(cache:attention(...)).
+function methods:attention(layer, head, opts)
+  local where = 'cache:attention'
+  opts = require('anatomy.options').check(opts, {'batch', 'numbers'}, where, 2)
+  local p = self:heads('pattern', layer)
+  local H, B = p:size(1), p:size(2)
+  if type(head) ~= 'number' or head % 1 ~= 0 or head < 1 or head > H then
+    error(('%s: head must be in 1..%d, got %s'):format(where, H, tostring(head)), 2)
+  end
+  local b = opts.batch or 1
+  if type(b) ~= 'number' or b < 1 or b > B then error(('%s: batch must be in 1..%d, got %s'):format(where, B, tostring(b)), 2) end
+  return require('anatomy.terminal').attention_map(p[head][b]:float(), self.tokens[b],
+    ('%s head %d%s'):format(layer_name(self, layer, where), head, B > 1 and (', sequence ' .. b) or ''), opts.numbers)
+end
+
+function Cache.__tostring(self)
+  local lines = {('probe cache: %d activations, %.1f MiB, input %s'):format(#self._order, self:memory() / 2^20,
+    table.concat(self.ids:size(), 'x'))}
+  for i, n in ipairs(self._order) do
+    if i > 40 then
+      lines[#lines + 1] = ('  ... and %d more (cache:names())'):format(#self._order - 40)
+      break
+    end
+    lines[#lines + 1] = ('  %-40s %s'):format(n, table.concat(self._tensors[n]:size(), 'x'))
+  end
+  return table.concat(lines, '\n')
+end
+
+return Cache
