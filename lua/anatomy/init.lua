@@ -33,7 +33,7 @@ end
 
 require 'anatomy.tensor'
 
--- nn, models, data, optim, train, text, probe, autopsy, provenance, experiment and exact are globals in scripts and the REPL, like torch.
+-- nn, models, data, optim, train, text, probe, patching, autopsy, provenance, experiment and exact are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
@@ -43,6 +43,8 @@ train = require 'anatomy.train'
 text = require 'anatomy.text'
 torch.config = require 'anatomy.config'
 probe = require 'anatomy.probe'
+patching = require 'anatomy.patching'
+require 'anatomy.attribution'  -- probe.logit_attribution
 autopsy = require 'anatomy.autopsy'
 provenance = require 'anatomy.provenance'
 experiment = require 'anatomy.experiment'

@@ -18,6 +18,13 @@ figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .t
 .provenance { font-size: 12px; color: #444; background: #f6f6f6; padding: 6px 8px; }
 ]]
 
+-- report.page(title, body) -> a self-contained HTML page in the report's
+-- style (patching and attribution results use it)
+function report.page(title, body)
+  return table.concat({'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>', esc(title), '</title>',
+    '<style>', style, '</style></head><body><h1>', esc(title), '</h1>', body, '</body></html>\n'})
+end
+
 -- report.html(a) -> the report as a string
 function report.html(a)
   local rows, labels = a.rows, {}

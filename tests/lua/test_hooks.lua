@@ -1,0 +1,224 @@
+-- Hook points inside blocks, run_with_cache, interventions (one head, one
+-- position), activation patching and direct logit attribution, each checked
+-- against the same quantity computed by hand from the block's parameters.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require 'harness'
+local test, eq, raises = H.test, H.eq, H.raises
+
+local function close(a, b, tol, what)
+  local d = (a - b):abs():max():item()
+  if d > (tol or 1e-5) then error(('%s: differ by %g'):format(what or 'tensors', d), 2) end
+end
+
+local function tiny(norm)
+  torch.manual_seed(0)
+  local m = models.gpt{vocab = 13, dim = 16, heads = 4, layers = 2, seq = 8, ffn = 32, norm = norm or 'pre'}
+  m:eval()
+  return m
+end
+
+local function params(m)
+  local out = {}
+  for n, t in m:named_parameters() do out[n] = t end
+  return out
+end
+
+local function ids(B, T, seed)
+  torch.manual_seed(seed or 1)
+  return torch.randint(1, 14, {B, T})
+end
+
+test('hook points are listed with the module outputs', function()
+  local names = table.concat(probe.names(tiny()), ' ')
+  for _, n in ipairs{'blocks.1.resid_pre', 'blocks.1.attn.q', 'blocks.1.attn.scores', 'blocks.1.attn.pattern', 'blocks.1.attn.z',
+    'blocks.1.attn.result', 'blocks.1.mlp.pre', 'blocks.1.mlp.post', 'blocks.2.ln1.scale', 'blocks.2.resid_mid', 'ln_f.normalized'} do
+    assert(names:find(n, 1, true), n .. ' is not listed')
+  end
+end)
+
+test('attention hook points equal the computation from the weights; hooked output equals the fused one', function()
+  local m, x = tiny(), ids(2, 6)
+  local plain = torch.no_grad(function() return m(x) end)
+  local out, c = probe.run_with_cache(m, x)
+  close(out, plain, 1e-5, 'output with every hook point captured')
+  local a = params(m.blocks[1].attn)
+  local B, T, C, Hh, D = 2, 6, 16, 4, 4
+  local xin = c['blocks.1.ln1']
+  local qkv = xin:matmul(a['qkv.weight']:t()) + a['qkv.bias']
+  local q = qkv:narrow(3, 1, C):reshape(B, T, Hh, D)
+  local k = qkv:narrow(3, C + 1, C):reshape(B, T, Hh, D)
+  local v = qkv:narrow(3, 2 * C + 1, C):reshape(B, T, Hh, D)
+  close(c['blocks.1.attn.q'], q, 1e-5, 'q')
+  close(c['blocks.1.attn.k'], k, 1e-5, 'k')
+  close(c['blocks.1.attn.v'], v, 1e-5, 'v')
+  eq(c['blocks.1.attn.scores']:size(), {B, Hh, T, T})
+  close(c['blocks.1.attn.pattern'], torch.softmax(c['blocks.1.attn.scores'], -1), 1e-6, 'pattern = softmax(scores)')
+  local z = c['blocks.1.attn.pattern']:matmul(v:transpose(2, 3)):transpose(2, 3)
+  close(c['blocks.1.attn.z'], z, 1e-5, 'z')
+  -- each head's result summed over heads, plus the output bias, is the attention's output
+  close(c['blocks.1.attn.result']:sum(3) + a['proj.bias'], c['blocks.1.attn'], 1e-5, 'sum of results + bias')
+  -- the residual stream: resid_post of a block is its output and the next block's resid_pre
+  close(c['blocks.1.resid_post'], c['blocks.1'], 0, 'resid_post = block output')
+  close(c['blocks.2.resid_pre'], c['blocks.1.resid_post'], 0, 'resid_pre = previous resid_post')
+  close(c['blocks.1.resid_mid'], c['blocks.1.resid_pre'] + c['blocks.1.attn'], 1e-6, 'resid_mid')
+  -- MLP: post = relu(pre); norms: scale = sqrt(var + eps)
+  close(c['blocks.1.mlp.post'], torch.relu(c['blocks.1.mlp.pre']), 0, 'mlp post')
+  local r = c['blocks.1.resid_pre']
+  local centered = r - r:mean(-1, true)
+  close(c['blocks.1.ln1.scale'], (centered:pow(2):mean(-1, true) + 1e-5):sqrt(), 1e-6, 'ln scale')
+  close(c['blocks.1.ln1.normalized'], centered / c['blocks.1.ln1.scale'], 1e-6, 'ln normalized')
+end)
+
+test('run_with_cache: text through a tokenizer, stack, heads, memory, attention map', function()
+  local m = tiny()
+  local corpus = data.from_string('abcdefghijklm', {tokenizer = 'char'})
+  local _, c = probe.run_with_cache(m, 'cab', {tokenizer = corpus, filter = {'*.resid_post', '*.pattern'}})
+  eq(c.ids:size(), {1, 3})
+  eq(c.tokens[1], {'c', 'a', 'b'})
+  eq(c:stack('resid_post'):size(), {2, 1, 3, 16})
+  eq(c:heads('pattern', 2):size(), {4, 1, 3, 3})
+  eq(c:memory(), 2 * 3 * 16 * 4 + 2 * 4 * 3 * 3 * 4)
+  eq(#c:names(), 4)
+  local map = c:attention(1, 2, {numbers = true})
+  assert(map:find('blocks.1 head 2', 1, true) and map:find('1.00', 1, true), map)
+  assert(tostring(c):find('4 activations', 1, true))
+  raises(function() c:stack('mlp.post') end, "cache:stack: the cache has no 'mlp.post' in layer blocks.1 (run_with_cache's filter left it out, or the layer does not publish it)")
+  raises(function() probe.run_with_cache(m, 'cab') end, 'probe.run_with_cache: a text needs a tokenizer: pass {tokenizer = tok} (a data.tokenizer or a corpus), or use a model from models.from_pretrained')
+end)
+
+test('interventions: one head zeroed, set, patched, mean and resample; handles remove them', function()
+  local m, x = tiny(), ids(3, 6)
+  local _, c = probe.run_with_cache(m, x, {filter = {'blocks.1.attn', 'blocks.1.attn.result'}})
+  local bias = params(m.blocks[1].attn)['proj.bias']
+  local h = probe.ablate(m, 'blocks.1.attn.z', {head = 2})
+  local _, c2 = probe.run_with_cache(m, x, {filter = 'blocks.1.attn'})
+  h:remove()
+  local result = c['blocks.1.attn.result']
+  local kept = result:sum(3) - result:select(3, 2)
+  close(c2['blocks.1.attn'], kept + bias, 1e-5, 'head 2 zero-ablated')
+  -- one position only: the attention output before it is untouched
+  h = probe.set(m, 'blocks.1.attn.z', 0, {position = 4})
+  local _, c3 = probe.run_with_cache(m, x, {filter = 'blocks.1.attn'})
+  h:remove()
+  close(c3['blocks.1.attn']:narrow(2, 1, 3), c['blocks.1.attn']:narrow(2, 1, 3), 0, 'positions before 4')
+  close(c3['blocks.1.attn']:select(2, 4), bias:expand(3, 16), 1e-6, 'position 4: only the bias left')
+  -- patching the first layer's whole resid_pre from another run gives that run's output
+  local y = ids(3, 6, 7)
+  local out_y, cy = probe.run_with_cache(m, y, {filter = 'blocks.1.resid_pre'})
+  h = probe.patch(m, 'blocks.1.resid_pre', cy)
+  local patched = torch.no_grad(function() return m(x) end)
+  h:remove()
+  close(patched, out_y, 1e-5, 'patched from the other run')
+  -- mean over a reference batch of identical rows is that row; resample from it likewise
+  local same = x:narrow(1, 1, 1):expand(4, 6):clone()
+  local base = torch.no_grad(function() return m(x:narrow(1, 1, 1)) end)
+  for _, kind in ipairs{'mean', 'resample'} do
+    h = probe.ablate(m, 'blocks.2.mlp.post', {kind = kind, over = same})
+    close(torch.no_grad(function() return m(x:narrow(1, 1, 1)) end), base, 1e-5, kind .. ' over identical rows')
+    h:remove()
+  end
+  -- composed interventions, removed together
+  local g = probe.group{probe.ablate(m, 'blocks.1.attn.z', {head = 1}), probe.ablate(m, 'blocks.2.attn.pattern', {head = 3})}
+  assert(rawget(m.blocks[1].attn, '_hooks') and rawget(m.blocks[2].attn, '_hooks'))
+  g:remove()
+  eq(rawget(m.blocks[1].attn, '_hooks'), nil)
+  eq(rawget(m.blocks[2].attn, '_hooks'), nil)
+end)
+
+test('bad interventions are clear errors and leave the model working', function()
+  local m, x = tiny(), ids(1, 5)
+  local before = torch.no_grad(function() return m(x) end)
+  raises(function() probe.replace(m, 'blocks.1.attn.w', function() end) end,
+    "no hook point 'w' in blocks.1.attn (nn.Attention); its hook points: q, k, v, scores, pattern, z, result")
+  raises(function() probe.replace(m, 'blocks.1.ln1.foo', function() end) end,
+    "no hook point 'foo' in blocks.1.ln1 (nn.LayerNorm); its hook points: scale, normalized")
+  raises(function() probe.replace(m, 'embed.q', function() end) end,
+    "no hook point 'q' in embed (nn.Embedding): it has none (its output is the probe point 'embed')")
+  raises(function() probe.replace(m, 'nowhere.q', function() end) end, "no module or hook point named 'nowhere.q' in models.GPT "
+    .. "(modules: embed, blocks, blocks.1, blocks.1.attn, blocks.1.ln1, blocks.1.mlp, blocks.1.ln2, blocks.2, blocks.2.attn, "
+    .. "blocks.2.ln1, blocks.2.mlp, blocks.2.ln2, ...; a block's hook points: probe.names(model))")
+  raises(function() probe.ablate(m, 'blocks.1.mlp.post', {head = 1}) end,
+    "probe.ablate: 'blocks.1.mlp.post' has no head dimension (heads: q, k, v, rot_q, rot_k, scores, pattern, z, result)")
+  local h5 = probe.ablate(m, 'blocks.1.attn.z', {head = 5})  -- the range is the tensor's: checked at the forward
+  raises(function() m(x) end, 'probe.ablate: head must be an integer in 1..4 for blocks.1.attn.z, got 5')
+  h5:remove()
+  raises(function() probe.ablate(m, 'blocks.1.attn.z', {kind = 'mean'}) end,
+    "probe.ablate: kind = 'mean' needs over (the reference batch: ids or a cache)")
+  raises(function() probe.set(m, 'blocks.1.attn.z', 'zero') end, 'probe.set: value must be a number or a Tensor, got string')
+  -- a replacement of the wrong shape, and an error inside a hook: raised at the forward, the model intact after
+  local h = probe.replace(m, 'blocks.1.attn.q', function(t) return t:narrow(2, 1, 2) end)
+  raises(function() m(x) end, "probe: the replacement for 'blocks.1.attn.q' has shape 1x2x4x4, expected 1x5x4x4")
+  h:remove()
+  h = probe.replace(m, 'blocks.2.mlp.pre', function() error('boom in my hook') end)
+  raises(function() m(x) end, 'boom in my hook')
+  h:remove()
+  h = probe.replace(m, 'blocks.2.resid_mid', function() return 'nope' end)
+  raises(function() m(x) end, "probe: the replacement for 'blocks.2.resid_mid' is a string, not a Tensor")
+  h:remove()
+  close(torch.no_grad(function() return m(x) end), before, 0, 'the model after the errors')
+end)
+
+test('a Lua block publishes its own hook points with self:hook', function()
+  local Twice = nn.block('test.Twice', function(self, dim) self.fc = nn.Linear(dim, dim) end)
+  Twice.hook_names = {'mid'}
+  function Twice:forward(x)
+    local h = self:hook('mid', self.fc(x))
+    return h * 2
+  end
+  torch.manual_seed(3)
+  local m = nn.Sequential{Twice(4), Twice(4)}
+  local x = torch.randn(2, 3, 4)
+  local _, c = probe.run_with_cache(m, x, {filter = '*.mid'})
+  close(c['1.mid'] * 2, m[1](x), 1e-6, 'mid of the first block')
+  local h = probe.set(m, '2.mid', 1, {position = 2})
+  local y = m(x)
+  h:remove()
+  close(y:select(2, 2), torch.ones(2, 4) * 2, 0, 'position 2 set to 1 then doubled')
+  eq(table.concat(probe.names(m), ' '), '1 1.mid 1.fc 2 2.mid 2.fc')
+  raises(function() probe.replace(m, '1.other', function() end) end, "no hook point 'other' in 1 (test.Twice); its hook points: mid")
+end)
+
+test('activation patching: whole resid_pre restores the clean metric in every layer; per head and position grids', function()
+  local m = tiny()
+  local clean, corrupt = ids(2, 6, 11), ids(2, 6, 12)
+  local metric = patching.logit_diff(3, 5)
+  local r = patching.run(m, clean, corrupt, metric, {over = 'resid_pre', per = 'layer'})
+  eq(r.rows, {'blocks.1', 'blocks.2'})
+  for i = 1, 2 do assert(math.abs(r.values[i][1] - r.clean) < 1e-5, ('layer %d: %g vs clean %g'):format(i, r.values[i][1], r.clean)) end
+  local heads = patching.run(m, clean, corrupt, metric, {over = 'attn.z', per = 'head'})
+  eq(heads.grid:size(), {2, 4})
+  eq(heads.cols[4], 'head 4')
+  local pos = patching.run(m, clean, corrupt, metric, {over = 'resid_post', per = 'position'})
+  eq(pos.grid:size(), {2, 6})
+  -- the last layer's resid_post at the last position is all the metric reads
+  assert(math.abs(pos.values[2][6] - pos.clean) < 1e-5)
+  assert(math.abs(pos.values[2][1] - pos.corrupt) < 1e-5)
+  assert(tostring(heads):find('activation patching of attn.z per head', 1, true))
+  local path = os.tmpname()
+  heads:report(path)
+  local html = io.open(path):read('*a')
+  os.remove(path)
+  assert(html:find('<svg', 1, true) and html:find('head 4', 1, true), 'the report has the labelled heatmap')
+  raises(function() patching.run(m, clean, corrupt, metric, {over = 'resid_pre', per = 'head'}) end,
+    "patching.run: per = 'head' needs a point with heads (attn.q, k, v, z, result, pattern, scores), got 'resid_pre'")
+  raises(function() patching.run(m, clean, ids(2, 5), metric) end, 'patching.run: clean is 2x6 tokens and corrupt 2x5; they must have one shape')
+end)
+
+test('direct logit attribution: the parts sum to the logit; post-norm is refused', function()
+  local m, x = tiny(), ids(3, 6, 21)
+  local r = probe.logit_attribution(m, x, 4)
+  eq(#r.rows, 1 + 2 * (4 + 1) + 2 + 1)
+  eq(r.rows[1][1], 'embed')
+  eq(r.rows[2][1], 'blocks.1.attn head 1')
+  eq(r.rows[#r.rows][1], 'bias')
+  local logits = torch.no_grad(function() return m(x) end)
+  local want = logits:select(2, 6):select(2, 4):mean():item()
+  assert(math.abs(r.logit - want) < 1e-5)
+  assert(math.abs(r.total - r.logit) < 1e-4, ('parts sum to %g, logit %g'):format(r.total, r.logit))
+  local d = probe.logit_attribution(m, x, {4, 7}, {position = 3})
+  assert(math.abs(d.total - d.logit) < 1e-4)
+  assert(tostring(d):find('logit[4] - logit[7]', 1, true))
+  raises(function() probe.logit_attribution(tiny('post'), x, 4) end, 'direct logit attribution needs pre-norm residual blocks')
+end)
+
+H.done()
