@@ -1,0 +1,167 @@
+-- Circuits: induction heads. A two-layer transformer (models.llama: rotary
+-- positions, so position is relative, as in the models where induction
+-- heads were found) trained on sequences in which
+-- a run of random tokens repeats once (r r, then random filler) can only
+-- predict the second copy by finding the earlier occurrence of the current
+-- token and reading the token after it: the induction circuit (Olsson et
+-- al., "In-context learning and induction heads", 2022). The run's length
+-- varies from sequence to sequence, so no fixed positional offset does the
+-- job: a first-layer head attends to the previous token and a second-layer
+-- head composes with it (the previous-token head tells it where to look). With the tools of probe and patching,
+-- four views of the trained model should point at the same heads:
+--   1. run_with_cache: a head's attention from position p to p - n + 1
+--      (the token after the previous occurrence), its induction score; and
+--      to p - 1, its previous-token score;
+--   2. per-head zero ablation: the loss on the repeated copy rises most
+--      without those heads;
+--   3. activation patching of each head's output (attn.z) from a clean run
+--      (r r) into a corrupted one (r' r): those heads restore the logit of
+--      the right next token;
+--   4. direct logit attribution: their outputs push that logit up.
+--   anatomy examples/circuits.lua [--steps=1500] [--smoke=true] [--out=out/circuits]
+local cfg = experiment.config({vocab = 64, seq = 48, min_run = 8, max_run = 20, eval_run = 16, dim = 64, heads = 4, layers = 2,
+  ffn = 128, steps = 1500, batch = 32, lr = 3e-3, seed = 1, eval_batch = 64, out = 'out/circuits'},
+  {steps = 30, eval_batch = 8, seq = 24, min_run = 4, max_run = 10, eval_run = 8, dim = 32, ffn = 64}, arg)
+
+torch.manual_seed(cfg.seed)
+local V, T = cfg.vocab, cfg.seq
+local model = models.llama{vocab = V, dim = cfg.dim, heads = cfg.heads, layers = cfg.layers, ffn = cfg.ffn, seq = T}
+print(('%s parameters; %d-token sequences: a run of %d..%d random tokens (of %d), the same run again, random filler'):format(
+  nn.format_count(model:num_parameters()), T, cfg.min_run, cfg.max_run, V))
+
+-- (B, T + 1): r r filler, with r of n random tokens
+local function repeated(B, n)
+  local r = torch.randint(1, V + 1, {B, n})
+  return torch.cat({r, r, torch.randint(1, V + 1, {B, T + 1 - 2 * n})}, 2)
+end
+
+-- The loss on the second copy: input positions n+1 .. 2n-1 predict tokens n+2 .. 2n.
+local function repeated_loss(logits, x, n)
+  return nn.functional.cross_entropy(logits:narrow(2, n + 1, n - 1), x:narrow(2, n + 2, n - 1))
+end
+
+local opt = optim.AdamW(model, {lr = cfg.lr, weight_decay = 0})
+local t0 = torch._now()
+for step = 1, cfg.steps do
+  local n = math.random(cfg.min_run, cfg.max_run)
+  local x = repeated(cfg.batch, n)
+  local logits = model(x:narrow(2, 1, T))
+  local loss = nn.functional.cross_entropy(logits, x:narrow(2, 2, T))
+  opt:zero_grad()
+  loss:backward()
+  opt:step()
+  if step % math.max(1, math.floor(cfg.steps / 10)) == 0 or step == cfg.steps then
+    print(('step %4d  loss %.3f  (second copy, run of %d: %.3f)'):format(step, loss:item(), n, repeated_loss(logits, x, n):item()))
+  end
+end
+model:eval()
+print(('trained in %.0f s'):format(torch._now() - t0))
+
+torch.manual_seed(cfg.seed + 1)
+local n = cfg.eval_run
+local x = repeated(cfg.eval_batch, n)
+local input = x:narrow(2, 1, T)
+local logits, cache = probe.run_with_cache(model, input, {filter = {'*.pattern'}})
+local base_loss = repeated_loss(logits, x, n):item()
+
+-- 1. induction score: mean attention from p to p - n + 1 over the second copy; previous-token score: to p - 1
+local heads = {}
+for l = 1, cfg.layers do
+  local p = cache:heads('pattern', l)  -- (H, B, T, T)
+  for h = 1, cfg.heads do
+    local ind, prev, count = 0, 0, 0
+    for q = n + 1, 2 * n - 1 do
+      ind = ind + p[h]:select(2, q):select(2, q - n + 1):mean():item()
+      prev = prev + p[h]:select(2, q):select(2, q - 1):mean():item()
+      count = count + 1
+    end
+    heads[#heads + 1] = {layer = l, head = h, name = ('blocks.%d head %d'):format(l, h), induction = ind / count, previous = prev / count}
+  end
+end
+
+-- 2. per-head zero ablation of z: the loss on the repeated half
+for _, hd in ipairs(heads) do
+  local handle = probe.ablate(model, ('blocks.%d.self_attn.z'):format(hd.layer), {head = hd.head})
+  local out = torch.no_grad(function() return model(input) end)
+  handle:remove()
+  hd.ablated_loss = repeated_loss(out, x, n):item()
+end
+
+-- 3. patching attn.z per head from r r into r' r; metric: mean logit of the right next token on the second copy
+local corrupt = x:clone()
+corrupt:narrow(2, 1, n):copy_(torch.randint(1, V + 1, {cfg.eval_batch, n}))
+local targets = x:narrow(2, n + 2, n - 1):unsqueeze(3)
+local function right_logit(l)
+  return l:narrow(2, n + 1, n - 1):gather(3, targets):mean():item()
+end
+local patched = patching.run(model, input, corrupt:narrow(2, 1, T), right_logit, {over = 'attn.z', per = 'head'})
+print('\n' .. tostring(patched))
+local normalized = patched:normalized():tolist()
+for _, hd in ipairs(heads) do hd.patching = normalized[hd.layer][hd.head] end
+
+-- 4. direct logit attribution of the right next token at the last position of the second copy, over sequences
+local n_dla = math.min(cfg.eval_batch, 16)
+local dla = {}
+for b = 1, n_dla do
+  local r = probe.logit_attribution(model, input:narrow(1, b, 1), x[b][2 * n]:item(), {position = 2 * n - 1})
+  for _, row in ipairs(r.rows) do dla[row[1]] = (dla[row[1]] or 0) + row[2] / n_dla end
+  if b == 1 then print('\n' .. tostring(r)) end
+end
+for _, hd in ipairs(heads) do hd.dla = dla[('blocks.%d.self_attn head %d'):format(hd.layer, hd.head)] end
+
+-- the table, and which heads each view picks
+local lines = {('\n%-18s %10s %14s %14s %10s %8s'):format('head', 'induction', 'previous token', 'loss ablated', 'patching', 'DLA')}
+for _, hd in ipairs(heads) do
+  lines[#lines + 1] = ('%-18s %10.3f %14.3f %14.3f %10.3f %8.3f'):format(hd.name, hd.induction, hd.previous, hd.ablated_loss,
+    hd.patching, hd.dla)
+end
+print(table.concat(lines, '\n'))
+print(('loss on the second copy (run of %d) with every head: %.3f (chance: %.3f)'):format(n, base_loss, math.log(V)))
+
+-- The circuit: induction heads (score > 0.3) and previous-token heads (score > 0.3).
+local induction, previous, others_i, outside = {}, {}, {}, {}
+for _, hd in ipairs(heads) do
+  hd.is_induction, hd.is_previous = hd.induction > 0.3, hd.previous > 0.3
+  if hd.is_induction then induction[#induction + 1] = hd else others_i[#others_i + 1] = hd end
+  if hd.is_previous then previous[#previous + 1] = hd end
+  if not hd.is_induction and not hd.is_previous then outside[#outside + 1] = hd end
+end
+local function list(hs, key)
+  local out = {}
+  for i, hd in ipairs(hs) do out[i] = key and ('%s (%.2f)'):format(hd.name, hd[key]) or hd.name end
+  return #out > 0 and table.concat(out, ', ') or 'none'
+end
+local function extreme(hs, key, most)  -- the smallest (largest) value of key over hs; NaN for none (every comparison false)
+  if #hs == 0 then return 0 / 0 end
+  local v = hs[1][key]
+  for _, hd in ipairs(hs) do v = most and math.max(v, hd[key]) or math.min(v, hd[key]) end
+  return v
+end
+local all_in = function(hs, layer) for _, hd in ipairs(hs) do if hd.layer ~= layer then return false end end return #hs > 0 end
+local circuit = {}
+for _, hd in ipairs(induction) do circuit[#circuit + 1] = hd end
+for _, hd in ipairs(previous) do if not hd.is_induction then circuit[#circuit + 1] = hd end end
+
+local r = experiment.results('Induction heads in a 2-layer transformer on repeated random tokens', nil)
+r:add('the second copy is predictable once the circuit forms (loss far under chance)', ('chance %.2f'):format(math.log(V)), base_loss,
+  base_loss < 0.5 * math.log(V) and 'reproduced' or 'differs')
+r:add('induction heads (attention to the token after the earlier copy > 0.3) are in layer 2', 'layer 2', list(induction, 'induction'),
+  all_in(induction, 2) and 'reproduced' or 'differs')
+r:add('previous-token heads (attention to p - 1 > 0.3) are in layer 1', 'layer 1', list(previous, 'previous'),
+  all_in(previous, 1) and 'reproduced' or 'differs')
+r:add('ablating any head of the circuit costs more than ablating any head outside it (loss on the second copy)',
+  ('base %.3f'):format(base_loss), ('circuit >= %.3f, others <= %.3f'):format(extreme(circuit, 'ablated_loss'), extreme(outside, 'ablated_loss', true)),
+  #circuit > 0 and extreme(circuit, 'ablated_loss') > extreme(outside, 'ablated_loss', true) and 'reproduced' or 'differs')
+r:add('patching an induction head\'s output restores more of the right logit than any head outside the circuit', 'the induction heads',
+  ('induction >= %.2f, others <= %.2f'):format(extreme(induction, 'patching'), extreme(outside, 'patching', true)),
+  #induction > 0 and extreme(induction, 'patching') > extreme(outside, 'patching', true) and 'reproduced' or 'differs')
+r:add('the induction heads write the right logit directly more than any other head', 'the induction heads',
+  ('induction >= %+.2f, others <= %+.2f'):format(extreme(induction, 'dla'), extreme(others_i, 'dla', true)),
+  #induction > 0 and extreme(induction, 'dla') > extreme(others_i, 'dla', true) and 'reproduced' or 'differs')
+r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d..%d random tokens of %d, repeated, then filler); '
+  .. 'models.llama with dim %d, %d heads, ffn %d; measured on %d fresh sequences with runs of %d (DLA averaged over the first %d, '
+  .. 'at the second copy\'s last input position). Patching: share of the way from the corrupt run (r\' r) to the clean one.'):format(
+  cfg.steps, cfg.lr, cfg.batch, T, cfg.min_run, cfg.max_run, V, cfg.dim, cfg.heads, cfg.ffn, cfg.eval_batch, n, n_dla))
+print('\n' .. tostring(r))
+patched:report(cfg.out .. '/patching.html')
+r:save(cfg.out, {config = cfg})
