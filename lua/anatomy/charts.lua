@@ -134,6 +134,45 @@ function charts.thumbnails(title, labels, matrices)
   return figure(title, table.concat(parts), points)
 end
 
+-- charts.attention_map(title, tokens, m, note): one head's pattern (a (T, T)
+-- list of lists) with the tokens on both axes (query tokens down, key tokens
+-- across), each cell shaded by its weight (0 white, 1 full blue) and titled
+-- with "query -> key: weight", and a colour scale beside it.
+function charts.attention_map(title, tokens, m, note)
+  local T = #m
+  local cell = math.max(8, math.min(18, math.floor(360 / math.max(T, 1))))
+  local left, top = 90, 80
+  local w, h = left + T * cell + 70, top + T * cell + 10
+  local parts, points = {}, 0
+  local function label(s) return require('anatomy.terminal').token_label(s or '', 10) end
+  for r = 1, T do
+    parts[#parts + 1] = ('<text x="%d" y="%s" class="label-left" text-anchor="end">%s</text>'):format(left - 4,
+      num(top + (r - 0.5) * cell + 3), esc(label(tokens[r])))
+    parts[#parts + 1] = ('<text transform="translate(%s,%d) rotate(-60)" class="label-left">%s</text>'):format(
+      num(left + (r - 0.5) * cell + 3), top - 4, esc(label(tokens[r])))
+    for c = 1, T do
+      local v = m[r][c]
+      if finite(v) then
+        points = points + 1
+        local shade = math.floor(255 * (1 - math.min(math.max(v, 0), 1)))
+        parts[#parts + 1] = ('<rect x="%s" y="%s" width="%d" height="%d" fill="rgb(%d,%d,255)"><title>%s -&gt; %s: %s</title></rect>'):format(
+          num(left + (c - 1) * cell), num(top + (r - 1) * cell), cell, cell, shade, shade, esc(label(tokens[r])),
+          esc(label(tokens[c])), format.number(v))
+      end
+    end
+  end
+  local sx = left + T * cell + 14
+  for i = 0, 9 do
+    local shade = math.floor(255 * (1 - i / 9))
+    parts[#parts + 1] = ('<rect x="%d" y="%s" width="12" height="%s" fill="rgb(%d,%d,255)"/>'):format(sx,
+      num(top + (9 - i) * T * cell / 10), num(T * cell / 10 + 0.5), shade, shade)
+  end
+  parts[#parts + 1] = ('<text x="%d" y="%d" class="tick">1</text><text x="%d" y="%d" class="tick">0</text>'):format(
+    sx + 16, top + 8, sx + 16, top + T * cell)
+  return ('<figure><figcaption>%s</figcaption><svg class="chart" data-points="%d" viewBox="0 0 %d %d" width="%d" height="%d">%s</svg>%s</figure>')
+    :format(esc(title), points, w, h, w, h, table.concat(parts), note and ('<p class="note">' .. esc(note) .. '</p>') or '')
+end
+
 -- Tick values for [lo, hi]: about n round numbers (1, 2 or 5 times a power of ten) inside it.
 local function nice_ticks(lo, hi, n)
   local span = hi - lo

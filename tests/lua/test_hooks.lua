@@ -221,4 +221,27 @@ test('direct logit attribution: the parts sum to the logit; post-norm is refused
   raises(function() probe.logit_attribution(tiny('post'), x, 4) end, 'direct logit attribution needs pre-norm residual blocks')
 end)
 
+test("the autopsy keeps every head's map with its tokens: a:attention in the terminal, per-head maps in the report", function()
+  torch.manual_seed(0)
+  local corpus = data.from_string(('hello world, the quick brown fox. '):rep(40), {tokenizer = 'char'})
+  local m = models.gpt{vocab = corpus.vocab_size, dim = 16, heads = 2, layers = 2, seq = 12, ffn = 32, norm = 'pre'}
+  local a = autopsy.run(m, corpus, {steps = 1, batch = 2, seq = 12, probe_text = 'the quick fox'})
+  local text = a:attention(2, 2, {numbers = true})
+  local lines = {}
+  for l in text:gmatch('[^\n]+') do lines[#lines + 1] = l end
+  eq(#lines, 2 + 12, 'title, column numbers, one row per query token')
+  assert(lines[3]:find('^  1 t +1%.00'), lines[3])  -- the first query sees only itself
+  assert(lines[6]:find('^  4 ␣'), 'a leading space shows as ␣: ' .. lines[6])
+  raises(function() a:attention(2, 3) end, 'a:attention: head must be in 1..2, got 3')
+  local path = os.tmpname()
+  a:report(path)
+  local html = io.open(path):read('*a')
+  os.remove(path)
+  assert(html:find('Attention maps for "the quick fox"', 1, true), 'the section names the text')
+  local maps = 0
+  for _ in html:gmatch('<figcaption>blocks%.%d head %d</figcaption>') do maps = maps + 1 end
+  eq(maps, 4, 'two layers x two heads')
+  assert(html:find('<title>q -&gt; t: ', 1, true), 'each cell says query -> key: weight')
+end)
+
 H.done()

@@ -22,6 +22,28 @@ function Autopsy:plot(metric)
   return text
 end
 
+-- a:attention(layer, head, {numbers = false}) -> text: that head's attention
+-- map for the first sequence (the probe text when autopsy.run had one; up
+-- to 32 tokens), the tokens on both axes. layer: its number or name.
+function Autopsy:attention(layer, head, opts)
+  opts = require('anatomy.options').check(opts, {'numbers'}, 'a:attention', 2)
+  local names = {}
+  for _, r in ipairs(self.rows) do
+    if r.kind == 'block' and self.attention_maps[r.name] then names[#names + 1] = r.name end
+  end
+  if #names == 0 then error('a:attention: no layer published an attention pattern in this autopsy', 2) end
+  local name = type(layer) == 'number' and names[layer] or layer
+  local m = self.attention_maps[name]
+  if not m then
+    error(('a:attention: layer must be 1..%d or one of %s, got %s'):format(#names, table.concat(names, ', '), tostring(layer)), 2)
+  end
+  if type(head) ~= 'number' or head % 1 ~= 0 or head < 1 or head > m:size(1) then
+    error(('a:attention: head must be in 1..%d, got %s'):format(m:size(1), tostring(head)), 2)
+  end
+  local text = require('anatomy.terminal').attention_map(m[head], self.attention_tokens, ('%s head %d'):format(name, head), opts.numbers)
+  return text
+end
+
 -- The autopsy as plain data (what json() writes).
 function Autopsy:data()
   local rows = {}

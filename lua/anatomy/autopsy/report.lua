@@ -89,6 +89,19 @@ function report.html(a)
     end
   end
 
+  -- every head's attention map, the tokens on both axes (up to 8 heads a layer)
+  local head_maps = {}
+  if a.attention_maps and a.attention_tokens then
+    for _, r in ipairs(blocks) do
+      local m = a.attention_maps[r.name]
+      if m then
+        for h = 1, math.min(m:size(1), 8) do
+          head_maps[#head_maps + 1] = svg.attention_map(('%s head %d'):format(r.name, h), a.attention_tokens, m[h]:tolist())
+        end
+      end
+    end
+  end
+
   local cols = {'name', 'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual', 'influence', 'lens_loss', 'removal_loss', 'verdict'}
   local thead = {}
   for _, c in ipairs(cols) do thead[#thead + 1] = '<th>' .. c .. '</th>' end
@@ -108,7 +121,10 @@ function report.html(a)
     a.provenance and ('<p class="provenance">' .. esc(require('anatomy.provenance').line(a.provenance)) .. '</p>') or '',
     '<table><thead><tr>', table.concat(thead), '</tr></thead><tbody>', table.concat(tbody), '</tbody></table>',
     '<p class="note">', esc(tostring(a):match('verdicts:[^\n]*') or ''), '</p>',
-    '<div class="charts">', table.concat(charts), '</div></body></html>\n'})
+    '<div class="charts">', table.concat(charts), '</div>',
+    #head_maps > 0 and ('<h2>Attention maps' .. (a.patterns_text and (' for "' .. esc(a.patterns_text:sub(1, 60)) .. '"') or
+      ' for the first sequence') .. '</h2><div class="charts">' .. table.concat(head_maps) .. '</div>') or '',
+    '</body></html>\n'})
 end
 
 return report

@@ -35,6 +35,23 @@ local function run(model, source, opts)
   local function add(key, v) if v ~= nil and v == v then acc[key] = (acc[key] or 0) + v end end
   local last
   local entropy_heads, patterns = {}, {}   -- of the last batch: per head, and (T, T) maps of the first sequence
+  local maps, map_tokens = {}, nil           -- every head's map (H, T', T') of the first sequence, T' <= 32, and its tokens
+  -- each token's text (a tokenizer's or a corpus's decode of that id), '#id' without one
+  local function texts_of(ids)
+    local out = {}
+    for t = 1, ids:numel() do
+      local id = ids[t]:item()
+      local ok, s = false, nil
+      if type(source) == 'table' and source.decode then ok, s = pcall(source.decode, source, torch.tensor({id}, {dtype = 'int64'})) end
+      out[t] = ok and s or ('#' .. id)
+    end
+    return out
+  end
+  local function keep_maps(name, pattern, ids)
+    local T = math.min(pattern:size(3), 32)
+    maps[name] = pattern[1]:narrow(2, 1, T):narrow(3, 1, T):float():clone()
+    map_tokens = texts_of(ids:narrow(1, 1, T))
+  end
   local seen_batches = {}
   local missing = {}        -- column -> why it has no numbers (printed under the table)
   local patterns_text
@@ -87,6 +104,7 @@ local function run(model, source, opts)
             entropy_heads[l[1]] = heads:tolist()
             local T = math.min(pattern:size(3), 24)
             patterns[l[1]] = pattern[1][1]:narrow(1, 1, T):narrow(2, 1, T):tolist()
+            keep_maps(l[1], pattern, x[1])
             add(i .. ':diag', torch.metrics.diagonal_mass(pattern))
             break
           end
@@ -107,6 +125,7 @@ local function run(model, source, opts)
           if name ~= 'grads' and measure.starts_with(name, l[1] .. '.') then
             local T = math.min(pattern:size(3), 24)
             patterns[l[1]] = pattern[1][1]:narrow(1, 1, T):narrow(2, 1, T):tolist()
+            keep_maps(l[1], pattern, ids[1])
           end
         end
       end
@@ -117,7 +136,8 @@ local function run(model, source, opts)
   -- rows: the input (embedding), each layer, the output (everything after the stack)
   local a = setmetatable({model = nn.typename(model), loss = avg('loss'), rows = {}, params = {}, weights = {},
     thresholds = thresholds, metrics = opts.metrics or measure.all_metrics, history = opts.history,
-    entropy_heads = entropy_heads, patterns = patterns, patterns_text = patterns_text}, Autopsy)
+    entropy_heads = entropy_heads, patterns = patterns, patterns_text = patterns_text, attention_maps = maps,
+    attention_tokens = map_tokens}, Autopsy)
   local first_child
   for name in model:named_children() do first_child = first_child or name end
   local input_row = {name = first_child or 'input', kind = 'input', grads = {}}
