@@ -164,7 +164,7 @@ end
 function Result:svg()
   local labels, values = {}, {}
   for i, r in ipairs(self.rows) do labels[i], values[i] = r[1], r[2] end
-  return require('anatomy.charts').bars(('Direct logit attribution: %s'):format(self.label), labels, values,
+  return require('anatomy.charts').signed_bars(('Direct logit attribution: %s'):format(self.label), labels, values,
     ('parts sum to %.5g; the model gives %.5g'):format(self.total, self.logit))
 end
 

@@ -60,6 +60,40 @@ function charts.bars(title, labels, values, note)
   return figure(title, table.concat(parts), points, note)
 end
 
+-- charts.signed_bars(title, labels, values, note): bars from a zero line,
+-- up (blue) for positive values and down (red) for negative ones, each
+-- labelled below (rotated) and titled with its value; the axis marks the
+-- largest value on each side.
+function charts.signed_bars(title, labels, values, note)
+  local hi, lo = 0, 0
+  for _, v in ipairs(values) do
+    if finite(v) then hi, lo = math.max(hi, v), math.min(lo, v) end
+  end
+  if hi == lo then hi = 1 end
+  local n, points = #labels, 0
+  local top, bottom = 16, H - 70
+  local zero = top + (hi / (hi - lo)) * (bottom - top)
+  local bw = (W - PAD - 10) / math.max(n, 1)
+  local parts = {('<line x1="%d" y1="%s" x2="%d" y2="%s" class="axis"/><text x="4" y="%d" class="tick">%s</text>'
+    .. '<text x="4" y="%s" class="tick">0</text><text x="4" y="%d" class="tick">%s</text>'):format(PAD, num(zero), W - 8, num(zero),
+    top + 4, format.number(hi), num(zero + 3), bottom, format.number(lo))}
+  for i, v in ipairs(values) do
+    if finite(v) then
+      points = points + 1
+      local y1 = top + ((hi - math.max(v, 0)) / (hi - lo)) * (bottom - top)
+      local y2 = top + ((hi - math.min(v, 0)) / (hi - lo)) * (bottom - top)
+      parts[#parts + 1] = ('<rect x="%s" y="%s" width="%s" height="%s" fill="%s"><title>%s: %s</title></rect>'):format(
+        num(PAD + (i - 1) * bw + 1), num(y1), num(math.max(bw - 2, 1)), num(math.max(y2 - y1, 0.5)),
+        v >= 0 and palette[1] or palette[2], esc(labels[i]), format.number(v))
+    end
+    if n <= 60 then
+      parts[#parts + 1] = ('<text transform="translate(%s,%d) rotate(-60)" class="label-left" text-anchor="end">%s</text>'):format(
+        num(PAD + (i - 0.5) * bw + 3), bottom + 12, esc(labels[i]))
+    end
+  end
+  return figure(title, table.concat(parts), points, note)
+end
+
 -- Lines: series = {{name, xs, ys}, ...}
 function charts.lines(title, series, note)
   local xs_all, ys_all = {}, {}

@@ -219,6 +219,20 @@ test('direct logit attribution: the parts sum to the logit; post-norm is refused
   assert(math.abs(d.total - d.logit) < 1e-4)
   assert(tostring(d):find('logit[4] - logit[7]', 1, true))
   raises(function() probe.logit_attribution(tiny('post'), x, 4) end, 'direct logit attribution needs pre-norm residual blocks')
+  -- drawn with its sign: a negative part is a red bar below the zero line
+  local svg = r:svg()
+  local neg
+  for _, row in ipairs(r.rows) do if row[2] < 0 then neg = row[1] end end
+  if neg then assert(svg:find('fill="#d62728"><title>' .. neg:gsub('%p', '%%%0') .. ':'), 'a negative bar for ' .. neg) end
+  -- and added to an autopsy's report
+  local a = autopsy.run(m, {x, x}, {steps = 1})
+  a:add(r)
+  local path = os.tmpname()
+  a:report(path)
+  local html = io.open(path):read('*a')
+  os.remove(path)
+  assert(html:find('Patching and attribution', 1, true) and html:find('Direct logit attribution: logit[4]', 1, true))
+  raises(function() a:add(42) end, 'a:add: expected a result with an svg() method (patching.run, probe.logit_attribution), got number')
 end)
 
 test("the autopsy keeps every head's map with its tokens: a:attention in the terminal, per-head maps in the report", function()

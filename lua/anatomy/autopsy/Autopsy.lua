@@ -44,6 +44,19 @@ function Autopsy:attention(layer, head, opts)
   return text
 end
 
+-- a:add(result): a result with an svg() method (patching.run's,
+-- probe.logit_attribution's) drawn in the report after the autopsy's own
+-- charts; returns a.
+function Autopsy:add(result)
+  if type(result) ~= 'table' or type(result.svg) ~= 'function' then
+    error(('a:add: expected a result with an svg() method (patching.run, probe.logit_attribution), got %s'):format(type(result)), 2)
+  end
+  local sections = rawget(self, 'sections') or {}
+  sections[#sections + 1] = result:svg()
+  rawset(self, 'sections', sections)
+  return self
+end
+
 -- The autopsy as plain data (what json() writes).
 function Autopsy:data()
   local rows = {}

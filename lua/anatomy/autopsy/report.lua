@@ -122,6 +122,7 @@ function report.html(a)
     '<table><thead><tr>', table.concat(thead), '</tr></thead><tbody>', table.concat(tbody), '</tbody></table>',
     '<p class="note">', esc(tostring(a):match('verdicts:[^\n]*') or ''), '</p>',
     '<div class="charts">', table.concat(charts), '</div>',
+    a.sections and ('<h2>Patching and attribution</h2><div class="charts">' .. table.concat(a.sections) .. '</div>') or '',
     #head_maps > 0 and ('<h2>Attention maps' .. (a.patterns_text and (' for "' .. esc(a.patterns_text:sub(1, 60)) .. '"') or
       ' for the first sequence') .. '</h2><div class="charts">' .. table.concat(head_maps) .. '</div>') or '',
     '</body></html>\n'})
