@@ -162,6 +162,14 @@ r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d.
   .. 'models.llama with dim %d, %d heads, ffn %d; measured on %d fresh sequences with runs of %d (DLA averaged over the first %d, '
   .. 'at the second copy\'s last input position). Patching: share of the way from the corrupt run (r\' r) to the clean one.'):format(
   cfg.steps, cfg.lr, cfg.batch, T, cfg.min_run, cfg.max_run, V, cfg.dim, cfg.heads, cfg.ffn, cfg.eval_batch, n, n_dla))
+local per_head = {}
+for i, hd in ipairs(heads) do
+  per_head[i] = {hd.name, ('%.3f'):format(hd.induction), ('%.3f'):format(hd.previous), ('%.3f'):format(hd.ablated_loss),
+    ('%.3f'):format(hd.patching), ('%+.3f'):format(hd.dla)}
+end
+r:note('Per head: induction and previous-token scores (mean attention), the loss on the second copy with the head zero-ablated, '
+  .. 'patching (share restored), direct logit attribution:\n\n' .. require('anatomy.experiment.results').markdown_table(
+  {'head', 'induction', 'previous token', 'loss ablated', 'patching', 'DLA'}, per_head))
 print('\n' .. tostring(r))
 patched:report(cfg.out .. '/patching.html')
 r:save(cfg.out, {config = cfg})
