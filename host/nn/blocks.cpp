@@ -427,13 +427,17 @@ at::Tensor VibeAttention::forward(const at::Tensor& x) {
   const int64_t T = x.size(1), C = x.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(C));
   const at::Tensor* mask = causal ? &cached_causal_mask(mask_, T, x.device()) : nullptr;
-  if (keep_pattern && pattern_grad) {
-    // the probe wants gradients through the pattern: the composed ops keep it in the graph
+  if ((keep_pattern && pattern_grad) || hook) {
+    // a probe wants gradients through the pattern, or a hook point: the composed ops, which keep it in the graph.
+    // One head: scores and pattern (B, 1, T, T), z (B, T, 1, C) (q = k = v = x, and no projection after)
     at::Tensor att = at::matmul(x, x.transpose(1, 2)) * scale;  // (B, T, T)
     if (mask) att = att.masked_fill(*mask, -std::numeric_limits<double>::infinity());
+    if (hook) att = at_hook("scores", att.unsqueeze(1)).squeeze(1);
     att = at::softmax(att, -1);
-    pattern = att.unsqueeze(1);  // (B, 1, T, T)
-    return at::matmul(att, x);
+    if (hook) att = at_hook("pattern", att.unsqueeze(1)).squeeze(1);
+    if (keep_pattern) pattern = pattern_grad ? att.unsqueeze(1) : att.detach().unsqueeze(1);  // (B, 1, T, T)
+    at::Tensor y = at::matmul(att, x);
+    return hook ? at_hook("z", y.unsqueeze(2)).squeeze(2) : y;
   }
   auto out = VibeAttentionFunction::apply(x, mask, scale);
   if (keep_pattern) pattern = out[1].unsqueeze(1);  // (B, 1, T, T), no graph

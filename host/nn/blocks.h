@@ -248,6 +248,7 @@ class VibeAttention : public Block {
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "VibeAttention"; }
   std::string describe() const override;
+  std::vector<std::string> hook_points() const override { return {"scores", "pattern", "z"}; }
   bool causal;
 
  private:

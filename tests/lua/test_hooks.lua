@@ -69,6 +69,26 @@ test('attention hook points equal the computation from the weights; hooked outpu
   close(c['blocks.1.ln1.normalized'], centered / c['blocks.1.ln1.scale'], 1e-6, 'ln normalized')
 end)
 
+test("VibeAttention's one head: scores, pattern, z on the composed path equal the fused block's", function()
+  torch.manual_seed(2)
+  local m = models.vibenet{vocab = 13, dim = 16, layers = 2, seq = 8, block = 'ffn'}
+  m:eval()
+  local x = ids(2, 7)
+  local plain = torch.no_grad(function() return m(x) end)
+  local out, c = probe.run_with_cache(m, x, {filter = {'*.attn', '*.attn.*', '*.norm'}})
+  close(out, plain, 1e-5, 'output with the hook points on')
+  local h = c['blocks.1.inner.norm']
+  local scores = c['blocks.1.inner.attn.scores']
+  eq(scores:size(), {2, 1, 7, 7})
+  close(c['blocks.1.inner.attn.pattern'], torch.softmax(scores, -1), 1e-6, 'pattern')
+  close(c['blocks.1.inner.attn.z']:squeeze(3), c['blocks.1.inner.attn.pattern']:squeeze(2):matmul(h), 1e-5, 'z = pattern x')
+  close(c['blocks.1.inner.attn.z']:squeeze(3), c['blocks.1.inner.attn'], 0, 'z is the output')
+  local hd = probe.set(m, 'blocks.2.inner.attn.pattern', 0, {position = 3})
+  local _, c2 = probe.run_with_cache(m, x, {filter = 'blocks.2.inner.attn'})
+  hd:remove()
+  close(c2['blocks.2.inner.attn']:select(2, 3), torch.zeros(2, 16), 0, 'a zeroed query row attends to nothing')
+end)
+
 test('run_with_cache: text through a tokenizer, stack, heads, memory, attention map', function()
   local m = tiny()
   local corpus = data.from_string('abcdefghijklm', {tokenizer = 'char'})

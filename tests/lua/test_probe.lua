@@ -16,10 +16,11 @@ test('capture records module outputs by dotted name, filtered by globs', functio
   local ids = torch.randint(1, 21, {2, 8})
   local cap, logits = probe.capture(m, {filter = {'blocks.*', '*.pattern'}}, function() return m(ids) end)
   -- a glob takes the hook points below too (the RMSNorm's scale, the residual's resid_pre)
-  eq(keys(cap), {'blocks.1', 'blocks.1.inner', 'blocks.1.inner.attn', 'blocks.1.inner.attn.pattern', 'blocks.1.inner.norm',
-    'blocks.1.inner.norm.normalized', 'blocks.1.inner.norm.scale', 'blocks.1.resid_post', 'blocks.1.resid_pre',
-    'blocks.2', 'blocks.2.inner', 'blocks.2.inner.attn', 'blocks.2.inner.attn.pattern', 'blocks.2.inner.norm',
-    'blocks.2.inner.norm.normalized', 'blocks.2.inner.norm.scale', 'blocks.2.resid_post', 'blocks.2.resid_pre'})
+  eq(keys(cap), {'blocks.1', 'blocks.1.inner', 'blocks.1.inner.attn', 'blocks.1.inner.attn.pattern', 'blocks.1.inner.attn.scores',
+    'blocks.1.inner.attn.z', 'blocks.1.inner.norm', 'blocks.1.inner.norm.normalized', 'blocks.1.inner.norm.scale',
+    'blocks.1.resid_post', 'blocks.1.resid_pre', 'blocks.2', 'blocks.2.inner', 'blocks.2.inner.attn', 'blocks.2.inner.attn.pattern',
+    'blocks.2.inner.attn.scores', 'blocks.2.inner.attn.z', 'blocks.2.inner.norm', 'blocks.2.inner.norm.normalized',
+    'blocks.2.inner.norm.scale', 'blocks.2.resid_post', 'blocks.2.resid_pre'})
   eq(logits:size(), {2, 8, 20}, 'fn results come back')
   -- the recorded values are the real intermediate values
   local x0 = m.embed(ids)
@@ -32,7 +33,7 @@ test('capture records module outputs by dotted name, filtered by globs', functio
     eq(rawget(mod, '_probe'), nil)
     eq(rawget(mod, '_hooks'), nil)
   end
-  eq(#probe.names(m), 23, '15 module outputs and patterns, and 8 hook points')
+  eq(#probe.names(m), 27, '13 module outputs, and 14 hook points (attention: scores, pattern, z; norm; residual)')
 end)
 
 test('grad = true captures activation gradients', function()
@@ -188,7 +189,7 @@ test('a block whose removal costs almost nothing is a passenger; unknown plot co
   local b = autopsy.run(m, {ids, y}, {thresholds = {passenger = 0, passenger_grad = 0, passenger_removal = cost + 1e-6}})
   eq(b.rows[2].verdict, 'passenger', ('removing it costs %.3g of the loss'):format(cost))
   assert(tostring(b):find('removing it costs < ', 1, true), 'the rule is printed')
-  raises(function() a:plot('nonsense') end, "test_probe.lua:191: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
+  raises(function() a:plot('nonsense') end, "test_probe.lua:192: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
     .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, removal_loss, gate_grad, gate_identity)")
 end)
 

@@ -11,4 +11,6 @@ a:report(out)
 local expected = {'Loss', 'Gradient norm: parameter', 'Activation std of each layer over training', 'Gradient norm per row',
   'Effective rank per layer', 'Effective rank of each weight', 'Attention entropy per layer', 'Attention entropy: layer x head',
   'Activation std per layer', 'Logit lens', 'Loss with each layer removed', 'Attention patterns'}
+-- and every head's attention map with its tokens: 3 layers x 2 heads
+for l = 1, 3 do for h = 1, 2 do expected[#expected + 1] = ('blocks.%d head %d'):format(l, h) end end
 print(#expected)
