@@ -35,13 +35,18 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+// nlohmann's message without its "[json.exception.type_error.302] " prefix.
+std::string json_message(const json::exception& e) {
+  std::string what = e.what();
+  if (auto close = what.find("] "); what.rfind("[json.exception", 0) == 0 && close != std::string::npos) what = what.substr(close + 2);
+  return what;
+}
+
 json parse_json(const std::string& path) {
   try {
     return json::parse(read_file(path));
   } catch (const json::exception& e) {
-    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 1, column 11: ..."
-    if (auto close = what.find("] "); what.rfind("[json.exception", 0) == 0 && close != std::string::npos) what = what.substr(close + 2);
-    throw TokenizerError("'" + path + "' is not valid JSON: " + what);
+    throw TokenizerError("'" + path + "' is not valid JSON: " + json_message(e));
   }
 }
 
@@ -129,6 +134,18 @@ std::string valid_utf8(const std::string& s) {
   return out;
 }
 
+// A token id from the file: an integer from 0 up to a bound that keeps the
+// id -> token table the size of the vocabulary (ids are dense in every
+// tokenizer.json; a stray 10^18 would ask for an exabyte).
+int64_t token_id(const json& v, const std::string& where, size_t entries) {
+  const int64_t bound = static_cast<int64_t>(2 * entries) + (1 << 16);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(bound)))
+    throw TokenizerError(where + ": the id " + v.dump() + " is not an integer in 0.." + std::to_string(bound - 1));
+  int64_t id = v.get<int64_t>();
+  if (id < 0 || id >= bound) throw TokenizerError(where + ": the id " + v.dump() + " is not an integer in 0.." + std::to_string(bound - 1));
+  return id;
+}
+
 bool flag(const json& j, const char* key, bool fallback) {
   auto it = j.find(key);
   return it == j.end() || it->is_null() ? fallback : it->get<bool>();
@@ -204,7 +221,7 @@ std::unique_ptr<Tokenizer> BpeTokenizer::for_corpus(std::shared_ptr<const BpeTok
 BpeTokenizer::BpeTokenizer() = default;
 BpeTokenizer::~BpeTokenizer() = default;
 
-std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::string& path) {
+std::unique_ptr<BpeTokenizer> BpeTokenizer::read_tokenizer_json(const std::string& path) {
   json j = parse_json(path);
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
   auto where = [&](const std::string& key) { return "'" + path + "': " + key; };
@@ -254,7 +271,10 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
   if (t->prepend_ == Prepend::always && t->space_.empty())
     throw TokenizerError(where("normalizer") + ": a Prepend without a Replace of spaces by the same character is not supported");
 
-  for (const auto& [token, id] : model.at("vocab").items()) t->vocab_[token] = id.get<int64_t>();
+  if (!model.contains("vocab") || !model["vocab"].is_object()) throw TokenizerError(where("model.vocab") + " must be an object of token -> id");
+  if (!model.contains("merges") || !model["merges"].is_array()) throw TokenizerError(where("model.merges") + " must be a list");
+  const size_t entries = model["vocab"].size() + j.value("added_tokens", json::array()).size();
+  for (const auto& [token, id] : model.at("vocab").items()) t->vocab_[token] = token_id(id, where("model.vocab '" + token + "'"), entries);
   int rank = 0;
   for (const auto& m : model.at("merges")) {
     std::string key = m.is_string() ? m.get<std::string>() : m.at(0).get<std::string>() + " " + m.at(1).get<std::string>();
@@ -329,7 +349,15 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
       } else if (kind == "Fuse") {
         s.kind = Kind::fuse;
       } else if (kind == "Strip") {
-        s = {Kind::strip, d.value("content", " "), "", d.value("start", 0), d.value("stop", 0)};
+        auto count = [&](const char* key) {  // how many characters Strip takes at one end: a small integer
+          auto it = d.find(key);
+          if (it == d.end() || it->is_null()) return 0;
+          if (!it->is_number_integer() || (it->is_number_unsigned() && it->get<uint64_t>() > 1000) ||
+              it->get<int64_t>() < 0 || it->get<int64_t>() > 1000)
+            throw TokenizerError(where(std::string("decoder Strip.") + key) + " must be an integer in 0..1000, got " + it->dump());
+          return static_cast<int>(it->get<int64_t>());
+        };
+        s = {Kind::strip, d.value("content", " "), "", count("start"), count("stop")};
         if (utf8_chars(s.from).size() != 1) throw TokenizerError(where("decoder Strip.content") + " must be one character");
       } else if (kind == "Metaspace") {
         s = {Kind::metaspace, d.value("replacement", std::string(kSpace)), "", 0, 0};
@@ -351,7 +379,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
   for (const auto& a : j.value("added_tokens", json::array())) {
     if (flag(a, "single_word", false))
       throw TokenizerError(where("added_tokens") + ": '" + a.value("content", "") + "' has single_word; not supported");
-    t->added_.push_back({a.at("content").get<std::string>(), a.at("id").get<int64_t>(), flag(a, "special", false),
+    t->added_.push_back({a.at("content").get<std::string>(), token_id(a.at("id"), where("added_tokens"), entries), flag(a, "special", false),
                          flag(a, "lstrip", false), flag(a, "rstrip", false)});
   }
 
@@ -367,7 +395,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
       }
       std::string name = piece.at("SpecialToken").at("id").get<std::string>();
       const json& ids = tp.at("special_tokens").at(name).at("ids");
-      for (const auto& id : ids) (before ? t->prefix_ : t->suffix_).push_back(id.get<int64_t>() + 1);
+      for (const auto& id : ids) (before ? t->prefix_ : t->suffix_).push_back(token_id(id, where("post_processor"), entries) + 1);
     }
   };
   std::string post_type = post.is_null() ? "none" : post.value("type", "?");
@@ -516,11 +544,11 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_sentencepiece_model(const std::
   return t;
 }
 
-std::unique_ptr<BpeTokenizer> BpeTokenizer::from_vocab_merges(const std::string& vocab_json, const std::string& merges_txt) {
+std::unique_ptr<BpeTokenizer> BpeTokenizer::read_vocab_merges(const std::string& vocab_json, const std::string& merges_txt) {
   json v = parse_json(vocab_json);
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
   if (!v.is_object()) throw TokenizerError("'" + vocab_json + "' is not an object of token -> id");
-  for (const auto& [token, id] : v.items()) t->vocab_[token] = id.get<int64_t>();
+  for (const auto& [token, id] : v.items()) t->vocab_[token] = token_id(id, "'" + vocab_json + "': token '" + token + "'", v.size());
   std::istringstream merges(read_file(merges_txt));
   std::string line;
   int rank = 0;
@@ -554,6 +582,12 @@ void BpeTokenizer::finish_loading(const std::string& where) {
     special_[static_cast<size_t>(a.id)] = a.special;
   }
   std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+  // the template's special tokens must be tokens: encode puts them in every sequence
+  for (const auto* ids : {&prefix_, &suffix_})
+    for (int64_t id : *ids)
+      if (id < 1 || id > n || id_to_token_[static_cast<size_t>(id - 1)].empty())
+        throw TokenizerError("'" + where + "': post_processor: special token id " + std::to_string(id - 1) +
+                             " is neither in the vocabulary nor an added token");
 }
 
 int64_t BpeTokenizer::vocab_size() const { return static_cast<int64_t>(id_to_token_.size()); }
@@ -857,6 +891,25 @@ std::optional<int64_t> BpeTokenizer::token_to_id(const std::string& token) const
   for (const auto& a : added_)
     if (a.content == token) return a.id + 1;
   return std::nullopt;
+}
+
+// The readers above index the JSON as the format has it (at, get); a file
+// that is valid JSON of another layout (a key missing, a number where a
+// string belongs) is the same TokenizerError, naming the file and what broke.
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::string& path) {
+  try {
+    return read_tokenizer_json(path);
+  } catch (const json::exception& e) {
+    throw TokenizerError("'" + path + "' is not a tokenizer.json anatomy can read: " + json_message(e));
+  }
+}
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_vocab_merges(const std::string& vocab_json, const std::string& merges_txt) {
+  try {
+    return read_vocab_merges(vocab_json, merges_txt);
+  } catch (const json::exception& e) {
+    throw TokenizerError("'" + vocab_json + "' is not a vocab.json of token -> id: " + json_message(e));
+  }
 }
 
 }  // namespace anatomy::io

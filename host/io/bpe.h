@@ -74,6 +74,8 @@ class BpeTokenizer : public Tokenizer {
 
  private:
   BpeTokenizer();
+  static std::unique_ptr<BpeTokenizer> read_tokenizer_json(const std::string& path);
+  static std::unique_ptr<BpeTokenizer> read_vocab_merges(const std::string& vocab_json, const std::string& merges_txt);
   struct Regex;
   struct AddedToken {
     std::string content;

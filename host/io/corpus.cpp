@@ -159,7 +159,7 @@ std::string plugin_path() {
 
 const SpmApi& spm_api() {
   static SpmApi api = [] {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(ANATOMY_SANITIZE)  // gcc defines the first, clang neither
     throw std::runtime_error("SentencePiece is not available in a sanitizer build (its plugin needs RTLD_DEEPBIND, "
                              "which AddressSanitizer does not support)");
 #endif

@@ -109,7 +109,7 @@ int run(const anatomy::RuntimeOptions& options, const std::vector<Action>& actio
 // initialised. Sanitizer builds exit normally so that the leak checker runs.
 [[noreturn]] void leave(int code) {
   std::fflush(nullptr);
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(ANATOMY_SANITIZE)  // gcc defines the first, clang neither
   std::exit(code);
 #else
   std::_Exit(code);

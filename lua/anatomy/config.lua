@@ -4,7 +4,9 @@
 local config = {}
 
 -- config.parse(defaults, args, usage) -> a new table: defaults with the overrides applied.
--- --help prints usage and the defaults, then exits.
+-- --help prints usage and the defaults; then, when args is the script's own
+-- command line (the global arg), the script exits; any other table (a call
+-- from the REPL, say) gets the defaults back and the session goes on.
 function config.parse(defaults, args, usage)
   local out = {}
   for k, v in pairs(defaults) do out[k] = v end
@@ -15,7 +17,8 @@ function config.parse(defaults, args, usage)
       for k in pairs(defaults) do keys[#keys + 1] = k end
       table.sort(keys)
       for _, k in ipairs(keys) do print(('  --%s=%s'):format(k, tostring(defaults[k]))) end
-      os.exit(0)
+      if rawequal(args, rawget(_G, 'arg')) then os.exit(0) end
+      return out
     end
     local key, value = a:match('^%-%-([%w_]+)=(.*)$')
     if not key then error(("bad argument '%s' (expected --key=value)"):format(a), 0) end

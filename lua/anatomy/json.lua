@@ -103,7 +103,9 @@ function json.decode(text)
       elseif c:byte() < 32 then
         fail('control character in a string')
       else
-        local j = text:find('["\\%c]', pos) or #text + 1
+        -- the next quote, backslash or control character (below 32: DEL, which
+        -- %c also matches, is an ordinary character in JSON)
+        local j = text:find('["\\%z\1-\31]', pos) or #text + 1
         out[#out + 1] = text:sub(pos, j - 1)
         pos = j
       end

@@ -156,6 +156,39 @@ function train.load_checkpoint(path, model, opt)
 end
 
 
+-- train.read_metrics(path) -> {record, ...}: the JSON-lines log train.fit
+-- writes ({log = path}), one table a line. A last line cut short (a run
+-- killed mid-write) is skipped with a warning on stderr; any other line that
+-- is not a JSON object is an error naming the file and the line.
+function train.read_metrics(path)
+  if type(path) ~= 'string' then error(('train.read_metrics: path must be a string, got %s'):format(type(path)), 2) end
+  local f, err = io.open(path, 'rb')
+  if not f then error(('train.read_metrics: cannot open %s'):format(tostring(err)), 2) end
+  local text = f:read('*a')
+  f:close()
+  local json = require 'anatomy.json'
+  local records, n = {}, 0
+  local lines = {}
+  for line in text:gmatch('([^\n]*)\n') do lines[#lines + 1] = line end
+  local tail = text:match('[^\n]*$')
+  if tail ~= '' then lines[#lines + 1] = tail end
+  for i, line in ipairs(lines) do
+    if line:match('%S') then
+      local ok, rec = pcall(json.decode, line)
+      if ok and type(rec) == 'table' then
+        n = n + 1
+        records[n] = rec
+      elseif i == #lines and tail ~= '' then
+        io.stderr:write(('train.read_metrics: %s: the last line (%d) is cut short and was skipped\n'):format(path, i))
+      else
+        error(('train.read_metrics: %s: line %d is not a JSON object: %s'):format(path, i,
+          ok and type(rec) or tostring(rec):gsub('^[^:]*:%d+: ', '')), 2)
+      end
+    end
+  end
+  return records
+end
+
 local function format_time(seconds)
   seconds = math.max(0, math.floor(seconds + 0.5))
   if seconds >= 3600 then return ('%d:%02d:%02d'):format(seconds / 3600, seconds % 3600 / 60, seconds % 60) end

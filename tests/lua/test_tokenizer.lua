@@ -100,6 +100,36 @@ test('what it does not do is refused by name', function()
   os.execute("rmdir '" .. dir .. "'")
 end)
 
+-- Found by the tokenizer_json fuzz target (tests/fuzz): valid JSON of another
+-- layout escaped as nlohmann's exception (the process aborted there), and a
+-- template whose special token is no token made encode emit an id decode refused.
+test('a tokenizer.json of another layout, or whose template names no token, is refused at load', function()
+  local cases = {
+    {function(s) s.added_tokens[1].content = nil end, "is not a tokenizer.json anatomy can read: key 'content' not found"},
+    {function(s) s.model.vocab = {1, 2} end, 'model.vocab must be an object of token -> id'},
+    {function(s) s.added_tokens[1].id = 'x' end, 'added_tokens: the id "x" is not an integer in 0..'},
+    {function(s) s.model.vocab.a = 5.5e85 end, "model.vocab 'a': the id 5.5e+85 is not an integer in 0.."},
+    {function(s)
+      s.pre_tokenizer = {type = 'Metaspace', replacement = '_', prepend_scheme = 'first', split = false}
+      s.decoder = {type = 'Strip', content = ' ', start = 1.2e20, stop = 0}
+    end, 'decoder Strip.start must be an integer in 0..1000, got 1.2e+20'},
+    {function(s) s.model.vocab.a = 1e18 end, "model.vocab 'a': the id 1e+18 is not an integer in 0.."},
+    {function(s)
+      s.post_processor = end_first_template
+      s.post_processor = {type = 'TemplateProcessing', single = {{SpecialToken = {id = '<x>', type_id = 0}}, {Sequence = {id = 'A', type_id = 0}}},
+        pair = {}, special_tokens = {['<x>'] = {id = '<x>', ids = {999}, tokens = {'<x>'}}}}
+    end, 'post_processor: special token id 999 is neither in the vocabulary nor an added token'},
+  }
+  for _, c in ipairs(cases) do
+    local spec = base_spec()
+    c[1](spec)
+    local path = write_tokenizer(spec)
+    local ok, err = pcall(data.tokenizer, path)
+    os.remove(path)
+    assert(not ok and tostring(err):find(c[2], 1, true), tostring(err))
+  end
+end)
+
 test('a corpus read with the tokenizer: ids without the template, decoded back to the text', function()
   local spec = base_spec()
   spec.post_processor = end_first_template

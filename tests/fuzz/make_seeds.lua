@@ -1,0 +1,77 @@
+-- Seed corpora for the libFuzzer targets, from valid files made the way the
+-- tests make them:  anatomy tests/fuzz/make_seeds.lua OUT_DIR
+-- OUT_DIR/<target>/ gets a few inputs each target must load.
+local out = assert(arg[1], 'usage: make_seeds.lua OUT_DIR')
+local json = require 'anatomy.json'
+local function dir(name) os.execute("mkdir -p '" .. out .. '/' .. name .. "'"); return out .. '/' .. name .. '/' end
+local function put(path, bytes) local f = assert(io.open(path, 'wb')); f:write(bytes); f:close() end
+local function slurp(path) local f = assert(io.open(path, 'rb')); local s = f:read('*a'); f:close(); return s end
+
+-- safetensors: several dtypes, an empty tensor, metadata
+local st = dir('safetensors')
+torch.manual_seed(0)
+local tmp = os.tmpname()
+torch.save_safetensors(tmp, {a = torch.randn(2, 3), b = torch.arange(5):long(), c = torch.zeros(0, 4)}, {note = 'seed'})
+put(st .. 'mixed', slurp(tmp))
+torch.save_safetensors(tmp, {w = torch.randn(4, 4):to('float16'), flag = torch.ones(3):bool()})
+put(st .. 'half_bool', slurp(tmp))
+torch.save_safetensors(tmp, {x = torch.tensor(3.5)})
+put(st .. 'scalar', slurp(tmp))
+os.remove(tmp)
+
+-- tokenizer.json: byte-level (GPT-2's layout) and SentencePiece-style
+local tj = dir('tokenizer_json')
+local vocab, n = {}, 0
+for _, t in ipairs{'a', 'b', 'c', 'h', 'e', 'l', 'o', '!', 'Ġ', 'Ċ', '1', '2', '3'} do vocab[t] = n; n = n + 1 end
+for _, t in ipairs{'he', 'll', 'hell', 'hello', 'Ġhello'} do vocab[t] = n; n = n + 1 end
+put(tj .. 'byte_level.json', json.encode{version = '1.0',
+  added_tokens = {{id = n, content = '<|endoftext|>', special = true, lstrip = false, rstrip = false, single_word = false, normalized = false}},
+  normalizer = json.null, pre_tokenizer = {type = 'ByteLevel', add_prefix_space = false, use_regex = true},
+  post_processor = json.null, decoder = {type = 'ByteLevel'},
+  model = {type = 'BPE', dropout = json.null, unk_token = json.null, fuse_unk = false, byte_fallback = false,
+    vocab = vocab, merges = {'h e', 'l l', 'he ll', 'hell o', 'Ġ hello'}}})
+local sp, m = {['<unk>'] = 0, ['<s>'] = 1, ['</s>'] = 2}, 3
+for b = 0, 255 do sp[('<0x%02X>'):format(b)] = m; m = m + 1 end
+for _, t in ipairs{'▁', 'h', 'e', 'l', 'o', '▁h', 'll', '▁he', 'llo', '▁hello'} do sp[t] = m; m = m + 1 end
+put(tj .. 'sentencepiece_style.json', json.encode{version = '1.0',
+  added_tokens = {{id = 1, content = '<s>', special = true, lstrip = false, rstrip = false, single_word = false, normalized = false}},
+  normalizer = json.null, pre_tokenizer = {type = 'Metaspace', replacement = '▁', prepend_scheme = 'first', split = false},
+  post_processor = {type = 'TemplateProcessing', single = {{SpecialToken = {id = '<s>', type_id = 0}}, {Sequence = {id = 'A', type_id = 0}}},
+    pair = {}, special_tokens = {['<s>'] = {id = '<s>', ids = {1}, tokens = {'<s>'}}}},
+  decoder = {type = 'Sequence', decoders = {{type = 'Replace', pattern = {String = '▁'}, content = ' '}, {type = 'ByteFallback'},
+    {type = 'Fuse'}, {type = 'Strip', content = ' ', start = 1, stop = 0}}},
+  model = {type = 'BPE', dropout = json.null, unk_token = '<unk>', fuse_unk = true, byte_fallback = true,
+    vocab = sp, merges = {'▁ h', 'l l', '▁h e', 'll o', '▁he llo'}}})
+
+-- tokenizer.model: a SentencePiece BPE model, protobuf by hand
+local tm = dir('tokenizer_model')
+local function varint(v)
+  local o = {}
+  repeat
+    local b = v % 128
+    v = math.floor(v / 128)
+    o[#o + 1] = string.char(v > 0 and b + 128 or b)
+  until v == 0
+  return table.concat(o)
+end
+local function field(k, bytes) return varint(k * 8 + 2) .. varint(#bytes) .. bytes end
+local pieces = {{'<unk>', 2}, {'<s>', 3}, {'</s>', 3}, {'<0xC3>', 6}, {'<0xA9>', 6}, {'▁', 1}, {'h', 1}, {'e', 1}, {'l', 1},
+  {'o', 1}, {'▁h', 1}, {'ll', 1}, {'he', 1}, {'▁he', 1}, {'llo', 1}, {'▁hello', 1}, {'<|user|>', 4}}
+local proto = {}
+for _, p in ipairs(pieces) do proto[#proto + 1] = field(1, field(1, p[1]) .. varint(3 * 8) .. varint(p[2])) end
+proto[#proto + 1] = field(2, varint(3 * 8) .. varint(2))
+put(tm .. 'bpe.model', table.concat(proto))
+
+-- rationals
+local ra = dir('rational')
+for i, s in ipairs{'3/2', '-7', ' 1/10 ', '0', '123456789012345678901234567890/7', '-0/5'} do put(ra .. i, s) end
+
+-- the Lua readers: a GPT-2 config.json, metrics lines, script arguments
+local lr = dir('lua_readers')
+put(lr .. 'gpt2_config.json', json.encode{model_type = 'gpt2', vocab_size = 20, n_positions = 8, n_embd = 8, n_layer = 1, n_head = 2})
+put(lr .. 'llama_config.json', json.encode{model_type = 'llama', vocab_size = 20, hidden_size = 8, intermediate_size = 12,
+  num_hidden_layers = 1, num_attention_heads = 2, num_key_value_heads = 1, rope_theta = 10000,
+  rope_scaling = {rope_type = 'llama3', factor = 8, low_freq_factor = 1, high_freq_factor = 4, original_max_position_embeddings = 64}})
+put(lr .. 'metrics.jsonl', '{"step": 1, "loss": 2.5, "lr": 0.001}\n{"step": 2, "loss": 2.4, "lr": 0.001}\n')
+put(lr .. 'args', '--steps=5\n--lr=0.01\n--name=abc\n--flag=true\n')
+print(('seeds written to %s'):format(out))
