@@ -33,6 +33,12 @@ int64_t check_integer(lua_State* L, int idx) {
     std::snprintf(buf, sizeof buf, "integer expected, got %.14g", v);
     throw ArgError(idx, buf);
   }
+  // a double at or past 2^63 has no int64 (the conversion would wrap, or worse)
+  if (v < -9223372036854775808.0 || v >= 9223372036854775808.0) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "integer out of range (-2^63 .. 2^63 - 1), got %.14g", v);
+    throw ArgError(idx, buf);
+  }
   return static_cast<int64_t>(v);
 }
 
@@ -102,6 +108,8 @@ std::vector<int64_t> check_sizes(lua_State* L, int start, int* next) {
       double v = lua_tonumber(L, -1);
       lua_pop(L, 1);
       if (v != std::floor(v)) throw ArgError(start, "sizes must be integers (entry " + std::to_string(k) + " is not)");
+      if (!(v > -9223372036854775808.0 && v < 9223372036854775808.0))
+        throw ArgError(start, "sizes must be integers below 2^63 (entry " + std::to_string(k) + " is not)");
       sizes.push_back(static_cast<int64_t>(v));
     }
     i = start + 1;

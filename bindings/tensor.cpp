@@ -225,8 +225,20 @@ int tensor_newindex(lua_State* L) {
       // identity (what an optimizer or a module holds), as in PyTorch.
       t.set_data(check_tensor(L, 3));
     } else if (k == "grad") {
-      if (lua_isnil(L, 3)) t.mutable_grad() = at::Tensor();
-      else t.mutable_grad() = check_tensor(L, 3);
+      if (lua_isnil(L, 3)) {
+        t.mutable_grad() = at::Tensor();
+      } else {
+        // PyTorch's rules: a gradient of the tensor's own shape, dtype and
+        // device, and not the tensor itself
+        const at::Tensor& g = check_tensor(L, 3);
+        if (g.is_same(t)) throw ArgError(3, "a tensor cannot be its own grad");
+        if (g.sizes() != t.sizes())
+          throw ArgError(3, "grad has shape " + shape_string(g.sizes()) + ", the tensor " + shape_string(t.sizes()));
+        if (g.scalar_type() != t.scalar_type() || g.device() != t.device())
+          throw ArgError(3, std::string("grad is ") + dtype_name(g.scalar_type()) + " on " + g.device().str() + ", the tensor " +
+                                dtype_name(t.scalar_type()) + " on " + t.device().str());
+        t.mutable_grad() = g;
+      }
     } else {
       throw CallError("cannot set field '" + k + "' of a Tensor (settable: requires_grad, grad, data)");
     }

@@ -54,7 +54,8 @@ void check_reshape(const at::Tensor& t, const std::vector<int64_t>& sizes, int a
   for (int64_t s : sizes) {
     if (s == -1) ++infer;
     else if (s < 0) throw ArgError(arg, "invalid size " + std::to_string(s));
-    else known *= s;
+    else if (__builtin_mul_overflow(known, s, &known))
+      throw ArgError(arg, "shape " + shape_string(sizes) + " has more elements than an int64 can count");
   }
   bool ok = infer == 0 ? known == t.numel() : (infer == 1 && known != 0 && t.numel() % known == 0);
   if (!ok)

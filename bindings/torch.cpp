@@ -46,6 +46,9 @@ void read_nested(lua_State* L, int idx, size_t depth, NestedData& out, int arg) 
   if (type != LUA_TTABLE)
     throw ArgError(arg, "nested table of numbers expected, found " + type_name(L, idx) + " at depth " +
                             std::to_string(depth + 1));
+  // a tensor has at most 64 dimensions; deeper is a table that holds itself
+  // (this walk would overflow the C stack)
+  if (depth >= 64) throw ArgError(arg, "nested table deeper than 64 levels (a table that contains itself?)");
   int64_t n = static_cast<int64_t>(lua_objlen(L, idx));
   if (depth == out.shape.size()) {
     if (!out.values.empty())

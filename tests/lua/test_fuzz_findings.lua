@@ -41,4 +41,51 @@ test('train.read_metrics skips a last line cut short and refuses a bad line else
   raises(function() train.read_metrics(path) end, ('train.read_metrics: cannot open %s: No such file or directory'):format(path))
 end)
 
+-- lua_api (seed 4): a table that contains itself, given to torch.tensor,
+-- recursed until the C stack overflowed (SIGSEGV: the session was gone).
+test('torch.tensor of a table that contains itself is an error', function()
+  local t = {}
+  t[1] = t
+  raises(function() torch.tensor(t) end, "bad argument #1 to 'tensor' (nested table deeper than 64 levels (a table that contains itself?))")
+  local deep = {}
+  local d = deep
+  for _ = 1, 100 do d[1] = {}; d = d[1] end
+  raises(function() torch.tensor(deep) end, "bad argument #1 to 'tensor' (nested table deeper than 64 levels (a table that contains itself?))")
+end)
+
+-- lua_api (seed 3): nn.sinkhorn with 2^53 iterations ran for ever.
+test('nn.sinkhorn takes a bounded number of iterations', function()
+  raises(function() nn.sinkhorn(torch.zeros(2, 2), 2 ^ 53) end, 'nn.sinkhorn: iters must be an integer in 0..100000, got 9.007199254741e+15')
+  raises(function() nn.sinkhorn({}, 3) end, 'nn.sinkhorn: logits must be a Tensor, got table')
+  local m = nn.sinkhorn(torch.zeros(2, 2), 3)
+  eq(m:sum(1):tolist(), {1, 1})
+end)
+
+-- lua_api under UBSan (seeds 2-4): a number at or past 2^63 where an integer
+-- is expected was converted to int64 regardless (undefined; it wrapped).
+test('an integer argument past 2^63 is an error, not a wrapped value', function()
+  raises(function() torch.ones(2 ^ 64) end, "bad argument #1 to 'ones' (integer out of range (-2^63 .. 2^63 - 1), got 1.844674407371e+19)")
+  raises(function() torch.zeros(3, 3):triu(2 ^ 63) end, "bad argument #1 to 'triu' (integer out of range (-2^63 .. 2^63 - 1), got 9.2233720368548e+18)")
+  raises(function() torch.zeros({2 ^ 63}) end, "bad argument #1 to 'zeros' (sizes must be integers below 2^63 (entry 1 is not))")
+  eq(torch.zeros(3, 3):triu(2 ^ 62):size(), {3, 3})
+end)
+
+-- Misuse accepted silently: x.grad took a tensor of another shape, or x itself.
+test('x.grad takes a gradient of x\'s shape, dtype and device only', function()
+  local w = torch.randn(3):requires_grad_()
+  raises(function() w.grad = torch.randn(5) end, "bad argument #3 to '__newindex' (grad has shape 5, the tensor 3)")
+  raises(function() w.grad = w end, "bad argument #3 to '__newindex' (a tensor cannot be its own grad)")
+  raises(function() w.grad = torch.ones(3):double() end, "bad argument #3 to '__newindex' (grad is float64 on cpu, the tensor float32 on cpu)")
+  w.grad = torch.ones(3)
+  eq(w.grad:sum():item(), 3)
+  w.grad = nil
+  eq(w.grad, nil)
+end)
+
+-- lua_api under UBSan (seed 15): reshape's element count overflowed int64.
+test('a reshape to more elements than int64 can count is an error', function()
+  raises(function() torch.zeros(3, 2):reshape(2 ^ 53, 1000000) end,
+    "bad argument #1 to 'reshape' (shape 9007199254740992x1000000 has more elements than an int64 can count)")
+end)
+
 H.done()

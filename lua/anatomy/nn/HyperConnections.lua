@@ -45,6 +45,10 @@ end
 
 -- Sinkhorn–Knopp: alternately normalise rows and columns of a positive matrix.
 function nn.sinkhorn(logits, iters)
+  if not torch.is_tensor(logits) then error(('nn.sinkhorn: logits must be a Tensor, got %s'):format(type(logits)), 2) end
+  if type(iters) ~= 'number' or iters % 1 ~= 0 or iters < 0 or iters > 100000 then
+    error(('nn.sinkhorn: iters must be an integer in 0..100000, got %s'):format(tostring(iters)), 2)
+  end
   local m = logits:exp()
   for _ = 1, iters do
     m = m / m:sum(2, true)   -- rows sum to 1

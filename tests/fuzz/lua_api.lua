@@ -1,0 +1,182 @@
+-- A random-call fuzzer of the Lua API, run by anatomy itself (the sanitizer
+-- build, scripts/fuzz --lua):
+--   anatomy tests/fuzz/lua_api.lua [--calls=N] [--seed=S] [--log=PATH] [--verbose=true]
+-- It enumerates at run time every function the library exports (torch.*,
+-- tensor methods and operators, nn blocks, optim, probe, patching, data,
+-- train, text, exact, metrics, models and the methods of the userdata they
+-- return), so a new binding is fuzzed without editing this file, and calls
+-- them in random order with arguments drawn from a typed pool: tensors of
+-- every dtype, 0-dim, empty, non-contiguous, expanded, NaN/Inf, int64
+-- extremes; numbers 0, -1, 0.5, 2^53, nan, inf, huge; strings empty, long,
+-- invalid UTF-8, paths that do not exist; nil, booleans, tables empty,
+-- nested, cyclic; functions that error; results of earlier calls. Every call
+-- runs under pcall. The rule: a Lua error must carry a message; anything
+-- that ends the process (a crash, an abort, a sanitizer report) is a
+-- finding, and the log (each call written and flushed before it runs) says
+-- which call it was: rerun with the same --seed to reproduce it.
+local cfg = torch.config.parse({calls = 10000, seed = 1, log = '', verbose = false}, arg)
+local seed = cfg.seed
+math.randomseed(seed)
+torch.manual_seed(seed)
+
+-- What is never called: what ends or blocks the process, writes outside the
+-- scratch folder, or runs for as long as it is asked to (training loops,
+-- experiments: their arguments are sizes the fuzzer would make astronomical).
+local skip = {
+  ['torch.cuda'] = true, ['torch.config.parse'] = false,
+  ['train.fit'] = true, ['autopsy.run'] = true, ['experiment'] = true, ['patching.run'] = true, ['help'] = true,
+  ['torch.set_num_threads'] = true, ['torch._native.with_trusted_ids'] = true, ['torch._native.without_init'] = true,
+  ['models.from_pretrained'] = true, ['exact'] = true, ['torch._exact'] = true, ['data.text'] = true,
+  ['torch.repl'] = true, ['torch._repl'] = true,
+}
+local function skipped(name)
+  for prefix, on in pairs(skip) do
+    if on and (name == prefix or name:sub(1, #prefix + 1) == prefix .. '.') then return true end
+  end
+  return name:find('save') ~= nil or name:find('write') ~= nil or name:find('report') ~= nil or name:find('json') ~= nil
+    or name:find('exit') ~= nil or name:find('sleep') ~= nil or name:find('interrupt') ~= nil
+end
+
+-- the functions, by name
+local fns, names = {}, {}
+local function add(name, f)
+  if type(f) == 'function' and not skipped(name) and not fns[name] then
+    fns[name] = f
+    names[#names + 1] = name
+  end
+end
+local function walk(prefix, t, depth, seen)
+  if depth > 2 or seen[t] then return end
+  seen[t] = true
+  for k, v in pairs(t) do
+    if type(k) == 'string' and not k:match('^__') then
+      local name = prefix .. '.' .. k
+      if type(v) == 'function' then add(name, v)
+      elseif type(v) == 'table' and getmetatable(v) == nil then walk(name, v, depth + 1, seen) end
+    end
+  end
+end
+for _, root in ipairs{'torch', 'nn', 'optim', 'probe', 'patching', 'data', 'train', 'text', 'models'} do
+  walk(root, _G[root], 0, {})
+end
+local tensor_methods = {}
+for k, v in pairs(torch.Tensor) do
+  if type(k) == 'string' and type(v) == 'function' and not skipped('Tensor.' .. k) then tensor_methods[#tensor_methods + 1] = k end
+end
+table.sort(names)
+table.sort(tensor_methods)
+
+-- the pool of arguments
+local scratch = os.tmpname()
+os.remove(scratch)
+os.execute("mkdir -p '" .. scratch .. "'")
+local function tensors()
+  local t = {
+    torch.randn(3, 4), torch.zeros(0), torch.tensor(2.5), torch.ones(2, 3):t(), torch.randn(4):expand(3, 4),
+    torch.arange(6):long(), torch.tensor({1, -1, 0}):int(), torch.ones(3):bool(), torch.randn(2, 2):to('float16'),
+    torch.randn(2, 2):double(), torch.tensor({0 / 0, 1 / 0, -1 / 0}), torch.tensor({9007199254740993}, {dtype = 'int64'}),
+    torch.randint(1, 5, {2, 3}), torch.randn(1, 1, 1, 1), torch.zeros(2, 0, 3), torch.randn(5, 5):narrow(2, 2, 2),
+  }
+  t[#t + 1] = torch.randn(3, 3):requires_grad_()
+  return t
+end
+local pool_tensors = tensors()
+local cyclic = {}
+cyclic[1] = cyclic
+cyclic.self = cyclic
+local deep = {}
+do local d = deep for _ = 1, 200 do d[1] = {} d = d[1] end end
+local scalars = {0, -1, 1, 2, 3, 0.5, -0.5, 2 ^ 53, -2 ^ 53, 2 ^ 63, 2 ^ 64, 1e12, 1e308, 0 / 0, 1 / 0, -1 / 0, 7, 1000000}
+local strings = {'', 'x', ('a'):rep(10000), '\255\254\253', 'float32', 'int64', 'cpu', 'cuda', 'mean', 'sum', 'relu',
+  scratch .. '/missing', '/no/such/file', scratch .. '/out.bin', '*', 'blocks.1', 'gelu', 'bfloat16', '3/2'}
+local results = {}  -- values earlier calls returned
+
+local function module_pool()
+  local ok, m = pcall(function() return models.gpt{vocab = 7, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8} end)
+  return ok and m or nil
+end
+local pool_model = module_pool()
+
+local function pick(list) return list[math.random(#list)] end
+local function arg_value(depth)
+  local r = math.random(100)
+  if r <= 30 then return pick(pool_tensors)
+  elseif r <= 50 then return pick(scalars)
+  elseif r <= 60 then return pick(strings)
+  elseif r <= 64 then return nil
+  elseif r <= 68 then return math.random(2) == 1
+  elseif r <= 72 then return {}
+  elseif r <= 76 then return {pick(scalars), pick(scalars)}
+  elseif r <= 78 then return cyclic
+  elseif r <= 79 then return deep
+  elseif r <= 82 then return function() error('an error from a callback') end
+  elseif r <= 84 then return function(x) return x end
+  elseif r <= 88 and pool_model then return pool_model
+  elseif r <= 92 and #results > 0 then return pick(results)
+  elseif r <= 96 and depth < 2 then return {dtype = pick(strings), dim = pick(scalars), keepdim = true, [1] = arg_value(depth + 1)}
+  end
+  return pick(scalars)
+end
+
+local log = cfg.log ~= '' and assert(io.open(cfg.log, 'w')) or nil
+local function describe(v)
+  if torch.is_tensor(v) then return ('Tensor(%s, %s)'):format(table.concat(v:size(), 'x'), v.dtype) end
+  if type(v) == 'string' then return ('%q'):format(#v > 40 and v:sub(1, 40) .. '...' or v) end
+  if type(v) == 'table' or type(v) == 'userdata' then
+    local mt = getmetatable(v)
+    return ('%s %s'):format(type(v), type(mt) == 'table' and rawget(mt, '__typename') or '')
+  end
+  return tostring(v)
+end
+
+local calls, errors, bad = 0, 0, 0
+local started = torch._now()
+for i = 1, cfg.calls do
+  local on_tensor = math.random(3) == 1
+  local name, f
+  if on_tensor then
+    name = 'Tensor:' .. pick(tensor_methods)
+  else
+    name = pick(names)
+    f = fns[name]
+  end
+  local nargs = math.random(0, 4)
+  local args = {}
+  for a = 1, nargs do args[a] = arg_value(0) end
+  local self
+  if on_tensor then self = math.random(5) == 1 and arg_value(0) or pick(pool_tensors) end
+  if log then
+    local parts = {}
+    for a = 1, nargs do parts[a] = describe(args[a]) end
+    log:write(('%d %s(%s%s)\n'):format(i, name, on_tensor and describe(self) .. (nargs > 0 and ', ' or '') or '', table.concat(parts, ', ')))
+    log:flush()
+  end
+  local ok, r = pcall(function()
+    if on_tensor then
+      local m = torch.is_tensor(self) and self[name:sub(8)] or nil
+      if type(m) ~= 'function' then error('not a method of this value') end
+      return m(self, unpack(args, 1, nargs))
+    end
+    return f(unpack(args, 1, nargs))
+  end)
+  calls = calls + 1
+  if not ok then
+    errors = errors + 1
+    if r == nil or (type(r) == 'string' and r == '') then
+      bad = bad + 1
+      print(('FINDING: call %d, %s, raised an error without a message (seed %d)'):format(i, name, seed))
+    end
+  elseif r ~= nil and #results < 200 and (torch.is_tensor(r) or type(r) == 'table' or type(r) == 'userdata') then
+    if not (torch.is_tensor(r) and r:numel() > 1e6) then results[#results + 1] = r end
+  end
+  if i % 500 == 0 then
+    collectgarbage()
+    pool_tensors = tensors()  -- in-place calls may have changed them
+    if #results > 100 then results = {} end
+  end
+  if cfg.verbose and i % 1000 == 0 then print(('%d calls, %d errors'):format(i, errors)) end
+end
+os.execute("rm -rf '" .. scratch .. "'")
+print(('lua_api: %d functions and %d tensor methods; %d calls (seed %d), %d Lua errors, %d without a message, %.1f s; the process survived'):format(
+  #names, #tensor_methods, calls, seed, errors, bad, torch._now() - started))
+os.exit(bad == 0 and 0 or 1)
