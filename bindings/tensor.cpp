@@ -109,7 +109,7 @@ int tensor_unm(lua_State* L) {
 
 int64_t entry_integer(lua_State* L, int idx, int k) {
   double v = lua_tonumber(L, idx);
-  if (lua_type(L, idx) != LUA_TNUMBER || v != std::floor(v))
+  if (lua_type(L, idx) != LUA_TNUMBER || v != std::floor(v) || !(v > -9223372036854775808.0 && v < 9223372036854775808.0))
     throw CallError("bad index entry " + std::to_string(k) + " (integer expected, got " +
                     (lua_type(L, idx) == LUA_TNUMBER ? std::to_string(v) : type_name(L, idx)) + ")");
   return static_cast<int64_t>(v);

@@ -88,4 +88,10 @@ test('a reshape to more elements than int64 can count is an error', function()
     "bad argument #1 to 'reshape' (shape 9007199254740992x1000000 has more elements than an int64 can count)")
 end)
 
+-- lua_api under UBSan (seed 55): an index entry past 2^63 (x[{2^64}]) was
+-- converted to int64 regardless.
+test('an index entry past 2^63 is an error', function()
+  raises(function() return torch.zeros(2, 2)[{2 ^ 64}] end, 'bad index entry 1 (integer expected, got 18446744073709551616.000000)')
+end)
+
 H.done()
