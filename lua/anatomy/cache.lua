@@ -1,7 +1,8 @@
--- The cache of probe.run_with_cache: every activation one forward published,
--- by name (module outputs and hook points), with the ids and each token's
--- text. cache['blocks.1.attn.pattern'] is a tensor; the methods below read
--- across layers and heads.
+-- probe.run_with_cache and its cache: every activation one forward
+-- published, by name (module outputs and hook points), with the ids and each
+-- token's text. cache['blocks.1.attn.pattern'] is a tensor; the methods below
+-- read across layers and heads.
+local probe = require 'anatomy.probe'
 local Cache = {}
 
 local methods = {}
@@ -11,8 +12,9 @@ Cache.__index = function(self, key)
   return rawget(self, '_tensors')[key]
 end
 
--- Each token's text: tok:decode of that one id (a BPE token's leading space
--- kept), for a tokenizer or a corpus; '#id' without one.
+-- Cache.token_texts(ids (B, T), tok) -> {{text, ...}, ...}: each token's text,
+-- tok:decode of that one id (a BPE token's leading space kept), for a
+-- tokenizer or a corpus; '#id' without one (the autopsy's maps use it too).
 local function token_texts(ids, tok)
   local rows = {}
   if ids.dtype ~= 'int64' or ids:dim() ~= 2 then return rows end
@@ -21,13 +23,15 @@ local function token_texts(ids, tok)
     for t = 1, ids:size(2) do
       local id = ids[b][t]:item()
       local ok, s = false, nil
-      if tok then ok, s = pcall(tok.decode, tok, torch.tensor({id}, {dtype = 'int64'})) end
+      if type(tok) == 'table' and tok.decode then ok, s = pcall(tok.decode, tok, torch.tensor({id}, {dtype = 'int64'})) end
       row[t] = ok and s or ('#' .. id)
     end
     rows[b] = row
   end
   return rows
 end
+
+Cache.token_texts = token_texts
 
 function Cache.new(model, tensors, order, ids, tok)
   tensors.grads = nil
@@ -113,7 +117,7 @@ function methods:heads(point, layer)
   local where = 'cache:heads'
   local name = in_layer(self, layer_name(self, layer, where), point, where)
   local t = self._tensors[name]
-  local d = require('anatomy.probe').layout(name).head
+  local d = probe.layout(name).head
   if not d then error(("%s: '%s' has no head dimension"):format(where, name), 2) end
   local order = {d}
   for i = 1, t:dim() do if i ~= d then order[#order + 1] = i end end
@@ -148,6 +152,56 @@ function Cache.__tostring(self)
     lines[#lines + 1] = ('  %-40s %s'):format(n, table.concat(self._tensors[n]:size(), 'x'))
   end
   return table.concat(lines, '\n')
+end
+
+-- input -> ids (B, T) int64 and the tokenizer used: ids (T) or (B, T) (a
+-- tensor of another dtype is passed on as it is); text,
+-- or a list of texts of one length in tokens, with opts.tokenizer or the
+-- model's own (models.from_pretrained sets model.tokenizer).
+function probe.to_ids(model, input, tokenizer, where)
+  tokenizer = tokenizer or rawget(model, 'tokenizer')
+  if torch.is_tensor(input) then
+    if input.dtype ~= 'int64' then return input, tokenizer end  -- a model that takes vectors: as it is
+    if input:dim() == 1 then input = input:unsqueeze(1) end
+    if input:dim() ~= 2 then error(('%s: ids must be (T) or (B, T), got %s'):format(where, table.concat(input:size(), 'x')), 3) end
+    return input, tokenizer
+  end
+  local texts = type(input) == 'string' and {input} or input
+  if type(texts) ~= 'table' or #texts == 0 then
+    error(('%s: input must be ids (a Tensor), a text or a list of texts, got %s'):format(where, type(input)), 3)
+  end
+  if tokenizer == nil then
+    error(('%s: a text needs a tokenizer: pass {tokenizer = tok} (a data.tokenizer or a corpus), or use a model from models.from_pretrained'):format(where), 3)
+  end
+  local rows = {}
+  for i, t in ipairs(texts) do
+    if type(t) ~= 'string' then error(('%s: input[%d] is a %s, not a string'):format(where, i, type(t)), 3) end
+    rows[i] = tokenizer:encode(t)
+    if rows[i]:size(1) ~= rows[1]:size(1) then
+      error(('%s: the texts are %d and %d tokens long; a batch needs one length'):format(where, rows[1]:size(1), rows[i]:size(1)), 3)
+    end
+  end
+  return torch.stack(rows, 1), tokenizer
+end
+
+-- probe.run_with_cache(model, input, {filter, grad = false, tokenizer}) ->
+-- output, cache. input: ids or text (probe.to_ids). cache[name] is every
+-- module output and hook point the filter matches (all of them without one),
+-- detached unless grad; cache.ids, cache.tokens[b][t] (each token's text),
+-- cache:stack('resid_post') (L, ...), cache:heads('pattern', layer),
+-- cache:memory(), cache:attention(layer, head) (lua/anatomy/cache.lua).
+function probe.run_with_cache(model, input, opts)
+  local where = 'probe.run_with_cache'
+  opts = require('anatomy.options').check(opts, {'filter', 'grad', 'tokenizer'}, where, 2)
+  local ids, tok = probe.to_ids(model, input, opts.tokenizer, where)
+  local capture, handle, order = probe.attach_capture(model, {filter = opts.filter, grad = opts.grad})
+  local ok, out = pcall(function()
+    if opts.grad then return model(ids) end
+    return torch.no_grad(function() return model(ids) end)
+  end)
+  handle:remove()
+  if not ok then error(out, 0) end
+  return out, Cache.new(model, capture, order, ids, tok)
 end
 
 return Cache

@@ -43,8 +43,10 @@ train = require 'anatomy.train'
 text = require 'anatomy.text'
 torch.config = require 'anatomy.config'
 probe = require 'anatomy.probe'
+require 'anatomy.interventions'  -- probe.ablate, probe.set, probe.patch
+require 'anatomy.cache'          -- probe.run_with_cache
+require 'anatomy.attribution'    -- probe.logit_attribution
 patching = require 'anatomy.patching'
-require 'anatomy.attribution'  -- probe.logit_attribution
 autopsy = require 'anatomy.autopsy'
 provenance = require 'anatomy.provenance'
 experiment = require 'anatomy.experiment'

@@ -20,10 +20,8 @@ local function token_id(v, tokenizer, where, what)
   end
   if type(v) ~= 'string' then error(('%s: %s must be a token id or a text, got %s'):format(where, what, type(v)), 4) end
   if not tokenizer then error(('%s: %s is text (%q); pass {tokenizer = tok} to turn it into an id'):format(where, what, v), 4) end
-  local ids = tokenizer.encode == nil and nil or tokenizer:encode(v, tokenizer._native and {add_special_tokens = false} or nil)
-  if ids == nil or ids:numel() ~= 1 then
-    error(('%s: %s (%q) is %d tokens, not one'):format(where, what, v, ids and ids:numel() or 0), 4)
-  end
+  local ids = tokenizer:encode(v, {add_special_tokens = false})  -- a corpus's encode takes the text alone
+  if ids:numel() ~= 1 then error(('%s: %s (%q) is %d tokens, not one'):format(where, what, v, ids:numel()), 4) end
   return ids[1]:item()
 end
 patching.token_id = token_id

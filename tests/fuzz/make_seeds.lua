@@ -2,6 +2,7 @@
 -- tests make them:  anatomy tests/fuzz/make_seeds.lua OUT_DIR
 -- OUT_DIR/<target>/ gets a few inputs each target must load.
 local out = assert(arg[1], 'usage: make_seeds.lua OUT_DIR')
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/../lua/?.lua;' .. package.path  -- tests/lua/spm_model.lua
 local json = require 'anatomy.json'
 local function dir(name) os.execute("mkdir -p '" .. out .. '/' .. name .. "'"); return out .. '/' .. name .. '/' end
 local function put(path, bytes) local f = assert(io.open(path, 'wb')); f:write(bytes); f:close() end
@@ -43,24 +44,9 @@ put(tj .. 'sentencepiece_style.json', json.encode{version = '1.0',
   model = {type = 'BPE', dropout = json.null, unk_token = '<unk>', fuse_unk = true, byte_fallback = true,
     vocab = sp, merges = {'▁ h', 'l l', '▁h e', 'll o', '▁he llo'}}})
 
--- tokenizer.model: a SentencePiece BPE model, protobuf by hand
+-- tokenizer.model: the SentencePiece BPE model the tests write (tests/lua/spm_model.lua)
 local tm = dir('tokenizer_model')
-local function varint(v)
-  local o = {}
-  repeat
-    local b = v % 128
-    v = math.floor(v / 128)
-    o[#o + 1] = string.char(v > 0 and b + 128 or b)
-  until v == 0
-  return table.concat(o)
-end
-local function field(k, bytes) return varint(k * 8 + 2) .. varint(#bytes) .. bytes end
-local pieces = {{'<unk>', 2}, {'<s>', 3}, {'</s>', 3}, {'<0xC3>', 6}, {'<0xA9>', 6}, {'▁', 1}, {'h', 1}, {'e', 1}, {'l', 1},
-  {'o', 1}, {'▁h', 1}, {'ll', 1}, {'he', 1}, {'▁he', 1}, {'llo', 1}, {'▁hello', 1}, {'<|user|>', 4}}
-local proto = {}
-for _, p in ipairs(pieces) do proto[#proto + 1] = field(1, field(1, p[1]) .. varint(3 * 8) .. varint(p[2])) end
-proto[#proto + 1] = field(2, varint(3 * 8) .. varint(2))
-put(tm .. 'bpe.model', table.concat(proto))
+put(tm .. 'bpe.model', require('spm_model').bytes())
 
 -- rationals
 local ra = dir('rational')

@@ -147,31 +147,11 @@ test('a corpus read with the tokenizer: ids without the template, decoded back t
   os.remove(path)
 end)
 
--- A SentencePiece model file written here, byte by byte (protocol buffers:
+-- A SentencePiece model file written byte by byte (tests/lua/spm_model.lua:
 -- ModelProto.pieces = 1 {piece = 1, score = 2, type = 3}, trainer_spec = 2
 -- {model_type = 3}), read as transformers' LlamaTokenizer reads it.
-local function varint(n)
-  local out = {}
-  repeat
-    local b = n % 128
-    n = math.floor(n / 128)
-    out[#out + 1] = string.char(n > 0 and b + 128 or b)
-  until n == 0
-  return table.concat(out)
-end
-local function field(number, bytes) return varint(number * 8 + 2) .. varint(#bytes) .. bytes end
-local SP = '\226\150\129'  -- U+2581
--- 0-based ids: 0 <unk>, 1 <s>, 2 </s>, 3 <0xC3>, 4 <0xA9>, 5 ▁, 6 h, 7 e, 8 l, 9 o, 10 ▁h, 11 ll, 12 he,
--- 13 ▁he, 14 llo, 15 ▁hello, 16 <|user|>. Merges, by the merged piece's id then the left part's length:
--- ▁ h (0), l l (1), h e (2), ▁ he (3), ▁h e (4), ll o (5), ▁he llo (6).
-local PIECES = {{'<unk>', 2}, {'<s>', 3}, {'</s>', 3}, {'<0xC3>', 6}, {'<0xA9>', 6}, {SP, 1}, {'h', 1}, {'e', 1}, {'l', 1},
-  {'o', 1}, {SP .. 'h', 1}, {'ll', 1}, {'he', 1}, {SP .. 'he', 1}, {'llo', 1}, {SP .. 'hello', 1}, {'<|user|>', 4}}
-local function spm_bytes(model_type, pieces)
-  local out = {}
-  for _, p in ipairs(pieces or PIECES) do out[#out + 1] = field(1, field(1, p[1]) .. varint(3 * 8) .. varint(p[2])) end
-  out[#out + 1] = field(2, varint(3 * 8) .. varint(model_type or 2))
-  return table.concat(out)
-end
+local spm = require 'spm_model'  -- the SentencePiece model written byte by byte (tests/lua/spm_model.lua)
+local SP, spm_bytes = spm.SP, spm.bytes
 local function spm_folder(bytes, config)
   local dir = os.tmpname()
   os.remove(dir)

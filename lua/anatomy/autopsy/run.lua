@@ -36,21 +36,10 @@ local function run(model, source, opts)
   local last
   local entropy_heads, patterns = {}, {}   -- of the last batch: per head, and (T, T) maps of the first sequence
   local maps, map_tokens = {}, nil           -- every head's map (H, T', T') of the first sequence, T' <= 32, and its tokens
-  -- each token's text (a tokenizer's or a corpus's decode of that id), '#id' without one
-  local function texts_of(ids)
-    local out = {}
-    for t = 1, ids:numel() do
-      local id = ids[t]:item()
-      local ok, s = false, nil
-      if type(source) == 'table' and source.decode then ok, s = pcall(source.decode, source, torch.tensor({id}, {dtype = 'int64'})) end
-      out[t] = ok and s or ('#' .. id)
-    end
-    return out
-  end
   local function keep_maps(name, pattern, ids)
     local T = math.min(pattern:size(3), 32)
     maps[name] = pattern[1]:narrow(2, 1, T):narrow(3, 1, T):float():clone()
-    map_tokens = texts_of(ids:narrow(1, 1, T))
+    map_tokens = require('anatomy.cache').token_texts(ids:narrow(1, 1, T):unsqueeze(1), source)[1]
   end
   local seen_batches = {}
   local missing = {}        -- column -> why it has no numbers (printed under the table)

@@ -42,12 +42,11 @@ local Block = nn.block('models.GPT2Block', function(self, s)
 end)
 models.GPT2Block = Block
 
-Block.hook_names = {'resid_pre', 'resid_mid', 'resid_post'}
+Block.hook_names = pretrained.resid_hooks
 
 function Block:forward(x)
-  x = self:hook('resid_pre', x)
-  x = self:hook('resid_mid', x + self.attn(self.ln_1(x)))
-  return self:hook('resid_post', x + self.mlp(self.ln_2(x)))
+  local y = pretrained.prenorm(self, x, self.attn, self.ln_1, self.mlp, self.ln_2)
+  return y
 end
 
 local GPT2 = nn.block('models.GPT2', function(self, s)

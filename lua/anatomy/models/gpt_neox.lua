@@ -43,15 +43,15 @@ end)
 models.GPTNeoXBlock = Block
 
 -- resid_mid only with the sequential residual (the parallel one has no stream between the two)
-Block.hook_names = {'resid_pre', 'resid_mid', 'resid_post'}
+Block.hook_names = pretrained.resid_hooks
 
 function Block:forward(x)
-  x = self:hook('resid_pre', x)
   if self.parallel then
+    x = self:hook('resid_pre', x)
     return self:hook('resid_post', x + self.attention(self.input_layernorm(x)) + self.mlp(self.post_attention_layernorm(x)))
   end
-  x = self:hook('resid_mid', x + self.attention(self.input_layernorm(x)))
-  return self:hook('resid_post', x + self.mlp(self.post_attention_layernorm(x)))
+  local y = pretrained.prenorm(self, x, self.attention, self.input_layernorm, self.mlp, self.post_attention_layernorm)
+  return y
 end
 
 function Block:extra_repr() return self.parallel and 'parallel residual' or 'sequential residual' end

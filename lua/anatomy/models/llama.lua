@@ -53,12 +53,11 @@ local Block = nn.block('models.LlamaBlock', function(self, s, i)
 end)
 models.LlamaBlock = Block
 
-Block.hook_names = {'resid_pre', 'resid_mid', 'resid_post'}
+Block.hook_names = pretrained.resid_hooks
 
 function Block:forward(x)
-  x = self:hook('resid_pre', x)
-  x = self:hook('resid_mid', x + self.self_attn(self.input_layernorm(x)))
-  return self:hook('resid_post', x + self.mlp(self.post_attention_layernorm(x)))
+  local y = pretrained.prenorm(self, x, self.self_attn, self.input_layernorm, self.mlp, self.post_attention_layernorm)
+  return y
 end
 
 local Llama = nn.block('models.Llama', function(self, s)

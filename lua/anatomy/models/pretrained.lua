@@ -22,6 +22,15 @@ models.pretrained = pretrained
 pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.llama', mistral = 'anatomy.models.llama',
   qwen2 = 'anatomy.models.llama', gpt_neox = 'anatomy.models.gpt_neox'}
 
+-- The families' pre-norm residual block, x + attn(ln1(x)), then + mlp(ln2(x)),
+-- publishing resid_pre, resid_mid and resid_post. Block.hook_names for it:
+pretrained.resid_hooks = {'resid_pre', 'resid_mid', 'resid_post'}
+function pretrained.prenorm(block, x, attn, ln1, mlp, ln2)
+  x = block:hook('resid_pre', x)
+  x = block:hook('resid_mid', x + attn(ln1(x)))
+  return block:hook('resid_post', x + mlp(ln2(x)))
+end
+
 -- What the families' models share (a decoder: embed, a stack of blocks, a
 -- final norm, a head tied to the token embedding or not), written once.
 -- names: the model's own names of its token embedding, stack, final norm and
