@@ -5,6 +5,7 @@
 
 #include "bindings/parts.h"
 #include "bindings/common.h"
+#include "host/io/durable.h"
 #include "host/runtime.h"
 
 #include <unistd.h>
@@ -48,7 +49,43 @@ int torch_cache_dir(lua_State* L) {
   return 1;
 }
 
+// torch._write_atomic(path, text) -> path: text written to a temporary file
+// beside path, fsynced, renamed into place, the folder fsynced (io::write_atomic)
+int torch_write_atomic(lua_State* L) {
+  std::string path = luaL_checkstring(L, 1);
+  size_t n;
+  const char* text = luaL_checklstring(L, 2, &n);
+  try {
+    io::write_atomic(path, text, n);
+  } catch (const io::WriteError& e) {
+    throw CallError(e.what());
+  }
+  lua_pushvalue(L, 1);
+  return 1;
+}
+
+// torch._sync_file(path): forces an appended file's data to disk
+int torch_sync_file(lua_State* L) {
+  std::string path = luaL_checkstring(L, 1);
+  try {
+    io::sync_file(path);
+  } catch (const io::WriteError& e) {
+    throw CallError(e.what());
+  }
+  return 0;
+}
+
+// torch._remove_stale_temporaries(path) -> n: removes the temporary files
+// that writers killed before their rename left beside path
+int torch_remove_stale_temporaries(lua_State* L) {
+  lua_pushinteger(L, io::remove_stale_temporaries(luaL_checkstring(L, 1)));
+  return 1;
+}
+
 const luaL_Reg functions[] = {
+    {"_remove_stale_temporaries", guarded<torch_remove_stale_temporaries>},
+    {"_write_atomic", guarded<torch_write_atomic>},
+    {"_sync_file", guarded<torch_sync_file>},
     {"_cache_dir", guarded<torch_cache_dir>},
     {"_now", guarded<torch_now>},
     {"_isatty", guarded<torch_isatty>},
@@ -58,7 +95,7 @@ const luaL_Reg functions[] = {
 
 }  // namespace
 
-/// Adds _now, _isatty, _compressed_size and _cache_dir to the torch table at index torch.
+/// Adds _now, _isatty, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
 void register_system(lua_State* L, int torch) {
   lua_pushvalue(L, torch);
   luaL_register(L, nullptr, functions);

@@ -1,6 +1,8 @@
 // safetensors reading and writing (see safetensors.h).
 #include "host/io/safetensors.h"
 
+#include "host/io/durable.h"
+
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -61,31 +63,21 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
 
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw SafetensorsError("cannot write " + in_quotes(path) + ": " + std::strerror(errno));
-  // Each step runs only while the ones before succeeded; the first failure's
-  // errno is the one reported.
-  int error = 0;
-  auto step = [&](bool ok) {
-    if (!ok && error == 0) error = errno ? errno : EIO;
-  };
   uint64_t n = text.size();
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  step(std::fwrite(len, 1, 8, f) == 8);
-  if (!error) step(std::fwrite(text.data(), 1, text.size(), f) == text.size());
-  for (const at::Tensor& t : data) {
-    size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-    if (!error && bytes > 0) step(std::fwrite(t.data_ptr(), 1, bytes, f) == bytes);
-  }
-  if (!error) step(std::fflush(f) == 0);
-  if (!error) step(fsync(fileno(f)) == 0);
-  step(std::fclose(f) == 0);
-  if (!error) step(std::rename(tmp.c_str(), path.c_str()) == 0);
-  if (error) {
-    std::remove(tmp.c_str());
-    throw SafetensorsError("cannot write " + in_quotes(path) + ": " + std::strerror(error));
+  try {
+    write_atomic(path, [&](Sink& sink) {
+      sink.write(len, 8);
+      sink.write(text.data(), text.size());
+      pause_mid_write();  // a test's kill lands here: the file is half written
+      for (const at::Tensor& t : data) {
+        size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+        if (bytes > 0) sink.write(t.data_ptr(), bytes);
+      }
+    });
+  } catch (const WriteError& e) {
+    throw SafetensorsError(e.what());
   }
 }
 

@@ -25,7 +25,8 @@ struct SafetensorsFile {
 };
 
 /// Writes tensors (in the given order) to a temporary file beside `path`,
-/// then renames it into place: an error never leaves a partial file.
+/// fsyncs it and renames it into place (io::write_atomic): an error or a kill
+/// never leaves a partial file at `path`.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

@@ -1,6 +1,7 @@
 -- fs: the few file operations the library needs, written once: whether a
 -- file exists, making a folder, reading a file, and writing one atomically
--- (a temporary file renamed into place, so no reader sees half a file).
+-- (a temporary file fsynced and renamed into place, so no reader sees half a
+-- file, even after a kill -9 or a power cut).
 local fs = {}
 
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
@@ -39,25 +40,25 @@ function fs.read(path)
   return s
 end
 
--- fs.write_atomic(path, text) -> path: writes path.tmp, then renames it over
--- path (making the folder first); a failed write leaves no partial file.
+-- fs.write_atomic(path, text) -> path: writes a temporary file beside path,
+-- fsyncs it, renames it over path and fsyncs the folder (making the folder
+-- first): a failed write, or a process killed in the middle, leaves path as
+-- it was, never a partial file.
 function fs.write_atomic(path, text)
   fs.mkdir(fs.dirname(path))
-  local tmp = path .. '.tmp'
-  local f, err = io.open(tmp, 'wb')
-  if not f then error(("cannot write '%s' (%s)"):format(path, err), 2) end
-  local ok, werr = f:write(text)
-  f:close()
-  if not ok then
-    os.remove(tmp)
-    error(("cannot write '%s' (%s)"):format(path, werr), 2)
-  end
-  local renamed, rerr = os.rename(tmp, path)
-  if not renamed then
-    os.remove(tmp)
-    error(("cannot write '%s' (%s)"):format(path, rerr), 2)
-  end
+  local ok, err = pcall(torch._write_atomic, path, text)
+  if not ok then error((tostring(err):gsub('^torch%._write_atomic: ', '')), 2) end
   return path
 end
+
+-- fs.sync(path): forces what was appended to path onto the disk
+function fs.sync(path)
+  local ok, err = pcall(torch._sync_file, path)
+  if not ok then error((tostring(err):gsub('^torch%._sync_file: ', '')), 2) end
+end
+
+-- fs.remove_stale(path) -> n: removes path.tmp.<pid> files that writers
+-- killed before their rename left beside path (their process is gone)
+function fs.remove_stale(path) return torch._remove_stale_temporaries(path) end
 
 return fs

@@ -29,6 +29,15 @@ local function options(opts, model)
   o.seq = o.seq or model:context() or 64
   o.eval_every = o.eval_every or math.max(1, math.floor(o.steps / 10))
   o.log_every = o.log_every or math.max(1, math.floor(o.steps / 50))
+  for _, key in ipairs{'checkpoint', 'log'} do
+    if o[key] ~= nil and (type(o[key]) ~= 'string' or o[key] == '') then
+      error(('train.fit: %s must be a file path (a non-empty string), got %s'):format(key,
+        type(o[key]) == 'string' and 'an empty string' or type(o[key])), 3)
+    end
+  end
+  if o.checkpoint_every ~= nil and not (type(o.checkpoint_every) == 'number' and o.checkpoint_every >= 1 and o.checkpoint_every % 1 == 0) then
+    error(('train.fit: checkpoint_every must be a positive integer, got %s'):format(tostring(o.checkpoint_every)), 3)
+  end
   local dtype = o.dtype or 'float32'
   if dtype == 'float16' or dtype == 'fp16' or dtype == 'half' then
     error(("train.fit: dtype '%s' needs loss scaling, which train.fit does not do; use dtype = 'bf16' (same range as float32)"):format(dtype), 3)
@@ -189,6 +198,29 @@ function train.read_metrics(path)
   return records
 end
 
+-- train._open_log(path, resumed_from) -> file to append to. A fresh run
+-- (resumed_from nil) starts the log anew; a resumed run keeps the records of
+-- the steps up to its checkpoint and drops the rest (the steps run after it by
+-- the killed process, and a last line cut short), so the log of a run that was
+-- killed and resumed reads as the log of one uninterrupted run.
+function train._open_log(path, resumed_from)
+  local fs = require 'anatomy.fs'
+  local kept = {}
+  if resumed_from and fs.exists(path) then
+    local json = require 'anatomy.json'
+    for line in fs.read(path):gmatch('[^\n]+') do
+      local ok, rec = pcall(json.decode, line)
+      if ok and type(rec) == 'table' and type(rec.step) == 'number' and rec.step <= resumed_from then
+        kept[#kept + 1] = line .. '\n'
+      end
+    end
+  end
+  fs.write_atomic(path, table.concat(kept))
+  local f, err = io.open(path, 'a')
+  if not f then error(('train.fit: cannot open the log %s'):format(tostring(err)), 3) end
+  return f
+end
+
 local function format_time(seconds)
   seconds = math.max(0, math.floor(seconds + 0.5))
   if seconds >= 3600 then return ('%d:%02d:%02d'):format(seconds / 3600, seconds % 3600 / 60, seconds % 60) end
@@ -256,6 +288,9 @@ function train.fit(model, corpus, opts)
   end
 
   local time_before = 0   -- seconds the resumed run had trained: the log's time goes on from there
+  -- what a writer killed mid-write left beside the checkpoint and the log
+  if o.checkpoint then require('anatomy.fs').remove_stale(o.checkpoint) end
+  if o.log then require('anatomy.fs').remove_stale(o.log) end
   if o.checkpoint and o.resume and require('anatomy.fs').exists(o.checkpoint) then
     local step, meta = train.load_checkpoint(o.checkpoint, model, opt)
     run.first_step = step + 1
@@ -278,7 +313,7 @@ function train.fit(model, corpus, opts)
       run.config['config.resumed_steps'] = o.steps
     end
   end
-  local log = o.log and assert(io.open(o.log, 'a'))
+  local log = o.log and train._open_log(o.log, run.resumed_from)
   local tty = torch._isatty(1) and not o.quiet
   local started = torch._now()
   local tokens = 0
@@ -444,8 +479,8 @@ function train.fit(model, corpus, opts)
     local elapsed = torch._now() - started
     info.tokens_per_second = tokens / math.max(elapsed, 1e-9)
     if log then
-      log:write(('{"step": %d, "loss": %.6f, "lr": %.6g, "grad_norm": %.6g%s, "tokens_per_second": %.1f, "time": %.3f}\n')
-        :format(step, value, lr, norm, info.val_loss and (', "val_loss": %.6f'):format(info.val_loss) or '',
+      log:write(('{"step": %d, "loss": %.9g, "lr": %.6g, "grad_norm": %.6g%s, "tokens_per_second": %.1f, "time": %.3f}\n')
+        :format(step, value, lr, norm, info.val_loss and (', "val_loss": %.9g'):format(info.val_loss) or '',
           info.tokens_per_second, time_before + elapsed))
       log:flush()
     end
@@ -465,6 +500,8 @@ function train.fit(model, corpus, opts)
     if o.checkpoint and ((o.checkpoint_every and step % o.checkpoint_every == 0) or step == o.steps) then
       local meta = {time = ('%.3f'):format(time_before + elapsed)}
       for k, v in pairs(run.config) do meta[k] = v end
+      -- the log first: once the checkpoint names a step, the log holds it
+      if log then require('anatomy.fs').sync(o.log) end
       train.save_checkpoint(o.checkpoint, model, opt, step, meta)
     end
     if o.on_step then o.on_step(step, info) end

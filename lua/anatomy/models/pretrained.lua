@@ -277,7 +277,7 @@ end
 -- writes config.json, model.safetensors in Hugging Face's names and layout
 -- (the ...ForCausalLM one), and the tokenizer files of the folder it came
 -- from, so that transformers loads the model as anatomy has it now (edited or
--- trained). Written into a temporary folder renamed into place.
+-- trained). Each file is written atomically, the weights first.
 function pretrained.save(model, folder)
   local where = 'save_pretrained'
   local config = rawget(model, 'hf_config')
@@ -302,30 +302,22 @@ function pretrained.save(model, folder)
     end
   end
   for name, parts in pairs(fused) do tensors[name] = F.fuse(s, parts) end
-  -- each file is written beside its final place and renamed over it: a failed
-  -- save leaves the folder's previous files whole
+  -- each file is written atomically (fs.write_atomic: temporary file, fsync,
+  -- rename), the weights first: a save that fails, most likely on the largest
+  -- file, leaves the folder's previous files whole
   fs.mkdir(folder)
-  local written = {}
-  local function put(file, write)
-    local tmp = folder .. '/.' .. file .. '.tmp'
-    write(tmp)
-    written[#written + 1] = {tmp, folder .. '/' .. file}
-  end
+  local ok, err = pcall(torch.save_safetensors, folder .. '/model.safetensors', tensors, {format = 'pt'})
+  if not ok then error(('%s: %s'):format(where, tostring(err):gsub('^torch%.save_safetensors: ', '')), 3) end
   local cfg = {}
   for k, v in pairs(config) do cfg[k] = v end
   cfg.torch_dtype = 'float32'
-  put('config.json', function(path) local f = assert(io.open(path, 'wb')); f:write(json.encode(cfg), '\n'); f:close() end)
-  put('model.safetensors', function(path) torch.save_safetensors(path, tensors, {format = 'pt'}) end)
+  fs.write_atomic(folder .. '/config.json', json.encode(cfg) .. '\n')
   local from = rawget(model, 'hf_folder')
   for _, file in ipairs{'tokenizer.json', 'tokenizer.model', 'vocab.json', 'merges.txt', 'tokenizer_config.json', 'special_tokens_map.json',
-                        'generation_config.json', 'tokenizer.model'} do
+                        'generation_config.json'} do
     if from and from ~= folder and fs.exists(from .. '/' .. file) then
-      put(file, function(path) local f = assert(io.open(path, 'wb')); f:write(fs.read(from .. '/' .. file)); f:close() end)
+      fs.write_atomic(folder .. '/' .. file, fs.read(from .. '/' .. file))
     end
-  end
-  for _, pair in ipairs(written) do
-    local ok, err = os.rename(pair[1], pair[2])
-    if not ok then error(('%s: cannot move %s into place: %s'):format(where, pair[1], tostring(err)), 3) end
   end
   return folder
 end
