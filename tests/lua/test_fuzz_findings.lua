@@ -94,4 +94,26 @@ test('an index entry past 2^63 is an error', function()
   raises(function() return torch.zeros(2, 2)[{2 ^ 64}] end, 'bad index entry 1 (integer expected, got 18446744073709551616.000000)')
 end)
 
+-- Misuse accepted silently: m.weight = t on a built-in block was stored as a
+-- field while the C++ block went on using its own tensor.
+test('assigning a built-in block\'s parameter is an error that says how to change it; reading it still works', function()
+  local m = nn.Linear(3, 2)
+  local w = m.weight
+  raises(function() m.weight = torch.zeros(2, 3) end,
+    'nn.Linear.weight: the parameter of a built-in block cannot be replaced (its forward keeps using its own tensor); '
+    .. 'copy into it instead: torch.no_grad(function() m.weight:copy_(t) end), or m:load_state_dict{weight = t}')
+  eq(rawequal(m.weight, w), true)
+  torch.no_grad(function() m.weight:copy_(torch.zeros(2, 3)) end)
+  eq(m(torch.ones(1, 3)):sub(m.bias:view(1, 2)):abs():max():item(), 0, 'the forward uses the copied weight')
+  -- a subclass of a built-in block reads and guards its parameters the same way
+  local Sub = nn.class('Sub', nn.LayerNorm)
+  local s = Sub(4)
+  eq(s.weight:size(1), 4)
+  raises(function() s.bias = torch.zeros(4) end, 'Sub.bias: the parameter of a built-in block cannot be replaced (its forward keeps using its own tensor); '
+    .. 'copy into it instead: torch.no_grad(function() m.bias:copy_(t) end), or m:load_state_dict{bias = t}')
+  -- other fields are still free
+  m.note = 'mine'
+  eq(m.note, 'mine')
+end)
+
 H.done()

@@ -109,9 +109,14 @@ function Module:register_parameter(name, t)
   return t
 end
 
+-- A parameter's tensor: the field of that name when there is one (a Lua
+-- module whose field was given a new tensor uses the new one), else the
+-- registered tensor (dotted names, and built-in blocks, which keep none as fields).
 local function param_value(self, name)
   if name:find('.', 1, true) then return self._param_values[name] end
-  return rawget(self, name)
+  local v = rawget(self, name)
+  if v == nil then v = self._param_values[name] end
+  return v
 end
 
 -- m:forward(...): what the module computes; every class defines it.
@@ -214,7 +219,7 @@ function Module:context()
   if type(cfg) == 'table' and type(cfg.seq) == 'number' then return cfg.seq end
   local shortest
   for _, m in self:named_modules() do
-    local pos = rawget(m, 'pos_weight')
+    local pos = rawget(m, '_param_values') and m._param_values.pos_weight
     if nn.Embedding and nn.is_instance(m, nn.Embedding) and torch.is_tensor(pos) then
       shortest = math.min(shortest or math.huge, pos:size(1))
     end

@@ -8,9 +8,24 @@ local Native = nn.class('nn.Native', nn.Module)
 nn.Native = Native
 
 -- Wraps a native block: registers its parameters under their own names.
+-- They are not stored as fields: reading m.weight goes through the class's
+-- __index (Native.define), so that assigning m.weight reaches _set_field,
+-- which refuses it (the C++ block would go on using its own tensor).
 function Native:_wrap(block)
   rawset(self, '_native', block)
-  for _, pair in ipairs(block:named_parameters()) do self:register_parameter(pair[1], pair[2]) end
+  for _, pair in ipairs(block:named_parameters()) do
+    table.insert(self._params, pair[1])
+    self._param_values[pair[1]] = pair[2]
+  end
+end
+
+function Native:_set_field(key, value)
+  if type(key) == 'string' and (rawget(self, '_param_values') or {})[key] ~= nil then
+    error(("%s.%s: the parameter of a built-in block cannot be replaced (its forward keeps using its own tensor); "
+      .. "copy into it instead: torch.no_grad(function() m.%s:copy_(t) end), or m:load_state_dict{%s = t}")
+      :format(nn.typename(self), key, key, key), 3)
+  end
+  return nn.Module._set_field(self, key, value)
 end
 
 function Native:forward(x)
@@ -51,6 +66,7 @@ function Native.define(name, make, allowed, extra)
     end
   end
   local cls = nn.class('nn.' .. name, Native)
+  nn.params_first(cls)  -- m.weight: the registered parameter, then the class's methods
   function cls:__init(...)
     nn.Module.__init(self)
     self:_wrap(make(...))

@@ -7,6 +7,9 @@ local function class(name, parent)
   local cls = {}
   cls.__typename = name
   cls.__index = cls
+  -- Built-in blocks keep their parameters out of their fields (nn.Native):
+  -- reading m.weight looks in _param_values first, in subclasses too.
+  if parent and rawget(parent, '__params_first') then nn.params_first(cls) end
   -- Metamethods are looked up raw in the metatable, so each class forwards
   -- them to ordinary methods, which do inherit.
   cls.__call = function(self, ...) return self:_call(...) end
@@ -22,6 +25,18 @@ local function class(name, parent)
     __tostring = function() return name end,
   })
   return cls
+end
+
+-- Makes cls's instances read their registered parameters (_param_values)
+-- before the class's methods, for parameters that are not stored as fields.
+function nn.params_first(cls)
+  rawset(cls, '__params_first', true)
+  cls.__index = function(self, key)
+    local values = rawget(self, '_param_values')
+    local v = values and values[key]
+    if v ~= nil then return v end
+    return cls[key]
+  end
 end
 
 -- True if v is an instance of cls or of a class derived from it.
