@@ -91,6 +91,12 @@ bool broadcastable(at::IntArrayRef a, at::IntArrayRef b);
 /// ArgError "shapes AxB and C cannot be broadcast" unless they can.
 void check_broadcast(const at::Tensor& a, const at::Tensor& b, int arg);
 
+/// a % b (at::remainder) without the processor's trap: on integers, the
+/// smallest value modulo -1 divides with overflow (SIGFPE on x86, which no
+/// pcall catches; PyTorch 1.13 dies of it). x mod -1 is 0 for every x, as is
+/// x mod 1, so a divisor of -1 is taken as 1; PyTorch 2.x gives the same 0.
+at::Tensor remainder(const at::Tensor& a, const at::Tensor& b);
+
 // ---- plain arguments ------------------------------------------------------
 
 int64_t check_integer(lua_State* L, int idx);

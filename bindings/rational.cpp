@@ -18,7 +18,16 @@ Rational* to_rational_ud(lua_State* L, int idx) {
   return static_cast<Rational*>(luaL_testudata(L, idx, kRationalMeta));
 }
 
-void push_rational(lua_State* L, Rational q) { push_userdata<Rational>(L, kRationalMeta, std::move(q)); }
+// Every Rational handed to Lua is within exact::kMaxBits: a computation that
+// grows without bound stops here with an error, one step past the limit.
+void push_rational(lua_State* L, Rational q) {
+  try {
+    exact::check_size(q, "the result");
+  } catch (const std::length_error& e) {
+    throw CallError(e.what());
+  }
+  push_userdata<Rational>(L, kRationalMeta, std::move(q));
+}
 
 // A Rational from a Rational, an integer-valued number or a string "p/q".
 // A number with a fractional part is refused with the fraction it likely means.
@@ -91,6 +100,11 @@ int rational_pow(lua_State* L) {
   int64_t n = check_integer(L, 2);
   if (n < -65536 || n > 65536) throw ArgError(2, "exponent must be in -65536..65536");
   if (n < 0 && sgn(q) == 0) throw CallError("division by zero (0 to a negative power)");
+  try {
+    exact::check_estimate(static_cast<double>(exact::bit_size(q)) * static_cast<double>(n < 0 ? -n : n), "q ^ n");
+  } catch (const std::length_error& e) {
+    throw CallError(e.what());
+  }
   Rational r;
   mpz_pow_ui(r.get_num_mpz_t(), q.get_num_mpz_t(), static_cast<unsigned long>(n < 0 ? -n : n));
   mpz_pow_ui(r.get_den_mpz_t(), q.get_den_mpz_t(), static_cast<unsigned long>(n < 0 ? -n : n));
@@ -166,7 +180,15 @@ int rational_ceil(lua_State* L) {
 int rational_exp_bounds(lua_State* L) {
   Rational q = check_rational(L, 1);
   long bits = check_bits(L, 2);
-  auto [lo, hi] = exact::exp_bounds(q, bits);
+  std::pair<Rational, Rational> bounds;
+  try {
+    bounds = exact::exp_bounds(q, bits);
+  } catch (const std::length_error& e) {
+    throw CallError(e.what());
+  } catch (const std::invalid_argument& e) {
+    throw ArgError(1, std::string(e.what()).substr(std::string("exp_bounds: ").size()));
+  }
+  auto& [lo, hi] = bounds;
   push_rational(L, lo);
   push_rational(L, hi);
   return 2;

@@ -72,7 +72,7 @@ const Operator operators[] = {
     {"__sub", "-", [](const at::Tensor& a, const at::Tensor& b) { return at::sub(a, b); }},
     {"__mul", "*", [](const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); }},
     {"__div", "/", [](const at::Tensor& a, const at::Tensor& b) { return at::div(a, b); }},
-    {"__mod", "%", [](const at::Tensor& a, const at::Tensor& b) { return at::remainder(a, b); }},
+    {"__mod", "%", [](const at::Tensor& a, const at::Tensor& b) { return lua::remainder(a, b); }},
 };
 
 int tensor_operator(lua_State* L) {

@@ -79,7 +79,7 @@ const Binary binary_ops[] = {
     {"sub", [](const at::Tensor& a, const at::Tensor& b) { return at::sub(a, b); }, false, '-'},
     {"mul", [](const at::Tensor& a, const at::Tensor& b) { return at::mul(a, b); }, false, '*'},
     {"div", [](const at::Tensor& a, const at::Tensor& b) { return at::div(a, b); }, false, '/'},
-    {"remainder", [](const at::Tensor& a, const at::Tensor& b) { return at::remainder(a, b); }, false},
+    {"remainder", [](const at::Tensor& a, const at::Tensor& b) { return lua::remainder(a, b); }, false},
     {"maximum", [](const at::Tensor& a, const at::Tensor& b) { return at::maximum(a, b); }, false},
     {"minimum", [](const at::Tensor& a, const at::Tensor& b) { return at::minimum(a, b); }, false},
     {"atan2", [](const at::Tensor& a, const at::Tensor& b) { return at::atan2(a, b); }, false},

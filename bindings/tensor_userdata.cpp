@@ -172,4 +172,10 @@ void check_broadcast(const at::Tensor& a, const at::Tensor& b, int arg) {
     throw ArgError(arg, "shapes " + shape_string(a.sizes()) + " and " + shape_string(b.sizes()) + " cannot be broadcast");
 }
 
+at::Tensor remainder(const at::Tensor& a, const at::Tensor& b) {
+  if (!c10::isIntegralType(at::result_type(a, b), /*includeBool=*/true)) return at::remainder(a, b);
+  if ((b == 0).any().item<bool>()) throw CallError("integer remainder by zero (a divisor is 0)");
+  return at::remainder(a, at::where(b == -1, at::ones_like(b), b));
+}
+
 }  // namespace anatomy::lua

@@ -385,8 +385,11 @@ int torch_get_num_threads(lua_State* L) {
 
 int torch_set_num_threads(lua_State* L) {
   int64_t n = check_integer(L, 1);
-  if (n < 1) throw ArgError(1, "thread count must be positive, got " + std::to_string(n));
-  at::set_num_threads(static_cast<int>(n));
+  try {
+    set_num_threads(n);
+  } catch (const std::invalid_argument& e) {
+    throw ArgError(1, e.what());
+  }
   return 0;
 }
 

@@ -48,10 +48,27 @@ c10::Device parse_device(const std::string& name) {
 
 bool cuda_available() { return at::hasCUDA(); }
 
+int64_t max_num_threads() {
+  int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::max<int64_t>(8, 4 * cores);
+}
+
+void set_num_threads(int64_t n) {
+  if (n < 1) throw std::invalid_argument("thread count must be positive, got " + std::to_string(n));
+  if (n > max_num_threads()) {
+    unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    throw std::invalid_argument("thread count " + std::to_string(n) + " is far beyond this machine's " +
+                                std::to_string(cores) + " core" + (cores == 1 ? "" : "s") + " (at most " +
+                                std::to_string(max_num_threads()) + ")");
+  }
+  at::set_num_threads(static_cast<int>(n));
+}
+
 void configure_runtime(const RuntimeOptions& options) {
-  int threads = options.threads > 0 ? options.threads : env_int("ANATOMY_THREADS", 0);
+  int64_t threads = options.threads > 0 ? options.threads : env_int("ANATOMY_THREADS", 0);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(threads);
+  set_num_threads(threads);
+  install_memory_guard();
 
   std::string device = options.device;
   if (device.empty()) {

@@ -13,7 +13,7 @@ struct RuntimeOptions {
   /// "cpu", "cuda", "cuda:N"; empty: $ANATOMY_DEVICE, else cuda when present, else cpu.
   std::string device;
   /// CPU threads; 0: $ANATOMY_THREADS, else the machine's core count.
-  int threads = 0;
+  int64_t threads = 0;
   /// Seed for torch's generators and math.random; unset: LibTorch's default.
   std::optional<uint64_t> seed;
 };
@@ -22,7 +22,21 @@ struct RuntimeOptions {
 c10::Device parse_device(const std::string& name);
 /// True when LibTorch was built with CUDA and at least one GPU is visible.
 bool cuda_available();
-/// Applies options: sets threads, seeds, and picks the default device.
+/// The most CPU threads set_num_threads takes: 4 per core of this machine
+/// (at least 8). More only slows the work down, and past a few thousand
+/// OpenMP's thread start-up hangs the process.
+int64_t max_num_threads();
+/// at::set_num_threads after checking n against 1..max_num_threads(); throws
+/// std::invalid_argument naming both sides otherwise.
+void set_num_threads(int64_t n);
+/// Bytes of memory this process can still get: RAM available plus free swap,
+/// and no more than its cgroup's limit leaves; 0 when it cannot be told.
+uint64_t available_memory();
+/// Puts a check in front of LibTorch's CPU allocator (host/memory_guard.cpp):
+/// a request of 1 GiB or more beyond available_memory() is a c10::Error
+/// naming both sizes, not an overcommitted allocation the OOM killer ends.
+void install_memory_guard();
+/// Applies options: sets threads, seeds, installs the memory guard, and picks the default device.
 void configure_runtime(const RuntimeOptions& options);
 /// The device that factories and models use when none is named.
 c10::Device default_device();

@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 namespace anatomy::exact {
@@ -44,8 +45,31 @@ Rational dyadic(const mpz_class& m, long bits) {
 
 }  // namespace
 
+long bit_size(const Rational& q) {
+  return static_cast<long>(mpz_sizeinbase(q.get_num_mpz_t(), 2) + mpz_sizeinbase(q.get_den_mpz_t(), 2));
+}
+
+void check_estimate(double bits, const char* what) {
+  if (bits <= static_cast<double>(kMaxBits)) return;
+  char size[64] = "an astronomical number of";
+  if (std::isfinite(bits)) std::snprintf(size, sizeof size, "about %.4g", bits);
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "%s would be an exact value of %s bits, past the limit of %ld bits "
+                "(numerator and denominator): the computation grows without bound",
+                what, size, kMaxBits);
+  throw std::length_error(buf);
+}
+
+void check_size(const Rational& q, const char* what) { check_estimate(static_cast<double>(bit_size(q)), what); }
+
 std::optional<Rational> parse_rational(const std::string& text, std::string* why) {
   std::string s = trim(text);
+  if (static_cast<double>(s.size()) * 3.33 > static_cast<double>(kMaxBits)) {
+    *why = "a fraction of " + std::to_string(s.size()) + " characters is past the limit of " +
+           std::to_string(kMaxBits) + " bits an exact value may have";
+    return std::nullopt;
+  }
   size_t slash = s.find('/');
   mpz_class num, den = 1;
   bool ok = slash == std::string::npos ? parse_integer(s, &num)
@@ -110,14 +134,15 @@ Rational round_up(const Rational& q, long bits) {
 std::pair<Rational, Rational> exp_bounds(const Rational& q, long bits) {
   if (sgn(q) == 0) return {Rational(1), Rational(1)};
   if (bits < 1 || bits > 1 << 16) throw std::invalid_argument("exp_bounds: bits out of range");
+  // e^q for q > 0 has about q·log2(e) bits before the point
+  if (sgn(q) > 0) check_estimate(to_double(q) * 1.4426950408889634 + static_cast<double>(bits), "e^q");
   Rational r = q;
   long k = 0;
   const Rational half(1, 2);
   while (abs(r) > half) {
     mpq_div_2exp(r.get_mpq_t(), r.get_mpq_t(), 1);
-    ++k;
+    if (++k > 4096) throw std::invalid_argument("exp_bounds: exponent too large (|q| > 2^4095)");
   }
-  if (k > 4096) throw std::invalid_argument("exp_bounds: exponent too large (|q| > 2^4095)");
   const long w = bits + k + 16;
   Rational limit(1);
   mpq_div_2exp(limit.get_mpq_t(), limit.get_mpq_t(), w + 2);

@@ -15,7 +15,19 @@ namespace anatomy::exact {
 
 using Rational = mpq_class;
 
-/// Parses "7", "-3/2", " 1/10 " (canonicalised). nullopt and a reason in
+/// The largest exact value, in bits of numerator plus denominator (2 MiB):
+/// an exact computation that grows past it is stopped with an error rather
+/// than left to run for hours or to make GMP abort the process when its
+/// memory runs out. The exact trace's values are a few hundred bits.
+constexpr long kMaxBits = 1L << 24;
+/// Bits of q's numerator plus its denominator.
+long bit_size(const Rational& q);
+/// Throws std::length_error naming `what` and both sizes when q is past kMaxBits.
+void check_size(const Rational& q, const char* what);
+/// Throws the same before computing a value estimated at `bits` bits.
+void check_estimate(double bits, const char* what);
+
+/// Parses "7", "-3/2", " 1/10 " (canonicalised), at most kMaxBits. nullopt and a reason in
 /// *why for anything else: not a fraction, or a zero denominator.
 std::optional<Rational> parse_rational(const std::string& text, std::string* why);
 

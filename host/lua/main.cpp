@@ -7,6 +7,8 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -64,8 +66,10 @@ bool take_value(int argc, char** argv, int& i, const char* name, std::string& va
 
 long parse_positive(const std::string& flag, const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   long n = std::strtol(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || n < 0) usage_error(flag + " expects a non-negative integer, got '" + v + "'");
+  if (errno == ERANGE) usage_error(flag + "=" + v + " is out of range (at most " + std::to_string(LONG_MAX) + ")");
   return n;
 }
 
@@ -149,7 +153,7 @@ int main(int argc, char** argv) {
     } else if (take_value(argc, argv, i, "--device", v)) {
       options.device = v;
     } else if (take_value(argc, argv, i, "--threads", v)) {
-      options.threads = static_cast<int>(parse_positive("--threads", v));
+      options.threads = static_cast<int64_t>(parse_positive("--threads", v));
     } else if (take_value(argc, argv, i, "--seed", v)) {
       options.seed = static_cast<uint64_t>(parse_positive("--seed", v));
     } else if (a == "--") {

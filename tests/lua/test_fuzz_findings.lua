@@ -116,4 +116,73 @@ test('assigning a built-in block\'s parameter is an error that says how to chang
   eq(m.note, 'mine')
 end)
 
+-- A hardware trap pcall cannot catch: on integers, the smallest value modulo
+-- -1 overflows the division (SIGFPE; PyTorch 1.13 dies of it too).
+test('integer remainder of the smallest value by -1 is 0, and by 0 an error', function()
+  eq(torch.tensor({-2^63, 7, -7}, {dtype = 'int64'}):remainder(-1):tolist(), {0, 0, 0})
+  eq((torch.tensor({-2^31}, {dtype = 'int32'}) % -1):tolist(), {0})
+  eq((torch.tensor({-7, 7}, {dtype = 'int64'}) % torch.tensor({3, -1}, {dtype = 'int64'})):tolist(), {2, 0})
+  eq((torch.tensor({-7.5}) % -1):tolist(), {-0.5})
+  raises(function() return torch.tensor({5}, {dtype = 'int64'}) % 0 end, 'integer remainder by zero (a divisor is 0)')
+end)
+
+-- A resource taken at its word: set_num_threads(5000) hung the process in
+-- OpenMP's thread start-up.
+test('a thread count far beyond the cores is an error naming both', function()
+  local before = torch.get_num_threads()
+  local ok, err = pcall(torch.set_num_threads, 5000)
+  eq(ok, false)
+  assert(tostring(err):find("bad argument #1 to 'set_num_threads' (thread count 5000 is far beyond this machine's", 1, true), err)
+  eq(torch.get_num_threads(), before)
+end)
+
+-- Memory asked for beyond what the machine has: refused before the kernel's
+-- overcommit grants it (the OOM killer would end the session when it is touched).
+test('a tensor larger than the memory left is an error that says both sizes', function()
+  local ok, err = pcall(torch.zeros, 1e12)
+  eq(ok, false)
+  assert(tostring(err):find("cannot allocate 3725.3 GiB (4000000000000 bytes): this machine has", 1, true), err)
+  ok, err = pcall(function() return torch.ones(1e5):outer(torch.ones(1e5)) end)
+  eq(ok, false)
+  assert(tostring(err):find("cannot allocate 37.3 GiB", 1, true), err)
+  eq(torch.ones(3):sum():item(), 3, 'the session goes on')
+end)
+
+-- An exact computation that grows without bound: squaring a rational in a
+-- loop doubles its size each time until GMP aborts on its allocation.
+test('an exact value growing past the size limit is an error, not an abort', function()
+  local R = torch._exact
+  raises(function() local q = R.new('3/2'); for _ = 1, 64 do q = q * q end end,
+    'the result would be an exact value of about 2.168e+07 bits, past the limit of 16777216 bits (numerator and denominator): the computation grows without bound')
+  local limit = ' bits, past the limit of 16777216 bits (numerator and denominator): the computation grows without bound'
+  raises(function() return (R.new('3/2') ^ 20000) ^ 65536 end, 'q ^ n would be an exact value of about 3.388e+09' .. limit)
+  raises(function() return R.exp_bounds(R.new(2) ^ 5000, 64) end, 'e^q would be an exact value of an astronomical number of' .. limit)
+  raises(function() return R.new(('9'):rep(6000000)) end, 'a fraction of 6000000 characters is past the limit of 16777216 bits an exact value may have)')
+  eq(tostring(R.new('3/2') * 2), '3')
+end)
+
+-- A forward that calls its own module looped forever as tail calls that
+-- LuaJIT compiled, where Ctrl-C cannot reach.
+test('a module whose forward calls itself ends in a stack overflow error', function()
+  local Loop = nn.class('Loop', nn.Module)
+  function Loop:forward(x) return self(x) end
+  raises(function() return Loop()(torch.ones(2)) end, 'stack overflow')
+  local Two = nn.class('Two', nn.Module)
+  function Two:forward(x) return x, 2 end
+  local a, b = Two()(torch.ones(1))
+  eq(b, 2, 'a forward still returns all its values')
+end)
+
+-- A model containing itself: every walk over it (forward, parameters) recursed without end.
+test('a module cannot be added inside itself or its own children', function()
+  local s = nn.Sequential{nn.Linear(2, 2)}
+  raises(function() s:add(s) end, "nn.Sequential: cannot add nn.Sequential as '2': it is the module itself, and a model cannot contain itself")
+  local outer = nn.Sequential{s}
+  raises(function() s.back = outer end, "nn.Sequential: cannot add nn.Sequential as 'back': it contains this module, and a model cannot contain itself")
+  eq(#s:parameters(), 2)
+  local shared = nn.Linear(2, 2)
+  local twice = nn.Sequential{shared, shared}  -- the same module twice is no cycle
+  eq(twice(torch.ones(1, 2)):size(2), 2)
+end)
+
 H.done()

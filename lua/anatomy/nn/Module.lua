@@ -55,10 +55,29 @@ function nn.check_forward(m, where, level)
   end
 end
 
+-- Whether target is root or one of its descendants.
+local function reaches(root, target)
+  if rawequal(root, target) then return true end
+  for _, c in root:named_children() do
+    if reaches(c, target) then return true end
+  end
+  return false
+end
+
+-- A module inside itself would make every walk over the model (forward,
+-- parameters, the autopsy) recurse without end: an error when it is made.
+local function check_no_cycle(self, name, child, level)
+  if reaches(child, self) then
+    error(("%s: cannot add %s as '%s': it %s, and a model cannot contain itself"):format(nn.typename(self),
+      nn.typename(child), tostring(name), rawequal(child, self) and 'is the module itself' or 'contains this module'), level + 1)
+  end
+end
+
 -- A new field: a module or a marked tensor registers; a plain table of
 -- modules is an error (use nn.ModuleList or nn.ModuleDict); anything else is stored.
 function Module:_set_field(key, value)
   if type(key) == 'number' and nn.is_module(value) and rawget(self, '_children') then
+    check_no_cycle(self, key, value, 3)
     self:add_module(tostring(key), value)
     return
   end
@@ -68,6 +87,7 @@ function Module:_set_field(key, value)
         .. "use nn.ModuleList{...} or nn.ModuleDict{...}"):format(nn.typename(self), key), 3)
     end
     if nn.is_module(value) then
+      check_no_cycle(self, key, value, 3)
       self:add_module(key, value)
       return
     elseif torch.is_tensor(value) and marked[value] then
@@ -94,6 +114,7 @@ end
 -- m:add_module(name, child): registers child under name (a field unless the name has a dot).
 function Module:add_module(name, child)
   assert(nn.is_module(child), ('add_module: %s is not a module'):format(nn.typename(child)))
+  check_no_cycle(self, name, child, 2)
   name = tostring(name)
   append_once(self._children, name)
   rawset(self, child_key(name), child)

@@ -9,8 +9,9 @@ nn.Sequential = Sequential
 
 function Sequential:__init(list)
   nn.Module.__init(self)
-  if list ~= nil and type(list) ~= 'table' then
-    error(('nn.Sequential: expected a list of modules, got %s'):format(nn.typename(list)), 3)
+  if list ~= nil and (type(list) ~= 'table' or nn.is_module(list)) then
+    error(('nn.Sequential: expected a list of modules, got %s%s'):format(nn.typename(list),
+      nn.is_module(list) and ' (write nn.Sequential{m1, m2, ...}, with braces)' or ''), 3)
   end
   local keyed = {}
   for k in pairs(list or {}) do

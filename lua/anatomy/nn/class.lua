@@ -3,6 +3,8 @@
 -- print through their class's __tostring.
 local nn = require 'anatomy.nn'
 
+local function pass(...) return ... end
+
 local function class(name, parent)
   local cls = {}
   cls.__typename = name
@@ -12,7 +14,10 @@ local function class(name, parent)
   if parent and rawget(parent, '__params_first') then nn.params_first(cls) end
   -- Metamethods are looked up raw in the metatable, so each class forwards
   -- them to ordinary methods, which do inherit.
-  cls.__call = function(self, ...) return self:_call(...) end
+  -- Not a tail call: a module whose forward calls itself (return self(x))
+  -- then fills the Lua stack and ends in "stack overflow", an error, instead
+  -- of looping forever in compiled code that Ctrl-C cannot stop.
+  cls.__call = function(self, ...) return pass(self:_call(...)) end
   cls.__tostring = function(self) return self:tostring() end
   cls.__newindex = function(self, key, value) self:_set_field(key, value) end
   setmetatable(cls, {
