@@ -24,28 +24,45 @@ namespace {
 
 // The next UTF-8 code point of text at i (advancing i). A byte that does not
 // start a valid sequence stands for itself (read as Latin-1).
+// A byte that does not start a well-formed UTF-8 character (Latin-1 text, a
+// cut sequence, an overlong form, a surrogate) is its own symbol, numbered
+// past Unicode, so that it never merges with a real character and is written
+// back as the same byte: every text round-trips.
+constexpr uint32_t kRawByte = 0x110000;
+
 uint32_t next_code_point(std::string_view text, size_t& i) {
   unsigned char c = static_cast<unsigned char>(text[i]);
   int extra = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xe ? 2 : (c >> 3) == 0x1e ? 3 : -1;
-  if (extra <= 0 || i + extra >= text.size()) {
+  if (extra == 0) {
     ++i;
     return c;
+  }
+  if (extra < 0 || i + extra >= text.size()) {
+    ++i;
+    return kRawByte + c;
   }
   uint32_t cp = c & (0x3f >> extra);
   for (int k = 1; k <= extra; ++k) {
     unsigned char cc = static_cast<unsigned char>(text[i + k]);
     if ((cc >> 6) != 0x2) {
       ++i;
-      return c;
+      return kRawByte + c;
     }
     cp = (cp << 6) | (cc & 0x3f);
+  }
+  static const uint32_t smallest[] = {0, 0x80, 0x800, 0x10000};
+  if (cp < smallest[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+    ++i;
+    return kRawByte + c;
   }
   i += extra + 1;
   return cp;
 }
 
 void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
+  if (cp >= kRawByte) {
+    out += static_cast<char>(cp - kRawByte);
+  } else if (cp < 0x80) {
     out += static_cast<char>(cp);
   } else if (cp < 0x800) {
     out += static_cast<char>(0xc0 | (cp >> 6));
@@ -63,7 +80,11 @@ void append_utf8(std::string& out, uint32_t cp) {
 }
 
 std::string describe_char(uint32_t cp) {
-  char buf[16];
+  char buf[48];
+  if (cp >= kRawByte) {
+    std::snprintf(buf, sizeof buf, "byte 0x%02X (not UTF-8)", cp - kRawByte);
+    return buf;
+  }
   std::snprintf(buf, sizeof buf, "U+%04X", cp);
   std::string shown;
   append_utf8(shown, cp);

@@ -38,7 +38,9 @@ class Tokenizer {
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
 };
 
-/// Characters (UTF-8 code points) that occur in the training text, sorted.
+/// Characters (UTF-8 code points) that occur in the training text, sorted;
+/// a byte that is not part of well-formed UTF-8 is a symbol of its own, after
+/// them, so that every text decodes back to its exact bytes.
 std::unique_ptr<Tokenizer> make_char_tokenizer(std::string_view text);
 /// The 256 byte values: id = byte + 1.
 std::unique_ptr<Tokenizer> make_byte_tokenizer();

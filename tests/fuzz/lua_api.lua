@@ -1,6 +1,6 @@
 -- A random-call fuzzer of the Lua API, run by anatomy itself (the sanitizer
 -- build, scripts/fuzz --lua):
---   anatomy tests/fuzz/lua_api.lua [--calls=N] [--seed=S] [--log=PATH] [--verbose=true]
+--   anatomy tests/fuzz/lua_api.lua [--calls=N] [--seed=S | --replay=S] [--only=FILE] [--log=PATH] [--verbose=true]
 -- It enumerates at run time every function the library exports (torch.*,
 -- tensor methods and operators, nn blocks, optim, probe, patching, data,
 -- train, text, exact, metrics, models and the methods of the userdata they
@@ -13,11 +13,26 @@
 -- runs under pcall. The rule: a Lua error must carry a message; anything
 -- that ends the process (a crash, an abort, a sanitizer report) is a
 -- finding, and the log (each call written and flushed before it runs) says
--- which call it was: rerun with the same --seed to reproduce it.
-local cfg = torch.config.parse({calls = 10000, seed = 1, log = '', verbose = false}, arg)
+-- which call it was: --replay=SEED (or the same --seed) reproduces it, and
+-- tests/fuzz/minimize.lua cuts the sequence to the calls that matter.
+local cfg = torch.config.parse({calls = 10000, seed = 1, replay = 0, only = '', log = '', verbose = false}, arg)
+if cfg.replay ~= 0 then cfg.seed = cfg.replay end
 local seed = cfg.seed
 math.randomseed(seed)
 torch.manual_seed(seed)
+-- --only=FILE: run only the calls whose numbers the file lists (one a line),
+-- the others drawn but not made: the minimizer (tests/fuzz/minimize.lua)
+-- cuts a failing sequence down this way. Each call's draws come from its own
+-- seed (the run's seed and its number), so leaving calls out does not change
+-- the ones that stay.
+local only
+if cfg.only ~= '' then
+  only = {}
+  for line in io.lines(cfg.only) do
+    local n = tonumber(line)
+    if n then only[n] = true end
+  end
+end
 
 -- What is never called: what ends or blocks the process, writes outside the
 -- scratch folder, or runs for as long as it is asked to (training loops,
@@ -132,6 +147,7 @@ end
 local calls, errors, bad = 0, 0, 0
 local started = torch._now()
 for i = 1, cfg.calls do
+  math.randomseed(seed * 1000003 + i)
   local on_tensor = math.random(3) == 1
   local name, f
   if on_tensor then
@@ -145,13 +161,14 @@ for i = 1, cfg.calls do
   for a = 1, nargs do args[a] = arg_value(0) end
   local self
   if on_tensor then self = math.random(5) == 1 and arg_value(0) or pick(pool_tensors) end
-  if log then
+  if log and (not only or only[i]) then
     local parts = {}
     for a = 1, nargs do parts[a] = describe(args[a]) end
     log:write(('%d %s(%s%s)\n'):format(i, name, on_tensor and describe(self) .. (nargs > 0 and ', ' or '') or '', table.concat(parts, ', ')))
     log:flush()
   end
-  local ok, r = pcall(function()
+  local ok, r = true, nil
+  if not only or only[i] then ok, r = pcall(function()
     if on_tensor then
       local m = torch.is_tensor(self) and self[name:sub(8)] or nil
       if type(m) ~= 'function' then error('not a method of this value') end
@@ -160,6 +177,7 @@ for i = 1, cfg.calls do
     return f(unpack(args, 1, nargs))
   end)
   calls = calls + 1
+  end
   if not ok then
     errors = errors + 1
     if r == nil or (type(r) == 'string' and r == '') then
@@ -171,6 +189,7 @@ for i = 1, cfg.calls do
   end
   if i % 500 == 0 then
     collectgarbage()
+    torch.manual_seed(seed * 1000003 + i)
     pool_tensors = tensors()  -- in-place calls may have changed them
     if #results > 100 then results = {} end
   end

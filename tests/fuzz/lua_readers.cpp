@@ -5,22 +5,13 @@
 // (torch.config.parse) on the input split into arguments, and the metrics
 // JSON-lines reader. Each must return or raise a Lua error with a message;
 // an error without one, or any crash, is a finding.
-#include "host/lua/state.h"
-#include "tests/fuzz/fuzz_common.h"
-
-#include <lua.hpp>
-
-#include <cstdlib>
-#include <memory>
+#include "tests/fuzz/fuzz_lua.h"
 
 namespace {
 const char* kHarness = R"LUA(
 local json = require 'anatomy.json'
-local fs = require 'anatomy.fs'
 return function(text, path, folder)
-  local function check(ok, err)
-    if not ok and (type(err) ~= 'string' or err == '') then error('FINDING: an error without a message: ' .. tostring(err)) end
-  end
+  local check = __fuzz_check
   check(pcall(json.decode, text))
   -- a model folder whose config.json is the input
   local f = assert(io.open(folder .. '/config.json', 'wb')); f:write(text); f:close()
@@ -33,52 +24,19 @@ return function(text, path, folder)
   check(pcall(train.read_metrics, path))
 end
 )LUA";
-
-struct Harness {
-  std::unique_ptr<anatomy::LuaState> state;
-  std::string folder;
-  Harness() {
-    anatomy::RuntimeOptions options;
-    options.threads = 1;
-    state = std::make_unique<anatomy::LuaState>(options);
-    lua_State* L = state->get();
-    if (luaL_loadstring(L, kHarness) != 0 || lua_pcall(L, 0, 1, 0) != 0) std::abort();
-    lua_setglobal(L, "__fuzz_harness");
-    folder = anatomy::fuzz::as_file(nullptr, 0, ".folder");
-    std::remove(folder.c_str());
-    std::string mk = "mkdir -p '" + folder + "'";
-    if (std::system(mk.c_str()) != 0) std::abort();
-  }
-};
+anatomy::fuzz::LuaHarness* harness = nullptr;
 }  // namespace
 
-Harness* harness = nullptr;
-
 // The Lua state is made once, before the first input (its start-up would
-// count against the first input's time limit).
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
-
+// count against the first input's time limit), and one input runs first, so
+// that the modules the readers load on first use are loaded before the clock starts.
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  harness = new Harness();
-  // one input first, so that the modules the readers load on first use are
-  // loaded before the clock starts
-  const char warm[] = R"({"model_type": "gpt2", "vocab_size": 4, "n_positions": 4, "n_embd": 4, "n_layer": 1, "n_head": 1})";
-  LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(warm), sizeof warm - 1);
+  harness = new anatomy::fuzz::LuaHarness(kHarness, ".jsonl");
+  harness->run(R"({"model_type": "gpt2", "vocab_size": 4, "n_positions": 4, "n_embd": 4, "n_layer": 1, "n_head": 1})");
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  Harness& h = *harness;
-  std::string path = anatomy::fuzz::as_file(data, size, ".jsonl");
-  lua_State* L = h.state->get();
-  lua_getglobal(L, "__fuzz_harness");
-  lua_pushlstring(L, reinterpret_cast<const char*>(data), size);
-  lua_pushstring(L, path.c_str());
-  lua_pushstring(L, h.folder.c_str());
-  if (!h.state->call(3, 0)) {
-    std::fprintf(stderr, "%s\n", h.state->error().c_str());
-    std::abort();
-  }
-  lua_settop(L, 0);
+  harness->run(data, size);
   return 0;
 }

@@ -60,4 +60,22 @@ put(lr .. 'llama_config.json', json.encode{model_type = 'llama', vocab_size = 20
   rope_scaling = {rope_type = 'llama3', factor = 8, low_freq_factor = 1, high_freq_factor = 4, original_max_position_embeddings = 64}})
 put(lr .. 'metrics.jsonl', '{"step": 1, "loss": 2.5, "lr": 0.001}\n{"step": 2, "loss": 2.4, "lr": 0.001}\n')
 put(lr .. 'args', '--steps=5\n--lr=0.01\n--name=abc\n--flag=true\n')
+
+-- a checkpoint of the small GPT tests/fuzz/checkpoint.cpp loads, after one step (so with AdamW's state)
+local ck = dir('checkpoint')
+torch.manual_seed(0)
+local gpt = models.gpt{vocab = 8, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8}
+local adam = optim.AdamW(gpt:parameters(), {lr = 1e-3})
+gpt(torch.tensor({{1, 2, 3, 4}}, {dtype = 'int64'})):sum():backward()
+adam:step()
+train.save_checkpoint(tmp, gpt, adam, 1, {note = 'seed'})
+put(ck .. 'gpt_adamw', slurp(tmp))
+os.remove(tmp)
+
+-- texts for the corpus loaders: ASCII, UTF-8 of 2, 3 and 4 bytes, a byte that is no UTF-8, empty
+local co = dir('corpus')
+put(co .. 'ascii', 'to be or not to be, that is the question\n')
+put(co .. 'utf8', 'caf\195\169 \230\151\165\230\156\172 \240\159\145\139 na\195\175ve\n')
+put(co .. 'latin1', 'caf\233\n')
+put(co .. 'empty', '')
 print(('seeds written to %s'):format(out))

@@ -185,4 +185,15 @@ test('a module cannot be added inside itself or its own children', function()
   eq(twice(torch.ones(1, 2)):size(2), 2)
 end)
 
+-- corpus (libFuzzer): Latin-1 text did not round-trip: the byte 0xE9 was
+-- taken for the character é (U+00E9) and written back as two bytes.
+test('a char corpus of text that is not UTF-8 gives back its exact bytes', function()
+  local t = 'caf\233\n caf\195\169 \192\128 \237\160\128 \226\130'
+  local c = data.from_string(t)
+  eq(c:decode(c:encode(t)), t)
+  -- 5 ASCII characters, é, and the bytes E9, C0, 80, ED, A0, E2, 82 each a symbol of its own
+  eq(c.vocab_size, 13)
+  raises(function() return c:encode('\250') end, "bad argument #1 to 'encode' (character byte 0xFA (not UTF-8) is not in the vocabulary)")
+end)
+
 H.done()
