@@ -133,10 +133,16 @@ SafetensorsIndex open_safetensors(const std::string& path) {
     uint64_t numel = 1;
     for (const json& s : v["shape"]) {
       if (!s.is_number_unsigned()) corrupt(path, "tensor " + in_quotes(name) + " has a negative or non-integer size");
+      if (s.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, s.get<uint64_t>(), &numel))
+        corrupt(path, "tensor " + in_quotes(name) + " has a shape too large to exist: " + v["shape"].dump());
       e.shape.push_back(s.get<int64_t>());
-      if (__builtin_mul_overflow(numel, s.get<uint64_t>(), &numel))
-        corrupt(path, "tensor " + in_quotes(name) + " has a shape too large to exist");
     }
+    // the byte count too: [2^62 + 1] of F32 is 2^64 + 4 bytes, which wraps to 4
+    uint64_t expected = 0;
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(c10::elementSize(e.type)), &expected) ||
+        expected > static_cast<uint64_t>(INT64_MAX))
+      corrupt(path, "tensor " + in_quotes(name) + " has a shape too large to exist: " + v["shape"].dump() +
+                        " of " + v["dtype"].get<std::string>() + " is more than 2^63 bytes");
     const json& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       corrupt(path, "tensor " + in_quotes(name) + " has malformed data_offsets");
@@ -145,7 +151,6 @@ SafetensorsIndex open_safetensors(const std::string& path) {
     if (e.begin > e.end || e.end > data_size)
       corrupt(path, "tensor " + in_quotes(name) + " has data_offsets [" + std::to_string(e.begin) + ", " +
                         std::to_string(e.end) + "] outside the " + std::to_string(data_size) + " data bytes");
-    uint64_t expected = numel * c10::elementSize(e.type);
     if (e.end - e.begin != expected)
       corrupt(path, "tensor " + in_quotes(name) + " of shape " + v["shape"].dump() + " needs " + std::to_string(expected) +
                         " bytes but its data_offsets span " + std::to_string(e.end - e.begin));

@@ -198,12 +198,12 @@ function train.read_metrics(path)
   return records
 end
 
--- train._open_log(path, resumed_from) -> file to append to. A fresh run
+-- open_log(path, resumed_from) -> file to append to. A fresh run
 -- (resumed_from nil) starts the log anew; a resumed run keeps the records of
 -- the steps up to its checkpoint and drops the rest (the steps run after it by
 -- the killed process, and a last line cut short), so the log of a run that was
 -- killed and resumed reads as the log of one uninterrupted run.
-function train._open_log(path, resumed_from)
+local function open_log(path, resumed_from)
   local fs = require 'anatomy.fs'
   local kept = {}
   if resumed_from and fs.exists(path) then
@@ -313,7 +313,7 @@ function train.fit(model, corpus, opts)
       run.config['config.resumed_steps'] = o.steps
     end
   end
-  local log = o.log and train._open_log(o.log, run.resumed_from)
+  local log = o.log and open_log(o.log, run.resumed_from)
   local tty = torch._isatty(1) and not o.quiet
   local started = torch._now()
   local tokens = 0

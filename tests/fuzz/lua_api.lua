@@ -9,9 +9,11 @@
 -- every dtype, 0-dim, empty, non-contiguous, expanded, NaN/Inf, int64
 -- extremes; numbers 0, -1, 0.5, 2^53, nan, inf, huge; strings empty, long,
 -- invalid UTF-8, paths that do not exist; nil, booleans, tables empty,
--- nested, cyclic; functions that error; results of earlier calls. Every call
--- runs under pcall. The rule: a Lua error must carry a message; anything
--- that ends the process (a crash, an abort, a sanitizer report) is a
+-- nested, cyclic; functions that error or yield; models whose probes raise,
+-- return the wrong shape or call the model again from inside its forward;
+-- results of earlier calls (used again after collectgarbage). Every call runs
+-- under pcall, one in 20 inside a coroutine. The rule: a Lua error must
+-- carry a message; anything that ends the process (a crash, an abort, a sanitizer report) is a
 -- finding, and the log (each call written and flushed before it runs) says
 -- which call it was: --replay=SEED (or the same --seed) reproduces it, and
 -- tests/fuzz/minimize.lua cuts the sequence to the calls that matter.
@@ -103,7 +105,7 @@ local deep = {}
 do local d = deep for _ = 1, 200 do d[1] = {} d = d[1] end end
 local scalars = {0, -1, 1, 2, 3, 0.5, -0.5, 2 ^ 53, -2 ^ 53, 2 ^ 63, 2 ^ 64, 1e12, 1e308, 0 / 0, 1 / 0, -1 / 0, 7, 1000000}
 local strings = {'', 'x', ('a'):rep(10000), '\255\254\253', 'float32', 'int64', 'cpu', 'cuda', 'mean', 'sum', 'relu',
-  scratch .. '/missing', '/no/such/file', scratch .. '/out.bin', '*', 'blocks.1', 'gelu', 'bfloat16', '3/2'}
+  scratch .. '/missing', scratch .. '/no/such/file', scratch .. '/out.bin', '*', 'blocks.1', 'gelu', 'bfloat16', '3/2'}
 local results = {}  -- values earlier calls returned
 
 local function module_pool()
@@ -111,6 +113,41 @@ local function module_pool()
   return ok and m or nil
 end
 local pool_model = module_pool()
+
+-- models whose probes misbehave: a hook that raises, one that returns a
+-- tensor of the wrong shape, one that calls the model again from inside its
+-- own forward (re-entrant, once), and one that calls it without end (the
+-- recursion runs through the C++ blocks, so it must stop at the C stack's
+-- limit with an error)
+local hooked = {}
+do
+  local points = pool_model and probe.names(pool_model) or {}
+  local x = torch.tensor({{1, 2, 3}}, {dtype = 'int64'})
+  local function with(fn)
+    local m = module_pool()
+    if m and #points > 0 then
+      local point = points[math.random(#points)]
+      if pcall(probe.replace, m, point, function(t) return fn(m, t) end) then hooked[#hooked + 1] = m end
+    end
+  end
+  with(function() error('an error from a hook') end)
+  with(function(_, t) return torch.is_tensor(t) and t:reshape(-1) or t end)
+  local inside = false
+  with(function(m, t)
+    if not inside then inside = true; pcall(m, x); inside = false end
+    return t
+  end)
+  with(function(m, t) m(x); return t end)
+  -- and called as models are: on token ids, with or without the grad
+  if #hooked > 0 then
+    fns['hooked_model(ids)'] = function(grad)
+      local m = hooked[math.random(#hooked)]
+      if grad then return m(x):sum():backward() end
+      return torch.no_grad(function() return m(x) end)
+    end
+    names[#names + 1] = 'hooked_model(ids)'
+  end
+end
 
 local function pick(list) return list[math.random(#list)] end
 local function arg_value(depth)
@@ -125,8 +162,10 @@ local function arg_value(depth)
   elseif r <= 78 then return cyclic
   elseif r <= 79 then return deep
   elseif r <= 82 then return function() error('an error from a callback') end
-  elseif r <= 84 then return function(x) return x end
-  elseif r <= 88 and pool_model then return pool_model
+  elseif r <= 83 then return function(x) return x end
+  elseif r <= 84 then return function() coroutine.yield() end
+  elseif r <= 86 and pool_model then return pool_model
+  elseif r <= 88 and #hooked > 0 then return pick(hooked)
   elseif r <= 92 and #results > 0 then return pick(results)
   elseif r <= 96 and depth < 2 then return {dtype = pick(strings), dim = pick(scalars), keepdim = true, [1] = arg_value(depth + 1)}
   end
@@ -143,6 +182,26 @@ local function describe(v)
   end
   return tostring(v)
 end
+
+-- pcall inside a coroutine: a callback that yields leaves the coroutine
+-- (through the C++ caller when there is one: that must be an error)
+local function coroutine_pcall(f)
+  local co = coroutine.create(function() return pcall(f) end)
+  local ok, pok, r = coroutine.resume(co)
+  if not ok then return false, pok end
+  if coroutine.status(co) == 'suspended' then return true, nil end  -- it yielded from Lua: fine, dropped
+  return pok, r
+end
+
+-- resident memory, to find growth without bound (the rule: across 10^4 calls)
+local function rss_mib()
+  local f = io.open('/proc/self/statm')
+  if not f then return 0 end
+  local pages = tonumber(f:read('*a'):match('^%d+%s+(%d+)'))
+  f:close()
+  return (pages or 0) * 4096 / 2 ^ 20
+end
+local rss = {}
 
 local calls, errors, bad = 0, 0, 0
 local started = torch._now()
@@ -168,7 +227,8 @@ for i = 1, cfg.calls do
     log:flush()
   end
   local ok, r = true, nil
-  if not only or only[i] then ok, r = pcall(function()
+  local in_coroutine = math.random(20) == 1  -- so a callback's yield has a coroutine to leave
+  if not only or only[i] then ok, r = (in_coroutine and coroutine_pcall or pcall)(function()
     if on_tensor then
       local m = torch.is_tensor(self) and self[name:sub(8)] or nil
       if type(m) ~= 'function' then error('not a method of this value') end
@@ -187,6 +247,11 @@ for i = 1, cfg.calls do
   elseif r ~= nil and #results < 200 and (torch.is_tensor(r) or type(r) == 'table' or type(r) == 'userdata') then
     if not (torch.is_tensor(r) and r:numel() > 1e6) then results[#results + 1] = r end
   end
+  if i % 10000 == 0 then
+    collectgarbage()
+    collectgarbage()
+    rss[#rss + 1] = rss_mib()
+  end
   if i % 500 == 0 then
     collectgarbage()
     torch.manual_seed(seed * 1000003 + i)
@@ -196,6 +261,18 @@ for i = 1, cfg.calls do
   if cfg.verbose and i % 1000 == 0 then print(('%d calls, %d errors'):format(i, errors)) end
 end
 os.execute("rm -rf '" .. scratch .. "'")
-print(('lua_api: %d functions and %d tensor methods; %d calls (seed %d), %d Lua errors, %d without a message, %.1f s; the process survived'):format(
-  #names, #tensor_methods, calls, seed, errors, bad, torch._now() - started))
+-- growth without bound: after the first 10^4 calls (pools filling, ASan's
+-- quarantine), every later block of 10^4 calls adds to the resident memory,
+-- more than 256 MiB in all
+local grew = false
+if #rss >= 4 then
+  grew = rss[#rss] - rss[1] > 256
+  for k = 2, #rss do if rss[k] <= rss[k - 1] then grew = false end end
+end
+if grew then
+  bad = bad + 1
+  print(('FINDING: resident memory grew at every 10^4 calls, from %.0f MiB to %.0f MiB (seed %d)'):format(rss[1], rss[#rss], seed))
+end
+print(('lua_api: %d functions and %d tensor methods; %d calls (seed %d), %d Lua errors, %d without a message, %.1f s, resident memory %.0f..%.0f MiB; the process survived'):format(
+  #names, #tensor_methods, calls, seed, errors, bad, torch._now() - started, rss[1] or rss_mib(), rss[#rss] or rss_mib()))
 os.exit(bad == 0 and 0 or 1)

@@ -196,4 +196,39 @@ test('a char corpus of text that is not UTF-8 gives back its exact bytes', funct
   raises(function() return c:encode('\250') end, "bad argument #1 to 'encode' (character byte 0xFA (not UTF-8) is not in the vocabulary)")
 end)
 
+-- A safetensors shape whose byte count wraps past 2^64 ([2^62 + 1] of F32 is
+-- 2^64 + 4 bytes, which wraps to 4) passed the reader's size check and
+-- reached LibTorch's raw "Storage size calculation overflowed".
+test('a safetensors shape of more than 2^63 bytes is refused by the reader', function()
+  local function craft(header, body)
+    local len = ''
+    for i = 0, 7 do len = len .. string.char(math.floor(#header / 256 ^ i) % 256) end
+    return H.tmpfile(len .. header .. body)
+  end
+  local path = craft('{"x":{"dtype":"F32","shape":[4611686018427387905],"data_offsets":[0,4]}}', '\0\0\0\0')
+  raises(function() return torch.load_safetensors(path) end,
+    ("'%s' is not a valid safetensors file: tensor 'x' has a shape too large to exist: [4611686018427387905] of F32 is more than 2^63 bytes"):format(path))
+  path = craft('{"x":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,4]}}', '\0\0\0\0')
+  raises(function() return torch.load_safetensors(path) end,
+    ("'%s' is not a valid safetensors file: tensor 'x' has a shape too large to exist: [18446744073709551615]"):format(path))
+end)
+
+-- A hook that runs the model again from inside its forward: the recursion
+-- goes through the C++ blocks; it must end in an error (once, not a 44 KB
+-- message with the place repeated a level at a time), and the model must
+-- work once the hook is gone.
+test('a hook that calls its own model ends in one stack overflow error, and the model goes on', function()
+  local m = models.gpt{vocab = 7, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8}
+  local x = torch.tensor({{1, 2, 3}}, {dtype = 'int64'})
+  local h = probe.replace(m, 'blocks.1.attn.q', function(t) m(x); return t end)
+  raises(function() return m(x) end,
+    'in block 1 (models.GPTBlock) of nn.Repeat: stack overflow (the model was called again from inside its own forward, by the block or by a hook on it)')
+  h:remove()
+  local once = false
+  h = probe.replace(m, 'blocks.1', function(t) if not once then once = true; m(x) end; return t end)
+  eq(m(x):size(3), 7, 'a re-entrant call that ends is fine')
+  h:remove()
+  eq(m(x):size(3), 7)
+end)
+
 H.done()

@@ -197,9 +197,16 @@ function nn.call_child(self, name, child, x, ...)
   if not ok then
     local msg = tostring(y)
     local where, rest = msg:match('^([^\n]-:%d+: )(.*)$')
-    error(('%sin %s (%s%s) of %s: %s'):format(where or '',
-      tonumber(name) and 'block ' .. name or "'" .. name .. "'", nn.typename(child), forward_position(child), nn.typename(self),
-      rest or msg), 0)
+    rest = rest or msg
+    local prefix = ('in %s (%s%s) of %s: '):format(tonumber(name) and 'block ' .. name or "'" .. name .. "'",
+      nn.typename(child), forward_position(child), nn.typename(self))
+    -- a recursion (a hook that runs the model again) passes here once a
+    -- level: the place is said once, and what the overflow means
+    if rest:find(prefix, 1, true) then error(msg, 0) end
+    if rest:match('stack overflow$') then
+      rest = rest .. ' (the model was called again from inside its own forward, by the block or by a hook on it)'
+    end
+    error((where or '') .. prefix .. rest, 0)
   end
   return y
 end
