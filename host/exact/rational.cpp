@@ -175,21 +175,25 @@ std::pair<Rational, Rational> sqrt_bounds(const Rational& lo, const Rational& hi
 }
 
 std::string suggest_fraction(double x) {
-  if (!std::isfinite(x)) return "";
-  // Convergents h/k of the continued fraction of x until |x − h/k| < 1e-9·|x|.
+  // Past 2^53 every double is an integer, and a numerator that large is no
+  // help in a message (the products below would also leave long long's range).
+  if (!std::isfinite(x) || std::fabs(x) > 9007199254740992.0) return "";
+  // Convergents h/k of the continued fraction of x until |x − h/k| < 1e-9·|x|,
+  // formed in doubles (exact below 2^53) and stopped before they leave it.
   double value = x;
   long long h0 = 1, h1 = 0, k0 = 0, k1 = 1;  // h_{-1}, h_{-2}, k_{-1}, k_{-2}
   for (int i = 0; i < 40; ++i) {
     double a = std::floor(value);
-    long long h = static_cast<long long>(a) * h0 + h1, k = static_cast<long long>(a) * k0 + k1;
-    if (k > 1000000) break;
+    double hd = a * static_cast<double>(h0) + static_cast<double>(h1), kd = a * static_cast<double>(k0) + static_cast<double>(k1);
+    if (!(kd <= 1000000) || !(std::fabs(hd) <= 9007199254740992.0)) break;
+    long long h = static_cast<long long>(hd), k = static_cast<long long>(kd);
     h1 = h0, h0 = h, k1 = k0, k0 = k;
     if (std::fabs(x - static_cast<double>(h) / k) <= 1e-9 * std::fabs(x)) break;
     double frac = value - a;
     if (frac < 1e-12) break;
     value = 1 / frac;
   }
-  if (k0 == 0) return "";
+  if (k0 == 0 || (h0 == 0 && x != 0)) return "";  // no fraction with a denominator up to 10^6 comes close
   return std::to_string(h0) + "/" + std::to_string(k0);
 }
 

@@ -290,4 +290,16 @@ test('mutated SentencePiece model files load or raise an error, never crash', fu
   os.execute("rm -rf '" .. dir .. "'")
 end)
 
+-- lua_api under UBSan: the fraction suggested for a number that is not an
+-- integer converted 1e308 to long long (undefined), and the convergents'
+-- products could leave its range.
+test('the fraction suggested for a number stays in range, and is nil when none comes close', function()
+  local R = torch._exact
+  eq(R.suggest(1e308), nil)
+  eq(R.suggest(1e-300), nil)
+  eq(R.suggest(0.1), '1/10')
+  eq(R.suggest(-2.5), '-5/2')
+  raises(function() return R.new(0.1) end, "bad argument #1 to 'exact.new' (expected an integer or a fraction written as a string, got 0.1 (write '1/10' for an exact fraction))")
+end)
+
 H.done()
