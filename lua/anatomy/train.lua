@@ -221,6 +221,43 @@ local function open_log(path, resumed_from)
   return f
 end
 
+-- train.export_metrics(path, {csv = file, tensorboard = folder}) -> what was
+-- written: the JSON-lines log train.fit writes ({log = path}), as CSV (one
+-- row a step: step, loss, lr, grad_norm, val_loss, tokens_per_second, time)
+-- and as TensorBoard scalars (train/loss, train/lr, train/grad_norm,
+-- train/tokens_per_second, val/loss, by step).
+function train.export_metrics(path, opts)
+  opts = require('anatomy.options').check(opts, {'csv', 'tensorboard'}, 'train.export_metrics', 2)
+  if not opts.csv and not opts.tensorboard then
+    error('train.export_metrics: say where: {csv = file} and/or {tensorboard = folder}', 2)
+  end
+  local records = train.read_metrics(path)
+  local export = require 'anatomy.export'
+  local written = {}
+  if opts.csv then
+    written.csv = export.csv(opts.csv, records, {'step', 'loss', 'lr', 'grad_norm', 'val_loss', 'tokens_per_second', 'time'})
+  end
+  if opts.tensorboard then
+    local scalars = {}
+    local last = records[#records]
+    local ended = os.time()
+    local tags = {{'loss', 'train/loss'}, {'lr', 'train/lr'}, {'grad_norm', 'train/grad_norm'},
+                  {'tokens_per_second', 'train/tokens_per_second'}, {'val_loss', 'val/loss'}}
+    for _, r in ipairs(records) do
+      -- the log's time is seconds since the run began; TensorBoard wants the clock's
+      local wall = (type(r.time) == 'number' and last and type(last.time) == 'number') and ended - (last.time - r.time) or nil
+      for _, t in ipairs(tags) do
+        if type(r[t[1]]) == 'number' and type(r.step) == 'number' then
+          scalars[#scalars + 1] = {tag = t[2], step = r.step, value = r[t[1]], wall_time = wall}
+        end
+      end
+    end
+    require('anatomy.fs').mkdir(opts.tensorboard)
+    written.tensorboard = export.tensorboard(opts.tensorboard, scalars)
+  end
+  return written
+end
+
 local function format_time(seconds)
   seconds = math.max(0, math.floor(seconds + 0.5))
   if seconds >= 3600 then return ('%d:%02d:%02d'):format(seconds / 3600, seconds % 3600 / 60, seconds % 60) end

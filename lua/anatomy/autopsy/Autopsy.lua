@@ -77,6 +77,43 @@ function Autopsy:json(path)
   return fs.write_atomic(path, json.encode(self:data()) .. '\n')
 end
 
+-- The per-layer measures, in the names the JSON uses, in table order.
+Autopsy.columns = {'name', 'kind', 'grad_norm', 'erank', 'erank_ratio', 'entropy', 'diag', 'act_std', 'amplification',
+  'residual', 'influence', 'lens_loss', 'removal_loss', 'gate_grad', 'gate_identity', 'verdict'}
+
+-- a:csv(path): the per-layer table as CSV (one row a layer, the JSON's
+-- names as columns); returns path
+function Autopsy:csv(path)
+  if type(path) ~= 'string' or path == '' then error(('a:csv: path must be a file path, got %s'):format(type(path)), 2) end
+  fs.mkdir(fs.dirname(path))
+  return require('anatomy.export').csv(path, self:data().rows, Autopsy.columns)
+end
+
+-- a:tensorboard(dir): the per-layer measures as TensorBoard scalars
+-- (autopsy/<measure>, the layer's position as the step: TensorBoard's curves
+-- then read as depth profiles), the loss, and the training history when the
+-- autopsy has one (train/loss, val/loss by step); returns the file's path
+function Autopsy:tensorboard(dir)
+  if type(dir) ~= 'string' or dir == '' then error(('a:tensorboard: dir must be a folder path, got %s'):format(type(dir)), 2) end
+  local scalars = {}
+  local depth = 0
+  for _, r in ipairs(self.rows) do
+    depth = depth + 1
+    for _, key in ipairs(Autopsy.columns) do
+      local v = r[key]
+      if type(v) == 'number' and v == v then scalars[#scalars + 1] = {tag = 'autopsy/' .. key, step = depth, value = v} end
+    end
+  end
+  if type(self.loss) == 'number' then scalars[#scalars + 1] = {tag = 'autopsy/loss', step = 0, value = self.loss} end
+  local h = self.history
+  if h then
+    for i, v in ipairs(h.train or {}) do scalars[#scalars + 1] = {tag = 'train/loss', step = (h.first_step or 1) + i - 1, value = v} end
+    for _, v in ipairs(h.val or {}) do scalars[#scalars + 1] = {tag = 'val/loss', step = v.step, value = v.loss} end
+  end
+  fs.mkdir(dir)
+  return require('anatomy.export').tensorboard(dir, scalars)
+end
+
 -- a:report(path): writes the HTML report atomically; returns path
 function Autopsy:report(path)
   return fs.write_atomic(path, require('anatomy.autopsy.report').html(self))
