@@ -12,6 +12,14 @@ function H.tmpfile(content)
   return path
 end
 
+-- a new empty folder; returns its path
+function H.tmpdir()
+  local path = os.tmpname()
+  os.remove(path)
+  os.execute("mkdir -p '" .. path .. "'")
+  return path
+end
+
 -- the bytes of a file
 function H.read(path)
   local f = assert(io.open(path, 'rb'))

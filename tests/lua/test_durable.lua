@@ -7,12 +7,7 @@ local H = require 'harness'
 local test, eq, raises = H.test, H.eq, H.raises
 local fs = require 'anatomy.fs'
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  fs.mkdir(d)
-  return d
-end
+local tmpdir = H.tmpdir
 local function listing(dir)
   local p = io.popen('ls -A ' .. fs.quote(dir))
   local names = {}

@@ -7,12 +7,7 @@ local test, eq, raises = H.test, H.eq, H.raises
 local export = require 'anatomy.export'
 local fs = require 'anatomy.fs'
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  fs.mkdir(d)
-  return d
-end
+local tmpdir = H.tmpdir
 
 test('CSV round-trips numbers exactly, quotes what needs quoting, and leaves missing cells empty', function()
   local d = tmpdir()
