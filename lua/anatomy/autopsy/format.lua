@@ -13,20 +13,48 @@ end
 format.number = fmt
 
 
+-- The measures of the per-layer table, each under the one name the
+-- terminal, the HTML report, the JSON, the CSV and a:plot use, with what it
+-- measures and how the verdict uses it (the legend under both tables).
+format.measures = {
+  {'grad_norm', 'norm of the loss gradient of the row\'s parameters; its share of the largest row\'s is the verdict\'s gradient share'},
+  {'erank', 'effective rank of the row\'s output (exp of the entropy of its singular values), with its share of the width'},
+  {'entropy', 'mean entropy of the attention rows, in nats (low: sharp attention)'},
+  {'diag', 'mean attention a position pays to itself'},
+  {'act_std', 'standard deviation of the row\'s output'},
+  {'amplification', 'std of the block\'s output over std of its input; the verdict says exploding above the threshold'},
+  {'residual', 'mean |output - input| / |input| per token: the block\'s own contribution beside its input; a passenger below the threshold'},
+  {'influence', '1 - the mean cosine between the block\'s input and output, per token (how far it turns the stream); the least influential are the ones removed together'},
+  {'lens_loss', 'loss of the readout (logit lens) applied to the row\'s output'},
+  {'removal_loss', 'loss of the model with the block removed; a passenger when it adds less than the threshold of the loss'},
+  {'verdict', 'worker, passenger, exploding, or boundary (input/output rows): the rule is under the table'},
+}
+
+-- format.legend(a) -> lines: what each column measures, then the verdicts' rule.
+function format.legend(self)
+  local lines = {}
+  for _, m in ipairs(format.measures) do lines[#lines + 1] = ('%-14s%s'):format(m[1], m[2]) end
+  local t = self.thresholds
+  lines[#lines + 1] = ('verdicts: boundary = an input or output row with >= %g of the largest grad_norm while the median block has < %g; '
+    .. 'passenger = residual < %g, grad_norm share < %g, or removal_loss - loss < %g of the loss; exploding = amplification > %g'):format(
+    t.boundary, t.boundary_middle, t.passenger, t.passenger_grad, t.passenger_removal or 0, t.exploding)
+  return lines
+end
+
 -- The per-layer table.
 function format.table(self)
   local cols = {
     {'layer', function(r) return r.name end},
-    {'|grad|', function(r) return fmt(r.grad_norm, 4) end},
+    {'grad_norm', function(r) return fmt(r.grad_norm, 4) end},
     {'erank', function(r) return r.erank and ('%s (%d%%)'):format(fmt(r.erank, 1), math.floor(100 * r.erank_ratio + 0.5)) or '-' end},
     {'entropy', function(r) return fmt(r.entropy) end},
     {'diag', function(r) return fmt(r.diag) end},
-    {'act std', function(r) return fmt(r.act_std) end},
-    {'gain', function(r) return fmt(r.amplification, 2) end},
-    {'f(x)/x', function(r) return fmt(r.residual) end},
+    {'act_std', function(r) return fmt(r.act_std) end},
+    {'amplification', function(r) return fmt(r.amplification, 2) end},
+    {'residual', function(r) return fmt(r.residual) end},
     {'influence', function(r) return fmt(r.influence, 4) end},
-    {'lens loss', function(r) return fmt(r.lens_loss) end},
-    {'w/o loss', function(r) return fmt(r.removal_loss) end},
+    {'lens_loss', function(r) return fmt(r.lens_loss) end},
+    {'removal_loss', function(r) return fmt(r.removal_loss) end},
     {'verdict', function(r) return r.verdict or '' end},
   }
   local cells, widths = {}, {}
@@ -50,10 +78,10 @@ function format.table(self)
   for i in ipairs(self.rows) do out[#out + 1] = line(cells[i]) end
   local gates = {}
   for _, r in ipairs(self.rows) do
-    if r.gate_grad then gates[#gates + 1] = ('%s |grad| %s, |W - I|/sqrt(d) %s'):format(r.name, fmt(r.gate_grad, 4), fmt(r.gate_identity)) end
+    if r.gate_grad then gates[#gates + 1] = ('%s gate_grad %s, gate_identity (|W - I|/sqrt(d)) %s'):format(r.name, fmt(r.gate_grad, 4), fmt(r.gate_identity)) end
   end
   if #gates > 0 then out[#out + 1] = 'gates: ' .. table.concat(gates, '; ') end
-  local shown = {lens_loss = 'lens loss', entropy = 'entropy and diag', removal_loss = 'w/o loss'}
+  local shown = {lens_loss = 'lens_loss', entropy = 'entropy and diag', removal_loss = 'removal_loss'}
   for _, key in ipairs{'entropy', 'lens_loss', 'removal_loss'} do
     if self.missing and self.missing[key] then out[#out + 1] = ('%s: - because %s'):format(shown[key], self.missing[key]) end
   end
@@ -61,10 +89,8 @@ function format.table(self)
     out[#out + 1] = ('without the %d least influential blocks (%s): loss %s (full model %s)'):format(
       self.removal.k, table.concat(self.removal.blocks, ', '), fmt(self.removal.loss, 4), fmt(self.removal.full_loss, 4))
   end
-  local t = self.thresholds
-  out[#out + 1] = ('verdicts: boundary = input/output row with >= %g of the largest |grad| while the median block has < %g; '
-    .. 'passenger = f(x)/x < %g, |grad| share < %g or removing it costs < %g of the loss; exploding = gain > %g'):format(
-    t.boundary, t.boundary_middle, t.passenger, t.passenger_grad, t.passenger_removal or 0, t.exploding)
+  out[#out + 1] = ''
+  for _, line in ipairs(format.legend(self)) do out[#out + 1] = line end
   out[#out + 1] = ''
   out[#out + 1] = format.parameter_table(self)
   return table.concat(out, '\n')
@@ -76,7 +102,7 @@ function format.parameter_table(self)
   for _, w in ipairs(self.weights) do ranks[w.name] = w end
   local width = 9
   for _, p in ipairs(self.params) do width = math.max(width, #p.name) end
-  local lines = {('%-' .. width .. 's  %10s  %10s  %s'):format('parameter', 'shape', '|grad|', 'erank (of full)')}
+  local lines = {('%-' .. width .. 's  %10s  %10s  %s'):format('parameter', 'shape', 'grad_norm', 'erank (of full)')}
   for _, p in ipairs(self.params) do
     local w = ranks[p.name]
     lines[#lines + 1] = ('%-' .. width .. 's  %10s  %10s  %s'):format(p.name, p.shape, fmt(p.grad_norm, 4),
@@ -100,18 +126,24 @@ function format.plot(self, metric)
     error(("bad argument #1 to 'plot' (unknown column '%s'; the columns are %s)"):format(tostring(metric), table.concat(columns, ', ')), 3)
   end
   metric = metric or 'grad_norm'
-  local values, hi = {}, 0
+  local values, lo, hi = {}, math.huge, -math.huge
   for _, r in ipairs(self.rows) do
     local v = r[metric]
     values[#values + 1] = {r.name, v}
-    if v and v == v then hi = math.max(hi, math.abs(v)) end
+    if v and v == v then lo, hi = math.min(lo, v), math.max(hi, v) end
   end
+  -- Bars start where the data does: when every value is positive and they
+  -- differ by little beside their size (losses of 2.371..2.378), a bar from
+  -- 0 would hide the differences; the baseline is then just below the smallest.
+  local base = 0
+  if lo > 0 and hi > lo and (hi - lo) < 0.5 * hi then base = lo - 0.05 * (hi - lo) end
   local width = 40
-  local lines = {('%s per layer'):format(metric)}
+  local lines = {base ~= 0 and ('%s per layer (bars start at %s)'):format(metric, fmt(base, 4)) or ('%s per layer'):format(metric)}
   local name_width = 0
   for _, v in ipairs(values) do name_width = math.max(name_width, #v[1]) end
+  local span = math.max(math.abs(hi - base), math.abs(lo - base))
   for _, v in ipairs(values) do
-    local n = v[2] and hi > 0 and math.abs(v[2]) / hi * width or 0
+    local n = v[2] and v[2] == v[2] and span > 0 and math.abs(v[2] - base) / span * width or 0
     local full = math.floor(n)
     local part = math.floor((n - full) * 8 + 0.5)
     local bar = ('█'):rep(full) .. (part > 0 and full < width and bars[part + 1] or '')

@@ -7,6 +7,16 @@ local report = {}
 
 local esc = svg.esc
 
+-- The legend under the table: each column's one name and what it measures
+-- (format.measures, as the terminal prints it), then the verdicts' rule.
+local function legend_html(a)
+  local out = {}
+  for _, m in ipairs(format.measures) do out[#out + 1] = ('<dt>%s</dt><dd>%s</dd>'):format(esc(m[1]), esc(m[2])) end
+  local lines = format.legend(a)
+  out[#out + 1] = '<dt>verdicts</dt><dd>' .. esc((lines[#lines]:gsub('^verdicts: ', ''))) .. '</dd>'
+  return table.concat(out)
+end
+
 local style = [[
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }
 h1 { font-size: 20px; } table { border-collapse: collapse; font: 12px monospace; }
@@ -15,6 +25,8 @@ td, th { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; } t
 .charts { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; border: 1px solid #eee; padding: 8px; }
 figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .tick, .label, .label-left { font-size: 10px; fill: #555; } .legend { font-size: 11px; }
 .label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
+dl.note { display: grid; grid-template-columns: max-content 1fr; gap: 0 12px; max-width: 900px; }
+dl.note dt { font-family: monospace; } dl.note dd { margin: 0; }
 .provenance { font-size: 12px; color: #444; background: #f6f6f6; padding: 6px 8px; }
 ]]
 
@@ -102,7 +114,8 @@ function report.html(a)
     end
   end
 
-  local cols = {'name', 'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual', 'influence', 'lens_loss', 'removal_loss', 'verdict'}
+  local cols = {'name'}
+  for _, m in ipairs(format.measures) do cols[#cols + 1] = m[1] end
   local thead = {}
   for _, c in ipairs(cols) do thead[#thead + 1] = '<th>' .. c .. '</th>' end
   local tbody = {}
@@ -120,7 +133,7 @@ function report.html(a)
     '<h1>Autopsy of ', esc(a.model), '</h1><p>loss ', format.number(a.loss, 4), '</p>',
     a.provenance and ('<p class="provenance">' .. esc(require('anatomy.provenance').line(a.provenance)) .. '</p>') or '',
     '<table><thead><tr>', table.concat(thead), '</tr></thead><tbody>', table.concat(tbody), '</tbody></table>',
-    '<p class="note">', esc(tostring(a):match('verdicts:[^\n]*') or ''), '</p>',
+    '<dl class="note">', legend_html(a), '</dl>',
     '<div class="charts">', table.concat(charts), '</div>',
     a.sections and ('<h2>Patching and attribution</h2><div class="charts">' .. table.concat(a.sections) .. '</div>') or '',
     #head_maps > 0 and ('<h2>Attention maps' .. (a.patterns_text and (' for "' .. esc(a.patterns_text:sub(1, 60)) .. '"') or
