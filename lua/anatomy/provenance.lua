@@ -187,6 +187,53 @@ function provenance.line(rec)
   return table.concat(parts, '; ')
 end
 
+-- provenance.fields(record) -> {{label, text}, ...}: the record as the
+-- labelled lines the top of a report shows (model with its configuration,
+-- data, training, device, software, machine, date)
+function provenance.fields(rec)
+  local out = {}
+  local function config_text(cfg)
+    local keys = {}
+    for k, v in pairs(cfg or {}) do if type(v) ~= 'table' then keys[#keys + 1] = k end end
+    table.sort(keys)
+    local parts = {}
+    for _, k in ipairs(keys) do parts[#parts + 1] = ('%s=%s'):format(k, tostring(cfg[k])) end
+    return table.concat(parts, ', ')
+  end
+  local models = {}
+  if rec.model then models[1] = {model = rec.model, training = rec.training} end
+  for _, r in ipairs(rec.runs or {}) do models[#models + 1] = r end
+  for _, m in ipairs(models) do
+    local label = m.label and ('model (' .. m.label .. ')') or 'model'
+    if m.model then
+      local cfg = config_text(m.model.config)
+      out[#out + 1] = {label, ('%s, %s parameters%s'):format(m.model.class, count(m.model.parameters), cfg ~= '' and ('; ' .. cfg) or '')}
+    end
+    local t = m.training
+    if t and t.steps_run then
+      out[#out + 1] = {m.label and ('training (' .. m.label .. ')') or 'training',
+        ('%d steps of batch %s x %s, lr %s%s%s, %s; final train loss %s%s'):format(t.steps_run, tostring(t.batch or '?'),
+          tostring(t.seq or '?'), tostring(t.lr), t.schedule and (', ' .. t.schedule .. ' schedule') or '',
+          t.warmup and (', warmup ' .. t.warmup) or '', t.seconds and seconds(t.seconds) or '?',
+          t.final_train_loss and ('%.4f'):format(t.final_train_loss) or '-',
+          t.final_val_loss and (', val loss %.4f'):format(t.final_val_loss) or '')}
+    end
+  end
+  local d = rec.data
+  if d then
+    out[#out + 1] = {'data', ('%s (%s bytes, sha256 %s), %s tokenizer, vocabulary %d, %s train + %s val tokens'):format(
+      d.path, count(d.bytes), d.sha256, d.tokenizer, d.vocab_size, count(d.tokens and d.tokens.train or 0), count(d.tokens and d.tokens.val or 0))}
+  end
+  out[#out + 1] = {'seed', rec.seed and tostring(rec.seed) or 'not given (train.fit ran without a seed)'}
+  out[#out + 1] = {'device', ('%s, %s, %d thread%s'):format(rec.device, rec.dtype, rec.threads, rec.threads == 1 and '' or 's')}
+  out[#out + 1] = {'software', ('anatomy %s (commit %s), LibTorch %s%s, %s'):format(rec.anatomy, rec.commit, rec.libtorch,
+    rec.cuda and (' (CUDA ' .. rec.cuda .. ')') or '', rec.lua)}
+  local m = rec.machine or {}
+  out[#out + 1] = {'machine', ('%s, %s cores, %s'):format(m.cpu or '?', tostring(m.cores or '?'), m.os or '?')}
+  out[#out + 1] = {'date', ('%s, wall time %s'):format(rec.started, seconds(rec.wall_seconds))}
+  return out
+end
+
 -- provenance.json(record) -> the record as a JSON string
 function provenance.json(rec) return json.encode(rec) end
 

@@ -17,6 +17,16 @@ local function legend_html(a)
   return table.concat(out)
 end
 
+-- The run's provenance at the top: one labelled line each (provenance.fields).
+local function provenance_html(rec)
+  local out = {'<dl class="provenance">'}
+  for _, f in ipairs(require('anatomy.provenance').fields(rec)) do
+    out[#out + 1] = ('<dt>%s</dt><dd>%s</dd>'):format(esc(f[1]), esc(f[2]))
+  end
+  out[#out + 1] = '</dl>'
+  return table.concat(out)
+end
+
 local style = [[
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }
 h1 { font-size: 20px; } table { border-collapse: collapse; font: 12px monospace; }
@@ -27,7 +37,8 @@ figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .t
 .label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
 dl.note { display: grid; grid-template-columns: max-content 1fr; gap: 0 12px; max-width: 900px; }
 dl.note dt { font-family: monospace; } dl.note dd { margin: 0; }
-.provenance { font-size: 12px; color: #444; background: #f6f6f6; padding: 6px 8px; }
+.provenance { font-size: 12px; color: #444; background: #f6f6f6; padding: 6px 8px; display: grid;
+  grid-template-columns: max-content 1fr; gap: 0 12px; } .provenance dt { font-weight: bold; } .provenance dd { margin: 0; }
 ]]
 
 -- report.page(title, body) -> a self-contained HTML page in the report's
@@ -131,7 +142,7 @@ function report.html(a)
     '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>autopsy of ', esc(a.model), '</title>',
     '<style>', style, '</style></head><body>',
     '<h1>Autopsy of ', esc(a.model), '</h1><p>loss ', format.number(a.loss, 4), '</p>',
-    a.provenance and ('<p class="provenance">' .. esc(require('anatomy.provenance').line(a.provenance)) .. '</p>') or '',
+    a.provenance and provenance_html(a.provenance) or '',
     '<table><thead><tr>', table.concat(thead), '</tr></thead><tbody>', table.concat(tbody), '</tbody></table>',
     '<dl class="note">', legend_html(a), '</dl>',
     '<div class="charts">', table.concat(charts), '</div>',
