@@ -271,7 +271,7 @@ test("the autopsy keeps every head's map with its tokens: a:attention in the ter
   a:report(path)
   local html = io.open(path):read('*a')
   os.remove(path)
-  assert(html:find('Attention maps for "the quick fox"', 1, true), 'the section names the text')
+  assert(html:find('<h2>Attention maps</h2><p class="prompt">the probe text <code>the quick fox</code>', 1, true), 'the section names the whole text')
   local maps = 0
   for _ in html:gmatch('<figcaption>blocks%.%d head %d</figcaption>') do maps = maps + 1 end
   eq(maps, 4, 'two layers x two heads')

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The HTML report in a real browser: headless Chromium (Debian's chromium)
-# loads it with no console errors, and every chart has data. Installs
-# chromium when it is missing; exits 77 (skipped) only if it cannot.
-#   test_report.sh ANATOMY_EXECUTABLE SOURCE_DIR
+# loads it with no console errors, every chart has data, and each chart has
+# what a reader needs (check_charts.py: ticks and titles on both axes, a
+# legend or a colour bar, a label on every heatmap row, a removal chart that
+# shows 0.1% differences). A screenshot is left in OUT_DIR to look at.
+# Installs chromium when it is missing; exits 77 (skipped) only if it cannot.
+#   test_report.sh ANATOMY_EXECUTABLE SOURCE_DIR [OUT_DIR]
 set -uo pipefail
 exe="$1"
 src="$2"
+out="${3:-}"
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 
@@ -33,12 +37,16 @@ check() {  # check NAME CONDITION-RESULT DETAIL
 grep -q '</html>' "$dir/dom.html"; check "chromium loaded the report" $? "no DOM came back"
 errors="$(grep -E 'CONSOLE|Uncaught|ERROR:.*(file|resource)' "$dir/console.log" | grep -v -E 'dbus|gpu|GPU|sandbox|Fontconfig|crashpad|ALSA|udev|viz' || true)"
 [[ -z "$errors" ]]; check "no console errors" $? "$errors"
-charts="$(grep -o 'class="chart" data-points="[0-9]*"' "$dir/dom.html" | wc -l)"
+charts="$(grep -o '<svg class="chart"[^>]*data-points="[0-9]*"' "$dir/dom.html" | wc -l)"
 [[ "$charts" -eq "$expected" ]]; check "all $expected charts are there" $? "found $charts"
-empty="$(grep -o 'class="chart" data-points="0"' "$dir/dom.html" | wc -l)"
+empty="$(grep -o '<svg class="chart"[^>]*data-points="0"' "$dir/dom.html" | wc -l)"
 [[ "$empty" -eq 0 ]]; check "every chart has data" $? "$empty charts have no data points"
 grep -q '<td>blocks.3</td>' "$dir/dom.html"; check "the table lists every layer" $? "no row for blocks.3"
-"$src/scripts/report-screenshot" "$dir/report.html" "$dir/report.png" >/dev/null 2>&1 && [[ -s "$dir/report.png" ]]
-check "report-screenshot makes a PNG" $? "no screenshot"
+python3 "$src/tests/report/check_charts.py" "$dir/dom.html" removal_loss >"$dir/charts.log"
+check "every chart has its axes, legend or colour bar, and row labels ($(tail -1 "$dir/charts.log"))" $? "$(grep FAIL "$dir/charts.log" | head -5)"
+png="${out:-$dir}/autopsy.png"
+[[ -z "$out" ]] || { mkdir -p "$out"; cp "$dir/report.html" "$out/autopsy.html"; }
+ANATOMY_SCREENSHOT_HEIGHT=5200 "$src/scripts/report-screenshot" "$dir/report.html" "$png" >/dev/null 2>&1 && [[ -s "$png" ]]
+check "report-screenshot makes a PNG ($png)" $? "no screenshot"
 echo "$passed passed, $failed failed"
 [[ "$failed" -eq 0 ]]

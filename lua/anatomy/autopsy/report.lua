@@ -33,7 +33,10 @@ h1 { font-size: 20px; } table { border-collapse: collapse; font: 12px monospace;
 td, th { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; } td:first-child, th:first-child { text-align: left; }
 .passenger { color: #888; } .boundary { color: #d62728; font-weight: bold; } .exploding { color: #ff7f0e; font-weight: bold; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; border: 1px solid #eee; padding: 8px; }
-figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .tick, .label, .label-left { font-size: 10px; fill: #555; } .legend { font-size: 11px; }
+figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .grid { stroke: #eee; } .group { stroke: #bbb; }
+.reference { stroke: #d62728; stroke-dasharray: 4 3; } .xtick, .ytick, .rowlabel, .value { font-size: 10px; fill: #555; }
+.xlabel, .ylabel { font-size: 11px; fill: #333; } .legend { font-size: 11px; } .scroll { max-height: 620px; overflow: auto; }
+details.numbers { font-size: 11px; } details.numbers table { font-size: 11px; } .prompt code { white-space: pre-wrap; }
 .label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
 dl.note { display: grid; grid-template-columns: max-content 1fr; gap: 0 12px; max-width: 900px; }
 dl.note dt { font-family: monospace; } dl.note dd { margin: 0; }
@@ -65,7 +68,7 @@ function report.html(a)
     for i = 1, #h.train do xs[i] = (h.first_step or 1) + i - 1 end
     local vx, vy = {}, {}
     for i, v in ipairs(h.val or {}) do vx[i], vy[i] = v.step, v.loss end
-    charts[#charts + 1] = svg.lines('Loss (train, val)', {{'train', xs, h.train}, {'val', vx, vy}})
+    charts[#charts + 1] = svg.lines('Loss during training', {{'train', xs, h.train}, {'val', vx, vy}}, {ylabel = 'loss (nats)'})
   end
   if h and h.probes and #h.probes > 0 then
     local params, steps, matrix = {}, {}, {}
@@ -75,55 +78,60 @@ function report.html(a)
       matrix[i] = {}
       for j, rec in ipairs(h.probes) do matrix[i][j] = rec.grad_norm[name] end
     end
-    charts[#charts + 1] = svg.heatmap('Gradient norm: parameter x step (log colour)', params, steps, matrix, true)
+    charts[#charts + 1] = svg.heatmap('Gradient norm of each parameter over training', params, steps, matrix, true,
+      {xlabel = 'step', ylabel = 'parameter', value = 'grad_norm (log colour)'})
     local series = {}
     for _, name in ipairs(block_names) do
       local xs, ys = {}, {}
       for j, rec in ipairs(h.probes) do xs[j], ys[j] = rec.step, rec.act_std[name] end
       series[#series + 1] = {name, xs, ys}
     end
-    charts[#charts + 1] = svg.lines('Activation std of each layer over training', series)
+    charts[#charts + 1] = svg.lines('act_std of each layer over training', series, {ylabel = 'act_std'})
   end
-  charts[#charts + 1] = svg.bars('Gradient norm per row', labels, column(rows, 'grad_norm'))
-  charts[#charts + 1] = svg.bars('Effective rank per layer (the funnel)', block_names, column(blocks, 'erank'))
+  charts[#charts + 1] = svg.bars('grad_norm per row', labels, column(rows, 'grad_norm'), {ylabel = 'grad_norm', xlabel = 'row'})
+  charts[#charts + 1] = svg.bars('erank per layer (the rank funnel)', block_names, column(blocks, 'erank'), {ylabel = 'erank'})
   if #a.weights > 0 then
-    charts[#charts + 1] = svg.bars('Effective rank of each weight / its full rank', column(a.weights, 'name'), column(a.weights, 'ratio'))
+    charts[#charts + 1] = svg.bars('erank of each weight matrix, as a share of its full rank', column(a.weights, 'name'),
+      column(a.weights, 'ratio'), {ylabel = 'erank / full rank', xlabel = 'parameter'})
   end
-  charts[#charts + 1] = svg.bars('Attention entropy per layer (nats)', block_names, column(blocks, 'entropy'))
+  charts[#charts + 1] = svg.bars('entropy per layer', block_names, column(blocks, 'entropy'), {ylabel = 'entropy (nats)'})
   if a.entropy_heads then
     local heads, matrix = {}, {}
     for i, r in ipairs(blocks) do matrix[i] = a.entropy_heads[r.name] or {} end
     for k = 1, #(matrix[1] or {}) do heads[k] = 'head ' .. k end
-    if #heads > 0 then charts[#charts + 1] = svg.heatmap('Attention entropy: layer x head', block_names, heads, matrix, false) end
-  end
-  charts[#charts + 1] = svg.bars('Activation std per layer', block_names, column(blocks, 'act_std'))
-  charts[#charts + 1] = svg.bars('Logit lens: loss read out after each layer', block_names, column(blocks, 'lens_loss'))
-  charts[#charts + 1] = svg.bars('Loss with each layer removed', block_names, column(blocks, 'removal_loss'),
-    ('full model: %s'):format(format.number(a.loss, 4)))
-  if a.patterns then
-    local names, mats = {}, {}
-    for _, r in ipairs(blocks) do
-      if a.patterns[r.name] then names[#names + 1] = r.name:match('[^.]*$'); mats[#mats + 1] = a.patterns[r.name] end
-    end
-    if #mats > 0 then
-      local title = a.patterns_text and ('Attention patterns (first head) for "%s"'):format(a.patterns_text:sub(1, 40))
-        or 'Attention patterns (first head) for a validation window'
-      charts[#charts + 1] = svg.thumbnails(title, names, mats)
+    if #heads > 0 then
+      charts[#charts + 1] = svg.heatmap('entropy: layer x head', block_names, heads, matrix, false,
+        {xlabel = 'head', ylabel = 'layer', value = 'entropy (nats)'})
     end
   end
+  charts[#charts + 1] = svg.bars('act_std per layer', block_names, column(blocks, 'act_std'), {ylabel = 'act_std'})
+  charts[#charts + 1] = svg.bars('lens_loss: loss read out after each layer (logit lens)', block_names, column(blocks, 'lens_loss'),
+    {ylabel = 'lens_loss (nats)', reference = {a.loss, 'full model'}})
+  -- removal as the rise over the full model: differences of 0.1% stay visible
+  local rises = {}
+  for i, r in ipairs(blocks) do rises[i] = r.removal_loss and a.loss and r.removal_loss - a.loss or nil end
+  charts[#charts + 1] = svg.bars('removal_loss: how much the loss rises with each layer removed', block_names, rises,
+    {ylabel = 'removal_loss - loss (nats)', offset = a.loss,
+     note = ('each bar: the loss without that layer minus the full model\'s %s (a negative bar: the model is better without it)')
+       :format(format.number(a.loss, 4))})
 
-  -- every head's attention map, the tokens on both axes (up to 8 heads a layer)
+  -- every head's attention map, the tokens on both axes: a <details> a layer
+  -- (the first open), with the whole text they were read from
   local head_maps = {}
   if a.attention_maps and a.attention_tokens then
-    for _, r in ipairs(blocks) do
+    for li, r in ipairs(blocks) do
       local m = a.attention_maps[r.name]
       if m then
-        for h = 1, math.min(m:size(1), 8) do
-          head_maps[#head_maps + 1] = svg.attention_map(('%s head %d'):format(r.name, h), a.attention_tokens, m[h]:tolist())
+        local maps = {}
+        for hd = 1, m:size(1) do
+          maps[#maps + 1] = svg.attention_map(('%s head %d'):format(r.name, hd), a.attention_tokens, m[hd]:tolist())
         end
+        head_maps[#head_maps + 1] = ('<details%s><summary>%s: %d heads</summary><div class="charts">%s</div></details>'):format(
+          li == 1 and ' open' or '', esc(r.name), m:size(1), table.concat(maps))
       end
     end
   end
+  local prompt = table.concat(a.attention_tokens or {})
 
   local cols = {'name'}
   for _, m in ipairs(format.measures) do cols[#cols + 1] = m[1] end
@@ -147,8 +155,10 @@ function report.html(a)
     '<dl class="note">', legend_html(a), '</dl>',
     '<div class="charts">', table.concat(charts), '</div>',
     a.sections and ('<h2>Patching and attribution</h2><div class="charts">' .. table.concat(a.sections) .. '</div>') or '',
-    #head_maps > 0 and ('<h2>Attention maps' .. (a.patterns_text and (' for "' .. esc(a.patterns_text:sub(1, 60)) .. '"') or
-      ' for the first sequence') .. '</h2><div class="charts">' .. table.concat(head_maps) .. '</div>') or '',
+    #head_maps > 0 and ('<h2>Attention maps</h2><p class="prompt">' .. (a.patterns_text
+      and ('the probe text <code>' .. esc(a.patterns_text) .. '</code>; the maps show its first ' .. #a.attention_tokens .. ' tokens: ')
+      or ('the first validation window, ' .. #a.attention_tokens .. ' tokens: ')) .. '<code>' .. esc(prompt) .. '</code></p>'
+      .. table.concat(head_maps)) or '',
     '</body></html>\n'})
 end
 
