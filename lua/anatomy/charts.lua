@@ -246,7 +246,9 @@ function charts.lines(title, series, opts)
   local parts = {}
   local y = y_axis(parts, ylo, yhi, L, T, pw, ph, opts.ylabel)
   local function x(v) return L + (v - xlo) / (xhi - xlo) * pw end
-  local xticks = nice_ticks(xlo, xhi, 6)
+  local integral = true  -- steps and layer numbers: whole ticks only
+  for _, v in ipairs(xs_all) do integral = integral and v % 1 == 0 end
+  local xticks = nice_ticks(xlo, xhi, integral and math.max(1, math.min(6, xhi - xlo)) or 6)
   for _, v in ipairs(xticks) do
     parts[#parts + 1] = ('<line x1="%s" y1="%d" x2="%s" y2="%d" class="axis"/><text x="%s" y="%d" class="xtick" text-anchor="middle">%s</text>')
       :format(num(x(v)), T + ph, num(x(v)), T + ph + 4, num(x(v)), T + ph + 15, tick_text(v, xticks))

@@ -15,12 +15,7 @@ local function csv_cell(v)
   if type(v) == 'number' then
     if v ~= v then return 'nan' end
     if v == math.huge then return 'inf' elseif v == -math.huge then return '-inf' end
-    if v % 1 == 0 and math.abs(v) < 2 ^ 53 then return ('%d'):format(v) end
-    for digits = 15, 16 do  -- the shortest form that reads back as the same number
-      local t = ('%.' .. digits .. 'g'):format(v)
-      if tonumber(t) == v then return t end
-    end
-    return ('%.17g'):format(v)
+    return require('anatomy.json').number(v)
   end
   local s = tostring(v)
   if s:find('[",\r\n]') then s = '"' .. s:gsub('"', '""') .. '"' end

@@ -18,6 +18,17 @@ local function is_array(t)
   return true
 end
 
+-- json.number(v) -> the shortest decimal that reads back as the same number
+-- (integers without a point); JSON and CSV write numbers this way
+function json.number(v)
+  if v % 1 == 0 and math.abs(v) < 2 ^ 53 then return ('%d'):format(v) end
+  for digits = 15, 16 do
+    local text = ('%.' .. digits .. 'g'):format(v)
+    if tonumber(text) == v then return text end
+  end
+  return ('%.17g'):format(v)
+end
+
 local function encode(v, seen)
   local t = type(v)
   if v == nil or v == json.null then return 'null' end
@@ -25,7 +36,7 @@ local function encode(v, seen)
   if t == 'number' then
     if v ~= v or v == math.huge or v == -math.huge then return 'null' end
     if v % 1 == 0 and math.abs(v) < 2 ^ 53 then return ('%d'):format(v) end
-    return ('%.10g'):format(v)
+    return json.number(v)
   end
   if t == 'string' then return encode_string(v) end
   if torch and torch.is_tensor(v) then return encode(v:dim() == 0 and v:item() or v:tolist(), seen) end

@@ -1,5 +1,6 @@
 -- Writes an autopsy report of a small model trained for a few steps with
--- probes, for test_report.sh to open in a browser:  anatomy make_report.lua OUT.html
+-- probes, and a comparison of it with a 2-layer one, for test_report.sh to
+-- open in a browser:  anatomy make_report.lua OUT.html COMPARE.html
 local out = arg[1]
 torch.manual_seed(0)
 local corpus = data.from_string(('It was the best of times, it was the worst of times, it was the age of wisdom. '):rep(60))
@@ -7,6 +8,10 @@ local model = models.gpt{vocab = corpus.vocab_size, dim = 32, heads = 2, layers 
 local run = train.fit(model, corpus, {steps = 40, batch = 8, quiet = true, probe = {every = 10}})
 local a = autopsy.run(model, corpus, {history = run, batch = 4})
 a:report(out)
+torch.manual_seed(0)
+local small = models.gpt{vocab = corpus.vocab_size, dim = 32, heads = 2, layers = 2, seq = 32, ffn = 64}
+local small_run = train.fit(small, corpus, {steps = 40, batch = 8, quiet = true})
+autopsy.compare({{'3 layers', a}, {'2 layers', autopsy.run(small, corpus, {history = small_run, batch = 4})}}):report(arg[2])
 -- the charts the report must have, one per line, for the test to count
 local expected = {'Loss during training', 'Gradient norm of each parameter over training', 'act_std of each layer over training',
   'grad_norm per row', 'erank per layer', 'erank of each weight matrix', 'entropy per layer', 'entropy: layer x head',

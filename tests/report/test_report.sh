@@ -24,7 +24,7 @@ if [[ -z "$browser" ]]; then
   fi
 fi
 
-expected="$("$exe" --threads=1 "$src/tests/report/make_report.lua" "$dir/report.html")" || { echo "FAIL: the report was not written"; exit 1; }
+expected="$("$exe" --threads=1 "$src/tests/report/make_report.lua" "$dir/report.html" "$dir/compare.html")" || { echo "FAIL: the report was not written"; exit 1; }
 "$browser" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
   --disable-component-update --disable-sync --user-data-dir="$dir/profile" --enable-logging=stderr --v=0 \
   --dump-dom "file://$dir/report.html" >"$dir/dom.html" 2>"$dir/console.log"
@@ -45,8 +45,21 @@ grep -q '<td>blocks.3</td>' "$dir/dom.html"; check "the table lists every layer"
 python3 "$src/tests/report/check_charts.py" "$dir/dom.html" removal_loss >"$dir/charts.log"
 check "every chart has its axes, legend or colour bar, and row labels ($(tail -1 "$dir/charts.log"))" $? "$(grep FAIL "$dir/charts.log" | head -5)"
 png="${out:-$dir}/autopsy.png"
-[[ -z "$out" ]] || { mkdir -p "$out"; cp "$dir/report.html" "$out/autopsy.html"; }
+[[ -z "$out" ]] || { mkdir -p "$out"; cp "$dir/report.html" "$out/autopsy.html"; cp "$dir/compare.html" "$out/compare.html"; }
 ANATOMY_SCREENSHOT_HEIGHT=5200 "$src/scripts/report-screenshot" "$dir/report.html" "$png" >/dev/null 2>&1 && [[ -s "$png" ]]
 check "report-screenshot makes a PNG ($png)" $? "no screenshot"
+
+# the comparison report: the same checks on its charts, and its screenshot
+"$browser" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+  --disable-component-update --disable-sync --user-data-dir="$dir/profile" --dump-dom "file://$dir/compare.html" \
+  >"$dir/compare-dom.html" 2>/dev/null
+grep -q 'class="differs"' "$dir/compare-dom.html"; check "the comparison highlights the cells that differ" $? "no highlighted cell"
+python3 "$src/tests/report/check_charts.py" "$dir/compare-dom.html" "" >"$dir/compare-charts.log"
+curves="$(grep -o '<svg class="chart" data-kind="lines"' "$dir/compare-dom.html" | wc -l)"
+[[ "$curves" -eq 6 ]] && grep -q '^[0-9]* passed, 0 failed' "$dir/compare-charts.log"
+check "the comparison's 6 overlaid curves have axes and legends ($(tail -1 "$dir/compare-charts.log"))" $? "$curves curves; $(grep FAIL "$dir/compare-charts.log" | head -3)"
+png="${out:-$dir}/compare.png"
+ANATOMY_SCREENSHOT_HEIGHT=3000 "$src/scripts/report-screenshot" "$dir/compare.html" "$png" >/dev/null 2>&1 && [[ -s "$png" ]]
+check "report-screenshot makes a PNG of the comparison ($png)" $? "no screenshot"
 echo "$passed passed, $failed failed"
 [[ "$failed" -eq 0 ]]

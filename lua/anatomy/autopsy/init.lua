@@ -23,6 +23,10 @@ autopsy.run = require 'anatomy.autopsy.run'
 -- autopsy.step(model, fn) -> snapshot, fn's result (measure.lua)
 autopsy.step = measure.step
 
+-- autopsy.compare{a, b, ...} -> several autopsies side by side (compare.lua):
+-- printable, c:report(path) (one HTML report), c:json(path)
+autopsy.compare = require('anatomy.autopsy.compare').compare
+
 -- autopsy.format(v, digits): numbers as the autopsy's tables print them
 autopsy.format = format.number
 

@@ -26,6 +26,7 @@ local function provenance_html(rec)
   out[#out + 1] = '</dl>'
   return table.concat(out)
 end
+report.provenance_html = provenance_html
 
 local style = [[
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }
@@ -36,6 +37,7 @@ td, th { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; } t
 figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .grid { stroke: #eee; } .group { stroke: #bbb; }
 .reference { stroke: #d62728; stroke-dasharray: 4 3; } .xtick, .ytick, .rowlabel, .value { font-size: 10px; fill: #555; }
 .xlabel, .ylabel { font-size: 11px; fill: #333; } .legend { font-size: 11px; } .scroll { max-height: 620px; overflow: auto; }
+td.differs { background: #fde2c4; font-weight: bold; } table.compare { margin: 0 16px 16px 0; align-self: flex-start; }
 details.numbers { font-size: 11px; } details.numbers table { font-size: 11px; } .prompt code { white-space: pre-wrap; }
 .label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
 dl.note { display: grid; grid-template-columns: max-content 1fr; gap: 0 12px; max-width: 900px; }
