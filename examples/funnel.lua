@@ -45,6 +45,10 @@ for _, entry in ipairs{{'funnel', funnel}, {'vibenet', vibenet}} do
   a:report(('%s/%s.html'):format(cfg.out, name))
   results[name] = {run = run, val = val, steps = run.steps, seconds = run.seconds, params = model:num_parameters(), autopsy = a}
 end
+-- the two side by side (their layers differ: the depth curves line them up by position)
+local comparison = autopsy.compare({{'funnel', results.funnel.autopsy}, {'vibenet', results.vibenet.autopsy}})
+print('\n' .. tostring(comparison))
+print('comparison report: ' .. comparison:report(cfg.out .. '/compare.html'))
 
 local function erank_by_stage(a)
   local out = {}

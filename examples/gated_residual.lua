@@ -23,6 +23,10 @@ for _, block in ipairs{'ffn', 'gate'} do
   a:report(('%s/%s.html'):format(cfg.out, block))
   autopsies[block] = a
 end
+-- the two side by side: every measure per layer, the differences marked, one report
+local comparison = autopsy.compare({{'ffn blocks', autopsies.ffn}, {'gate blocks', autopsies.gate}})
+print('\n' .. tostring(comparison))
+print('comparison report: ' .. comparison:report(cfg.out .. '/compare.html'))
 
 local function blocks(a, key)
   local out = {}

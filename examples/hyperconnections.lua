@@ -11,7 +11,7 @@ local cfg = experiment.config({data = '', dim = 128, layers = 8, seq = 64, steps
 
 local corpus, data_ = experiment.corpus(cfg)
 
-local measured, runs = {}, {}
+local measured, runs, compared = {}, {}, {}
 for _, constraint in ipairs{'none', 'sinkhorn'} do
   torch.manual_seed(cfg.seed)
   local model = models.vibenet{vocab = corpus.vocab_size, dim = cfg.dim, layers = cfg.layers, seq = cfg.seq,
@@ -24,6 +24,7 @@ for _, constraint in ipairs{'none', 'sinkhorn'} do
   local a = autopsy.run(model, corpus, {history = ok and run or nil, batch = cfg.batch, metrics = {'grad_norm', 'act_std', 'erank'}})
   print(a)
   a:report(('%s/%s.html'):format(cfg.out, constraint))
+  compared[#compared + 1] = {'mixing ' .. constraint, a}
   local stds, max_gain = {}, 0
   for _, row in ipairs(a.rows) do
     if row.kind == 'block' then
@@ -37,6 +38,10 @@ for _, constraint in ipairs{'none', 'sinkhorn'} do
     trained = ok}
   print('activation std by layer: ' .. measured[constraint].trace)
 end
+-- the two side by side: every measure per layer, the differences marked, one report
+local comparison = autopsy.compare(compared)
+print('\n' .. tostring(comparison))
+print('comparison report: ' .. comparison:report(cfg.out .. '/compare.html'))
 
 local r = experiment.results(('Hyper-connections, unconstrained vs Sinkhorn (VibeNet dim %d, %d layers, %d steps)')
   :format(cfg.dim, cfg.layers, cfg.steps), data_)

@@ -47,7 +47,7 @@ local function train_one(layers, residual, setting)
     embed_grad = last.grad_norm['embed.weight'], head_grad = last.grad_norm['head.weight']}, model, run
 end
 
-local one = {}
+local one, autopsies = {}, {}
 local depths = {}
 for d in cfg.depths:gmatch('%d+') do depths[#depths + 1] = tonumber(d) end
 local sweep = experiment.sweep({{'layers', depths}, {'residual', {true, false}}}, function(c)
@@ -56,9 +56,16 @@ local sweep = experiment.sweep({{'layers', depths}, {'residual', {true, false}}}
     one[c.residual] = m
     local a = autopsy.run(model, corpus, {history = run, batch = cfg.batch})
     a:report(('%s/%s.html'):format(cfg.out, c.residual and 'with_residual' or 'no_residual'))
+    autopsies[c.residual] = a
   end
   return m
 end, {columns = {'train_loss', 'val_loss', 'embed_grad', 'head_grad'}})
+-- the 1-layer model with and without residuals side by side, one report
+if autopsies[true] and autopsies[false] then
+  local comparison = autopsy.compare({{'with residuals', autopsies[true]}, {'without residuals', autopsies[false]}})
+  print('\n' .. tostring(comparison))
+  print('comparison report: ' .. comparison:report(cfg.out .. '/compare.html'))
+end
 local adam = {}
 for _, residual in ipairs{true, false} do adam[residual] = train_one(1, residual, 'adam') end
 
