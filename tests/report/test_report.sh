@@ -61,5 +61,19 @@ check "the comparison's 6 overlaid curves have axes and legends ($(tail -1 "$dir
 png="${out:-$dir}/compare.png"
 ANATOMY_SCREENSHOT_HEIGHT=3000 "$src/scripts/report-screenshot" "$dir/compare.html" "$png" >/dev/null 2>&1 && [[ -s "$png" ]]
 check "report-screenshot makes a PNG of the comparison ($png)" $? "no screenshot"
+
+# the main job's own report (scripts/autopsy.lua on its default text; fewer steps than its 1000)
+"$exe" --threads=2 "$src/scripts/autopsy.lua" --steps=100 --batch=16 --probe_every=25 --batches=2 --out="$dir/main" >"$dir/main.log" 2>&1
+check "the main job (100 steps) writes its report" $? "$(tail -3 "$dir/main.log")"
+"$browser" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+  --disable-component-update --disable-sync --user-data-dir="$dir/profile" --dump-dom "file://$dir/main/autopsy.html" \
+  >"$dir/main-dom.html" 2>/dev/null
+python3 "$src/tests/report/check_charts.py" "$dir/main-dom.html" removal_loss >"$dir/main-charts.log"
+check "the main job's charts have their axes, legends or colour bars, and row labels ($(tail -1 "$dir/main-charts.log"))" $? \
+  "$(grep FAIL "$dir/main-charts.log" | head -3)"
+png="${out:-$dir}/main_job.png"
+[[ -z "$out" ]] || cp "$dir/main/autopsy.html" "$out/main_job.html"
+ANATOMY_SCREENSHOT_HEIGHT=6000 "$src/scripts/report-screenshot" "$dir/main/autopsy.html" "$png" >/dev/null 2>&1 && [[ -s "$png" ]]
+check "report-screenshot makes a PNG of the main job's report ($png)" $? "no screenshot"
 echo "$passed passed, $failed failed"
 [[ "$failed" -eq 0 ]]

@@ -128,8 +128,8 @@ function report.html(a)
         for hd = 1, m:size(1) do
           maps[#maps + 1] = svg.attention_map(('%s head %d'):format(r.name, hd), a.attention_tokens, m[hd]:tolist())
         end
-        head_maps[#head_maps + 1] = ('<details%s><summary>%s: %d heads</summary><div class="charts">%s</div></details>'):format(
-          li == 1 and ' open' or '', esc(r.name), m:size(1), table.concat(maps))
+        head_maps[#head_maps + 1] = ('<details%s><summary>%s: %d head%s</summary><div class="charts">%s</div></details>'):format(
+          li == 1 and ' open' or '', esc(r.name), m:size(1), m:size(1) == 1 and '' or 's', table.concat(maps))
       end
     end
   end
