@@ -75,6 +75,15 @@ local gain1 = std2.curve[#std2.curve] - st2.curve[#st2.curve]
 local gaink = std2.curve[#std2.curve] - st2k.curve[#st2k.curve]
 local gain4 = std4.curve[#std4.curve] - st4.curve[#st4.curve]
 
+-- the 2-layer standard and stateful models side by side: every measure per layer, one report
+local compared = {}
+for _, t in ipairs{std2, st2} do
+  compared[#compared + 1] = {t.label, autopsy.run(t.model, corpus, {history = t.run, batch = cfg.batch, steps = 2})}
+end
+local comparison = autopsy.compare(compared)
+print('\n' .. tostring(comparison))
+print('comparison report: ' .. comparison:report(cfg.out .. '/compare.html'))
+
 local r = experiment.results(('Stateful GPT vs standard (dim %d, %d heads, block %d, %d steps)'):format(cfg.dim, cfg.heads, cfg.seq, cfg.steps), data_)
 for _, t in ipairs{std2, st2, st2k, std4, st4, judged} do r:run(t.label, t.model, t.run, corpus) end
 r:add("2 layers: steps to reach the standard model's final train loss, as a share of its steps", '~0.4 (16 of 40 epochs)',
