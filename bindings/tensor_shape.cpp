@@ -218,6 +218,12 @@ int tensor_chunk(lua_State* L) {
   int64_t n = check_integer(L, 2);
   if (n < 1) throw ArgError(2, "number of chunks must be positive, got " + std::to_string(n));
   int64_t d = lua_isnoneornil(L, 3) ? 0 : check_dim(L, 3, t.dim());
+  // An empty dimension splits into n empty chunks (as in PyTorch): n tensors
+  // made at once, so n is bounded (1e12 of them was a request for terabytes).
+  constexpr int64_t kMostEmptyChunks = int64_t(1) << 20;
+  if (t.size(d) == 0 && n > kMostEmptyChunks)
+    throw ArgError(2, std::to_string(n) + " chunks of an empty dimension would be " + std::to_string(n) +
+                          " empty tensors (at most " + std::to_string(kMostEmptyChunks) + ")");
   push_tensor_table(L, t.chunk(n, d));
   return 1;
 }

@@ -453,7 +453,12 @@ void BpeTokenizer::finish_loading(const std::string& where) {
   special_.assign(static_cast<size_t>(n), false);
   for (const auto& [token, id] : vocab_) {
     if (id < 0) throw TokenizerError("'" + where + "': token '" + token + "' has a negative id");
-    id_to_token_[static_cast<size_t>(id)] = token;
+    // an empty token, or two tokens with one id, would make decoding ambiguous
+    if (token.empty()) throw TokenizerError("'" + where + "': the vocabulary has an empty token (id " + std::to_string(id) + ")");
+    std::string& slot = id_to_token_[static_cast<size_t>(id)];
+    if (!slot.empty())
+      throw TokenizerError("'" + where + "': tokens '" + slot + "' and '" + token + "' have the same id " + std::to_string(id));
+    slot = token;
   }
   for (const auto& a : added_) {
     if (a.id < 0) throw TokenizerError("'" + where + "': added token '" + a.content + "' has a negative id");
@@ -647,8 +652,10 @@ std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_spec
   std::string bytes;
   std::vector<std::string> tokens;  // SentencePiece-style: through the decoder chain
   for (int64_t id : ids) {
-    if (id < 1 || id > vocab_size() || id_to_token_[static_cast<size_t>(id - 1)].empty())
+    if (id < 1 || id > vocab_size())
       throw std::out_of_range("token id " + std::to_string(id) + " is out of range 1.." + std::to_string(vocab_size()));
+    if (id_to_token_[static_cast<size_t>(id - 1)].empty())
+      throw std::out_of_range("token id " + std::to_string(id) + " has no token (the vocabulary skips it)");
     size_t k = static_cast<size_t>(id - 1);
     if (skip_special_tokens && special_[k]) continue;
     if (!byte_level_) {

@@ -302,4 +302,34 @@ test('the fraction suggested for a number stays in range, and is nil when none c
   raises(function() return R.new(0.1) end, "bad argument #1 to 'exact.new' (expected an integer or a fraction written as a string, got 0.1 (write '1/10' for an exact fraction))")
 end)
 
+-- lua_api, the long run (seed 1, call 534088; the minimizer cut it to that
+-- one call): chunking an empty tensor into 10^12 pieces asked for 8 TB of
+-- tensor handles at once; ASan's allocator aborted the process.
+test('chunks of an empty dimension are bounded; small counts behave as in PyTorch', function()
+  raises(function() return torch.zeros(0):chunk(1e12) end,
+    "bad argument #1 to 'chunk' (1000000000000 chunks of an empty dimension would be 1000000000000 empty tensors (at most 1048576))")
+  eq(#torch.zeros(0):chunk(7), 7)
+  eq(#torch.zeros(3):chunk(1e12), 3)
+end)
+
+-- tokenizer_json, the long run: a vocabulary with an empty token (and two
+-- tokens sharing an id) encoded a text to an id that decoding then took for
+-- a hole in the vocabulary, and threw std::out_of_range ("token id 264 is out
+-- of range 1..269") past the reader's error type.
+test('a tokenizer.json whose vocabulary has an empty token or a shared id is refused when it loads', function()
+  local json = require 'anatomy.json'
+  local function layout(vocab)
+    return H.tmpfile(json.encode{version = '1.0', added_tokens = {}, normalizer = json.null,
+      pre_tokenizer = {type = 'ByteLevel', add_prefix_space = false, use_regex = true}, post_processor = json.null,
+      decoder = {type = 'ByteLevel'}, model = {type = 'BPE', dropout = json.null, unk_token = json.null, fuse_unk = false,
+        byte_fallback = false, vocab = vocab, merges = {}}})
+  end
+  local path = layout({a = 0, [''] = 1})
+  raises(function() return data.tokenizer(path) end, ("'%s': the vocabulary has an empty token (id 1)"):format(path))
+  path = layout({a = 0, b = 0})
+  local ok, err = pcall(data.tokenizer, path)
+  eq(ok, false)
+  assert(tostring(err):find("have the same id 0", 1, true), err)
+end)
+
 H.done()
