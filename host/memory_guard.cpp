@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -44,6 +45,25 @@ std::string gib(uint64_t bytes) {
   return buf;
 }
 
+// $ANATOMY_MAX_ALLOCATION: the largest single CPU allocation allowed, in
+// bytes (a suffix K, M or G multiplies by 1024s); unset or 0: no cap beyond
+// the memory left. The fuzzers set it, so that a huge request is an error at
+// once rather than minutes of filling memory; a user can keep a session small.
+uint64_t max_allocation() {
+  static const uint64_t cap = [] {
+    const char* v = std::getenv("ANATOMY_MAX_ALLOCATION");
+    if (!v || !*v) return uint64_t(0);
+    char* end = nullptr;
+    double n = std::strtod(v, &end);
+    double unit = 1;
+    if (end && (*end == 'K' || *end == 'k')) unit = 1024.0;
+    if (end && (*end == 'M' || *end == 'm')) unit = 1024.0 * 1024;
+    if (end && (*end == 'G' || *end == 'g')) unit = 1024.0 * 1024 * 1024;
+    return n > 0 ? static_cast<uint64_t>(n * unit) : uint64_t(0);
+  }();
+  return cap;
+}
+
 class GuardedCPUAllocator final : public c10::Allocator {
  public:
   explicit GuardedCPUAllocator(c10::Allocator* base) : base_(base) {}
@@ -64,6 +84,10 @@ class GuardedCPUAllocator final : public c10::Allocator {
 
  private:
   static void check(size_t n) {
+    uint64_t cap = max_allocation();
+    if (cap > 0 && n > cap)
+      TORCH_CHECK(false, "cannot allocate ", gib(n), " (", n, " bytes): more than the ", gib(cap),
+                  " a single allocation may take ($ANATOMY_MAX_ALLOCATION)");
     if (n < kCheckFrom) return;
     uint64_t available = available_memory();
     if (available > 0 && n > available) {

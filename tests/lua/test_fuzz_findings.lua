@@ -332,4 +332,17 @@ test('a tokenizer.json whose vocabulary has an empty token or a shared id is ref
   assert(tostring(err):find("have the same id 0", 1, true), err)
 end)
 
+-- lua_api in CI (seed 509252466, calls 208-209): x:repeat(10^6) of a 5 KB
+-- tensor was 5 GB, within the memory left, and took 24 s to fill under ASan:
+-- a call that reads as a hang. $ANATOMY_MAX_ALLOCATION caps one allocation
+-- (the fuzzers set 512 MiB; a user can keep a session small with it).
+test('ANATOMY_MAX_ALLOCATION caps one allocation with an error that names it', function()
+  local exe = torch._data.realpath('/proc/self/exe')  -- this anatomy
+  local p = io.popen(("ANATOMY_MAX_ALLOCATION=512M '%s' -e \"print(pcall(torch.Tensor[ [[repeat]] ], torch.zeros(5056, {dtype = 'uint8'}), 1000000)); print(torch.zeros(2^20):numel())\" 2>&1"):format(exe))
+  local out = p:read('*a')
+  p:close()
+  assert(out:find("cannot allocate 4.7 GiB (5056000000 bytes): more than the 0.5 GiB a single allocation may take ($ANATOMY_MAX_ALLOCATION)", 1, true), out)
+  assert(out:find('\n1048576', 1, true), 'smaller allocations go on: ' .. out)
+end)
+
 H.done()
