@@ -64,9 +64,11 @@ def main():
     w = out.append
     w("# Fuzzing record")
     w("")
-    w("Written by `scripts/fuzz --record` from the run it describes; not edited by hand.")
+    w("Written by `scripts/fuzz --record` (`tests/fuzz/record.py`, from the one-line results of the run it describes); "
+      "not edited by hand.")
     w("")
-    w("- date: %s" % datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    ended = datetime.datetime.fromtimestamp(os.path.getmtime(lines_path), datetime.timezone.utc)  # when the run's last line came
+    w("- date: %s (the run's end)" % ended.strftime("%Y-%m-%d %H:%M UTC"))
     w("- commit: %s" % commit)
     w("- machine: %s" % machine())
     w("- compiler: %s, `-fsanitize=fuzzer-no-link,address,undefined` (build `%s`)" % (
@@ -92,12 +94,13 @@ def main():
                                                        corpus, crash, rest.strip() and " " + rest.strip()))
             continue
         m = re.match(r"fuzz lua_api +(\d+) functions and (\d+) tensor methods; (\d+) calls \(seed (\d+)\), (\d+) Lua errors, "
-                     r"(\d+) without a message, ([\d.]+) s; the process survived", line)
+                     r"(\d+) without a message, ([\d.]+) s(?:, resident memory ([\d.]+)\.\.([\d.]+) MiB)?; the process survived", line)
         if m:
-            fns, methods, n, s, errs, bad, secs = m.groups()
+            fns, methods, n, s, errs, bad, secs, mem0, mem1 = m.groups()
             api_calls, api_ok = int(n), int(bad) == 0
-            w("| `lua_api` (seed %s; %s functions, %s tensor methods) | %s calls | %s | — | — | 0 (%s Lua errors, %s without a message) |" % (
-                s, fns, methods, f"{int(n):,}", f"{int(n) / max(float(secs), 1e-9):,.0f}", f"{int(errs):,}", bad))
+            memory = (", resident memory %s to %s MiB" % (mem0, mem1)) if mem0 else ""
+            w("| `lua_api` (seed %s; %s functions, %s tensor methods) | %s calls | %s | — | — | 0 (%s Lua errors, %s without a message%s) |" % (
+                s, fns, methods, f"{int(n):,}", f"{int(n) / max(float(secs), 1e-9):,.0f}", f"{int(errs):,}", bad, memory))
             continue
         if line.startswith("fuzz "):
             problems.append(line)
