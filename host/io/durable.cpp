@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 namespace anatomy::io {
@@ -89,7 +90,7 @@ void write_atomic(const std::string& path, const std::function<void(Sink&)>& fil
   int error = 0;
   try {
     fill(sink);
-  } catch (...) {
+  } catch (const std::exception&) {  // the writer's own failure: no partial file stays
     close(fd);
     unlink(tmp.c_str());
     throw;
