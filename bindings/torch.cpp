@@ -475,6 +475,8 @@ int luaopen_anatomy_core(lua_State* L) {
   lua_setfield(L, -2, "_data");
   luaopen_anatomy_optim(L);
   lua_setfield(L, -2, "_optim");
+  luaopen_anatomy_dist(L);
+  lua_setfield(L, -2, "_dist");
   luaopen_anatomy_metrics(L);
   lua_setfield(L, -2, "metrics");
   luaopen_anatomy_rational(L);

@@ -2,12 +2,23 @@
 // LuaJIT state with `torch` loaded. Options mirror the standalone `lua`.
 #include <lua.hpp>
 
+#include "host/dist/dist.h"
 #include "host/lua/state.h"
 #include "host/lua/repl.h"
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <optional>
+#include <thread>
+
 #include <cerrno>
+#include <csignal>
 #include <climits>
 #include <cstdio>
 #ifdef __GLIBC__
@@ -33,6 +44,8 @@ const char* kUsage =
     "                   (default: $ANATOMY_DEVICE, else cuda if a GPU is present, else cpu)\n"
     "  --threads=N      CPU threads (default: $ANATOMY_THREADS, else the number of cores)\n"
     "  --seed=N         seed torch's generators and math.random\n"
+    "  --nproc=N        run N ranks of the script on this machine, data-parallel\n"
+    "                   (c10d over loopback; see `dist` in the README)\n"
     "  -v, --version    print versions and exit\n"
     "  -h, --help       print this help and exit\n"
     "\n"
@@ -97,6 +110,8 @@ int run(const anatomy::RuntimeOptions& options, const std::vector<Action>& actio
     std::vector<std::string> args(argv + script + 1, argv + argc);
     if (!state.run_file(argv[script], args)) {
       std::fprintf(stderr, "anatomy: %s\n", state.error().c_str());
+      // the other ranks, waiting in a collective, name this one and its error
+      anatomy::dist::report_failure(state.error());
       return 1;
     }
   }
@@ -120,6 +135,114 @@ int run(const anatomy::RuntimeOptions& options, const std::vector<Action>& actio
 #endif
 }
 
+// ---- anatomy --nproc N: the launcher -------------------------------------------
+//
+// Hosts the rendezvous store on a free loopback port, starts N copies of this
+// command line (less --nproc) with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
+// and MASTER_PORT set, and waits. A rank that dies is written to the store
+// (the others name it when their collective fails); ranks still running past
+// the collective timeout after a failure are stopped. Ctrl-C reaches every
+// rank (the terminal sends it to all; a kill of the launcher is forwarded).
+
+volatile std::sig_atomic_t g_launcher_signal = 0;
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    return "was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  return "stopped (status " + std::to_string(status) + ")";
+}
+
+int launch(int nproc, const std::vector<char*>& child_argv) {
+  using Clock = std::chrono::steady_clock;
+  auto timeout = std::chrono::milliseconds(60000);
+  if (const char* t = std::getenv("ANATOMY_DIST_TIMEOUT")) {
+    long s = std::strtol(t, nullptr, 10);
+    if (s > 0) timeout = std::chrono::seconds(s);
+  }
+  anatomy::dist::Rendezvous rendezvous(nproc, timeout);
+  std::string port = std::to_string(rendezvous.port());
+  struct sigaction sa {};
+  sa.sa_handler = [](int sig) { g_launcher_signal = sig; };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  std::map<pid_t, int> ranks;
+  for (int r = 0; r < nproc; ++r) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      std::string key = kv.substr(0, kv.find('='));
+      if (key != "RANK" && key != "WORLD_SIZE" && key != "LOCAL_RANK" && key != "MASTER_ADDR" &&
+          key != "MASTER_PORT" && key != "ANATOMY_STORE_HOSTED" && key != "LOCAL_WORLD_SIZE")
+        env_strings.push_back(kv);
+    }
+    env_strings.push_back("RANK=" + std::to_string(r));
+    env_strings.push_back("LOCAL_RANK=" + std::to_string(r));
+    env_strings.push_back("WORLD_SIZE=" + std::to_string(nproc));
+    env_strings.push_back("LOCAL_WORLD_SIZE=" + std::to_string(nproc));
+    env_strings.push_back("MASTER_ADDR=127.0.0.1");
+    env_strings.push_back("MASTER_PORT=" + port);
+    env_strings.push_back("ANATOMY_STORE_HOSTED=1");
+    std::vector<char*> envp;
+    for (auto& kv : env_strings) envp.push_back(kv.data());
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    int rc = posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, child_argv.data(), envp.data());
+    if (rc != 0) {
+      std::fprintf(stderr, "anatomy --nproc: cannot start rank %d: %s\n", r, std::strerror(rc));
+      for (auto& [p, _] : ranks) kill(p, SIGTERM);
+      return 1;
+    }
+    ranks[pid] = r;
+  }
+
+  int code = 0;
+  bool forwarded = false;
+  std::optional<Clock::time_point> deadline;  // after a failure: when the rest are stopped
+  bool terminated = false;
+  while (!ranks.empty()) {
+    if (g_launcher_signal && !forwarded) {
+      forwarded = true;
+      for (auto& [p, _] : ranks) kill(p, g_launcher_signal == SIGINT ? SIGINT : SIGTERM);
+      if (!deadline) deadline = Clock::now() + std::chrono::seconds(10);
+      if (code == 0) code = 128 + g_launcher_signal;
+    }
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      auto it = ranks.find(pid);
+      if (it == ranks.end()) continue;
+      int r = it->second;
+      ranks.erase(it);
+      bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (failed) {
+        rendezvous.report_exit(r, describe_status(status));
+        if (!forwarded) std::fprintf(stderr, "anatomy --nproc: rank %d %s\n", r, describe_status(status).c_str());
+        if (code == 0) code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (!deadline) deadline = Clock::now() + timeout + std::chrono::seconds(5);
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    if (deadline && Clock::now() > *deadline) {
+      for (auto& [p, r] : ranks) {
+        std::fprintf(stderr, "anatomy --nproc: rank %d did not stop after the failure; %s\n", r,
+                     terminated ? "killing it" : "stopping it");
+        kill(p, terminated ? SIGKILL : SIGTERM);
+      }
+      terminated = true;
+      deadline = Clock::now() + std::chrono::seconds(5);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,6 +261,8 @@ int main(int argc, char** argv) {
   std::vector<Action> actions;
   bool interactive = false, version = false;
   int script = 0;
+  long nproc = 0;
+  std::vector<int> nproc_at;  // where --nproc's words are: the ranks get the command line without them
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], v;
     if (a == "-h" || a == "--help") {
@@ -156,6 +281,11 @@ int main(int argc, char** argv) {
       options.threads = static_cast<int64_t>(parse_positive("--threads", v));
     } else if (take_value(argc, argv, i, "--seed", v)) {
       options.seed = static_cast<uint64_t>(parse_positive("--seed", v));
+    } else if (take_value(argc, argv, i, "--nproc", v)) {
+      nproc = parse_positive("--nproc", v);
+      if (nproc < 1 || nproc > 1024) usage_error("--nproc expects 1..1024 ranks, got " + v);
+      if (std::strcmp(argv[i - 1], "--nproc") == 0) nproc_at.push_back(i - 1);  // "--nproc N"
+      nproc_at.push_back(i);
     } else if (a == "--") {
       if (i + 1 < argc) script = i + 1;
       break;
@@ -165,6 +295,23 @@ int main(int argc, char** argv) {
       script = i;
       break;
     }
+  }
+
+  if (nproc > 0) {
+    if (!script && actions.empty()) usage_error("--nproc runs a script (or -e code), not the REPL");
+    if (interactive) usage_error("--nproc cannot enter the REPL (-i): each rank would read the terminal");
+    std::vector<char*> child_argv;
+    for (int i = 0; i < argc; ++i) {
+      if (std::find(nproc_at.begin(), nproc_at.end(), i) == nproc_at.end()) child_argv.push_back(argv[i]);
+    }
+    child_argv.push_back(nullptr);
+    int code = 1;
+    try {
+      code = launch(static_cast<int>(nproc), child_argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "anatomy: %s\n", e.what());
+    }
+    leave(code);
   }
 
   int code = 1;

@@ -33,7 +33,7 @@ end
 
 require 'anatomy.tensor'
 
--- nn, models, data, optim, train, text, probe, patching, autopsy, provenance, experiment and exact are globals in scripts and the REPL, like torch.
+-- nn, models, data, optim, train, text, probe, patching, autopsy, provenance, experiment, exact and dist are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
@@ -52,6 +52,18 @@ provenance = require 'anatomy.provenance'
 experiment = require 'anatomy.experiment'
 exact = require 'anatomy.exact'
 help = require('anatomy.help').help
+dist = require 'anatomy.dist'
+torch.distributed = dist
+
+-- Under `anatomy --nproc N` or a launcher (torchrun, a SLURM script) that
+-- sets WORLD_SIZE, this process joins the world before the script runs; on
+-- a GPU, each rank takes the GPU of its LOCAL_RANK.
+if os.getenv('WORLD_SIZE') and not dist.is_initialized() then
+  dist.init_process_group()
+  if torch.device():match('^cuda') and dist.world_size() > 1 then
+    torch.set_default_device('cuda:' .. dist.local_rank())
+  end
+end
 
 -- Names of native functions, for error messages where Lua's debug info has
 -- none (a tail call such as `return x:matmul(y)` loses the call site's name).
@@ -71,6 +83,7 @@ do
   record(torch._optim, 'optim.')
   record(torch.metrics, 'metrics.')
   record(torch._exact, 'exact.')
+  record(torch._dist, 'dist.')
   for _, meta in ipairs{'anatomy.Corpus', 'anatomy.NativeModule', 'anatomy.Optimizer', 'anatomy.Rational'} do
     record(debug.getregistry()[meta].__index, '')
   end

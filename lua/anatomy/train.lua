@@ -14,6 +14,7 @@ local known = {
   schedule = true, clip = true, eval_every = true, eval_batches = true, log_every = true, seed = true,
   checkpoint = true, checkpoint_every = true, resume = true, on_step = true, log = true, decay = true,
   quiet = true, recurrence = true, probe = true, seconds = true, dtype = true, cuda_graph = true,
+  bucket_mb = true,
   _gpu_paths = true,  -- tests only: the GPU's bookkeeping (one-step-late reads, trusted ids) on any device
 }
 
@@ -59,6 +60,10 @@ local function options(opts, model)
       error(("train.fit: cuda_graph = true needs the model on the GPU, but the default device is '%s' (--device=cuda)"):format(torch.device()), 3)
     end
     if o.recurrence then error('train.fit: cuda_graph = true cannot record recurrence (each pass depends on the last)', 3) end
+    if dist.world_size() > 1 then error('train.fit: cuda_graph = true cannot record the all-reduce of a data-parallel run', 3) end
+  end
+  if o.bucket_mb ~= nil and not (type(o.bucket_mb) == 'number' and o.bucket_mb > 0) then
+    error(('train.fit: bucket_mb must be a positive number of MiB, got %s'):format(tostring(o.bucket_mb)), 3)
   end
   return o
 end
@@ -112,7 +117,16 @@ function train.evaluate(model, corpus, opts)
   opts = opts or {}
   local seq = opts.seq or model:context() or 64
   local ids = opts.text and corpus:encode(opts.text) or corpus:tokens(opts.split or 'val')
-  local x, y = windows(ids, seq, (opts.batches or 8) * (opts.batch or 16))
+  -- _world (train.fit's, data-parallel): each rank judges its share of the
+  -- windows one process would, and the sums are added over the ranks
+  local world, rank = opts._world or 1, opts._world and dist.rank() or 0
+  local x, y = windows(ids, seq, (opts.batches or 8) * (opts.batch or 16) * world)
+  if x and world > 1 then
+    local n = x:size(1)
+    local first, last = math.floor(n * rank / world) + 1, math.floor(n * (rank + 1) / world)
+    if last < first then x, y = nil, nil else x, y = x:narrow(1, first, last - first + 1), y:narrow(1, first, last - first + 1) end
+    if x == nil then error('train.evaluate: fewer evaluation windows than ranks', 2) end
+  end
   if not x then
     seq = ids:numel() - 1
     if seq < 1 then error('train.evaluate: the text has fewer than 2 tokens', 2) end
@@ -133,6 +147,10 @@ function train.evaluate(model, corpus, opts)
     end
   end)
   model:train(was_training)
+  if world > 1 then
+    local sums = dist.all_reduce(torch.tensor({total, count}, {dtype = 'float64'}), {op = 'sum'}):tolist()
+    total, count = sums[1], sums[2]
+  end
   local nats = total / count
   return {nats = nats, bits = nats / math.log(2), tokens = count}
 end
@@ -296,6 +314,17 @@ function train.fit(model, corpus, opts)
   if o.seed then torch.manual_seed(o.seed) end
   model:train()
   local params = model:parameters()
+  -- Data-parallel (a world of several ranks): every rank starts from rank 0's
+  -- weights, draws the batch of all ranks from one random stream and trains
+  -- on its own rows; gradients are averaged as backward produces them.
+  local world, rank = dist.world_size(), dist.rank()
+  local reducer
+  if world > 1 then
+    for _, p in ipairs(params) do dist.broadcast(p, 0) end
+    reducer = torch._dist._reducer(params, o.bucket_mb or 25)
+    o.quiet = o.quiet or rank ~= 0  -- rank 0 alone prints, logs and checkpoints
+  end
+  local main = rank == 0
   local opt = optim.AdamW(params, {lr = o.lr, betas = o.betas, weight_decay = o.weight_decay, decay = o.decay})
   local lr_at = optim.schedule(o.schedule, o.lr, o.steps, o.warmup)  -- replaced when resuming a run of another length
   -- the run's settings, saved in every checkpoint's metadata as config.<key>
@@ -308,8 +337,9 @@ function train.fit(model, corpus, opts)
       if type(v) ~= 'table' then config['model.' .. k] = v end
     end
   end
+  config['config.world_size'] = world
   local run = setmetatable({train = {}, val = {}, depth_losses = {}, probes = {}, steps = 0, seconds = 0,
-    tokens_per_second = 0, first_step = 1, config = config}, Run)
+    tokens_per_second = 0, first_step = 1, config = config, world_size = world}, Run)
   -- what the probes capture by default: the output of every layer of the stack
   local probe_filter
   local layers = o.probe and not o.probe.filter and model:layers()
@@ -326,10 +356,26 @@ function train.fit(model, corpus, opts)
 
   local time_before = 0   -- seconds the resumed run had trained: the log's time goes on from there
   -- what a writer killed mid-write left beside the checkpoint and the log
-  if o.checkpoint then require('anatomy.fs').remove_stale(o.checkpoint) end
-  if o.log then require('anatomy.fs').remove_stale(o.log) end
-  if o.checkpoint and o.resume and require('anatomy.fs').exists(o.checkpoint) then
+  if main and o.checkpoint then require('anatomy.fs').remove_stale(o.checkpoint) end
+  if main and o.log then require('anatomy.fs').remove_stale(o.log) end
+  local resuming = o.checkpoint and o.resume and require('anatomy.fs').exists(o.checkpoint)
+  if world > 1 and o.checkpoint and o.resume then
+    -- every rank reads the checkpoint rank 0 wrote (one machine, or a shared file system)
+    local found = dist.all_gather(torch.tensor({resuming and 1 or 0}))
+    for r, f in ipairs(found) do
+      if f:item() ~= found[1]:item() then
+        error(('train.fit: rank %d %s the checkpoint %s, rank 0 %s: resuming needs it on a file system every rank reads')
+          :format(r - 1, f:item() == 1 and 'finds' or 'does not find', o.checkpoint, found[1]:item() == 1 and 'does' or 'does not'), 2)
+      end
+    end
+  end
+  if resuming then
     local step, meta = train.load_checkpoint(o.checkpoint, model, opt)
+    local saved_world = tonumber(meta['config.world_size']) or 1
+    if saved_world ~= world then
+      error(('train.fit: the checkpoint %s was written by a run of %d rank%s; resume it with the same number (this run has %d): each rank\'s batch is its share of one random stream')
+        :format(o.checkpoint, saved_world, saved_world == 1 and '' or 's', world), 2)
+    end
     run.first_step = step + 1
     run.resumed_from = step
     time_before = tonumber(meta.time) or 0
@@ -350,7 +396,7 @@ function train.fit(model, corpus, opts)
       run.config['config.resumed_steps'] = o.steps
     end
   end
-  local log = o.log and open_log(o.log, run.resumed_from)
+  local log = o.log and main and open_log(o.log, run.resumed_from)
   local tty = torch._isatty(1) and not o.quiet
   local started = torch._now()
   local tokens = 0
@@ -408,7 +454,7 @@ function train.fit(model, corpus, opts)
   -- On a GPU the loss and gradient norm of a step are read back one step
   -- late, once the next step's work is queued, so the GPU never waits for the
   -- host (a step with an evaluation, a checkpoint or on_step is read at once).
-  local defer = gpu_paths and not o.on_step
+  local defer = gpu_paths and not o.on_step and world == 1
   if o.cuda_graph then opt:set_capturable(true) end
   -- cuda_graph: after two ordinary steps (warm-up), one step (forward,
   -- backward, clipping, optimizer) is recorded once and replayed on fresh
@@ -443,9 +489,12 @@ function train.fit(model, corpus, opts)
   local function step_once(step)
     local lr = lr_at(step)
     opt:set_lr(lr)
-    local x, y = corpus:batch(o.batch, o.seq)
+    local x, y = corpus:batch(o.batch * world, o.seq)
+    if world > 1 then  -- this rank's rows of the batch of all ranks
+      x, y = x:narrow(1, rank * o.batch + 1, o.batch), y:narrow(1, rank * o.batch + 1, o.batch)
+    end
     local r = {step = step, lr = lr, x = x}
-    tokens = tokens + o.batch * o.seq * (1 + (o.recurrence or 0))
+    tokens = tokens + o.batch * world * o.seq * (1 + (o.recurrence or 0))
     -- probes ride along on this step's own forward and backward: no extra pass
     local capture, capture_handle
     if o.probe and (step % (o.probe.every or 50) == 0 or step == 1) then
@@ -467,6 +516,7 @@ function train.fit(model, corpus, opts)
         r.value = loss:item()
         check_loss(r.value, step, x)
       end
+      if reducer and depth == (o.recurrence or 0) then reducer:prepare() end  -- the last pass's backward
       loss:backward()
       r.loss = loss:detach()
       if o.recurrence then
@@ -475,10 +525,16 @@ function train.fit(model, corpus, opts)
         hidden = h:detach()
       end
     end
+    if reducer then
+      reducer:finish()  -- the gradients are now the average over the ranks
+      local mean = dist.all_reduce(r.loss:clone(), {op = 'avg'})
+      r.loss, r.value = mean, mean:item()
+      if r.depth_losses then r.depth_losses[#r.depth_losses] = r.value end
+    end
     if capture_handle then
       capture_handle:remove()
       -- the autopsy's own per-step measures: fused gradient norms, stds read back together
-      local record = measure.probe_record(model, step, capture)
+      local record = measure.probe_record(model, step, capture, world > 1)
       if o.probe.fn then o.probe.fn(step, capture, record) end
       run.probes[#run.probes + 1] = record
     end
@@ -510,7 +566,8 @@ function train.fit(model, corpus, opts)
     run.steps = step
     local info = {step = step, loss = value, lr = lr, grad_norm = norm}
     if step % o.eval_every == 0 or step == o.steps then
-      info.val_loss = train.evaluate(model, corpus, {seq = o.seq, batches = o.eval_batches, batch = o.batch}).nats
+      info.val_loss = train.evaluate(model, corpus, {seq = o.seq, batches = o.eval_batches, batch = o.batch,
+        _world = world > 1 and world or nil}).nats
       run.val[#run.val + 1] = {step = step, loss = info.val_loss}
     end
     local elapsed = torch._now() - started
@@ -534,7 +591,7 @@ function train.fit(model, corpus, opts)
         print(line)
       end
     end
-    if o.checkpoint and ((o.checkpoint_every and step % o.checkpoint_every == 0) or step == o.steps) then
+    if main and o.checkpoint and ((o.checkpoint_every and step % o.checkpoint_every == 0) or step == o.steps) then
       local meta = {time = ('%.3f'):format(time_before + elapsed)}
       for k, v in pairs(run.config) do meta[k] = v end
       -- the log first: once the checkpoint names a step, the log holds it
@@ -560,7 +617,7 @@ function train.fit(model, corpus, opts)
       if defer and not due(step) then pending = r else finish(r) end
     end)
     if not ok then
-      if tostring(err):match('interrupted$') then
+      if tostring(err):match('interrupted$') and world == 1 then
         if pending then pcall(finish, pending) end
         run.interrupted = true
         if tty then io.write('\n') end
@@ -586,6 +643,11 @@ function train.fit(model, corpus, opts)
   run.total_seconds = time_before + run.seconds  -- with the time of the run it resumed
   run.tokens_per_second = tokens / math.max(run.seconds, 1e-9)
   run.optimizer = opt
+  if reducer then
+    local waited, communicated = reducer:stats()
+    run.communication = {buckets = reducer:buckets(), wait_seconds = waited, seconds = communicated}
+    reducer:release()
+  end
   return run
 end
 

@@ -109,24 +109,44 @@ end
 
 -- measure.stds(tensors) -> {name = std} for a table of named tensors (the
 -- activations a probe captured), computed together and read back once.
-function measure.stds(captured)
-  local names, values = {}, {}
+function measure.stds(captured, across_ranks)
+  local names = {}
   for name, t in pairs(captured) do
     if name ~= 'grads' and torch.is_tensor(t) and t:is_floating_point() and t:numel() > 1 and not name:find('%.pattern$') then
       names[#names + 1] = name
-      values[#names] = t:detach():std():double()
     end
   end
   local out = {}
   if #names == 0 then return out end
-  for i, v in ipairs(torch.stack(values):tolist()) do out[names[i]] = v end
+  table.sort(names)  -- one order on every rank
+  local values = {}
+  if not across_ranks then
+    for i, name in ipairs(names) do values[i] = captured[name]:detach():std():double() end
+    for i, v in ipairs(torch.stack(values):tolist()) do out[names[i]] = v end
+    return out
+  end
+  -- data-parallel: the std of each activation over every rank's batch, from
+  -- the sums (count, sum, sum of squares about this rank's mean) added over ranks
+  for i, name in ipairs(names) do
+    local t = captured[name]:detach():double():reshape(-1)
+    local n = t:numel()
+    local mean = t:mean()
+    values[i] = torch.stack({torch.tensor(n, {dtype = 'float64'}), mean * n, ((t - mean) ^ 2):sum() + mean * mean * n})
+  end
+  local sums = dist.all_reduce(torch.stack(values), {op = 'sum'}):tolist()
+  for i, row in ipairs(sums) do
+    local n, s, ss = row[1], row[2], row[3]
+    out[names[i]] = math.sqrt(math.max(ss - s * s / n, 0) / (n - 1))
+  end
   return out
 end
 
--- measure.probe_record(model, step, captured) -> {step, grad_norm = {param = norm},
--- act_std = {point = std}}: what a training step with probes keeps.
-function measure.probe_record(model, step, captured)
-  return {step = step, grad_norm = measure.grad_norms(model), act_std = measure.stds(captured)}
+-- measure.probe_record(model, step, captured, across_ranks) -> {step, grad_norm =
+-- {param = norm}, act_std = {point = std}}: what a training step with probes
+-- keeps. In a data-parallel run (across_ranks), the gradients are already the
+-- average over the ranks, and each std is that of every rank's batch together.
+function measure.probe_record(model, step, captured, across_ranks)
+  return {step = step, grad_norm = measure.grad_norms(model), act_std = measure.stds(captured, across_ranks)}
 end
 
 return measure

@@ -1,0 +1,500 @@
+// c10d for anatomy: the world (store + Gloo, NCCL on demand), collectives
+// whose failures name the rank that caused them, the launcher's store, and
+// the bucketed gradient reducer. See dist.h.
+#include "host/dist/dist.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "host/dist/backend.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+namespace anatomy::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string message_of(const std::exception& e) {
+  if (auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+struct World {
+  Options options;
+  c10::intrusive_ptr<c10d::Store> store;  // prefixed "anatomy/"
+  std::unique_ptr<Backend> gloo;
+  std::unique_ptr<Backend> nccl;
+};
+// Never destroyed at exit: a process group's threads may still wait on a
+// peer that is gone, and joining them would hang the exit.
+World* g_world = nullptr;
+
+World& world(const char* fn) {
+  if (!g_world)
+    throw Error(std::string(fn) + ": no process group: run under `anatomy --nproc N` or a launcher that sets "
+                "MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, or call dist.init_process_group first");
+  return *g_world;
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+long env_integer(const char* name, long low, long high) {
+  std::string v = env(name);
+  char* end = nullptr;
+  errno = 0;
+  long n = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno == ERANGE || n < low || n > high)
+    throw Error(std::string("the environment variable ") + name + "='" + v + "' is not an integer in " +
+                std::to_string(low) + ".." + std::to_string(high));
+  return n;
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+std::string key_failed(int rank) { return "failed/" + std::to_string(rank); }
+
+// What another rank (or the launcher) wrote of a failure, waiting up to
+// `patience` for it: a peer's death closes its sockets a moment before the
+// launcher has reaped it and written why.
+std::string reported_failure(World& w, std::chrono::milliseconds patience) {
+  auto until = Clock::now() + patience;
+  for (;;) {
+    try {
+      for (int r = 0; r < w.options.world_size; ++r) {
+        if (r == w.options.rank) continue;
+        if (w.store->check({key_failed(r)})) {
+          auto v = w.store->get(key_failed(r));
+          return std::string(v.begin(), v.end());
+        }
+      }
+    } catch (const std::exception&) {
+      return w.options.rank == 0 || w.options.store_hosted_elsewhere
+                 ? "the rendezvous store is gone (the launcher exited)"
+                 : "the rendezvous store is gone: rank 0, which hosts it, has exited";
+    }
+    if (Clock::now() >= until) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Runs a collective; a failure becomes an Error naming the rank that caused
+// it when one is known.
+template <typename F>
+auto collective(const char* fn, F&& f) -> decltype(f()) {
+  World& w = world(fn);
+  try {
+    return f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string what = message_of(e);
+    auto nl = what.find('\n');
+    if (nl != std::string::npos) what.resize(nl);
+    std::string cause = reported_failure(w, std::chrono::milliseconds(3000));
+    if (!cause.empty()) throw Error(std::string(fn) + " on rank " + std::to_string(w.options.rank) + ": " + cause);
+    throw Error(std::string(fn) + " on rank " + std::to_string(w.options.rank) + " failed: " + what +
+                " (no rank reported an error: one may have been killed, or be stuck for longer than the " +
+                std::to_string(w.options.timeout.count() / 1000) + " s timeout)");
+  }
+}
+
+Backend& backend_for(const char* fn, const at::Tensor& t) {
+  World& w = world(fn);
+  if (t.is_cpu()) return *w.gloo;
+  if (t.is_cuda()) {
+    if (!w.nccl) {
+      auto store = c10::make_intrusive<c10d::PrefixStore>("nccl", w.store);
+      w.nccl = make_nccl(store, w.options.rank, w.options.world_size, w.options.local_rank, w.options.timeout);
+    }
+    return *w.nccl;
+  }
+  throw Error(std::string(fn) + ": tensors on " + t.device().str() + " have no collective backend (cpu: Gloo, cuda: NCCL)");
+}
+
+void check_dense(const char* fn, const at::Tensor& t) {
+  if (!t.defined()) throw Error(std::string(fn) + ": the tensor is undefined");
+  if (t.is_sparse()) throw Error(std::string(fn) + ": sparse tensors are not supported");
+}
+
+c10d::ReduceOp reduce_op(Op op) {
+  switch (op) {
+    case Op::Sum:
+    case Op::Avg: return c10d::ReduceOp::SUM;
+    case Op::Max: return c10d::ReduceOp::MAX;
+    case Op::Min: return c10d::ReduceOp::MIN;
+    case Op::Product: return c10d::ReduceOp::PRODUCT;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+}  // namespace
+
+std::optional<Options> options_from_environment() {
+  if (env("WORLD_SIZE").empty()) return std::nullopt;
+  Options o;
+  o.world_size = static_cast<int>(env_integer("WORLD_SIZE", 1, 1 << 20));
+  if (env("RANK").empty()) throw Error("WORLD_SIZE is set but RANK is not (a launcher sets both)");
+  o.rank = static_cast<int>(env_integer("RANK", 0, o.world_size - 1));
+  o.local_rank = env("LOCAL_RANK").empty() ? o.rank : static_cast<int>(env_integer("LOCAL_RANK", 0, 1 << 20));
+  o.master_addr = env("MASTER_ADDR").empty() ? "127.0.0.1" : env("MASTER_ADDR");
+  if (env("MASTER_PORT").empty()) {
+    if (o.world_size > 1) throw Error("WORLD_SIZE is " + std::to_string(o.world_size) + " but MASTER_PORT is not set");
+  } else {
+    o.port = static_cast<int>(env_integer("MASTER_PORT", 1, 65535));
+  }
+  if (!env("ANATOMY_DIST_TIMEOUT").empty()) o.timeout = std::chrono::seconds(env_integer("ANATOMY_DIST_TIMEOUT", 1, 86400));
+  o.store_hosted_elsewhere = env("ANATOMY_STORE_HOSTED") == "1" || env("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  return o;
+}
+
+void init(const Options& o) {
+  if (g_world) throw Error("dist.init_process_group: this process is already rank " + std::to_string(g_world->options.rank) +
+                           " of " + std::to_string(g_world->options.world_size));
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
+    throw Error("dist.init_process_group: rank " + std::to_string(o.rank) + " is outside 0.." + std::to_string(o.world_size - 1));
+  if (o.world_size > 1 && o.port <= 0) throw Error("dist.init_process_group: a world of several ranks needs a port (MASTER_PORT)");
+  auto w = std::make_unique<World>();
+  w->options = o;
+  std::string where = o.master_addr + ":" + std::to_string(o.port);
+  c10::intrusive_ptr<c10d::Store> tcp;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(o.port);
+  so.isServer = o.rank == 0 && !o.store_hosted_elsewhere;
+  so.waitWorkers = false;
+  so.timeout = o.timeout;
+  try {
+    tcp = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+  } catch (const std::exception& e) {
+    std::string what = message_of(e);
+    if (so.isServer)
+      throw Error("dist.init_process_group: rank 0 cannot host the rendezvous on " + where + ": " + what +
+                  (what.find("in use") != std::string::npos ? " (choose another MASTER_PORT)" : ""));
+    throw Error("dist.init_process_group: rank " + std::to_string(o.rank) + " cannot reach the rendezvous at " + where +
+                " within " + std::to_string(o.timeout.count() / 1000) + " s: " + what);
+  }
+  w->store = c10::make_intrusive<c10d::PrefixStore>("anatomy", tcp);
+  try {
+    auto go = c10d::ProcessGroupGloo::Options::create();
+    go->timeout = o.timeout;
+    std::string ifname = env("GLOO_SOCKET_IFNAME");
+    if (!ifname.empty())
+      go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    else if (is_loopback(o.master_addr))
+      go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    else
+      go->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("gloo", w->store),
+                                                          o.rank, o.world_size, go);
+    w->gloo = std::make_unique<BackendOf<c10d::ProcessGroupGloo>>(pg);
+  } catch (const std::exception& e) {
+    std::string what = message_of(e);
+    auto nl = what.find('\n');
+    if (nl != std::string::npos) what.resize(nl);
+    throw Error("dist.init_process_group: rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) +
+                " could not connect to the others through " + where + ": " + what);
+  }
+  g_world = w.release();
+}
+
+bool is_initialized() { return g_world != nullptr; }
+
+void destroy() {
+  delete g_world;
+  g_world = nullptr;
+}
+
+int rank() { return g_world ? g_world->options.rank : 0; }
+int world_size() { return g_world ? g_world->options.world_size : 1; }
+int local_rank() { return g_world ? g_world->options.local_rank : 0; }
+std::chrono::milliseconds timeout() { return g_world ? g_world->options.timeout : Options().timeout; }
+
+Op parse_op(const std::string& name) {
+  if (name == "sum") return Op::Sum;
+  if (name == "avg" || name == "mean") return Op::Avg;
+  if (name == "max") return Op::Max;
+  if (name == "min") return Op::Min;
+  if (name == "product") return Op::Product;
+  throw std::invalid_argument("unknown op '" + name + "', expected sum, avg, max, min or product");
+}
+
+void all_reduce(at::Tensor& t, Op op) {
+  const char* fn = "dist.all_reduce";
+  check_dense(fn, t);
+  if (op == Op::Avg && !t.is_floating_point())
+    throw Error(std::string(fn) + ": op 'avg' needs a floating-point tensor, got " + std::string(c10::toString(t.scalar_type())) +
+                " (use op = 'sum')");
+  at::NoGradGuard no_grad;
+  at::Tensor target = t.detach();
+  at::Tensor buffer = target.is_contiguous() ? target : target.contiguous();
+  Backend& b = backend_for(fn, t);
+  collective(fn, [&] {
+    std::vector<at::Tensor> v{buffer};
+    b.allreduce(v, reduce_op(op))->wait();
+  });
+  if (op == Op::Avg) buffer.div_(world_size());
+  if (!buffer.is_same(target)) target.copy_(buffer);
+}
+
+void broadcast(at::Tensor& t, int src) {
+  const char* fn = "dist.broadcast";
+  check_dense(fn, t);
+  at::NoGradGuard no_grad;
+  at::Tensor target = t.detach();
+  at::Tensor buffer = target.is_contiguous() ? target : target.contiguous();
+  Backend& b = backend_for(fn, t);
+  collective(fn, [&] {
+    std::vector<at::Tensor> v{buffer};
+    b.broadcast(v, src)->wait();
+  });
+  if (!buffer.is_same(target)) target.copy_(buffer);
+}
+
+std::vector<at::Tensor> all_gather(const at::Tensor& t) {
+  const char* fn = "dist.all_gather";
+  check_dense(fn, t);
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> in{t.detach().contiguous()};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < world_size(); ++r) out[0].push_back(at::empty_like(in[0]));
+  Backend& b = backend_for(fn, t);
+  collective(fn, [&] { b.allgather(out, in)->wait(); });
+  return out[0];
+}
+
+void barrier() {
+  const char* fn = "dist.barrier";
+  World& w = world(fn);
+  collective(fn, [&] { w.gloo->barrier()->wait(); });
+}
+
+void report_failure(const std::string& message) {
+  if (!g_world) return;
+  try {
+    std::string first = message.substr(0, message.find('\n'));  // not the traceback
+    std::string text = "rank " + std::to_string(g_world->options.rank) + " raised an error: " + first;
+    g_world->store->set(key_failed(g_world->options.rank), std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+  }
+}
+
+// ---- the launcher's store ----------------------------------------------------
+
+struct Rendezvous::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
+Rendezvous::Rendezvous(int world_size, std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>()) {
+  c10d::TCPStoreOptions so;
+  so.port = 0;  // the system picks a free port: no race with another run
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  try {
+    impl_->tcp = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+  } catch (const std::exception& e) {
+    throw Error("anatomy --nproc: cannot open the rendezvous store on a loopback port: " + message_of(e));
+  }
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>("anatomy", impl_->tcp);
+}
+
+Rendezvous::~Rendezvous() = default;
+
+int Rendezvous::port() const { return impl_->tcp->getPort(); }
+
+void Rendezvous::report_exit(int rank, const std::string& what) {
+  try {
+    if (impl_->store->check({key_failed(rank)})) return;  // the rank said why itself
+    std::string text = "rank " + std::to_string(rank) + " " + what;
+    impl_->store->set(key_failed(rank), std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+  }
+}
+
+// ---- the gradient reducer -------------------------------------------------------
+
+struct Reducer::State {
+  std::mutex mu;
+  std::vector<at::Tensor> params;
+  struct Bucket {
+    at::Tensor flat;
+    std::vector<size_t> members;
+    std::vector<int64_t> offsets;
+    size_t pending = 0;
+    bool launched = false;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<Bucket> buckets;
+  std::vector<std::pair<size_t, size_t>> place;  // parameter -> (bucket, slot)
+  std::vector<char> got;                           // the parameter's gradient is in its bucket
+  std::vector<char> local;                         // ... and came from this rank's backward pass
+  size_t next = 0;                                 // the next bucket to launch
+  bool armed = false;
+  Clock::time_point first_launch;
+  double wait_seconds = 0, communication_seconds = 0;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<uintptr_t> hook_keys;
+
+  void launch_ready() {
+    while (next < buckets.size() && buckets[next].pending == 0) {
+      Bucket& b = buckets[next];
+      if (next == 0) first_launch = Clock::now();
+      std::vector<at::Tensor> v{b.flat};
+      b.work = collective("train.fit (all-reduce of gradients)", [&] {
+        return backend_for("train.fit", b.flat).allreduce(v, c10d::ReduceOp::SUM);
+      });
+      b.launched = true;
+      ++next;
+    }
+  }
+
+  void put(size_t i, bool from_backward) {
+    auto [bi, slot] = place[i];
+    Bucket& b = buckets[bi];
+    const at::Tensor& g = params[i].grad();
+    int64_t n = params[i].numel();
+    at::Tensor dest = b.flat.narrow(0, b.offsets[slot], n);
+    if (g.defined())
+      dest.copy_(g.reshape({-1}));
+    else
+      dest.zero_();
+    got[i] = 1;
+    local[i] = from_backward && g.defined();
+    --b.pending;
+  }
+
+  void ready(size_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!armed || got[i]) return;
+    at::NoGradGuard no_grad;
+    put(i, true);
+    launch_ready();
+  }
+};
+
+namespace {
+struct ReadyHook final : torch::autograd::FunctionPostHook {
+  std::weak_ptr<Reducer::State> state;
+  size_t index;
+  ReadyHook(std::weak_ptr<Reducer::State> s, size_t i) : state(std::move(s)), index(i) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto s = state.lock()) s->ready(index);
+    return outputs;
+  }
+};
+}  // namespace
+
+Reducer::Reducer(std::vector<at::Tensor> params, int64_t bucket_bytes) : state_(std::make_shared<State>()) {
+  world("train.fit");
+  State& s = *state_;
+  for (auto& p : params)
+    if (p.requires_grad()) s.params.push_back(p);
+  s.place.resize(s.params.size());
+  s.got.assign(s.params.size(), 0);
+  s.local.assign(s.params.size(), 0);
+  // Reverse order; a bucket holds one dtype on one device. The first is
+  // small (1 MiB), so that communication starts early in the backward pass.
+  int64_t cap = std::min<int64_t>(bucket_bytes, 1 << 20);
+  int64_t filled = 0;
+  for (size_t k = s.params.size(); k-- > 0;) {
+    const at::Tensor& p = s.params[k];
+    int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    bool fresh = s.buckets.empty() || filled + bytes > cap ||
+                 s.params[s.buckets.back().members[0]].scalar_type() != p.scalar_type() ||
+                 s.params[s.buckets.back().members[0]].device() != p.device();
+    if (fresh) {
+      if (!s.buckets.empty()) cap = bucket_bytes;
+      s.buckets.emplace_back();
+      filled = 0;
+    }
+    auto& b = s.buckets.back();
+    b.offsets.push_back(b.members.empty() ? 0 : b.offsets.back() + s.params[b.members.back()].numel());
+    b.members.push_back(k);
+    s.place[k] = {s.buckets.size() - 1, b.members.size() - 1};
+    filled += bytes;
+  }
+  for (auto& b : s.buckets) {
+    const at::Tensor& p0 = s.params[b.members[0]];
+    int64_t total = b.offsets.back() + s.params[b.members.back()].numel();
+    b.flat = at::zeros({total}, p0.options().requires_grad(false));
+    b.pending = b.members.size();
+  }
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
+    if (!acc) throw Error("train.fit: a parameter has no gradient accumulator (is it a leaf?)");
+    s.hook_keys.push_back(acc->add_post_hook(std::make_unique<ReadyHook>(state_, i)));
+    s.accumulators.push_back(std::move(acc));  // kept alive, hooks and all, between passes
+  }
+}
+
+Reducer::~Reducer() {
+  State& s = *state_;
+  for (size_t i = 0; i < s.accumulators.size(); ++i) s.accumulators[i]->del_post_hook(s.hook_keys[i]);
+}
+
+void Reducer::prepare() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  State& s = *state_;
+  s.armed = true;
+  s.next = 0;
+  std::fill(s.got.begin(), s.got.end(), 0);
+  std::fill(s.local.begin(), s.local.end(), 0);
+  for (auto& b : s.buckets) {
+    b.pending = b.members.size();
+    b.launched = false;
+    b.work.reset();
+  }
+}
+
+void Reducer::finish() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.armed) throw Error("train.fit: the gradient reducer finished a pass it was not prepared for");
+  at::NoGradGuard no_grad;
+  // parameters the backward pass did not reach on this rank count as zeros
+  for (size_t i = 0; i < s.params.size(); ++i)
+    if (!s.got[i]) s.put(i, false);
+  s.launch_ready();
+  auto started = Clock::now();
+  int world = world_size();
+  for (auto& b : s.buckets) {
+    collective("train.fit (all-reduce of gradients)", [&] { b.work->wait(); });
+    b.flat.div_(world);
+    for (size_t slot = 0; slot < b.members.size(); ++slot) {
+      size_t i = b.members[slot];
+      at::Tensor& p = s.params[i];
+      at::Tensor avg = b.flat.narrow(0, b.offsets[slot], p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(avg);
+      } else if (s.local[i] || avg.ne(0).any().item<bool>()) {
+        p.mutable_grad() = avg.clone();
+      }  // no rank had a gradient: stays undefined, as in one process
+    }
+  }
+  auto ended = Clock::now();
+  s.wait_seconds += std::chrono::duration<double>(ended - started).count();
+  s.communication_seconds += std::chrono::duration<double>(ended - s.first_launch).count();
+  s.armed = false;
+}
+
+int64_t Reducer::buckets() const { return static_cast<int64_t>(state_->buckets.size()); }
+double Reducer::wait_seconds() const { return state_->wait_seconds; }
+double Reducer::communication_seconds() const { return state_->communication_seconds; }
+
+}  // namespace anatomy::dist
