@@ -13,6 +13,7 @@
 
 #include "host/dist/backend.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -67,12 +68,62 @@ bool is_loopback(const std::string& addr) {
 }
 
 std::string key_failed(int rank) { return "failed/" + std::to_string(rank); }
+std::string key_beat(int rank) { return "beat/" + std::to_string(rank); }
+
+// Every rank counts up its heartbeat in the store twice a second, from a
+// thread with its own connection: when a collective fails and nobody said
+// why (no launcher saw the death), the rank whose count stopped is named.
+constexpr auto kBeat = std::chrono::milliseconds(500);
+struct Heartbeat {
+  std::atomic<bool> stop{false};
+  std::thread thread;
+};
+Heartbeat* g_heartbeat = nullptr;
+
+void stop_heartbeat() {
+  if (!g_heartbeat) return;
+  g_heartbeat->stop = true;
+  if (g_heartbeat->thread.joinable()) g_heartbeat->thread.join();
+  delete g_heartbeat;
+  g_heartbeat = nullptr;
+}
+
+void start_heartbeat(const Options& o) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(o.port);
+  so.isServer = false;
+  so.waitWorkers = false;
+  so.timeout = o.timeout;
+  auto store = c10::make_intrusive<c10d::PrefixStore>("anatomy", c10::make_intrusive<c10d::TCPStore>(o.master_addr, so));
+  g_heartbeat = new Heartbeat;
+  static bool registered = (std::atexit(stop_heartbeat), true);
+  (void)registered;
+  Heartbeat* h = g_heartbeat;
+  std::string key = key_beat(o.rank);
+  h->thread = std::thread([h, store, key] {
+    try {
+      while (!h->stop) {
+        store->add(key, 1);
+        for (int i = 0; i < 10 && !h->stop; ++i) std::this_thread::sleep_for(kBeat / 10);
+      }
+    } catch (const std::exception&) {
+      // the store is gone: the collectives will say so
+    }
+  });
+}
 
 // What another rank (or the launcher) wrote of a failure, waiting up to
 // `patience` for it: a peer's death closes its sockets a moment before the
-// launcher has reaped it and written why.
+// launcher has reaped it and written why. Failing that, the ranks whose
+// heartbeat stopped meanwhile.
 std::string reported_failure(World& w, std::chrono::milliseconds patience) {
   auto until = Clock::now() + patience;
+  std::vector<int64_t> beats(w.options.world_size, -1);
+  try {
+    for (int r = 0; r < w.options.world_size; ++r)
+      if (r != w.options.rank) beats[r] = w.store->add(key_beat(r), 0);
+  } catch (const std::exception&) {
+  }
   for (;;) {
     try {
       for (int r = 0; r < w.options.world_size; ++r) {
@@ -87,9 +138,23 @@ std::string reported_failure(World& w, std::chrono::milliseconds patience) {
                  ? "the rendezvous store is gone (the launcher exited)"
                  : "the rendezvous store is gone: rank 0, which hosts it, has exited";
     }
-    if (Clock::now() >= until) return "";
+    if (Clock::now() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  std::string silent;
+  try {
+    for (int r = 0; r < w.options.world_size; ++r) {
+      if (r == w.options.rank || beats[r] < 0) continue;
+      if (w.store->add(key_beat(r), 0) == beats[r]) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+    }
+  } catch (const std::exception&) {
+    return "the rendezvous store is gone";
+  }
+  if (silent.empty()) return "";
+  bool several = silent.find(',') != std::string::npos;
+  return std::string(several ? "ranks " : "rank ") + silent + (several ? " have" : " has") + " stopped: no heartbeat for " +
+         std::to_string(std::chrono::duration_cast<std::chrono::seconds>(patience).count()) +
+         " s (killed, or frozen outside Lua)";
 }
 
 // Runs a collective; a failure becomes an Error naming the rank that caused
@@ -208,12 +273,21 @@ void init(const Options& o) {
     throw Error("dist.init_process_group: rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) +
                 " could not connect to the others through " + where + ": " + what);
   }
+  if (o.world_size > 1) {
+    try {
+      start_heartbeat(o);
+    } catch (const std::exception& e) {
+      throw Error("dist.init_process_group: rank " + std::to_string(o.rank) + " cannot open its heartbeat connection to " +
+                  where + ": " + message_of(e));
+    }
+  }
   g_world = w.release();
 }
 
 bool is_initialized() { return g_world != nullptr; }
 
 void destroy() {
+  stop_heartbeat();
   delete g_world;
   g_world = nullptr;
 }

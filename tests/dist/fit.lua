@@ -1,7 +1,8 @@
 -- The run tests/dist/test_data_parallel.lua compares: a one-layer GPT trained
 -- on a short text, in one process or as one rank of several.
 --   anatomy [--nproc N] fit.lua --out=DIR [--batch=32] [--steps=50] [--stop_at=S] [--kill_at=S]
--- Writes (rank 0) DIR/metrics.jsonl, DIR/run.ckpt and DIR/final.safetensors,
+-- Writes (rank 0) DIR/metrics.jsonl, DIR/run.ckpt and DIR/probes.json (the
+-- autopsy's measures at steps 1, 25 and 50),
 -- and every rank its parameters as DIR/params.RANK.safetensors.
 local o = torch.config.parse({out = '', batch = 32, steps = 50, stop_at = 0, kill_at = 0, bucket_mb = 25}, arg)
 assert(o.out ~= '', 'fit.lua: --out=DIR is required')
@@ -19,7 +20,7 @@ m = models.gpt{vocab = c.vocab_size, dim = 32, heads = 2, layers = 1, seq = 32, 
 if dist.rank() ~= 0 then torch.manual_seed(99) end  -- the batches must not depend on it: train.fit seeds
 local run = train.fit(m, c, {steps = o.steps, batch = o.batch, seq = 32, lr = 3e-3, warmup = 5, seed = 5,
   eval_every = 25, eval_batches = 2, checkpoint = o.out .. '/run.ckpt', checkpoint_every = 25,
-  log = o.out .. '/metrics.jsonl', quiet = true, bucket_mb = o.bucket_mb,
+  log = o.out .. '/metrics.jsonl', quiet = true, bucket_mb = o.bucket_mb, probe = {every = 25},
   on_step = function(step)
     if step == o.stop_at then error(('stopped at step %d on purpose'):format(step)) end
     if step == o.kill_at and dist.rank() == 1 then
@@ -33,6 +34,7 @@ local params = {}
 for name, p in m:named_parameters() do params[name] = p:detach() end
 torch.save_safetensors(('%s/params.%d.safetensors'):format(o.out, dist.rank()), params)
 if dist.rank() == 0 then
+  require('anatomy.fs').write_atomic(o.out .. '/probes.json', require('anatomy.json').encode(run.probes))
   print(('done: %d steps, world %d, loss %.6f, resumed from %s, communication %s'):format(run.steps, run.world_size,
     run.train[#run.train], tostring(run.resumed_from),
     run.communication and ('%d buckets, %.3f s waited'):format(run.communication.buckets, run.communication.wait_seconds) or '-'))

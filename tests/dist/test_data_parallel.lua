@@ -106,6 +106,29 @@ H.test('the final parameters agree within 1e-5 (norm-relative; the key bias, who
   print(('  %d parameters; largest norm-relative difference %.3g (key bias aside); largest difference of one entry %.3g'):format(n, worst, worst_entry))
 end)
 
+H.test("the autopsy's measures in training: gradient norms of the averaged gradient, activation stds over both ranks' rows", function()
+  local json = require 'anatomy.json'
+  local a, b = json.decode(H.read(one .. '/probes.json')), json.decode(H.read(two .. '/probes.json'))
+  H.eq(#a, 3)
+  H.eq(#b, 3)
+  local n = 0
+  for i = 1, 3 do
+    H.eq(b[i].step, a[i].step)
+    for _, kind in ipairs{'grad_norm', 'act_std'} do
+      for name, v in pairs(a[i][kind]) do
+        local w = b[i][kind][name]
+        assert(w, ('step %d: %s of %s missing in the 2-rank run'):format(a[i].step, kind, name))
+        -- the key bias's gradient is rounding noise (see above): its norm is not compared
+        if not (kind == 'grad_norm' and name:match('qkv%.bias$')) then
+          assert(math.abs(v - w) <= 1e-4 * math.abs(v) + 1e-7, ('step %d: %s of %s: %.9g vs %.9g'):format(a[i].step, kind, name, v, w))
+          n = n + 1
+        end
+      end
+    end
+  end
+  assert(n > 30, 'measures compared: ' .. n)
+end)
+
 H.test('small buckets (several all-reduces overlapping backward) give the same run bit for bit', function()
   local dir = H.tmpdir()
   local status, out = train(dir, {batch = 16, nproc = 2, bucket_mb = 0.01})
@@ -164,6 +187,30 @@ H.test('rank 1 killed at a random step: rank 0 exits non-zero within the timeout
   assert(out:match('rank 0 exited with status 1'), out)
   assert(seconds < 20, ('took %.1f s'):format(seconds))
   print(('  killed at step %d; the launcher returned after %.1f s with status %d'):format(at, seconds, status))
+end)
+
+H.test('without a launcher (the environment torchrun sets): rank 1 killed, rank 0 names it from its stopped heartbeat', function()
+  local dir = H.tmpdir()
+  math.randomseed(os.time() + 1)
+  local at = math.random(3, 45)
+  local status, out, seconds
+  for _ = 1, 3 do  -- a port some other program took meanwhile: try another
+    local port = math.random(20000, 60000)
+    local env = ('ANATOMY_THREADS=1 ANATOMY_DIST_TIMEOUT=20 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2'):format(port)
+    local function rank(r)
+      return ('env %s RANK=%d LOCAL_RANK=%d %s %s --out=%s --batch=16 --kill_at=%d; echo $? > %s/status.%d'):format(
+        env, r, r, exe, fit, dir, at, dir, r)
+    end
+    status, out, seconds = sh(('(%s) & (%s); wait'):format(rank(1), rank(0)))
+    if not out:match('in use') then break end
+  end
+  H.eq(tonumber(H.read(dir .. '/killed_at')), at)
+  local code0 = tonumber(H.read(dir .. '/status.0'))
+  assert(code0 ~= 0, 'rank 0 exits non-zero: ' .. out)
+  H.eq(tonumber(H.read(dir .. '/status.1')), 137, 'rank 1 was killed')
+  assert(out:match('on rank 0: rank 1 has stopped: no heartbeat'), out)
+  assert(seconds < 20, ('took %.1f s'):format(seconds))
+  print(('  killed at step %d; rank 0 exited with %d after %.1f s'):format(at, code0, seconds))
 end)
 
 os.exit(H.done())
