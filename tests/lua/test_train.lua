@@ -180,7 +180,7 @@ test('options are checked', function()
   local c = data.from_string(sample_text)
   local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
   raises(function() train.fit(m, c, {stepz = 3}) end, "train.fit: unknown option 'stepz' (expected batch, betas, "
-    .. 'checkpoint, checkpoint_every, clip, cuda_graph, decay, dtype, eval_batches, eval_every, log, log_every, lr, on_step, probe, quiet, '
+    .. 'bucket_mb, checkpoint, checkpoint_every, clip, cuda_graph, decay, dtype, eval_batches, eval_every, log, log_every, lr, on_step, probe, quiet, '
     .. 'recurrence, resume, schedule, seconds, seed, seq, steps, warmup, weight_decay)')
   local empty = os.tmpname()
   raises(function() train.fit(m, c, {steps = 2, checkpoint = empty, quiet = true}) end,
