@@ -2,6 +2,7 @@
 -- training steps, print its autopsy (the per-layer table and verdicts), and
 -- write the JSON and the HTML report.
 --   anatomy scripts/autopsy.lua --model=vibenet --steps=1000
+--   anatomy --nproc 2 scripts/autopsy.lua   (data-parallel: --batch is each rank's)
 -- Every key below can be overridden with --key=value; --help lists them.
 local cfg = torch.config.parse({
   model = 'vibenet',       -- vibenet | gpt | funnel | stateful
@@ -17,6 +18,10 @@ local cfg = torch.config.parse({
   seed = 1337,
   out = 'out',             -- where autopsy.json and autopsy.html go
 }, arg, 'usage: anatomy scripts/autopsy.lua [--key=value ...]')
+
+-- in a data-parallel run, rank 0 alone prints and writes
+local main = dist.is_main()
+local print = main and print or function() end
 
 torch.manual_seed(cfg.seed)
 local path = cfg.data ~= '' and cfg.data or data.default_text()
@@ -36,6 +41,7 @@ local a = autopsy.run(model, corpus, {steps = cfg.batches, batch = cfg.batch, hi
 print()
 print(a)
 print()
+if not main then return end
 a:plot('grad_norm')
 local json_path = a:json(cfg.out .. '/autopsy.json')
 local html_path = a:report(cfg.out .. '/autopsy.html')

@@ -45,7 +45,8 @@ const char* kUsage =
     "  --threads=N      CPU threads (default: $ANATOMY_THREADS, else the number of cores)\n"
     "  --seed=N         seed torch's generators and math.random\n"
     "  --nproc=N        run N ranks of the script on this machine, data-parallel\n"
-    "                   (c10d over loopback; see `dist` in the README)\n"
+    "                   (c10d over loopback; each with cores/N threads unless\n"
+    "                   --threads or $ANATOMY_THREADS says otherwise)\n"
     "  -v, --version    print versions and exit\n"
     "  -h, --help       print this help and exit\n"
     "\n"
@@ -188,6 +189,11 @@ int launch(int nproc, const std::vector<char*>& child_argv) {
     env_strings.push_back("MASTER_ADDR=127.0.0.1");
     env_strings.push_back("MASTER_PORT=" + port);
     env_strings.push_back("ANATOMY_STORE_HOSTED=1");
+    // the ranks share this machine's cores (torchrun likewise sets OMP_NUM_THREADS)
+    if (!std::getenv("ANATOMY_THREADS")) {
+      long cores = sysconf(_SC_NPROCESSORS_ONLN);
+      env_strings.push_back("ANATOMY_THREADS=" + std::to_string(std::max(1L, cores / nproc)));
+    }
     std::vector<char*> envp;
     for (auto& kv : env_strings) envp.push_back(kv.data());
     envp.push_back(nullptr);

@@ -99,6 +99,12 @@ function provenance.model(model)
     dtype = first and first.dtype or nil, device = first and first.device or nil}
 end
 
+-- ' on each of N ranks' for a data-parallel run's training record
+local function ranks_text(t)
+  local n = tonumber(t.world_size)
+  return n and n > 1 and (' on each of %d ranks'):format(n) or ''
+end
+
 -- provenance.training(run) -> the settings and totals of a train.fit run
 -- (steps, batch, seq, lr, schedule, warmup, weight decay, clip, seed, seconds)
 function provenance.training(run)
@@ -175,7 +181,9 @@ function provenance.line(rec)
   for _, m in ipairs(models) do
     local t = m.training or {}
     local what = (m.label and (m.label .. ': ') or '') .. (m.model and (m.model.class .. ' ' .. count(m.model.parameters) .. ' parameters') or '')
-    if t.steps_run then what = what .. (', %d steps of batch %d x %d, lr %s'):format(t.steps_run, t.batch or 0, t.seq or 0, tostring(t.lr)) end
+    if t.steps_run then
+      what = what .. (', %d steps of batch %d x %d%s, lr %s'):format(t.steps_run, t.batch or 0, t.seq or 0, ranks_text(t), tostring(t.lr))
+    end
     parts[#parts + 1] = what
   end
   if rec.seed then parts[#parts + 1] = 'seed ' .. tostring(rec.seed) end
@@ -212,8 +220,8 @@ function provenance.fields(rec)
     local t = m.training
     if t and t.steps_run then
       out[#out + 1] = {m.label and ('training (' .. m.label .. ')') or 'training',
-        ('%d steps of batch %s x %s, lr %s%s%s, %s; final train loss %s%s'):format(t.steps_run, tostring(t.batch or '?'),
-          tostring(t.seq or '?'), tostring(t.lr), t.schedule and (', ' .. t.schedule .. ' schedule') or '',
+        ('%d steps of batch %s x %s%s, lr %s%s%s, %s; final train loss %s%s'):format(t.steps_run, tostring(t.batch or '?'),
+          tostring(t.seq or '?'), ranks_text(t), tostring(t.lr), t.schedule and (', ' .. t.schedule .. ' schedule') or '',
           t.warmup and (', warmup ' .. t.warmup) or '', t.seconds and seconds(t.seconds) or '?',
           t.final_train_loss and ('%.4f'):format(t.final_train_loss) or '-',
           t.final_val_loss and (', val loss %.4f'):format(t.final_val_loss) or '')}

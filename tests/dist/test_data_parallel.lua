@@ -213,4 +213,31 @@ H.test('without a launcher (the environment torchrun sets): rank 1 killed, rank 
   print(('  killed at step %d; rank 0 exited with %d after %.1f s'):format(at, code0, seconds))
 end)
 
+H.test('Ctrl-C to the launcher stops every rank', function()
+  local dir = H.tmpdir()
+  local status, out, seconds = sh(('ANATOMY_THREADS=1 %s --nproc 2 %s --out=%s --batch=16 --steps=100000 & pid=$!; '
+    .. 'sleep 4; ranks=$(pgrep -P $pid); kill -INT $pid; wait $pid; echo "launcher=$?"; sleep 0.2; left=0; '
+    .. 'for r in $ranks; do kill -0 $r 2>/dev/null && left=$((left + 1)); done; echo "ranks=$(echo $ranks | wc -w) left=$left"')
+    :format(exe, fit, dir))
+  H.eq(tonumber(out:match('ranks=(%d+)')), 2, out)
+  H.eq(tonumber(out:match('launcher=(%d+)')), 130, out)
+  H.eq(tonumber(out:match('left=(%d+)')), 0, 'ranks still running: ' .. out)
+  assert(seconds < 20, ('took %.1f s'):format(seconds))
+end)
+
+H.test('a MASTER_PORT in use is reported; a rank that never comes is reported after the timeout', function()
+  math.randomseed(os.time() + 2)
+  local port = math.random(20000, 60000)
+  local env = ('ANATOMY_THREADS=1 ANATOMY_DIST_TIMEOUT=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2 RANK=0'):format(port)
+  -- the first rank 0 hosts the store and waits for rank 1; the second cannot listen on its port
+  local status, out, seconds = sh(('(env %s %s -e "print(1)" > /dev/null 2>&1 &) ; sleep 1; env %s %s -e "print(1)"')
+    :format(env, exe, env, exe))
+  assert(status ~= 0)
+  assert(out:match('rank 0 cannot host the rendezvous on 127%.0%.0%.1:' .. port .. ': .*in use.*choose another MASTER_PORT'), out)
+  status, out, seconds = sh(('env %s %s -e "print(1)"'):format((env:gsub('MASTER_PORT=%d+', 'MASTER_PORT=' .. (port + 1))), exe))
+  assert(status ~= 0)
+  assert(out:match('rank 0 of 2 could not connect to the others through 127%.0%.0%.1:' .. (port + 1)), out)
+  assert(seconds < 15, ('took %.1f s'):format(seconds))
+end)
+
 os.exit(H.done())
