@@ -20,19 +20,19 @@ end
 function dist.is_available() return true end
 
 --- dist.is_initialized() -> whether this process is a rank of a world.
-dist.is_initialized = native.is_initialized
+function dist.is_initialized() return native.is_initialized() end
 --- dist.rank() -> this process's rank, 0..world_size-1 (0 outside a world).
-dist.rank = native.rank
+function dist.rank() return native.rank() end
 --- dist.world_size() -> the number of ranks (1 outside a world).
-dist.world_size = native.world_size
+function dist.world_size() return native.world_size() end
 --- dist.local_rank() -> the rank among those on this machine (LOCAL_RANK): the GPU it uses.
-dist.local_rank = native.local_rank
---- dist.timeout() -> seconds a collective waits for the other ranks.
-dist.timeout = native.timeout
+function dist.local_rank() return native.local_rank() end
+--- dist.timeout() -> seconds a collective waits for the other ranks (ANATOMY_DIST_TIMEOUT, default 60).
+function dist.timeout() return native.timeout() end
 --- dist.barrier(): waits until every rank reaches it.
-dist.barrier = native.barrier
+function dist.barrier() return native.barrier() end
 --- dist.destroy_process_group(): leaves the world.
-dist.destroy_process_group = native.destroy_process_group
+function dist.destroy_process_group() return native.destroy_process_group() end
 
 --- dist.init_process_group{rank, world_size, master_addr = '127.0.0.1',
 --- master_port, timeout = 60, backend} joins a world through a TCPStore at

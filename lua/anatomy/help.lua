@@ -135,6 +135,7 @@ anatomy: LuaJIT over LibTorch. Globals, each with help(name):
   models      the seed architectures: models.gpt, models.vibenet, models.funnel, models.stateful, models.build
   data        corpora and tokenizers: data.text, data.default_text
   train       train.fit, train.evaluate, checkpoints
+  dist        data-parallel training across processes (anatomy --nproc N): dist.all_reduce, ...
   optim       optim.AdamW, optim.Adam, optim.SGD, optim.lr_scheduler
   probe       probe.capture, probe.replace, probe.skip: hook points on every module
   autopsy     autopsy.run: the per-layer table, JSON and HTML report

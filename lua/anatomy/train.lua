@@ -305,6 +305,13 @@ end
 -- dtype ('float32', or 'bf16': the forward pass under autocast, float32 master
 -- weights), cuda_graph (true: on a GPU, one whole step recorded after two
 -- warm-up steps and replayed; probe steps run outside it).
+-- bucket_mb (data-parallel: the size of a gradient bucket, default 25 MiB).
+-- Under a world of N ranks (anatomy --nproc N, or a launcher's environment),
+-- batch is each rank's: rank 0's weights are broadcast, every rank draws the
+-- N x batch rows of one random stream and trains on its own, gradients are
+-- averaged in buckets as backward produces them, the loss and evaluation are
+-- averaged over the ranks, and rank 0 alone prints, logs and checkpoints;
+-- resuming needs the same N. run.communication = {buckets, wait_seconds, seconds}.
 -- The run: train (loss per step), val ({step, loss} per evaluation), steps,
 -- seconds, tokens_per_second, interrupted (Ctrl-C stopped it at a step boundary),
 -- depth_losses (with recurrence: per step, the loss of each pass, depth 0 first),

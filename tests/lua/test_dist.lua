@@ -94,4 +94,19 @@ H.test('train.fit in a world of one trains as one process does', function()
     {steps = 1, bucket_mb = -1, quiet = true}) end, 'bucket_mb must be a positive number of MiB, got -1')
 end)
 
+H.test('on a GPU, CUDA tensors go through NCCL (a world of one)', function()
+  if not torch.cuda.is_available() then
+    H.skip(torch.version.cuda and ('no GPU is visible (CUDA ' .. torch.version.cuda .. ' build)')
+      or 'this LibTorch has no CUDA: NCCL is compiled in the CUDA build only')
+  end
+  dist.init_process_group{rank = 0, world_size = 1, timeout = 30}
+  local t = torch.tensor({1, 2, 3}, {device = 'cuda'})
+  H.eq(dist.all_reduce(t, {op = 'sum'}):tolist(), {1, 2, 3})
+  H.eq(dist.all_reduce(t, {op = 'avg'}):tolist(), {1, 2, 3})
+  H.eq(dist.broadcast(t, 0):tolist(), {1, 2, 3})
+  local g = dist.all_gather(t)
+  H.eq(g[1].device, t.device)
+  dist.destroy_process_group()
+end)
+
 os.exit(H.done())
