@@ -63,6 +63,13 @@ long env_integer(const char* name, long low, long high) {
   return n;
 }
 
+// The keys of this group in the store; under torchrun, a restarted group
+// must not read the keys of the attempt before.
+std::string store_prefix() {
+  std::string attempt = env("TORCHELASTIC_RESTART_COUNT");
+  return attempt.empty() ? "anatomy" : "anatomy/attempt_" + attempt;
+}
+
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
@@ -94,7 +101,7 @@ void start_heartbeat(const Options& o) {
   so.isServer = false;
   so.waitWorkers = false;
   so.timeout = o.timeout;
-  auto store = c10::make_intrusive<c10d::PrefixStore>("anatomy", c10::make_intrusive<c10d::TCPStore>(o.master_addr, so));
+  auto store = c10::make_intrusive<c10d::PrefixStore>(store_prefix(), c10::make_intrusive<c10d::TCPStore>(o.master_addr, so));
   g_heartbeat = new Heartbeat;
   static bool registered = (std::atexit(stop_heartbeat), true);
   (void)registered;
@@ -252,7 +259,7 @@ void init(const Options& o) {
     throw Error("dist.init_process_group: rank " + std::to_string(o.rank) + " cannot reach the rendezvous at " + where +
                 " within " + std::to_string(o.timeout.count() / 1000) + " s: " + what);
   }
-  w->store = c10::make_intrusive<c10d::PrefixStore>("anatomy", tcp);
+  w->store = c10::make_intrusive<c10d::PrefixStore>(store_prefix(), tcp);
   try {
     auto go = c10d::ProcessGroupGloo::Options::create();
     go->timeout = o.timeout;
@@ -384,7 +391,7 @@ Rendezvous::Rendezvous(int world_size, std::chrono::milliseconds timeout) : impl
   } catch (const std::exception& e) {
     throw Error("anatomy --nproc: cannot open the rendezvous store on a loopback port: " + message_of(e));
   }
-  impl_->store = c10::make_intrusive<c10d::PrefixStore>("anatomy", impl_->tcp);
+  impl_->store = c10::make_intrusive<c10d::PrefixStore>(store_prefix(), impl_->tcp);
 }
 
 Rendezvous::~Rendezvous() = default;
