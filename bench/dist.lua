@@ -3,8 +3,8 @@
 -- tokens/s and the share of the run the ranks spent waiting for the
 -- gradients' all-reduce after backward. The two sides alternate for several
 -- rounds; medians. Writes a Markdown table with its provenance.
---   anatomy bench/dist.lua [--rounds=3] [--steps=60] [--warmup=10] [--out=out/bench/DIST.md]
-local o = torch.config.parse({rounds = 3, steps = 60, warmup = 10, out = 'out/bench/DIST.md'}, arg)
+--   anatomy bench/dist.lua [--rounds=5] [--steps=60] [--warmup=10] [--out=out/bench/DIST.md]
+local o = torch.config.parse({rounds = 5, steps = 60, warmup = 10, out = 'out/bench/DIST.md'}, arg)
 local here = arg[0]:gsub('[^/]*$', '')
 local json = require 'anatomy.json'
 
@@ -19,10 +19,10 @@ local pid = assert(io.open('/proc/self/stat')):read('*l'):match('^%d+')
 local exe_path = capture('readlink -f /proc/' .. pid .. '/exe'):gsub('%s+$', '')
 
 local cores = tonumber(capture('nproc'):match('%d+'))
-local function train(model, world, batch)
+local function train(model, world, batch, bucket_mb)
   local threads = math.max(1, math.floor(cores / world))
-  local cmd = ('%s --threads=%d %s %sdist_fit.lua --model=%s --batch=%d --steps=%d --warmup=%d 2>&1'):format(
-    exe_path, threads, world > 1 and ('--nproc ' .. world) or '', here, model, batch, o.steps, o.warmup)
+  local cmd = ('%s --threads=%d %s %sdist_fit.lua --model=%s --batch=%d --steps=%d --warmup=%d --bucket_mb=%s 2>&1'):format(
+    exe_path, threads, world > 1 and ('--nproc ' .. world) or '', here, model, batch, o.steps, o.warmup, tostring(bucket_mb or 25))
   local out = capture(cmd)
   local line = out:match('(%b{})%s*$')
   if not line then error('bench/dist.lua: the run failed:\n' .. cmd .. '\n' .. out, 0) end
@@ -35,23 +35,27 @@ local function median(xs)
   return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
 end
 
-local cases = {{'gpt', 32}, {'vibenet', 16}}
+-- {model, global batch, bucket MiB of the 2-rank side (nil: the default 25)}
+local cases = {{'gpt', 32}, {'vibenet', 16}, {'vibenet', 16, 0.1}}
 local rows, sample = {}, nil
 for _, case in ipairs(cases) do
-  local model, batch = case[1], case[2]
+  local model, batch, bucket_mb = case[1], case[2], case[3]
   local results = {[1] = {}, [2] = {}}
   for round = 1, o.rounds do
-    io.stderr:write(('bench/dist.lua: %s, round %d of %d\n'):format(model, round, o.rounds))
+    io.stderr:write(('bench/dist.lua: %s%s, round %d of %d\n'):format(model, bucket_mb and (', %g MiB buckets'):format(bucket_mb) or '', round, o.rounds))
     results[1][round] = train(model, 1, batch)
-    results[2][round] = train(model, 2, batch / 2)
+    results[2][round] = train(model, 2, batch / 2, bucket_mb)
   end
   for _, world in ipairs{1, 2} do
     local rs = results[world]
     local function med(key) local xs = {} for i, r in ipairs(rs) do xs[i] = r[key] end return median(xs) end
-    local share = {}
-    for i, r in ipairs(rs) do share[i] = r.wait_seconds / r.run_seconds end
+    local blocked, flight = {}, {}
+    for i, r in ipairs(rs) do
+      blocked[i] = r.wait_seconds / r.run_seconds
+      flight[i] = r.communication_seconds / r.run_seconds
+    end
     rows[#rows + 1] = {model = model, world = world, r = rs[1], step_ms = med('step_ms'), tokens_per_second = med('tokens_per_second'),
-      wait_share = median(share), comm_share = med('communication_seconds') / med('run_seconds')}
+      wait_share = median(blocked), comm_share = median(flight), bucket_mb = bucket_mb}
     sample = rs[1]
   end
 end
@@ -71,7 +75,8 @@ local lines = {
   '| --- | --- | --- | --- | --- | --- | --- | --- |',
 }
 for _, row in ipairs(rows) do
-  lines[#lines + 1] = ('| %s (T%d) | %d × %d | %d | %.1f ms | %.0f | %s | %s | %s |'):format(row.model, row.r.seq, row.world, row.r.batch,
+  lines[#lines + 1] = ('| %s (T%d)%s | %d × %d | %d | %.1f ms | %.0f | %s | %s | %s |'):format(row.model, row.r.seq,
+    row.bucket_mb and row.world > 1 and (', %g MiB buckets'):format(row.bucket_mb) or '', row.world, row.r.batch,
     row.r.params, row.step_ms, row.tokens_per_second,
     row.world > 1 and ('%.1f%% of the run'):format(100 * row.wait_share) or '—',
     row.world > 1 and ('%.1f%% of the run'):format(100 * row.comm_share) or '—',
@@ -82,7 +87,8 @@ lines[#lines + 1] = ('Shares are of the whole train.fit run (%d steps). "Blocked
 lines[#lines + 1] = ''
 for i = 1, #rows, 2 do
   local a, b = rows[i], rows[i + 1]
-  lines[#lines + 1] = ('- %s: 2 ranks give %.2f× the tokens/s of 1 process.'):format(a.model, b.tokens_per_second / a.tokens_per_second)
+  lines[#lines + 1] = ('- %s%s: 2 ranks give %.2f× the tokens/s of 1 process.'):format(a.model,
+    b.bucket_mb and (' (%g MiB buckets)'):format(b.bucket_mb) or '', b.tokens_per_second / a.tokens_per_second)
 end
 lines[#lines + 1] = ''
 lines[#lines + 1] = ('On one machine the two ranks split its %d cores between them (%d thread%s each), where the one process has them all: the comparison shows what data parallelism costs or gains here (the all-reduce, a second process, smaller matrices per thread), not what it gains across machines or GPUs.'):format(cores, math.max(1, math.floor(cores / 2)), math.floor(cores / 2) == 1 and '' or 's')
