@@ -38,13 +38,15 @@ end
 
 -- What is never called: what ends or blocks the process, writes outside the
 -- scratch folder, or runs for as long as it is asked to (training loops,
--- experiments: their arguments are sizes the fuzzer would make astronomical).
+-- experiments: their arguments are sizes the fuzzer would make astronomical),
+-- or joins a process group over the network (dist: a world of 2 waits for its
+-- other rank until the timeout; tests/lua/test_dist.lua checks its errors).
 local skip = {
   ['torch.cuda'] = true, ['torch.config.parse'] = false,
   ['train.fit'] = true, ['autopsy.run'] = true, ['experiment'] = true, ['patching.run'] = true, ['help'] = true,
   ['torch.set_num_threads'] = true, ['torch._native.with_trusted_ids'] = true, ['torch._native.without_init'] = true,
   ['models.from_pretrained'] = true, ['data.text'] = true,
-  ['torch.repl'] = true, ['torch._repl'] = true,
+  ['torch.repl'] = true, ['torch._repl'] = true, ['torch.distributed'] = true, ['torch._dist'] = true,
 }
 local function skipped(name)
   for prefix, on in pairs(skip) do
