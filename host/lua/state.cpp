@@ -57,9 +57,16 @@ LuaState::LuaState(const RuntimeOptions& options) {
   lua::open(L_);
 
   lua_dir_ = find_lua_dir();
+  // a constructor that throws runs no destructor: close the state first
+  auto fail = [this](const std::string& message) {
+    lua::close(L_);
+    lua_close(L_);
+    L_ = nullptr;
+    throw std::runtime_error(message);
+  };
   if (!has_library(lua_dir_))
-    throw std::runtime_error("the Lua library was not found in '" + lua_dir_ +
-                             "'\n---> HINT: set ANATOMY_LUA_PATH to the folder that holds anatomy/init.lua");
+    fail("the Lua library was not found in '" + lua_dir_ +
+         "'\n---> HINT: set ANATOMY_LUA_PATH to the folder that holds anatomy/init.lua");
   lua_pushstring(L_, lua_dir_.c_str());
   lua_setfield(L_, LUA_REGISTRYINDEX, "anatomy.lua_dir");
   lua_getglobal(L_, "package");
@@ -73,7 +80,7 @@ LuaState::LuaState(const RuntimeOptions& options) {
 
   lua_getglobal(L_, "require");
   lua_pushliteral(L_, "anatomy");
-  if (!call(1, 1)) throw std::runtime_error("loading the Lua library failed: " + error_);
+  if (!call(1, 1)) fail("loading the Lua library failed: " + error_);
   lua_setglobal(L_, "torch");
   if (options.seed) {
     lua_getglobal(L_, "torch");
