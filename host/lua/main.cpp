@@ -3,6 +3,7 @@
 #include <lua.hpp>
 
 #include "host/dist/dist.h"
+#include "host/kernel/kernel.h"
 #include "host/lua/state.h"
 #include "host/lua/repl.h"
 
@@ -44,6 +45,9 @@ const char* kUsage =
     "                   (default: $ANATOMY_DEVICE, else cuda if a GPU is present, else cpu)\n"
     "  --threads=N      CPU threads (default: $ANATOMY_THREADS, else the number of cores)\n"
     "  --seed=N         seed torch's generators and math.random\n"
+    "  --kernel FILE    serve as a Jupyter kernel on the connection FILE\n"
+    "  --install-kernel [--user | --prefix P]\n"
+    "                   write the kernelspec that makes Jupyter find this anatomy\n"
     "  --nproc=N        run N ranks of the script on this machine, data-parallel\n"
     "                   (c10d over loopback; each with cores/N threads unless\n"
     "                   --threads or $ANATOMY_THREADS says otherwise)\n"
@@ -268,6 +272,8 @@ int main(int argc, char** argv) {
   bool interactive = false, version = false;
   int script = 0;
   long nproc = 0;
+  std::string kernel_file, kernel_prefix;
+  bool install_kernel = false, kernel_user = false;
   std::vector<int> nproc_at;  // where --nproc's words are: the ranks get the command line without them
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], v;
@@ -287,6 +293,14 @@ int main(int argc, char** argv) {
       options.threads = static_cast<int64_t>(parse_positive("--threads", v));
     } else if (take_value(argc, argv, i, "--seed", v)) {
       options.seed = static_cast<uint64_t>(parse_positive("--seed", v));
+    } else if (take_value(argc, argv, i, "--kernel", v)) {
+      kernel_file = v;
+    } else if (a == "--install-kernel") {
+      install_kernel = true;
+    } else if (a == "--user") {
+      kernel_user = true;
+    } else if (take_value(argc, argv, i, "--prefix", v)) {
+      kernel_prefix = v;
     } else if (take_value(argc, argv, i, "--nproc", v)) {
       nproc = parse_positive("--nproc", v);
       if (nproc < 1 || nproc > 1024) usage_error("--nproc expects 1..1024 ranks, got " + v);
@@ -301,6 +315,33 @@ int main(int argc, char** argv) {
       script = i;
       break;
     }
+  }
+
+  if (install_kernel) {
+    if (kernel_user && !kernel_prefix.empty()) usage_error("--install-kernel takes --user or --prefix, not both");
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) usage_error("--install-kernel: cannot find this executable's path");
+    self[n] = '\0';
+    try {
+      std::string dir = anatomy::install_kernelspec(self, kernel_user, kernel_prefix);
+      std::printf("installed the kernelspec 'anatomy' in %s\n", dir.c_str());
+      leave(0);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "anatomy: %s\n", e.what());
+      leave(1);
+    }
+  }
+  if ((kernel_user || !kernel_prefix.empty()) && !install_kernel) usage_error("--user and --prefix go with --install-kernel");
+  if (!kernel_file.empty()) {
+    int code = 1;
+    try {
+      anatomy::LuaState state(options);
+      code = anatomy::run_kernel(state, kernel_file);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "anatomy: %s\n", e.what());
+    }
+    leave(code);
   }
 
   if (nproc > 0) {

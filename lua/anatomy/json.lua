@@ -10,6 +10,11 @@ local function encode_string(s)
   return '"' .. s:gsub('[%c"\\]', function(c) return escapes[c] or ('\\u%04x'):format(c:byte()) end) .. '"'
 end
 
+-- json.object(t) -> t, marked to encode as an object even when empty ({}
+-- would otherwise be the empty array)
+local object_mt = {}
+function json.object(t) return setmetatable(t or {}, object_mt) end
+
 local function is_array(t)
   local n = #t
   for k in pairs(t) do
@@ -44,7 +49,7 @@ local function encode(v, seen)
   if seen[v] then error('json: cannot encode a table that contains itself', 0) end
   seen[v] = true
   local out = {}
-  if is_array(v) then
+  if getmetatable(v) ~= object_mt and is_array(v) then
     for i = 1, #v do out[i] = encode(v[i], seen) end
     seen[v] = nil
     return '[' .. table.concat(out, ',') .. ']'

@@ -22,6 +22,24 @@ function Autopsy:plot(metric)
   return text
 end
 
+-- a:chart(metric) -> a Figure of one column per layer (the metrics of
+-- a:plot): it prints as a:plot does, shows as SVG in a notebook, and
+-- fig:save('chart.svg') writes it.
+function Autopsy:chart(metric)
+  local text = format.plot(self, metric, true)
+  metric = metric or 'grad_norm'
+  local labels, values = {}, {}
+  for i, r in ipairs(self.rows) do labels[i], values[i] = r.name, r[metric] or 0 / 0 end
+  local charts = require 'anatomy.charts'
+  local title = ('%s per layer'):format(metric)
+  return require('anatomy.figure').new(title, charts.bars(title, labels, values, {ylabel = metric, xlabel = 'row'}), text)
+end
+
+-- In a notebook, an autopsy shows as its HTML report (the table, the charts).
+function Autopsy:_repr_mimebundle()
+  return {['text/html'] = require('anatomy.autopsy.report').html(self), ['text/plain'] = tostring(self)}
+end
+
 -- a:attention(layer, head, {numbers = false}) -> text: that head's attention
 -- map for the first sequence (the probe text when autopsy.run had one; up
 -- to 32 tokens), the tokens on both axes. layer: its number or name.

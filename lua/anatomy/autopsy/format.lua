@@ -117,7 +117,7 @@ local bars = {' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'}
 -- format.plot(a, metric) (a:plot(metric)): a compact chart of one column per layer, in the terminal
 -- ('grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual',
 -- 'influence', 'lens_loss', 'removal_loss').
-function format.plot(self, metric)
+function format.plot(self, metric, quiet)
   local columns = {'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'act_mean', 'act_max', 'act_rms', 'amplification',
     'residual', 'influence', 'lens_loss', 'lens_agree', 'removal_loss', 'gate_grad', 'gate_identity'}
   local known = false
@@ -150,7 +150,7 @@ function format.plot(self, metric)
     lines[#lines + 1] = ('%s%s  %s %s'):format(v[1], (' '):rep(name_width - #v[1]), bar, fmt(v[2]))
   end
   local text = table.concat(lines, '\n')
-  print(text)
+  if not quiet then print(text) end
   return text
 end
 

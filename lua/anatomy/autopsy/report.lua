@@ -45,6 +45,7 @@ dl.note dt { font-family: monospace; } dl.note dd { margin: 0; }
 .provenance { font-size: 12px; color: #444; background: #f6f6f6; padding: 6px 8px; display: grid;
   grid-template-columns: max-content 1fr; gap: 0 12px; } .provenance dt { font-weight: bold; } .provenance dd { margin: 0; }
 ]]
+report.style = style  -- also inside standalone charts (anatomy/figure.lua)
 
 -- report.page(title, body) -> a self-contained HTML page in the report's
 -- style (patching and attribution results use it)

@@ -1,0 +1,232 @@
+-- kernel: the Lua half of `anatomy --kernel` (host/kernel/kernel.cpp speaks
+-- Jupyter's protocol; this file answers its requests). A cell runs as a REPL
+-- line does, in the same globals: a trailing expression is the cell's result,
+-- print and io.write stream to the notebook while the cell runs, and an error
+-- is reported with its traceback while the session keeps its variables.
+-- Rich output: display(x), and any value with a _repr_mimebundle() method
+-- (an autopsy, its charts, a comparison) shows as HTML or SVG.
+local json = require 'anatomy.json'
+local repl = require 'anatomy.repl'
+local O = json.object  -- {} that must be a JSON object
+
+local kernel = {}
+
+local send        -- send(msg_type, content): an iopub message for the request being answered
+local count = 0   -- execution_count
+
+-- kernel.mimebundle(x) -> {['text/plain'] = ..., ['text/html'] = ..., ...}
+function kernel.mimebundle(x)
+  local bundle = O()
+  local mt = (type(x) == 'table' or type(x) == 'userdata') and getmetatable(x)
+  local method = type(x) == 'table' and x._repr_mimebundle
+  if type(method) == 'function' then
+    local ok, b = pcall(method, x)
+    if ok and type(b) == 'table' then
+      for k, v in pairs(b) do bundle[k] = v end
+    elseif not ok then
+      bundle['text/plain'] = 'display: _repr_mimebundle failed: ' .. tostring(b)
+    end
+  end
+  bundle['text/plain'] = bundle['text/plain'] or repl.render(x)
+  local _ = mt
+  return bundle
+end
+
+-- display(x, ...): shows each value in the notebook (HTML or SVG where it has one).
+function kernel.display(...)
+  for i = 1, select('#', ...) do
+    send('display_data', {data = kernel.mimebundle((select(i, ...))), metadata = O(), transient = O()})
+  end
+end
+
+local function stream(name)
+  return function(text)
+    text = text:gsub('\27%[K', '')  -- the terminal's erase-line: a '\r' already rewrites the line here
+    if text ~= '' then send('stream', {name = name, text = text}) end
+  end
+end
+
+-- Runs fn with print, io.write and io.stderr sending to the notebook.
+local function with_output(fn)
+  local out, err = stream('stdout'), stream('stderr')
+  local saved_print, saved_write, saved_stdout, saved_stderr = print, io.write, io.stdout, io.stderr
+  local saved_isatty = torch._isatty
+  local proxy = function(target, emit)
+    return setmetatable({}, {__index = function(_, k)
+      if k == 'write' then
+        return function(self, ...)
+          local parts = {}
+          for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
+          emit(table.concat(parts))
+          return self
+        end
+      end
+      local v = target[k]
+      if type(v) == 'function' then return function(_, ...) return v(target, ...) end end
+      return v
+    end})
+  end
+  _G.print = function(...)
+    local parts = {}
+    for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
+    out(table.concat(parts, '\t') .. '\n')
+  end
+  io.write = function(...)
+    local parts = {}
+    for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
+    out(table.concat(parts))
+    return io.stdout
+  end
+  io.stdout = proxy(saved_stdout, out)
+  io.stderr = proxy(saved_stderr, err)
+  torch._isatty = function(fd) return fd == 1 end  -- progress lines rewrite themselves with '\r'
+  local function pack(...) return {n = select('#', ...), ...} end
+  local results = pack(xpcall(fn, function(e)
+    local msg = tostring(e)
+    return {message = msg, traceback = cell_traceback(msg)}
+  end))
+  _G.print, io.write, io.stdout, io.stderr, torch._isatty = saved_print, saved_write, saved_stdout, saved_stderr, saved_isatty
+  return results
+end
+
+-- Compiles a cell as the REPL does: an expression first (its value is the
+-- result), else statements.
+local function compile(code)
+  local f = loadstring('return ' .. code, '=cell')
+  if f then return f end
+  local g, err = loadstring(code, '=cell')
+  if not g then return nil, err end
+  -- statements, then an expression on the last line: its value is the result
+  local head, last = code:match('^(.*\n)%s*([^\n]-)%s*$')
+  if last and last ~= '' and not last:match('^%-%-') then
+    local h = loadstring(head .. 'return ' .. last, '=cell')
+    if h then return h end
+  end
+  return g
+end
+
+-- The traceback of a cell's error without the kernel's own frames.
+local function cell_traceback(msg)
+  local lines = {}
+  for line in (debug.traceback(msg, 3) .. '\n'):gmatch('([^\n]*)\n') do
+    if line:match("in function 'xpcall'") then break end
+    if not line:match('^%s*%[builtin#') then lines[#lines + 1] = line end
+  end
+  return table.concat(lines, '\n')
+end
+
+function kernel.execute(content)
+  local code = content.code or ''
+  local silent = content.silent
+  if not silent and content.store_history ~= false then count = count + 1 end
+  if not silent then send('execute_input', {code = code, execution_count = count}) end
+  if code:match('^%s*$') then return {status = 'ok', execution_count = count, user_expressions = O(), payload = {}} end
+  local f, err = compile(code)
+  local results
+  if not f then
+    results = {false, {message = err, traceback = err}, n = 2}
+  else
+    results = with_output(f)
+  end
+  if not results[1] then
+    local e = results[2]
+    local interrupted = e.message:match('interrupted$') ~= nil
+    local reply = {status = 'error', ename = interrupted and 'Interrupted' or (not f and 'SyntaxError' or 'LuaError'),
+      evalue = e.message, traceback = {}}
+    for line in (e.traceback .. '\n'):gmatch('([^\n]*)\n') do reply.traceback[#reply.traceback + 1] = line end
+    if not silent then send('error', {ename = reply.ename, evalue = reply.evalue, traceback = reply.traceback}) end
+    reply.execution_count = count
+    return reply
+  end
+  if results.n > 1 and not silent and not code:match(';%s*$') then
+    _G._ = results[2]
+    for i = 2, results.n do
+      send('execute_result', {execution_count = count, data = kernel.mimebundle(results[i]), metadata = O()})
+    end
+  end
+  return {status = 'ok', execution_count = count, user_expressions = O(), payload = {}}
+end
+
+-- The word that ends at the cursor (names, fields and methods: "torch.ze", "x:me").
+local function word_at(code, pos)
+  local before = code:sub(1, pos)
+  local word = before:match('[%w_%.:]*$') or ''
+  return word, pos - #word
+end
+
+function kernel.complete(content)
+  local code, pos = content.code or '', content.cursor_pos or #(content.code or '')
+  local word, start = word_at(code, pos)
+  local matches = repl.complete(word)
+  return {status = 'ok', matches = matches, cursor_start = start, cursor_end = pos, metadata = O()}
+end
+
+function kernel.inspect(content)
+  local code, pos = content.code or '', content.cursor_pos or #(content.code or '')
+  -- the name under the cursor: back to its start and on to its end
+  local word = code:sub(1, pos):match('[%w_%.:]*$') .. (code:sub(pos + 1):match('^[%w_]*') or '')
+  word = word:gsub(':', '.')
+  if word == '' then return {status = 'ok', found = false, data = O(), metadata = O()} end
+  local help = require 'anatomy.help'
+  local v = _G
+  for part in word:gmatch('[^.]+') do
+    if type(v) ~= 'table' and type(v) ~= 'userdata' then v = nil break end
+    local ok, nv = pcall(function() return v[part] end)
+    v = ok and nv or nil
+    if v == nil then break end
+  end
+  if v == nil then return {status = 'ok', found = false, data = O(), metadata = O()} end
+  return {status = 'ok', found = true, data = {['text/plain'] = help.text(v)}, metadata = O()}
+end
+
+function kernel.is_complete(content)
+  local code = content.code or ''
+  local f, err = loadstring('return ' .. code)
+  if f then return {status = 'complete'} end
+  f, err = loadstring(code)
+  if f then return {status = 'complete'} end
+  if tostring(err):match("'<eof>'$") then return {status = 'incomplete', indent = ''} end
+  return {status = 'invalid'}
+end
+
+function kernel.kernel_info()
+  return {
+    status = 'ok', protocol_version = '5.3', implementation = 'anatomy', implementation_version = torch.version.anatomy,
+    language_info = {name = 'lua', version = jit and jit.version or _VERSION, mimetype = 'text/x-lua', file_extension = '.lua',
+      pygments_lexer = 'lua', codemirror_mode = 'lua'},
+    banner = torch.banner(), help_links = {}, debugger = false,
+  }
+end
+
+function kernel.comm_info() return {status = 'ok', comms = O()} end
+function kernel.history() return {status = 'ok', history = {}} end
+
+local handlers = {
+  execute_request = {'execute_reply', kernel.execute},
+  complete_request = {'complete_reply', kernel.complete},
+  inspect_request = {'inspect_reply', kernel.inspect},
+  is_complete_request = {'is_complete_reply', kernel.is_complete},
+  kernel_info_request = {'kernel_info_reply', kernel.kernel_info},
+  comm_info_request = {'comm_info_reply', kernel.comm_info},
+  history_request = {'history_reply', kernel.history},
+}
+
+-- kernel.handle(msg_type, content_json, send_fn) -> reply type, reply content
+-- JSON (nil for a request it does not know). Called by the host for each
+-- shell request; send_fn(msg_type, content_json) publishes on iopub.
+function kernel.handle(msg_type, content_json, send_fn)
+  local h = handlers[msg_type]
+  if not h then return nil end
+  send = function(t, c) send_fn(t, json.encode(c)) end
+  local ok, content = pcall(json.decode, content_json)
+  if not ok then content = {} end
+  local reply = h[2](content)
+  return h[1], json.encode(reply)
+end
+
+-- In the kernel, display is a global (as in IPython).
+function kernel.install()
+  _G.display = kernel.display
+end
+
+return kernel
