@@ -17,7 +17,6 @@ local count = 0   -- execution_count
 -- kernel.mimebundle(x) -> {['text/plain'] = ..., ['text/html'] = ..., ...}
 function kernel.mimebundle(x)
   local bundle = O()
-  local mt = (type(x) == 'table' or type(x) == 'userdata') and getmetatable(x)
   local method = type(x) == 'table' and x._repr_mimebundle
   if type(method) == 'function' then
     local ok, b = pcall(method, x)
@@ -27,8 +26,17 @@ function kernel.mimebundle(x)
       bundle['text/plain'] = 'display: _repr_mimebundle failed: ' .. tostring(b)
     end
   end
+  -- results drawn in reports: a comparison's html(), patching's and attribution's svg() (a <figure>)
+  if type(x) == 'table' and type(method) ~= 'function' then
+    for _, name in ipairs{'html', 'svg'} do
+      local ok, f = pcall(function() return x[name] end)
+      if ok and type(f) == 'function' and not bundle['text/html'] then
+        local good, h = pcall(f, x)
+        if good and type(h) == 'string' then bundle['text/html'] = h end
+      end
+    end
+  end
   bundle['text/plain'] = bundle['text/plain'] or repl.render(x)
-  local _ = mt
   return bundle
 end
 
@@ -44,6 +52,16 @@ local function stream(name)
     text = text:gsub('\27%[K', '')  -- the terminal's erase-line: a '\r' already rewrites the line here
     if text ~= '' then send('stream', {name = name, text = text}) end
   end
+end
+
+-- The traceback of a cell's error without the kernel's own frames.
+local function cell_traceback(msg)
+  local lines = {}
+  for line in (debug.traceback(msg, 3) .. '\n'):gmatch('([^\n]*)\n') do
+    if line:match("in function 'xpcall'") then break end
+    if not line:match('^%s*%[builtin#') then lines[#lines + 1] = line end
+  end
+  return table.concat(lines, '\n')
 end
 
 -- Runs fn with print, io.write and io.stderr sending to the notebook.
@@ -91,29 +109,21 @@ end
 
 -- Compiles a cell as the REPL does: an expression first (its value is the
 -- result), else statements.
-local function compile(code)
-  local f = loadstring('return ' .. code, '=cell')
+local function compile(code, name)
+  local f = loadstring('return ' .. code, name)
   if f then return f end
-  local g, err = loadstring(code, '=cell')
+  local g, err = loadstring(code, name)
   if not g then return nil, err end
   -- statements, then an expression on the last line: its value is the result
   local head, last = code:match('^(.*\n)%s*([^\n]-)%s*$')
   if last and last ~= '' and not last:match('^%-%-') then
-    local h = loadstring(head .. 'return ' .. last, '=cell')
+    local h = loadstring(head .. 'return ' .. last, name)
     if h then return h end
   end
   return g
 end
 
--- The traceback of a cell's error without the kernel's own frames.
-local function cell_traceback(msg)
-  local lines = {}
-  for line in (debug.traceback(msg, 3) .. '\n'):gmatch('([^\n]*)\n') do
-    if line:match("in function 'xpcall'") then break end
-    if not line:match('^%s*%[builtin#') then lines[#lines + 1] = line end
-  end
-  return table.concat(lines, '\n')
-end
+
 
 function kernel.execute(content)
   local code = content.code or ''
@@ -121,7 +131,7 @@ function kernel.execute(content)
   if not silent and content.store_history ~= false then count = count + 1 end
   if not silent then send('execute_input', {code = code, execution_count = count}) end
   if code:match('^%s*$') then return {status = 'ok', execution_count = count, user_expressions = O(), payload = {}} end
-  local f, err = compile(code)
+  local f, err = compile(code, ('=cell [%d]'):format(count))
   local results
   if not f then
     results = {false, {message = err, traceback = err}, n = 2}
@@ -130,6 +140,8 @@ function kernel.execute(content)
   end
   if not results[1] then
     local e = results[2]
+    -- a second error inside the handler (an interrupt landing there) leaves a string
+    if type(e) ~= 'table' then e = {message = tostring(e), traceback = tostring(e)} end
     local interrupted = e.message:match('interrupted$') ~= nil
     local reply = {status = 'error', ename = interrupted and 'Interrupted' or (not f and 'SyntaxError' or 'LuaError'),
       evalue = e.message, traceback = {}}

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""anatomy as a Jupyter kernel, driven by Jupyter's own client.
+
+The kernelspec is installed into a temporary prefix with
+`anatomy --install-kernel --prefix`, and jupyter_client (Debian's
+python3-jupyter-client) starts it by name, as Jupyter does, then checks:
+execute with output and result, an error and then a variable still defined,
+completion, inspect, is_complete, an interrupt of a running loop, display of
+an autopsy chart as SVG and of an autopsy as HTML, and shutdown.
+    test_kernel.py ANATOMY_EXE
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    from jupyter_client.manager import start_new_kernel
+    from jupyter_client.kernelspec import KernelSpecManager
+except ImportError as e:
+    print("skipped: jupyter_client is not installed for %s (%s)" % (sys.executable, e))
+    sys.exit(77)
+
+exe = os.path.abspath(sys.argv[1])
+prefix = tempfile.mkdtemp()
+out = subprocess.run([exe, "--install-kernel", "--prefix", prefix], capture_output=True, text=True)
+assert out.returncode == 0, out.stderr
+os.environ["JUPYTER_PATH"] = os.path.join(prefix, "share", "jupyter")
+
+passed = failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    print(("ok    " if ok else "FAIL  ") + name + ("" if ok else ": " + str(detail)[:2000]))
+    passed, failed = passed + bool(ok), failed + (not ok)
+
+
+specs = KernelSpecManager().find_kernel_specs()
+check("the kernelspec is found by name", "anatomy" in specs, specs)
+spec = KernelSpecManager().get_kernel_spec("anatomy")
+check("kernelspec: argv, language, interrupt mode",
+      spec.argv[:2] == [exe, "--kernel"] and spec.language == "lua" and spec.interrupt_mode == "signal", spec.to_dict())
+
+km, kc = start_new_kernel(kernel_name="anatomy", startup_timeout=90)
+
+
+def run(code, timeout=120):
+    """execute_reply content and the iopub messages of that request"""
+    msg_id = kc.execute(code)
+    reply = kc.get_shell_msg(timeout=timeout)
+    msgs = []
+    while True:
+        m = kc.get_iopub_msg(timeout=timeout)
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        msgs.append(m)
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            break
+    return reply["content"], msgs
+
+
+def of(msgs, kind):
+    return [m["content"] for m in msgs if m["msg_type"] == kind]
+
+
+try:
+    info = kc.kernel_info(reply=True, timeout=30)["content"]
+    check("kernel_info: protocol 5.3, language lua", info["protocol_version"] == "5.3"
+          and info["language_info"]["name"] == "lua", info)
+
+    reply, msgs = run("x = torch.arange(1, 7):view(2, 3)\nprint('hello from the cell')\nx:sum()")
+    streams = "".join(c["text"] for c in of(msgs, "stream") if c["name"] == "stdout")
+    results = of(msgs, "execute_result")
+    check("execute: status ok, a count", reply["status"] == "ok" and reply["execution_count"] >= 1, reply)
+    check("execute: print streams to stdout", streams == "hello from the cell\n", streams)
+    check("execute: the last line's value is the result, as PyTorch prints it",
+          len(results) == 1 and "tensor(21)" in results[0]["data"]["text/plain"], results)
+
+    reply, msgs = run("local t = nil\nreturn t.field")
+    errors = of(msgs, "error")
+    check("an error: status error with name, value and traceback", reply["status"] == "error"
+          and "attempt to index" in reply["evalue"] and len(reply["traceback"]) >= 1, reply)
+    check("an error: published on iopub", len(errors) == 1 and errors[0]["evalue"] == reply["evalue"], errors)
+    reply, msgs = run("x:size(2)")
+    check("after the error the session keeps its variables",
+          reply["status"] == "ok" and of(msgs, "execute_result")[0]["data"]["text/plain"] == "3", of(msgs, "execute_result"))
+
+    kc.complete("torch.zer", 9)
+    c = kc.get_shell_msg(timeout=30)["content"]
+    check("complete: torch.zer", "torch.zeros" in c["matches"] and "torch.zeros_like" in c["matches"]
+          and c["cursor_start"] == 0 and c["cursor_end"] == 9, c)
+    kc.complete("y = x:me", 8)
+    c = kc.get_shell_msg(timeout=30)["content"]
+    check("complete: a tensor's methods", "x:mean" in c["matches"] and c["cursor_start"] == 4, c)
+
+    kc.inspect("train.fit", 9)
+    c = kc.get_shell_msg(timeout=30)["content"]
+    check("inspect: train.fit's help", c["found"] and c["data"]["text/plain"].startswith("train.fit(model, corpus, opts)"), c)
+    kc.is_complete("for i = 1, 3 do")
+    c = kc.get_shell_msg(timeout=30)["content"]
+    check("is_complete: an open block is incomplete", c["status"] == "incomplete", c)
+    kc.is_complete("print(1)")
+    check("is_complete: a statement is complete", kc.get_shell_msg(timeout=30)["content"]["status"] == "complete")
+
+    # a long loop, interrupted: by SIGINT (the kernelspec's interrupt mode)
+    started = time.time()
+    msg_id = kc.execute("n = 0\nwhile true do n = n + torch.ones(1):item() end")
+    time.sleep(1.0)
+    sent = time.time()
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=30)["content"]
+    took = time.time() - sent
+    check("interrupt: the loop stops within 2 s", reply["status"] == "error" and reply["ename"] == "Interrupted"
+          and took < 2, (reply, took))
+    reply, msgs = run("n > 0")
+    check("interrupt: the kernel is alive and kept what the loop did", km.is_alive()
+          and of(msgs, "execute_result")[0]["data"]["text/plain"] == "true", of(msgs, "execute_result"))
+
+    # ... and by an interrupt_request on the control channel (interrupt_mode 'message')
+    msg_id = kc.execute("m = 0\nwhile true do m = m + torch.ones(1):item() end")
+    time.sleep(1.0)
+    sent = time.time()
+    request = kc.session.msg("interrupt_request", {})
+    kc.control_channel.send(request)
+    control = kc.get_control_msg(timeout=30)
+    reply = kc.get_shell_msg(timeout=30)["content"]
+    check("interrupt_request on control: replied, and the loop stops within 2 s",
+          control["msg_type"] == "interrupt_reply" and reply["ename"] == "Interrupted" and time.time() - sent < 2,
+          (control["msg_type"], reply))
+
+    km.restart_kernel(now=False)
+    kc.wait_for_ready(timeout=90)
+    reply, msgs = run("x == nil")
+    check("restart: a fresh kernel, without the old globals", km.is_alive()
+          and of(msgs, "execute_result")[0]["data"]["text/plain"] == "true", of(msgs, "execute_result"))
+
+    code = "\n".join([
+        "local c = data.from_string(('to be or not to be, that is the question. '):rep(40))",
+        "torch.manual_seed(1)",
+        "m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 2, seq = 16, ffn = 32}",
+        "local run = train.fit(m, c, {steps = 20, batch = 4, seq = 16})",
+        "a = autopsy.run(m, c, {history = run, batch = 4, seq = 16})",
+        "display(a:chart('grad_norm'))",
+    ])
+    reply, msgs = run(code)
+    shown = of(msgs, "display_data")
+    progress = "".join(c["text"] for c in of(msgs, "stream"))
+    check("display(a:chart(...)): the chart arrives as SVG (and text)", reply["status"] == "ok" and len(shown) == 1
+          and shown[0]["data"].get("image/svg+xml", "").startswith("<svg")
+          and "grad_norm per layer" in shown[0]["data"]["text/plain"], (reply, [list(s["data"]) for s in shown]))
+    check("training progress streams, rewriting its line with a carriage return",
+          "step 20/20" in progress and "\r" in progress and "\x1b" not in progress, repr(progress[-300:]))
+    reply, msgs = run("a")
+    data = of(msgs, "execute_result")[0]["data"]
+    check("an autopsy as a cell's result: its HTML report and its table",
+          "<svg" in data.get("text/html", "") and "grad_norm" in data["text/plain"], list(data))
+finally:
+    try:
+        km.shutdown_kernel(now=False)
+    except Exception as e:  # noqa: BLE001 - the check below says what happened
+        print("shutdown raised", e)
+    check("shutdown: the kernel process ends", not km.is_alive())
+    kc.stop_channels()
+
+print("%d passed, %d failed" % (passed, failed))
+sys.exit(1 if failed else 0)
