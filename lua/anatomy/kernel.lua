@@ -112,15 +112,13 @@ end
 local function compile(code, name)
   local f = loadstring('return ' .. code, name)
   if f then return f end
-  local g, err = loadstring(code, name)
-  if not g then return nil, err end
   -- statements, then an expression on the last line: its value is the result
   local head, last = code:match('^(.*\n)%s*([^\n]-)%s*$')
   if last and last ~= '' and not last:match('^%-%-') then
     local h = loadstring(head .. 'return ' .. last, name)
     if h then return h end
   end
-  return g
+  return loadstring(code, name)
 end
 
 
