@@ -346,8 +346,10 @@ int run_kernel(LuaState& state, const std::string& connection_file) {
   } catch (const json::exception& e) {
     throw std::runtime_error("anatomy --kernel: the connection file " + connection_file + " is not JSON: " + e.what());
   }
-  auto* k = new Kernel(conn);  // never destroyed: its threads block in ZeroMQ until the process ends
-  return k->serve(state);
+  // never destroyed: its threads block in ZeroMQ until the process ends
+  static Kernel* kernel = nullptr;
+  kernel = new Kernel(conn);
+  return kernel->serve(state);
 }
 
 std::string install_kernelspec(const std::string& executable, bool user, const std::string& prefix) {

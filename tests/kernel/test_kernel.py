@@ -152,6 +152,32 @@ try:
           and "grad_norm per layer" in shown[0]["data"]["text/plain"], (reply, [list(s["data"]) for s in shown]))
     check("training progress streams, rewriting its line with a carriage return",
           "step 20/20" in progress and "\r" in progress and "\x1b" not in progress, repr(progress[-300:]))
+    # Interrupt in the middle of training: the run stops at a step boundary and keeps what was learned
+    code = "\n".join([
+        "local c = data.from_string(('to be or not to be, that is the question. '):rep(40))",
+        "long = train.fit(m, c, {steps = 10 ^ 6, batch = 4, seq = 16, eval_every = 10 ^ 9})",
+        "long.interrupted",
+    ])
+    msg_id = kc.execute(code)
+    time.sleep(3.0)
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=30)["content"]
+    msgs = []
+    while True:
+        m = kc.get_iopub_msg(timeout=30)
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        msgs.append(m)
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            break
+    said = "".join(c["text"] for c in of(msgs, "stream"))
+    check("interrupt during train.fit: the cell ends normally, the run says it was interrupted",
+          reply["status"] == "ok" and "interrupted at step" in said
+          and of(msgs, "execute_result")[0]["data"]["text/plain"] == "true", (reply, said[-300:]))
+    reply, msgs = run("long.steps > 1 and #long.train == long.steps")
+    check("... and keeps the steps it trained", of(msgs, "execute_result")[0]["data"]["text/plain"] == "true",
+          of(msgs, "execute_result"))
+
     reply, msgs = run("a")
     data = of(msgs, "execute_result")[0]["data"]
     check("an autopsy as a cell's result: its HTML report and its table",
