@@ -313,36 +313,39 @@ Op parse_op(const std::string& name) {
   throw std::invalid_argument("unknown op '" + name + "', expected sum, avg, max, min or product");
 }
 
-void all_reduce(at::Tensor& t, Op op) {
-  const char* fn = "dist.all_reduce";
+namespace {
+// A collective on t in place: run(backend, {buffer}) on a contiguous buffer
+// (t itself when it is one), then finish(buffer), then the buffer back into t.
+template <typename Run, typename Finish>
+void in_place(const char* fn, at::Tensor& t, Run&& run, Finish&& finish) {
   check_dense(fn, t);
-  if (op == Op::Avg && !t.is_floating_point())
-    throw Error(std::string(fn) + ": op 'avg' needs a floating-point tensor, got " + std::string(c10::toString(t.scalar_type())) +
-                " (use op = 'sum')");
   at::NoGradGuard no_grad;
   at::Tensor target = t.detach();
   at::Tensor buffer = target.is_contiguous() ? target : target.contiguous();
   Backend& b = backend_for(fn, t);
   collective(fn, [&] {
     std::vector<at::Tensor> v{buffer};
-    b.allreduce(v, reduce_op(op))->wait();
+    run(b, v)->wait();
   });
-  if (op == Op::Avg) buffer.div_(world_size());
+  finish(buffer);
   if (!buffer.is_same(target)) target.copy_(buffer);
+}
+}  // namespace
+
+void all_reduce(at::Tensor& t, Op op) {
+  const char* fn = "dist.all_reduce";
+  if (t.defined() && op == Op::Avg && !t.is_floating_point())
+    throw Error(std::string(fn) + ": op 'avg' needs a floating-point tensor, got " + std::string(c10::toString(t.scalar_type())) +
+                " (use op = 'sum')");
+  in_place(fn, t, [&](Backend& b, std::vector<at::Tensor>& v) { return b.allreduce(v, reduce_op(op)); },
+           [&](at::Tensor& buffer) {
+             if (op == Op::Avg) buffer.div_(world_size());
+           });
 }
 
 void broadcast(at::Tensor& t, int src) {
-  const char* fn = "dist.broadcast";
-  check_dense(fn, t);
-  at::NoGradGuard no_grad;
-  at::Tensor target = t.detach();
-  at::Tensor buffer = target.is_contiguous() ? target : target.contiguous();
-  Backend& b = backend_for(fn, t);
-  collective(fn, [&] {
-    std::vector<at::Tensor> v{buffer};
-    b.broadcast(v, src)->wait();
-  });
-  if (!buffer.is_same(target)) target.copy_(buffer);
+  in_place("dist.broadcast", t, [&](Backend& b, std::vector<at::Tensor>& v) { return b.broadcast(v, src); },
+           [](at::Tensor&) {});
 }
 
 std::vector<at::Tensor> all_gather(const at::Tensor& t) {
