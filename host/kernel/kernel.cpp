@@ -109,6 +109,11 @@ class Kernel {
   }
   const json& parent() const { return current_parent_; }
 
+  // input_request on stdin to the client of the request being answered, and
+  // its input_reply's value. False when Ctrl-C (or an interrupt_request) came
+  // first: the caller raises "interrupted".
+  bool input(const std::string& prompt, bool password, std::string& value);
+
  private:
   std::string sign(const std::vector<std::string>& parts) const {
     if (key_.empty()) return "";
@@ -175,6 +180,7 @@ class Kernel {
   std::string key_, session_;
   std::mutex iopub_mu_;
   json current_parent_ = json::object();
+  std::vector<std::string> current_identities_;  // the shell request's sender: stdin messages go to it
   json kernel_info_;  // the reply, made by Lua at start (the control thread cannot call Lua)
 };
 
@@ -193,6 +199,48 @@ int lua_publish(lua_State* L) {
   return 0;
 }
 
+bool Kernel::input(const std::string& prompt, bool password, std::string& value) {
+  send(stdin_, current_identities_, "input_request", {{"prompt", prompt}, {"password", password}}, current_parent_);
+  zmq::pollitem_t item{stdin_.handle(), 0, ZMQ_POLLIN, 0};
+  for (;;) {
+    if (lua::interrupt::pending) return false;
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(100));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      throw;
+    }
+    if (!(item.revents & ZMQ_POLLIN)) continue;
+    Message m;
+    if (!receive(stdin_, m) || m.header.value("msg_type", "") != "input_reply") continue;
+    value = m.content.value("value", "");
+    return true;
+  }
+}
+
+// input_fn(prompt, password) -> the line the user typed; raises "interrupted"
+// when the cell is interrupted while it waits.
+int lua_input(lua_State* L) {
+  auto* k = static_cast<Kernel*>(lua_touserdata(L, lua_upvalueindex(1)));
+  const char* prompt = luaL_optstring(L, 1, "");
+  bool password = lua_toboolean(L, 2);
+  std::string value, failure;
+  bool got = false;
+  try {
+    got = k->input(prompt, password, value);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (!failure.empty()) return luaL_error(L, "io.read: the notebook's input channel failed: %s", failure.c_str());
+  if (!got) {  // as the SIGINT handler's hook would, one instruction later
+    lua_sethook(L, nullptr, 0, 0);
+    lua::interrupt::pending = 0;
+    return luaL_error(L, "interrupted");
+  }
+  lua_pushlstring(L, value.data(), value.size());
+  return 1;
+}
+
 // Hands a request to lua/anatomy/kernel.lua; returns {reply type, reply content}.
 std::pair<std::string, json> call_lua(LuaState& state, Kernel& k, const std::string& type, const json& content) {
   lua_State* L = state.get();
@@ -209,8 +257,10 @@ std::pair<std::string, json> call_lua(LuaState& state, Kernel& k, const std::str
   lua_pushlstring(L, text.data(), text.size());
   lua_pushlightuserdata(L, &k);
   lua_pushcclosure(L, lua_publish, 1);
+  lua_pushlightuserdata(L, &k);
+  lua_pushcclosure(L, lua_input, 1);
   std::pair<std::string, json> out;
-  if (!state.call(3, 2)) {
+  if (!state.call(4, 2)) {
     std::string reply = type.size() > 8 && type.compare(type.size() - 8, 8, "_request") == 0 ? type.substr(0, type.size() - 8) + "_reply" : "";
     out = {reply, {{"status", "error"}, {"ename", "KernelError"}, {"evalue", state.error()}, {"traceback", json::array({state.error()})}}};
   } else if (lua_isstring(L, -2)) {
@@ -296,6 +346,7 @@ int Kernel::serve(LuaState& state) {
     if (!receive(shell_, m)) continue;
     std::string type = m.header.value("msg_type", "");
     current_parent_ = m.header;
+    current_identities_ = m.identities;
     publish("status", {{"execution_state", "busy"}}, m.header);
     if (type == "shutdown_request") {  // some clients send it on shell
       bool restart = m.content.value("restart", false);

@@ -1,7 +1,8 @@
 -- kernel: the Lua half of `anatomy --kernel` (host/kernel/kernel.cpp speaks
 -- Jupyter's protocol; this file answers its requests). A cell runs as a REPL
 -- line does, in the same globals: a trailing expression is the cell's result,
--- print and io.write stream to the notebook while the cell runs, and an error
+-- print and io.write stream to the notebook while the cell runs, io.read asks
+-- the notebook for a line (where the frontend allows input), and an error
 -- is reported with its traceback while the session keeps its variables.
 -- Rich output: display(x), and any value with a _repr_mimebundle() method
 -- (an autopsy, its charts, a comparison) shows as HTML or SVG.
@@ -12,6 +13,8 @@ local O = json.object  -- {} that must be a JSON object
 local kernel = {}
 
 local send        -- send(msg_type, content): an iopub message for the request being answered
+local input       -- input(prompt, password) -> a line typed in the notebook (stdin channel)
+local allow_stdin = false  -- whether the request being answered accepts input
 local count = 0   -- execution_count
 
 -- kernel.mimebundle(x) -> {['text/plain'] = ..., ['text/html'] = ..., ...}
@@ -64,14 +67,47 @@ local function cell_traceback(msg)
   return table.concat(lines, '\n')
 end
 
--- Runs fn with print, io.write and io.stderr sending to the notebook.
+-- io.read(...) in a cell: each format asks the notebook for a line (an
+-- input_request on the stdin channel). Formats as Lua's: 'l' (the default),
+-- 'L' (with its newline), 'n' (a number, or nil), 'a' (the line), or a count
+-- of characters.
+local function read(...)
+  if not allow_stdin then
+    error('io.read: this frontend does not take input (its execute request has allow_stdin = false, as nbconvert ' ..
+      'sends): set the value in the cell instead', 2)
+  end
+  local formats = select('#', ...) == 0 and {'l'} or {...}
+  local values = {}
+  for i, f in ipairs(formats) do
+    local line = input('', false)
+    if type(f) == 'number' then
+      values[i] = line:sub(1, f)
+    else
+      local kind = type(f) == 'string' and f:gsub('^%*', ''):sub(1, 1)
+      if kind == 'l' or kind == 'a' then values[i] = line
+      elseif kind == 'L' then values[i] = line .. '\n'
+      elseif kind == 'n' then values[i] = tonumber(line)
+      else error(("bad argument #%d to 'read' (invalid format %s)"):format(i, tostring(f)), 2) end
+    end
+  end
+  return unpack(values, 1, #formats)
+end
+
+-- Runs fn with print, io.write and io.stderr sending to the notebook, and
+-- io.read asking it for input.
 local function with_output(fn)
   local out, err = stream('stdout'), stream('stderr')
   local saved_print, saved_write, saved_stdout, saved_stderr = print, io.write, io.stdout, io.stderr
+  local saved_read, saved_stdin = io.read, io.stdin
   local saved_isatty = torch._isatty
   local proxy = function(target, emit)
     return setmetatable({}, {__index = function(_, k)
-      if k == 'write' then
+      if k == 'read' and not emit then return function(_, ...) return read(...) end end
+      if k == 'lines' and not emit then return function(_, ...)
+        local formats = {...}
+        return function() return read(unpack(formats)) end
+      end end
+      if k == 'write' and emit then
         return function(self, ...)
           local parts = {}
           for i = 1, select('#', ...) do parts[i] = tostring((select(i, ...))) end
@@ -97,6 +133,8 @@ local function with_output(fn)
   end
   io.stdout = proxy(saved_stdout, out)
   io.stderr = proxy(saved_stderr, err)
+  io.read = read
+  io.stdin = proxy(saved_stdin)
   torch._isatty = function(fd) return fd == 1 end  -- progress lines rewrite themselves with '\r'
   local function pack(...) return {n = select('#', ...), ...} end
   local results = pack(xpcall(fn, function(e)
@@ -104,6 +142,7 @@ local function with_output(fn)
     return {message = msg, traceback = cell_traceback(msg)}
   end))
   _G.print, io.write, io.stdout, io.stderr, torch._isatty = saved_print, saved_write, saved_stdout, saved_stderr, saved_isatty
+  io.read, io.stdin = saved_read, saved_stdin
   return results
 end
 
@@ -126,6 +165,7 @@ end
 function kernel.execute(content)
   local code = content.code or ''
   local silent = content.silent
+  allow_stdin = content.allow_stdin == true
   if not silent and content.store_history ~= false then count = count + 1 end
   if not silent then send('execute_input', {code = code, execution_count = count}) end
   if code:match('^%s*$') then return {status = 'ok', execution_count = count, user_expressions = O(), payload = {}} end
@@ -221,13 +261,15 @@ local handlers = {
   history_request = {'history_reply', kernel.history},
 }
 
--- kernel.handle(msg_type, content_json, send_fn) -> reply type, reply content
--- JSON (nil for a request it does not know). Called by the host for each
--- shell request; send_fn(msg_type, content_json) publishes on iopub.
-function kernel.handle(msg_type, content_json, send_fn)
+-- kernel.handle(msg_type, content_json, send_fn, input_fn) -> reply type,
+-- reply content JSON (nil for a request it does not know). Called by the host
+-- for each shell request; send_fn(msg_type, content_json) publishes on iopub,
+-- input_fn(prompt, password) asks the client for a line on stdin.
+function kernel.handle(msg_type, content_json, send_fn, input_fn)
   local h = handlers[msg_type]
   if not h then return nil end
   send = function(t, c) send_fn(t, json.encode(c)) end
+  input = input_fn
   local ok, content = pcall(json.decode, content_json)
   if not ok then content = {} end
   local reply = h[2](content)

@@ -43,12 +43,20 @@ spec = KernelSpecManager().get_kernel_spec("anatomy")
 check("kernelspec: argv, language, interrupt mode",
       spec.argv[:2] == [exe, "--kernel"] and spec.language == "lua" and spec.interrupt_mode == "signal", spec.to_dict())
 
+listed = subprocess.run(["jupyter", "kernelspec", "list"], capture_output=True, text=True)
+check("`jupyter kernelspec list` shows it", listed.returncode == 0 and any(
+    line.split()[:1] == ["anatomy"] for line in listed.stdout.splitlines()), listed.stdout + listed.stderr)
+
 km, kc = start_new_kernel(kernel_name="anatomy", startup_timeout=90)
 
 
 def run(code, timeout=120):
     """execute_reply content and the iopub messages of that request"""
-    msg_id = kc.execute(code)
+    return finish(kc.execute(code), timeout)
+
+
+def finish(msg_id, timeout=120):
+    """the execute_reply content and the iopub messages of a request sent"""
     reply = kc.get_shell_msg(timeout=timeout)
     msgs = []
     while True:
@@ -103,6 +111,36 @@ try:
     check("is_complete: an open block is incomplete", c["status"] == "incomplete", c)
     kc.is_complete("print(1)")
     check("is_complete: a statement is complete", kc.get_shell_msg(timeout=30)["content"]["status"] == "complete")
+
+    # input: io.read asks the notebook (input_request on stdin, answered by input_reply)
+    msg_id = kc.execute("io.write('your name? ')\nname = io.read()\nlocal n = io.stdin:read('*n')\n"
+                        "return name .. ' ' .. n * 2", allow_stdin=True)
+    asked = []
+    for answer in ["Ada", "21"]:
+        request = kc.get_stdin_msg(timeout=30)
+        asked.append((request["msg_type"], request["content"]["password"], request["parent_header"].get("msg_id")))
+        kc.input(answer)
+    reply, msgs = finish(msg_id)
+    said = "".join(c["text"] for c in of(msgs, "stream"))
+    check("io.read: an input_request on stdin for each read, for this cell",
+          asked == [("input_request", False, msg_id)] * 2, asked)
+    check("io.read: the lines typed are the values (a line, a number)", reply["status"] == "ok"
+          and "Ada 42" in of(msgs, "execute_result")[0]["data"]["text/plain"] and said == "your name? ",
+          (reply, of(msgs, "execute_result"), said))
+    reply, msgs = finish(kc.execute("v = io.read()", allow_stdin=False))
+    check("io.read where the frontend takes no input: an error that says why", reply["status"] == "error"
+          and "io.read" in reply["evalue"] and "allow_stdin = false" in reply["evalue"], reply)
+    msg_id = kc.execute("waiting = true\nv = io.read()", allow_stdin=True)
+    kc.get_stdin_msg(timeout=30)
+    sent = time.time()
+    km.interrupt_kernel()
+    reply, msgs = finish(msg_id)
+    check("interrupt while io.read waits: the cell stops within 2 s", reply["status"] == "error"
+          and reply["ename"] == "Interrupted" and time.time() - sent < 2, reply)
+    kc.input("too late")  # a reply after the cell ended is dropped
+    reply, msgs = run("waiting and v == nil")
+    check("... and the kernel goes on", reply["status"] == "ok"
+          and of(msgs, "execute_result")[0]["data"]["text/plain"] == "true", of(msgs, "execute_result"))
 
     # a long loop, interrupted: by SIGINT (the kernelspec's interrupt mode)
     started = time.time()
