@@ -14,22 +14,29 @@ function Figure:__tostring() return self.text end
 
 function Figure:svg()
   local svg = self.html_figure:match('<svg.-</svg>')
-  local style = require('anatomy.autopsy.report').style
-  -- the figure's caption as the SVG's title; the page's styles inside it
-  return (svg:gsub('^<svg ', '<svg xmlns="http://www.w3.org/2000/svg" ', 1)
-    :gsub('>', ('><title>%s</title><style>%s</style>'):format(require('anatomy.charts').esc(self.title),
-      style:gsub('%%', '%%%%')), 1))
+  local report = require 'anatomy.autopsy.report'
+  -- the figure's caption as the SVG's title; the page's styles (not its
+  -- body's) inside it, limited to this SVG: an SVG inlined into a page would
+  -- otherwise restyle the page
+  local style = report.scope_style(report.style:gsub('body {[^}]*}', ''), 'svg.anatomy-chart')
+  local open = svg:match('^<svg[^>]*>')
+  local tag, marked = open:gsub(' class="([^"]*)"', ' class="%1 anatomy-chart"', 1)
+  if marked == 0 then tag = tag:gsub('^<svg', '<svg class="anatomy-chart"') end
+  if not tag:match(' xmlns=') then tag = tag:gsub('^<svg', '<svg xmlns="http://www.w3.org/2000/svg"') end
+  tag = tag .. ('<title>%s</title><style>%s</style>'):format(require('anatomy.charts').esc(self.title), style)
+  return tag .. svg:sub(#open + 1)
 end
 
 function Figure:save(path)
   return require('anatomy.fs').write_atomic(path, self:svg())
 end
 
--- The chart as HTML (its caption, the SVG, its numbers), with the report's
--- chart styles and not its page's (a notebook's page is not ours to restyle).
+-- The chart as HTML (its caption, the SVG, its numbers) under the report's
+-- style, limited to it (a notebook's page is not ours to restyle).
 function Figure:html()
-  local style = require('anatomy.autopsy.report').style:gsub('body {[^}]*}', ''):gsub('h1 {[^}]*}', '')
-  return ('<div class="anatomy-figure"><style>%s</style>%s</div>'):format(style, self.html_figure)
+  local report = require 'anatomy.autopsy.report'
+  return ('<div class="anatomy-output"><style>%s</style>%s</div>'):format(
+    report.scope_style(report.style, '.anatomy-output'), self.html_figure)
 end
 
 -- In a notebook: HTML (which nbconvert keeps whole; its SVG sanitizer strips

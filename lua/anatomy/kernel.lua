@@ -39,6 +39,11 @@ function kernel.mimebundle(x)
       end
     end
   end
+  -- a whole page (a report, a comparison) becomes a fragment whose style touches only itself
+  local html = bundle['text/html']
+  if type(html) == 'string' and html:match('^%s*<!DOCTYPE') then
+    bundle['text/html'] = require('anatomy.autopsy.report').embed(html)
+  end
   bundle['text/plain'] = bundle['text/plain'] or repl.render(x)
   return bundle
 end

@@ -10,6 +10,7 @@ an autopsy chart as SVG and of an autopsy as HTML, and shutdown.
     test_kernel.py ANATOMY_EXE
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,14 @@ def finish(msg_id, timeout=120):
         if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
             break
     return reply["content"], msgs
+
+
+def unscoped(markup, scope):
+    """the selectors of the <style> blocks in markup that do not start with scope"""
+    found = re.findall(r"<style>(.*?)</style>", markup, re.S)
+    selectors = [sel.strip() for css in found for rule in re.findall(r"([^{}]+)\{[^}]*\}", css)
+                 for sel in rule.split(",")]
+    return [sel for sel in selectors if not (sel == scope or sel.startswith(scope + " "))] if found else ["(no style)"]
 
 
 def of(msgs, kind):
@@ -185,6 +194,9 @@ try:
     reply, msgs = run(code)
     shown = of(msgs, "display_data")
     progress = "".join(c["text"] for c in of(msgs, "stream"))
+    check("... the chart's styles touch only the chart (HTML and SVG)", len(shown) == 1
+          and unscoped(shown[0]["data"]["text/html"], ".anatomy-output") == []
+          and unscoped(shown[0]["data"]["image/svg+xml"], "svg.anatomy-chart") == [], shown[0]["data"].keys())
     check("display(a:chart(...)): the chart arrives as SVG (and text)", reply["status"] == "ok" and len(shown) == 1
           and shown[0]["data"].get("image/svg+xml", "").startswith("<svg")
           and "grad_norm per layer" in shown[0]["data"]["text/plain"], (reply, [list(s["data"]) for s in shown]))
@@ -220,6 +232,10 @@ try:
     data = of(msgs, "execute_result")[0]["data"]
     check("an autopsy as a cell's result: its HTML report and its table",
           "<svg" in data.get("text/html", "") and "grad_norm" in data["text/plain"], list(data))
+    html = data.get("text/html", "")
+    check("... as a fragment (no page of its own) whose style touches only itself",
+          html.startswith('<div class="anatomy-output">') and "<body" not in html
+          and unscoped(html, ".anatomy-output") == [], unscoped(html, ".anatomy-output")[:5])
 finally:
     try:
         km.shutdown_kernel(now=False)

@@ -47,6 +47,30 @@ dl.note dt { font-family: monospace; } dl.note dd { margin: 0; }
 ]]
 report.style = style  -- also inside standalone charts (anatomy/figure.lua)
 
+-- report.scope_style(css, scope) -> css with every rule limited to what lies
+-- inside `scope` (a selector; `body` becomes the scope itself), so that a
+-- report shown inside a page that is not its own (a notebook) restyles
+-- nothing else there.
+function report.scope_style(css, scope)
+  return (css:gsub('([^{}]+)(%b{})', function(selectors, rule)
+    local out = {}
+    for sel in selectors:gmatch('[^,]+') do
+      sel = sel:match('^%s*(.-)%s*$')
+      out[#out + 1] = (sel == 'body' or sel == 'html') and scope or (scope .. ' ' .. sel)
+    end
+    return '\n' .. table.concat(out, ', ') .. ' ' .. rule
+  end))
+end
+
+-- report.embed(page) -> a page of this module (report.html, report.page, a
+-- comparison) as one <div class="anatomy-output">: its body, under its style
+-- scoped to that div. What a notebook shows.
+function report.embed(page)
+  local css = page:match('<style>(.-)</style>') or ''
+  local body = page:match('<body[^>]*>(.*)</body>') or page
+  return ('<div class="anatomy-output"><style>%s</style>%s</div>'):format(report.scope_style(css, '.anatomy-output'), body)
+end
+
 -- report.page(title, body) -> a self-contained HTML page in the report's
 -- style (patching and attribution results use it)
 function report.page(title, body)
