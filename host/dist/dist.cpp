@@ -12,7 +12,9 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "host/dist/backend.h"
+#include "host/tensor_format.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -314,6 +316,68 @@ Op parse_op(const std::string& name) {
 }
 
 namespace {
+// What a rank is about to do, as every rank sees it before doing it: a
+// collective whose tensors differ across ranks in size would make Gloo abort
+// the process from its own thread, and one whose op or dtype differs would
+// give a wrong answer silently. So each Lua-level collective first gathers a
+// small fixed-size description from every rank (one extra all-gather of
+// kFields int64s) and raises the same clear error on all of them when they
+// differ. The reducer's buckets skip it: their shapes are the parameters',
+// checked by the broadcast that starts a data-parallel run.
+enum class Call : int64_t { AllReduce = 1, Broadcast, AllGather, Barrier };
+constexpr int kMaxDims = 8;
+constexpr int64_t kFields = 6 + kMaxDims;  // call, extra, dtype, device, ndim, sizes, numel
+
+std::string describe(const int64_t* d) {
+  static const char* calls[] = {"?", "all_reduce", "broadcast", "all_gather", "barrier"};
+  static const char* ops[] = {"sum", "avg", "max", "min", "product"};
+  auto call = static_cast<Call>(d[0]);
+  std::string out = calls[d[0] >= 1 && d[0] <= 4 ? d[0] : 0];
+  if (call == Call::Barrier) return out;
+  out += std::string(" of ") + dtype_name(static_cast<c10::ScalarType>(d[2]));
+  out += d[3] == static_cast<int64_t>(c10::DeviceType::CPU) ? "" : " (" + c10::DeviceTypeName(static_cast<c10::DeviceType>(d[3]), true) + ")";
+  out += " [";
+  bool folded = d[4] > kMaxDims;  // the last slot holds the sizes past it, folded: say the element count
+  for (int64_t i = 0; i < std::min<int64_t>(d[4], folded ? kMaxDims - 1 : kMaxDims); ++i) out += (i ? ", " : "") + std::to_string(d[5 + i]);
+  out += folded ? ", ...] (" + std::to_string(d[5 + kMaxDims]) + " elements)" : "]";
+  if (call == Call::AllReduce) out += std::string(" op ") + ops[d[1] >= 0 && d[1] <= 4 ? d[1] : 0];
+  if (call == Call::Broadcast) out += " from rank " + std::to_string(d[1]);
+  return out;
+}
+
+void agree(const char* fn, Call call, const at::Tensor& t, int64_t extra) {
+  World& w = world(fn);
+  if (w.options.world_size == 1) return;
+  at::NoGradGuard no_grad;
+  at::Tensor mine = at::zeros({kFields}, at::kLong);
+  int64_t* d = mine.data_ptr<int64_t>();
+  d[0] = static_cast<int64_t>(call);
+  d[1] = extra;
+  if (t.defined()) {
+    d[2] = static_cast<int64_t>(t.scalar_type());
+    d[3] = static_cast<int64_t>(t.device().type());
+    d[4] = t.dim();
+    for (int64_t i = 0; i < t.dim(); ++i) {
+      if (i < kMaxDims - 1) d[5 + i] = t.size(i);
+      else d[5 + kMaxDims - 1] = d[5 + kMaxDims - 1] * 1000003 + t.size(i);  // the rest, folded
+    }
+    d[5 + kMaxDims] = t.numel();
+  }
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < w.options.world_size; ++r) out[0].push_back(at::empty_like(mine));
+  std::vector<at::Tensor> in{mine};
+  collective(fn, [&] { w.gloo->allgather(out, in)->wait(); });
+  bool same = true;
+  for (const auto& other : out[0]) same = same && at::equal(other, out[0][0]);
+  if (same) return;
+  std::string said;
+  for (int r = 0; r < w.options.world_size; ++r)
+    said += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + describe(out[0][r].data_ptr<int64_t>());
+  throw Error(std::string(fn) + " on rank " + std::to_string(w.options.rank) +
+              ": the ranks disagree on the collective (" + said +
+              "); every rank must make the same calls, with tensors of one shape, dtype and device");
+}
+
 // A collective on t in place: run(backend, {buffer}) on a contiguous buffer
 // (t itself when it is one), then finish(buffer), then the buffer back into t.
 template <typename Run, typename Finish>
@@ -337,6 +401,8 @@ void all_reduce(at::Tensor& t, Op op) {
   if (t.defined() && op == Op::Avg && !t.is_floating_point())
     throw Error(std::string(fn) + ": op 'avg' needs a floating-point tensor, got " + std::string(c10::toString(t.scalar_type())) +
                 " (use op = 'sum')");
+  check_dense(fn, t);
+  agree(fn, Call::AllReduce, t, static_cast<int64_t>(op));
   in_place(fn, t, [&](Backend& b, std::vector<at::Tensor>& v) { return b.allreduce(v, reduce_op(op)); },
            [&](at::Tensor& buffer) {
              if (op == Op::Avg) buffer.div_(world_size());
@@ -344,6 +410,8 @@ void all_reduce(at::Tensor& t, Op op) {
 }
 
 void broadcast(at::Tensor& t, int src) {
+  check_dense("dist.broadcast", t);
+  agree("dist.broadcast", Call::Broadcast, t, src);
   in_place("dist.broadcast", t, [&](Backend& b, std::vector<at::Tensor>& v) { return b.broadcast(v, src); },
            [](at::Tensor&) {});
 }
@@ -351,6 +419,7 @@ void broadcast(at::Tensor& t, int src) {
 std::vector<at::Tensor> all_gather(const at::Tensor& t) {
   const char* fn = "dist.all_gather";
   check_dense(fn, t);
+  agree(fn, Call::AllGather, t, 0);
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> in{t.detach().contiguous()};
   std::vector<std::vector<at::Tensor>> out(1);
@@ -362,8 +431,7 @@ std::vector<at::Tensor> all_gather(const at::Tensor& t) {
 
 void barrier() {
   const char* fn = "dist.barrier";
-  World& w = world(fn);
-  collective(fn, [&] { w.gloo->barrier()->wait(); });
+  agree(fn, Call::Barrier, at::Tensor(), 0);  // an all-gather: every rank has reached it
 }
 
 void report_failure(const std::string& message) {

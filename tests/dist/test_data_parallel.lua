@@ -1,6 +1,7 @@
 -- Data-parallel training on c10d (Gloo over loopback), end to end through
 -- `anatomy --nproc`: 2 ranks x batch 16 against 1 process x batch 32,
--- bucketing, resume from a 2-rank checkpoint, and ranks that fail or die.
+-- bucketing, resume from a 2-rank checkpoint, ranks that fail or die, and the
+-- collectives themselves across 3 ranks (collectives.lua).
 --   anatomy test_data_parallel.lua ANATOMY_BINARY
 package.path = arg[0]:gsub('[^/]*$', '') .. '../lua/?.lua;' .. package.path
 local H = require 'harness'
@@ -223,6 +224,15 @@ H.test('Ctrl-C to the launcher stops every rank', function()
   H.eq(tonumber(out:match('launcher=(%d+)')), 130, out)
   H.eq(tonumber(out:match('left=(%d+)')), 0, 'ranks still running: ' .. out)
   assert(seconds < 20, ('took %.1f s'):format(seconds))
+end)
+
+H.test('the collectives across 3 ranks: their values, and calls that differ across ranks an error on every rank, not an abort', function()
+  local status, out = sh(('ANATOMY_THREADS=1 ANATOMY_DIST_TIMEOUT=20 %s --nproc 3 %scollectives.lua'):format(exe, here))
+  assert(status == 0, out)
+  for r = 0, 2 do
+    local n, bad = out:match(('rank %d: (%%d+) passed, (%%d+) failed'):format(r))
+    assert(n and tonumber(n) >= 20 and bad == '0', out)
+  end
 end)
 
 H.test('a MASTER_PORT in use is reported; a rank that never comes is reported after the timeout', function()
