@@ -11,10 +11,12 @@ an autopsy chart as SVG and of an autopsy as HTML, and shutdown.
 """
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 try:
     from jupyter_client.manager import start_new_kernel
@@ -43,6 +45,37 @@ check("the kernelspec is found by name", "anatomy" in specs, specs)
 spec = KernelSpecManager().get_kernel_spec("anatomy")
 check("kernelspec: argv, language, interrupt mode",
       spec.argv[:2] == [exe, "--kernel"] and spec.language == "lua" and spec.interrupt_mode == "signal", spec.to_dict())
+
+
+
+def png_pixels(path):
+    """(width, height, rows of RGBA tuples) of a PNG of 8-bit RGBA with filter 0 rows, as the logo is written"""
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    chunks, at = {}, 8
+    while at < len(data):
+        n = struct.unpack(">I", data[at:at + 4])[0]
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + n]
+        assert struct.unpack(">I", data[at + 8 + n:at + 12 + n])[0] == zlib.crc32(kind + body), "bad CRC"
+        chunks[kind] = chunks.get(kind, b"") + body
+        at += 12 + n
+    w, h, depth, colour = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, colour) == (8, 6), (depth, colour)
+    raw = zlib.decompress(chunks[b"IDAT"])
+    rows = [raw[y * (1 + 4 * w) + 1:(y + 1) * (1 + 4 * w)] for y in range(h)]
+    return w, h, [[tuple(r[4 * x:4 * x + 4]) for x in range(w)] for r in rows]
+
+
+for size in (32, 64):
+    name = "logo-%dx%d" % (size, size)
+    try:
+        w, h, px = png_pixels(os.path.join(spec.resource_dir, name + ".png"))
+        k = size / 64
+        ok = (w, h) == (size, size) and px[0][0][3] == 0 and px[int(30 * k)][int(52 * k)] == (0xf2, 0xb1, 0x34, 255) \
+            and px[int(5 * k)][int(30 * k)] == (0x1f, 0x3b, 0x57, 255)
+        check("kernelspec: %s, a PNG of the logo (transparent corner, ground, bar)" % name, ok, (w, h, px[0][0]))
+    except (KeyError, AssertionError, OSError) as e:
+        check("kernelspec: %s, a PNG of the logo" % name, False, repr(e))
 
 listed = subprocess.run(["jupyter", "kernelspec", "list"], capture_output=True, text=True)
 check("`jupyter kernelspec list` shows it", listed.returncode == 0 and any(
