@@ -87,7 +87,8 @@ int dist_destroy(lua_State* L) {
   return 0;
 }
 
-// all_reduce(t, op) -> t (in place)
+// all_reduce(t, op, compare = true) -> t (in place). compare = false skips the
+// ranks' comparison of the call (for train.fit's own calls, alike by construction).
 int dist_all_reduce(lua_State* L) {
   at::Tensor& t = check_tensor(L, 1);
   dist::Op op = dist::Op::Sum;
@@ -98,7 +99,7 @@ int dist_all_reduce(lua_State* L) {
       throw ArgError(2, e.what());
     }
   }
-  dist::all_reduce(t, op);
+  dist::all_reduce(t, op, lua_isnoneornil(L, 3) || lua_toboolean(L, 3));
   lua_settop(L, 1);
   return 1;
 }

@@ -58,8 +58,11 @@ enum class Op { Sum, Avg, Max, Min, Product };
 Op parse_op(const std::string& name);
 
 /// In place on every rank. Gloo has no average: avg is a sum divided by the
-/// world size (floating-point tensors only).
-void all_reduce(at::Tensor& t, Op op);
+/// world size (floating-point tensors only). Every collective first has the
+/// ranks compare the call (which one, dtype, device, shape, op or source: one
+/// small all-gather) and raises the same Error on all of them when it differs;
+/// compare = false skips that, for calls alike on every rank by construction.
+void all_reduce(at::Tensor& t, Op op, bool compare = true);
 void broadcast(at::Tensor& t, int src);
 /// Every rank's tensor, in rank order (all of one shape and dtype).
 std::vector<at::Tensor> all_gather(const at::Tensor& t);
