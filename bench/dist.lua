@@ -54,8 +54,12 @@ for _, case in ipairs(cases) do
       blocked[i] = r.wait_seconds / r.run_seconds
       flight[i] = r.communication_seconds / r.run_seconds
     end
+    -- each round's ratio of the two sides, measured one after the other: how much the machine's noise moves it
+    local ratios = {}
+    for i = 1, o.rounds do ratios[i] = results[2][i].tokens_per_second / results[1][i].tokens_per_second end
+    table.sort(ratios)
     rows[#rows + 1] = {model = model, world = world, r = rs[1], step_ms = med('step_ms'), tokens_per_second = med('tokens_per_second'),
-      wait_share = median(blocked), comm_share = median(flight), bucket_mb = bucket_mb}
+      wait_share = median(blocked), comm_share = median(flight), bucket_mb = bucket_mb, ratios = ratios}
     sample = rs[1]
   end
 end
@@ -87,11 +91,12 @@ lines[#lines + 1] = ('Shares are of the whole train.fit run (%d steps). "Blocked
 lines[#lines + 1] = ''
 for i = 1, #rows, 2 do
   local a, b = rows[i], rows[i + 1]
-  lines[#lines + 1] = ('- %s%s: 2 ranks give %.2f× the tokens/s of 1 process.'):format(a.model,
-    b.bucket_mb and (' (%g MiB buckets)'):format(b.bucket_mb) or '', b.tokens_per_second / a.tokens_per_second)
+  lines[#lines + 1] = ('- %s%s: 2 ranks give %.2f× the tokens/s of 1 process (medians); round by round %.2f× to %.2f×.'):format(a.model,
+    b.bucket_mb and (' (%g MiB buckets)'):format(b.bucket_mb) or '', b.tokens_per_second / a.tokens_per_second,
+    b.ratios[1], b.ratios[#b.ratios])
 end
 lines[#lines + 1] = ''
-lines[#lines + 1] = ('On one machine the two ranks split its %d cores between them (%d thread%s each), where the one process has them all: the comparison shows what data parallelism costs or gains here (the all-reduce, a second process, smaller matrices per thread), not what it gains across machines or GPUs.'):format(cores, math.max(1, math.floor(cores / 2)), math.floor(cores / 2) == 1 and '' or 's')
+lines[#lines + 1] = ('On one machine the two ranks split its %d cores between them (%d thread%s each), where the one process has them all: the comparison shows what data parallelism costs or gains here (the all-reduce, a second process, smaller matrices per thread), not what it gains across machines or GPUs. On a machine of 2 shared cores the round-by-round ratios spread widely, and separate runs of this benchmark have given medians on both sides of 1: read the spread, not one figure.'):format(cores, math.max(1, math.floor(cores / 2)), math.floor(cores / 2) == 1 and '' or 's')
 local text = table.concat(lines, '\n') .. '\n'
 require('anatomy.fs').mkdir(o.out:match('^(.*)/[^/]*$') or '.')
 require('anatomy.fs').write_atomic(o.out, text)
