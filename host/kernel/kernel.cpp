@@ -176,6 +176,8 @@ class Kernel {
   }
 
   void control_loop();
+  bool answer(LuaState& state, const Message& m, bool aborting);
+  bool abort_queued(LuaState& state);
 
   zmq::context_t ctx_;
   zmq::socket_t shell_, control_, stdin_, iopub_, hb_;
@@ -346,26 +348,60 @@ int Kernel::serve(LuaState& state) {
     if (!(items[0].revents & ZMQ_POLLIN)) continue;
     Message m;
     if (!receive(shell_, m)) continue;
-    std::string type = m.header.value("msg_type", "");
-    current_parent_ = m.header;
-    current_identities_ = m.identities;
-    publish("status", {{"execution_state", "busy"}}, m.header);
-    if (type == "shutdown_request") {  // some clients send it on shell
-      bool restart = m.content.value("restart", false);
-      send(shell_, m.identities, "shutdown_reply", {{"status", "ok"}, {"restart", restart}}, m.header);
-      publish("status", {{"execution_state", "idle"}}, m.header);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      return 0;
-    }
-    lua::interrupt::take_prompt();
-    auto [reply_type, reply] = call_lua(state, *this, type, m.content);
-    lua::interrupt::take_prompt();  // an interrupt that came after the cell ended
-    if (!reply_type.empty()) {
-      send(shell_, m.identities, reply_type, reply, m.header);
-    } else {
-      std::fprintf(stderr, "anatomy --kernel: shell request '%s' is not supported\n", type.c_str());
-    }
+    if (!answer(state, m, false)) return 0;
+  }
+}
+
+// One shell request: busy, the reply, idle. False after a shutdown_request.
+// aborting: the requests queued behind a cell that failed (Run All), whose
+// execute_requests are answered "aborted" without running, as ipykernel does.
+bool Kernel::answer(LuaState& state, const Message& m, bool aborting) {
+  std::string type = m.header.value("msg_type", "");
+  current_parent_ = m.header;
+  current_identities_ = m.identities;
+  publish("status", {{"execution_state", "busy"}}, m.header);
+  if (type == "shutdown_request") {  // some clients send it on shell
+    bool restart = m.content.value("restart", false);
+    send(shell_, m.identities, "shutdown_reply", {{"status", "ok"}, {"restart", restart}}, m.header);
     publish("status", {{"execution_state", "idle"}}, m.header);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return false;
+  }
+  if (aborting && type == "execute_request") {
+    send(shell_, m.identities, "execute_reply", {{"status", "aborted"}}, m.header);
+    publish("status", {{"execution_state", "idle"}}, m.header);
+    return true;
+  }
+  lua::interrupt::take_prompt();
+  auto [reply_type, reply] = call_lua(state, *this, type, m.content);
+  lua::interrupt::take_prompt();  // an interrupt that came after the cell ended
+  if (!reply_type.empty()) {
+    send(shell_, m.identities, reply_type, reply, m.header);
+  } else {
+    std::fprintf(stderr, "anatomy --kernel: shell request '%s' is not supported\n", type.c_str());
+  }
+  publish("status", {{"execution_state", "idle"}}, m.header);
+  if (type == "execute_request" && reply.value("status", "") == "error" && m.content.value("stop_on_error", true) &&
+      !aborting)
+    return abort_queued(state);
+  return true;
+}
+
+// After a failed cell: the shell requests already queued are answered, their
+// cells aborted. False after a shutdown_request among them.
+bool Kernel::abort_queued(LuaState& state) {
+  for (;;) {
+    zmq::pollitem_t item{shell_.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(0));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      throw;
+    }
+    if (!(item.revents & ZMQ_POLLIN)) return true;
+    Message m;
+    if (!receive(shell_, m)) continue;
+    if (!answer(state, m, true)) return false;
   }
 }
 

@@ -167,6 +167,21 @@ end
 
 
 
+-- The execute request's user_expressions ({name = 'Lua expression'}),
+-- evaluated after the cell: each its value's mimebundle, or its error.
+local function user_expressions(expressions)
+  local out = O()
+  if type(expressions) ~= 'table' then return out end
+  for name, code in pairs(expressions) do
+    local f, err = loadstring('return ' .. tostring(code), '=user_expressions.' .. tostring(name))
+    local ok, value
+    if f then ok, value = pcall(f) else ok, value = false, err end
+    out[name] = ok and {status = 'ok', data = kernel.mimebundle(value), metadata = O()}
+      or {status = 'error', ename = 'LuaError', evalue = tostring(value), traceback = {tostring(value)}}
+  end
+  return out
+end
+
 function kernel.execute(content)
   local code = content.code or ''
   local silent = content.silent
@@ -199,7 +214,8 @@ function kernel.execute(content)
       send('execute_result', {execution_count = count, data = kernel.mimebundle(results[i]), metadata = O()})
     end
   end
-  return {status = 'ok', execution_count = count, user_expressions = O(), payload = {}}
+  return {status = 'ok', execution_count = count, user_expressions = user_expressions(content.user_expressions),
+    payload = {}}
 end
 
 -- The word that ends at the cursor (names, fields and methods: "torch.ze", "x:me").

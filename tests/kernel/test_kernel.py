@@ -154,6 +154,33 @@ try:
     kc.is_complete("print(1)")
     check("is_complete: a statement is complete", kc.get_shell_msg(timeout=30)["content"]["status"] == "complete")
 
+    # user_expressions: evaluated after the cell, each its mimebundle or its error
+    reply, msgs = finish(kc.execute("ue = 41", user_expressions={"next": "ue + 1", "bad": "nothing.here"}))
+    ue = reply.get("user_expressions", {})
+    check("user_expressions: values after the cell, errors as errors",
+          ue.get("next", {}).get("data", {}).get("text/plain") == "42" and ue.get("bad", {}).get("status") == "error"
+          and "nothing" in ue.get("bad", {}).get("evalue", ""), ue)
+
+    # Run All: a failing cell aborts the cells queued behind it (as ipykernel does); the next request runs
+    slow_error = "local t = os.clock()\nwhile os.clock() - t < 0.3 do end\nerror('stop here')"  # the others are queued by then
+    ids = [kc.execute(slow_error), kc.execute("ran_after = true"), kc.execute("ran_after_too = true")]
+    replies = {}
+    while len(replies) < 3:
+        m = kc.get_shell_msg(timeout=60)
+        replies[m["parent_header"]["msg_id"]] = m["content"]["status"]
+    check("an error aborts the cells queued behind it", [replies[i] for i in ids] == ["error", "aborted", "aborted"],
+          [replies.get(i) for i in ids])
+    reply, msgs = run("ran_after == nil and ran_after_too == nil")
+    check("... which did not run, and the next cell runs", reply["status"] == "ok"
+          and of(msgs, "execute_result")[0]["data"]["text/plain"] == "true", of(msgs, "execute_result"))
+    ids = [kc.execute(slow_error, stop_on_error=False), kc.execute("ran_after = true")]
+    replies = {}
+    while len(replies) < 2:
+        m = kc.get_shell_msg(timeout=60)
+        replies[m["parent_header"]["msg_id"]] = m["content"]["status"]
+    check("stop_on_error = false: the next cell runs", [replies[i] for i in ids] == ["error", "ok"],
+          [replies.get(i) for i in ids])
+
     # input: io.read asks the notebook (input_request on stdin, answered by input_reply)
     msg_id = kc.execute("io.write('your name? ')\nname = io.read()\nlocal n = io.stdin:read('*n')\n"
                         "return name .. ' ' .. n * 2", allow_stdin=True)
