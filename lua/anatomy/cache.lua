@@ -124,9 +124,10 @@ function methods:heads(point, layer)
   return t:permute(unpack(order))
 end
 
--- cache:attention(layer, head, {batch = 1, numbers = false}) -> text: that
--- head's pattern, query tokens down, key tokens across, shaded by weight
--- (numbers = true prints the weights). Also print(cache:attention(...)).
+-- cache:attention(layer, head, {batch = 1, numbers = false}) -> a figure:
+-- that head's pattern, query tokens down, key tokens across, shaded by
+-- weight; it prints as text (numbers = true prints the weights) and shows in
+-- a notebook as a heatmap (fig:svg(), fig:save(path)).
 function methods:attention(layer, head, opts)
   local where = 'cache:attention'
   opts = require('anatomy.options').check(opts, {'batch', 'numbers'}, where, 2)
@@ -137,8 +138,10 @@ function methods:attention(layer, head, opts)
   end
   local b = opts.batch or 1
   if type(b) ~= 'number' or b < 1 or b > B then error(('%s: batch must be in 1..%d, got %s'):format(where, B, tostring(b)), 2) end
-  return require('anatomy.terminal').attention_map(p[head][b]:float(), self.tokens[b],
-    ('%s head %d%s'):format(layer_name(self, layer, where), head, B > 1 and (', sequence ' .. b) or ''), opts.numbers)
+  local title = ('%s head %d%s'):format(layer_name(self, layer, where), head, B > 1 and (', sequence ' .. b) or '')
+  local map = p[head][b]:float()
+  local text = require('anatomy.terminal').attention_map(map, self.tokens[b], title, opts.numbers)
+  return require('anatomy.figure').new(title, require('anatomy.charts').attention_map(title, self.tokens[b], map:tolist()), text)
 end
 
 function Cache.__tostring(self)

@@ -296,6 +296,10 @@ try:
     check("... as a fragment (no page of its own) whose style touches only itself",
           html.startswith('<div class="anatomy-output">') and "<body" not in html
           and unscoped(html, ".anatomy-output") == [], unscoped(html, ".anatomy-output")[:5])
+    reply, msgs = run("a:attention(1, 2)")
+    data = of(msgs, "execute_result")[0]["data"]
+    check("an attention map as a cell's result: a heatmap (SVG) and its text",
+          'data-kind="attention"' in data.get("image/svg+xml", "") and "head 2" in data["text/plain"], list(data))
 finally:
     try:
         km.shutdown_kernel(now=False)

@@ -99,8 +99,10 @@ test('run_with_cache: text through a tokenizer, stack, heads, memory, attention 
   eq(c:heads('pattern', 2):size(), {4, 1, 3, 3})
   eq(c:memory(), 2 * 3 * 16 * 4 + 2 * 4 * 3 * 3 * 4)
   eq(#c:names(), 4)
-  local map = c:attention(1, 2, {numbers = true})
+  local fig = c:attention(1, 2, {numbers = true})
+  local map = tostring(fig)
   assert(map:find('blocks.1 head 2', 1, true) and map:find('1.00', 1, true), map)
+  assert(fig:svg():find('^<svg') and fig:svg():find('data-kind="attention"', 1, true), 'a heatmap for notebooks')
   assert(tostring(c):find('4 activations', 1, true))
   raises(function() c:stack('mlp.post') end, "cache:stack: the cache has no 'mlp.post' in layer blocks.1 (run_with_cache's filter left it out, or the layer does not publish it)")
   raises(function() probe.run_with_cache(m, 'cab') end, 'probe.run_with_cache: a text needs a tokenizer: pass {tokenizer = tok} (a data.tokenizer or a corpus), or use a model from models.from_pretrained')
@@ -260,7 +262,10 @@ test("the autopsy keeps every head's map with its tokens: a:attention in the ter
   local corpus = data.from_string(('hello world, the quick brown fox. '):rep(40), {tokenizer = 'char'})
   local m = models.gpt{vocab = corpus.vocab_size, dim = 16, heads = 2, layers = 2, seq = 12, ffn = 32, norm = 'pre'}
   local a = autopsy.run(m, corpus, {steps = 1, batch = 2, seq = 12, probe_text = 'the quick fox'})
-  local text = a:attention(2, 2, {numbers = true})
+  local text = tostring(a:attention(2, 2, {numbers = true}))
+  local shown = require('anatomy.kernel').mimebundle(a:attention(2, 2))
+  assert(shown['image/svg+xml']:find('blocks.2 head 2', 1, true) and shown['text/html']:find('anatomy-output', 1, true),
+    'in a notebook: the map as SVG and HTML')
   local lines = {}
   for l in text:gmatch('[^\n]+') do lines[#lines + 1] = l end
   eq(#lines, 2 + 12, 'title, column numbers, one row per query token')

@@ -40,9 +40,10 @@ function Autopsy:_repr_mimebundle()
   return {['text/html'] = require('anatomy.autopsy.report').html(self), ['text/plain'] = tostring(self)}
 end
 
--- a:attention(layer, head, {numbers = false}) -> text: that head's attention
+-- a:attention(layer, head, {numbers = false}) -> a figure: that head's attention
 -- map for the first sequence (the probe text when autopsy.run had one; up
--- to 32 tokens), the tokens on both axes. layer: its number or name.
+-- to 32 tokens), the tokens on both axes. It prints as text (numbers = true:
+-- the weights) and shows in a notebook as a heatmap. layer: its number or name.
 function Autopsy:attention(layer, head, opts)
   opts = require('anatomy.options').check(opts, {'numbers'}, 'a:attention', 2)
   local names = {}
@@ -58,8 +59,10 @@ function Autopsy:attention(layer, head, opts)
   if type(head) ~= 'number' or head % 1 ~= 0 or head < 1 or head > m:size(1) then
     error(('a:attention: head must be in 1..%d, got %s'):format(m:size(1), tostring(head)), 2)
   end
-  local text = require('anatomy.terminal').attention_map(m[head], self.attention_tokens, ('%s head %d'):format(name, head), opts.numbers)
-  return text
+  local title = ('%s head %d'):format(name, head)
+  local text = require('anatomy.terminal').attention_map(m[head], self.attention_tokens, title, opts.numbers)
+  return require('anatomy.figure').new(title, require('anatomy.charts').attention_map(title, self.attention_tokens,
+    m[head]:tolist()), text)
 end
 
 -- a:add(result): a result with an svg() method (patching.run's,
