@@ -205,6 +205,12 @@ test('experiment.sweep runs the Cartesian product in order and tabulates what it
   contains(svg, 'data-points="6"', 'svg points')
   contains(svg, '<svg xmlns="http://www.w3.org/2000/svg"', 'standalone svg')
   raises(function() s:svg('nope') end, "bad argument #1 to 'svg' (no measured column 'nope'; the columns are loss, tag)")
+  -- in a notebook: the table and its chart, as one fragment under its own scope
+  local shown = require('anatomy.kernel').mimebundle(s)
+  contains(shown['text/html'], '<div class="anatomy-output">', 'a fragment')
+  contains(shown['text/html'], '<td>4</td><td>false</td><td>8.500</td><td>n</td>', 'the table')
+  contains(shown['text/html'], 'data-points="6"', 'the chart')
+  contains(shown['text/plain'], '4     false  8.500    n', 'and its text')
   local path = os.tmpname()
   s:json(path)
   contains(H.read(path), '"keys":["layers","residual"]', 'json')

@@ -184,8 +184,9 @@ function Sweep:svg(column, title)
     series = self:series(column)}
 end
 
--- sweep:report(path) -> path: an HTML page with the table and one chart per measured column
-function Sweep:report(path, title)
+-- sweep:html([title]) -> an HTML page: the table and one chart per measured
+-- numeric column
+function Sweep:html(title)
   local esc = require('anatomy.charts').esc
   local header, rows = self:cells()
   title = esc(title or 'sweep')
@@ -203,7 +204,17 @@ function Sweep:report(path, title)
   parts[#parts + 1] = '</tbody></table>'
   for _, column in ipairs(self:numeric_columns()) do parts[#parts + 1] = '<p>' .. self:svg(column) .. '</p>' end
   parts[#parts + 1] = '</body></html>\n'
-  return fs.write_atomic(path, table.concat(parts))
+  return table.concat(parts)
+end
+
+-- sweep:report(path[, title]) -> path: sweep:html() written atomically
+function Sweep:report(path, title)
+  return fs.write_atomic(path, self:html(title))
+end
+
+-- In a notebook: the table and its charts (the page, made a fragment by the kernel).
+function Sweep:_repr_mimebundle()
+  return {['text/html'] = self:html(), ['text/plain'] = tostring(self)}
 end
 
 return Sweep
