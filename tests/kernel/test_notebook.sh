@@ -35,13 +35,14 @@ if [[ -f "$html" ]]; then
   grep -q 'Autopsy of models.VibeNet' "$html"; check "the autopsy's report is the cell's output" $? "no report"
   grep -q '<figcaption>grad_norm per layer</figcaption>' "$html" && grep -q '<figcaption>removal_loss per layer</figcaption>' "$html"
   check "display(a:chart(...)) shows both charts" $? "no chart figures"
+  grep -q '<figcaption>blocks.1 head 1</figcaption>' "$html"; check "an attention map is shown as a heatmap" $? "no attention map"
   grep -q 'Comparison: plain vs gate' "$html"; check "the comparison is shown" $? "no comparison"
   ! grep -q 'jp-OutputArea-output[^"]*" data-mime-type="application/vnd.jupyter.stderr"' "$html"
   check "no error output" $? "an error was shown"
   if [[ -n "$out" ]] && command -v chromium >/dev/null; then
     mkdir -p "$out"
     chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --no-first-run --user-data-dir="$dir/profile" \
-      --screenshot="$out/notebook.png" --window-size=1100,7000 "file://$html" >/dev/null 2>&1
+      --screenshot="$out/notebook.png" --window-size=1100,9000 "file://$html" >/dev/null 2>&1
     [[ -s "$out/notebook.png" ]]; check "screenshot: $out/notebook.png" $? "no screenshot"
   fi
 fi
