@@ -16,6 +16,7 @@ local send        -- send(msg_type, content): an iopub message for the request b
 local input       -- input(prompt, password) -> a line typed in the notebook (stdin channel)
 local allow_stdin = false  -- whether the request being answered accepts input
 local count = 0   -- execution_count
+local history = {}  -- this session's cells: {line = execution count, input = code}
 
 -- kernel.mimebundle(x) -> {['text/plain'] = ..., ['text/html'] = ..., ...}
 function kernel.mimebundle(x)
@@ -186,7 +187,10 @@ function kernel.execute(content)
   local code = content.code or ''
   local silent = content.silent
   allow_stdin = content.allow_stdin == true
-  if not silent and content.store_history ~= false then count = count + 1 end
+  if not silent and content.store_history ~= false then
+    count = count + 1
+    history[#history + 1] = {line = count, input = code}
+  end
   if not silent then send('execute_input', {code = code, execution_count = count}) end
   if code:match('^%s*$') then return {status = 'ok', execution_count = count, user_expressions = O(), payload = {}} end
   local f, err = compile(code, ('=cell [%d]'):format(count))
@@ -270,7 +274,42 @@ function kernel.kernel_info()
 end
 
 function kernel.comm_info() return {status = 'ok', comms = O()} end
-function kernel.history() return {status = 'ok', history = {}} end
+-- history_request: this session's cells ({session, line, input}; session 0
+-- is the current one, as in IPython), the last n ('tail'), a range of
+-- execution counts ('range'), or those matching a glob ('search', * and ?).
+-- Outputs are not kept (output = true gives nil in their place).
+function kernel.history(content)
+  local kind, n = content.hist_access_type or 'tail', tonumber(content.n)
+  local function entry(h)
+    if content.output then return {0, h.line, {h.input, json.null}} end
+    return {0, h.line, h.input}
+  end
+  local picked = {}
+  if kind == 'range' then
+    local start, stop = tonumber(content.start) or 1, tonumber(content.stop)
+    for _, h in ipairs(history) do
+      if h.line >= start and (not stop or h.line < stop) then picked[#picked + 1] = h end
+    end
+  else
+    local pattern
+    if kind == 'search' then
+      local glob = tostring(content.pattern or '*')
+      pattern = '^' .. glob:gsub('[%^%$%(%)%%%.%[%]%+%-]', '%%%0'):gsub('%*', '.*'):gsub('%?', '.') .. '$'
+    end
+    local seen = {}
+    for i = #history, 1, -1 do
+      local h = history[i]
+      if (not pattern or h.input:match(pattern)) and not (content.unique and seen[h.input]) then
+        seen[h.input] = true
+        table.insert(picked, 1, h)
+        if n and #picked >= n then break end
+      end
+    end
+  end
+  local out = {}
+  for i, h in ipairs(picked) do out[i] = entry(h) end
+  return {status = 'ok', history = out}
+end
 
 local handlers = {
   execute_request = {'execute_reply', kernel.execute},

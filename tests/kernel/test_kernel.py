@@ -154,6 +154,17 @@ try:
     kc.is_complete("print(1)")
     check("is_complete: a statement is complete", kc.get_shell_msg(timeout=30)["content"]["status"] == "complete")
 
+    # history: this session's cells, as jupyter console and JupyterLab's console ask for them
+    run("hist_a = 1")
+    run("hist_b = 2")
+    kc.history(hist_access_type="tail", n=2, output=False, raw=True)
+    tail = kc.get_shell_msg(timeout=30)["content"]
+    kc.history(hist_access_type="search", pattern="hist_?*", output=False, raw=True, n=10)
+    found = kc.get_shell_msg(timeout=30)["content"]
+    check("history: the last cells (tail) and a glob search", [h[2] for h in tail["history"]] == ["hist_a = 1", "hist_b = 2"]
+          and tail["history"][1][1] == tail["history"][0][1] + 1
+          and [h[2] for h in found["history"]] == ["hist_a = 1", "hist_b = 2"], (tail, found))
+
     # user_expressions: evaluated after the cell, each its mimebundle or its error
     reply, msgs = finish(kc.execute("ue = 41", user_expressions={"next": "ue + 1", "bad": "nothing.here"}))
     ue = reply.get("user_expressions", {})
