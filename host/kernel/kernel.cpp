@@ -177,7 +177,7 @@ class Kernel {
 
   void control_loop();
   bool answer(LuaState& state, const Message& m, bool aborting);
-  bool abort_queued(LuaState& state);
+  std::vector<Message> take_queued();
 
   zmq::context_t ctx_;
   zmq::socket_t shell_, control_, stdin_, iopub_, hb_;
@@ -353,8 +353,8 @@ int Kernel::serve(LuaState& state) {
 }
 
 // One shell request: busy, the reply, idle. False after a shutdown_request.
-// aborting: the requests queued behind a cell that failed (Run All), whose
-// execute_requests are answered "aborted" without running, as ipykernel does.
+// aborting: a request queued behind a cell that failed (Run All); an
+// execute_request is then answered "aborted" without running, as ipykernel does.
 bool Kernel::answer(LuaState& state, const Message& m, bool aborting) {
   std::string type = m.header.value("msg_type", "");
   current_parent_ = m.header;
@@ -375,21 +375,27 @@ bool Kernel::answer(LuaState& state, const Message& m, bool aborting) {
   lua::interrupt::take_prompt();
   auto [reply_type, reply] = call_lua(state, *this, type, m.content);
   lua::interrupt::take_prompt();  // an interrupt that came after the cell ended
+  // A failed cell aborts the requests the client sent before it knew (Run
+  // All): those already queued now, taken before its reply leaves, so that a
+  // request sent after the reply is never aborted.
+  std::vector<Message> queued;
+  if (type == "execute_request" && reply.value("status", "") == "error" && m.content.value("stop_on_error", true) &&
+      !aborting)
+    queued = take_queued();
   if (!reply_type.empty()) {
     send(shell_, m.identities, reply_type, reply, m.header);
   } else {
     std::fprintf(stderr, "anatomy --kernel: shell request '%s' is not supported\n", type.c_str());
   }
   publish("status", {{"execution_state", "idle"}}, m.header);
-  if (type == "execute_request" && reply.value("status", "") == "error" && m.content.value("stop_on_error", true) &&
-      !aborting)
-    return abort_queued(state);
+  for (const Message& q : queued)
+    if (!answer(state, q, true)) return false;
   return true;
 }
 
-// After a failed cell: the shell requests already queued are answered, their
-// cells aborted. False after a shutdown_request among them.
-bool Kernel::abort_queued(LuaState& state) {
+// The shell requests waiting in the socket now.
+std::vector<Message> Kernel::take_queued() {
+  std::vector<Message> out;
   for (;;) {
     zmq::pollitem_t item{shell_.handle(), 0, ZMQ_POLLIN, 0};
     try {
@@ -398,10 +404,9 @@ bool Kernel::abort_queued(LuaState& state) {
       if (e.num() == EINTR) continue;
       throw;
     }
-    if (!(item.revents & ZMQ_POLLIN)) return true;
+    if (!(item.revents & ZMQ_POLLIN)) return out;
     Message m;
-    if (!receive(shell_, m)) continue;
-    if (!answer(state, m, true)) return false;
+    if (receive(shell_, m)) out.push_back(std::move(m));
   }
 }
 

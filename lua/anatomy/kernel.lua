@@ -104,7 +104,7 @@ end
 local function with_output(fn)
   local out, err = stream('stdout'), stream('stderr')
   local saved_print, saved_write, saved_stdout, saved_stderr = print, io.write, io.stdout, io.stderr
-  local saved_read, saved_stdin = io.read, io.stdin
+  local saved_read, saved_stdin, saved_lines = io.read, io.stdin, io.lines
   local saved_isatty = torch._isatty
   local proxy = function(target, emit)
     return setmetatable({}, {__index = function(_, k)
@@ -141,6 +141,10 @@ local function with_output(fn)
   io.stderr = proxy(saved_stderr, err)
   io.read = read
   io.stdin = proxy(saved_stdin)
+  io.lines = function(name, ...)  -- io.lines() without a file reads the notebook's input too
+    if name ~= nil then return saved_lines(name, ...) end
+    return function() return read('l') end
+  end
   torch._isatty = function(fd) return fd == 1 end  -- progress lines rewrite themselves with '\r'
   local function pack(...) return {n = select('#', ...), ...} end
   local results = pack(xpcall(fn, function(e)
@@ -148,7 +152,7 @@ local function with_output(fn)
     return {message = msg, traceback = cell_traceback(msg)}
   end))
   _G.print, io.write, io.stdout, io.stderr, torch._isatty = saved_print, saved_write, saved_stdout, saved_stderr, saved_isatty
-  io.read, io.stdin = saved_read, saved_stdin
+  io.read, io.stdin, io.lines = saved_read, saved_stdin, saved_lines
   return results
 end
 

@@ -194,18 +194,19 @@ try:
 
     # input: io.read asks the notebook (input_request on stdin, answered by input_reply)
     msg_id = kc.execute("io.write('your name? ')\nname = io.read()\nlocal n = io.stdin:read('*n')\n"
-                        "return name .. ' ' .. n * 2", allow_stdin=True)
+                        "local mark = io.lines()()\nreturn name .. ' ' .. n * 2 .. mark", allow_stdin=True)
     asked = []
-    for answer in ["Ada", "21"]:
+    for answer in ["Ada", "21", "!"]:
         request = kc.get_stdin_msg(timeout=30)
         asked.append((request["msg_type"], request["content"]["password"], request["parent_header"].get("msg_id")))
         kc.input(answer)
     reply, msgs = finish(msg_id)
     said = "".join(c["text"] for c in of(msgs, "stream"))
     check("io.read: an input_request on stdin for each read, for this cell",
-          asked == [("input_request", False, msg_id)] * 2, asked)
-    check("io.read: the lines typed are the values (a line, a number)", reply["status"] == "ok"
-          and "Ada 42" in of(msgs, "execute_result")[0]["data"]["text/plain"] and said == "your name? ",
+          asked == [("input_request", False, msg_id)] * 3, asked)
+    check("io.read, io.stdin:read, io.lines(): the lines typed are the values (a line, a number, a line)",
+          reply["status"] == "ok" and "Ada 42!" in of(msgs, "execute_result")[0]["data"]["text/plain"]
+          and said == "your name? ",
           (reply, of(msgs, "execute_result"), said))
     reply, msgs = finish(kc.execute("v = io.read()", allow_stdin=False))
     check("io.read where the frontend takes no input: an error that says why", reply["status"] == "error"
