@@ -3,6 +3,7 @@
 #include "bindings/interrupt.h"
 
 #include <lua.hpp>
+#include <pthread.h>
 #include <signal.h>
 
 #include "bindings/common.h"
@@ -13,6 +14,7 @@ volatile std::sig_atomic_t pending = 0;
 
 namespace {
 lua_State* g_running = nullptr;                     // the state a Ctrl-C stops
+pthread_t g_thread;                                 // the thread that runs it
 volatile std::sig_atomic_t g_prompt_interrupted = 0;
 
 void stop_hook(lua_State* L, lua_Debug*) {
@@ -22,6 +24,15 @@ void stop_hook(lua_State* L, lua_Debug*) {
 }
 
 void on_sigint(int) {
+  // A process-directed SIGINT may land in any thread that does not block it
+  // (a worker of LibTorch's, the kernel's control thread that sent it). Set
+  // from there, the hook could arrive after the thread running Lua had
+  // already seen `pending` and raised: it would then fire inside the error's
+  // message handler. The signal goes on to the thread running Lua instead.
+  if (g_running && !pthread_equal(pthread_self(), g_thread)) {
+    pthread_kill(g_thread, SIGINT);
+    return;
+  }
   std::signal(SIGINT, SIG_DFL);
   pending = 1;
   if (g_running) lua_sethook(g_running, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
@@ -31,11 +42,16 @@ void on_prompt_sigint(int) { g_prompt_interrupted = 1; }
 }  // namespace
 
 void raise() {
+  // the handler also set the hook: left in place, it would fire again in the
+  // first Lua code that runs next, which is the error's own message handler
+  // (xpcall's, a notebook cell's), and turn "interrupted" into "error in error handling"
+  if (g_running) lua_sethook(g_running, nullptr, 0, 0);
   pending = 0;
   throw CallError("interrupted");
 }
 
-Running::Running(lua_State* L) : L_(L), saved_state_(g_running) {
+Running::Running(lua_State* L) : L_(L), saved_state_(g_running), saved_thread_(g_thread) {
+  g_thread = pthread_self();
   g_running = L;
   saved_handler_ = std::signal(SIGINT, on_sigint);
 }
@@ -43,6 +59,7 @@ Running::Running(lua_State* L) : L_(L), saved_state_(g_running) {
 Running::~Running() {
   std::signal(SIGINT, saved_handler_);
   g_running = saved_state_;
+  g_thread = saved_thread_;
   lua_sethook(L_, nullptr, 0, 0);
   pending = 0;
 }

@@ -4,6 +4,8 @@
 // Ctrl-C before that ends the process as usual. At the REPL's prompt, Ctrl-C
 // only marks the line to be discarded.
 #pragma once
+#include <pthread.h>
+
 #include <csignal>
 
 struct lua_State;
@@ -28,6 +30,7 @@ class Running {
  private:
   lua_State* L_;
   lua_State* saved_state_;
+  pthread_t saved_thread_;
   void (*saved_handler_)(int);
 };
 

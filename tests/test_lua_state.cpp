@@ -6,10 +6,16 @@
 
 #include <lua.hpp>
 
+#include "bindings/interrupt.h"
 #include "host/lua/state.h"
+
+#include <pthread.h>
+#include <signal.h>
 
 #include <cstdio>
 #include <fstream>
+#include <string>
+#include <thread>
 
 using anatomy::LuaState;
 
@@ -84,4 +90,36 @@ TEST_CASE("gradient hooks run Lua and may replace the gradient", "[state][autogr
   REQUIRE_FALSE(s.run_string("(x * x):sum():backward()", "=test"));
   CHECK(s.error().find("bad hook") != std::string::npos);
   CHECK(eval(s, "1 + 1") == "2");
+}
+
+TEST_CASE("a Ctrl-C that lands in another thread interrupts the thread running Lua", "[state][interrupt]") {
+  // A process-directed SIGINT may be handled by any thread that does not
+  // block it (a LibTorch worker, the kernel's control thread). Handled there,
+  // it would set the interrupt from outside, racing the Lua thread; it must be
+  // passed on to the thread running Lua instead. Here that thread blocks
+  // SIGINT for a moment, so the hand-over is visible: nothing is pending
+  // until it unblocks.
+  namespace interrupt = anatomy::lua::interrupt;
+  LuaState s;
+  lua_State* L = s.get();
+  sigset_t sigint, saved;
+  sigemptyset(&sigint);
+  sigaddset(&sigint, SIGINT);
+  REQUIRE(pthread_sigmask(SIG_BLOCK, &sigint, &saved) == 0);
+  {
+    interrupt::Running running(L);
+    std::thread([&sigint] {
+      pthread_sigmask(SIG_UNBLOCK, &sigint, nullptr);
+      pthread_kill(pthread_self(), SIGINT);
+    }).join();
+    CHECK(interrupt::pending == 0);  // not taken in the other thread
+    REQUIRE(pthread_sigmask(SIG_SETMASK, &saved, nullptr) == 0);  // delivered here now
+    CHECK(interrupt::pending == 1);
+    REQUIRE(luaL_loadstring(L, "local x = 0 for i = 1, 10 do x = x + i end return x") == 0);
+    REQUIRE(lua_pcall(L, 0, 1, 0) != 0);
+    CHECK(std::string(lua_tostring(L, -1)).find("interrupted") != std::string::npos);
+    lua_pop(L, 1);
+  }
+  CHECK(interrupt::pending == 0);
+  CHECK(eval(s, "1 + 1") == "2");  // the state goes on
 }

@@ -19,6 +19,7 @@
 #include "host/io/durable.h"
 #include "host/lua/state.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -321,6 +322,12 @@ int Kernel::serve(LuaState& state) {
     lua_pop(L, 1);
   }
   kernel_info_ = call_lua(state, *this, "kernel_info_request", json::object()).second;
+  // The helper threads block SIGINT, so an interrupt always lands in the
+  // main thread, where the cell runs and the hook is set.
+  sigset_t sigint, saved_mask;
+  sigemptyset(&sigint);
+  sigaddset(&sigint, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigint, &saved_mask);
   std::thread([this] {
     try {
       zmq::proxy(hb_, hb_);
@@ -328,6 +335,7 @@ int Kernel::serve(LuaState& state) {
     }
   }).detach();
   std::thread([this] { control_loop(); }).detach();
+  pthread_sigmask(SIG_SETMASK, &saved_mask, nullptr);
   publish("status", {{"execution_state", "starting"}}, json::object());
 
   zmq::pollitem_t items[] = {{shell_.handle(), 0, ZMQ_POLLIN, 0}, {stdin_.handle(), 0, ZMQ_POLLIN, 0}};
