@@ -17,11 +17,7 @@ lua_State* g_running = nullptr;                     // the state a Ctrl-C stops
 pthread_t g_thread;                                 // the thread that runs it
 volatile std::sig_atomic_t g_prompt_interrupted = 0;
 
-void stop_hook(lua_State* L, lua_Debug*) {
-  lua_sethook(L, nullptr, 0, 0);
-  pending = 0;
-  luaL_error(L, "interrupted");
-}
+void stop_hook(lua_State* L, lua_Debug*) { raise_in(L); }
 
 void on_sigint(int) {
   // A process-directed SIGINT may land in any thread that does not block it
@@ -40,6 +36,12 @@ void on_sigint(int) {
 
 void on_prompt_sigint(int) { g_prompt_interrupted = 1; }
 }  // namespace
+
+int raise_in(lua_State* L) {
+  lua_sethook(L, nullptr, 0, 0);  // one hook for the whole VM, coroutines included
+  pending = 0;
+  return luaL_error(L, "interrupted");
+}
 
 void raise() {
   // the handler also set the hook: left in place, it would fire again in the

@@ -15,8 +15,13 @@ namespace anatomy::lua::interrupt {
 /// Set by Ctrl-C while Lua runs; guarded() checks it before every binding call.
 extern volatile std::sig_atomic_t pending;
 
-/// Clears the flag and throws CallError("interrupted") (inside a binding call).
+/// Clears the flag and the hook and throws CallError("interrupted") (inside a
+/// binding call).
 [[noreturn]] void raise();
+
+/// The same as a Lua error, for a C function outside the bindings' wrapper
+/// (the kernel's input): `return interrupt::raise_in(L);`.
+int raise_in(lua_State* L);
 
 /// While a Running lives, Ctrl-C interrupts the Lua code running in L (the
 /// previous handler and state come back when it ends; Runnings nest).

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -122,4 +123,20 @@ TEST_CASE("a Ctrl-C that lands in another thread interrupts the thread running L
   }
   CHECK(interrupt::pending == 0);
   CHECK(eval(s, "1 + 1") == "2");  // the state goes on
+}
+
+TEST_CASE("an interrupt raised by a binding call leaves no hook behind", "[state][interrupt]") {
+  // Ctrl-C sets the flag and a hook; a binding that sees the flag first
+  // raises. The hook must go with it: left set, it would fire in the first
+  // Lua code run next (the error's message handler: "error in error handling").
+  namespace interrupt = anatomy::lua::interrupt;
+  LuaState s;
+  {
+    interrupt::Running running(s.get());
+    REQUIRE(std::raise(SIGINT) == 0);  // handled in this thread
+    REQUIRE(interrupt::pending == 1);
+    CHECK_THROWS_WITH(interrupt::raise(), "interrupted");
+    CHECK(interrupt::pending == 0);
+    CHECK(eval(s, "(function() local x = 0 for i = 1, 10 do x = x + i end return x end)()") == "55");
+  }
 }
