@@ -12,19 +12,14 @@
 #include <lua.hpp>
 #include <nlohmann/json.hpp>
 #include <openssl/hmac.h>
-#include <zlib.h>
 #include <zmq.hpp>
 
 #include "bindings/interrupt.h"
-#include "host/io/durable.h"
 #include "host/lua/state.h"
 
-#include <pthread.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -33,7 +28,6 @@
 #include <fstream>
 #include <mutex>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -71,6 +65,18 @@ struct Message {
   std::vector<std::string> identities;
   json header, parent, metadata, content;
 };
+
+// zmq::poll; false when a signal cut the wait short (EINTR: Ctrl-C or an
+// interrupt_request), so that the caller looks at what the signal changed.
+bool wait(zmq::pollitem_t* items, size_t n, std::chrono::milliseconds timeout) {
+  try {
+    zmq::poll(items, n, timeout);
+    return true;
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) throw;
+    return false;
+  }
+}
 
 class Kernel {
  public:
@@ -209,13 +215,7 @@ bool Kernel::input(const std::string& prompt, bool password, std::string& value)
   zmq::pollitem_t item{stdin_.handle(), 0, ZMQ_POLLIN, 0};
   for (;;) {
     if (lua::interrupt::pending) return false;
-    try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(100));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      throw;
-    }
-    if (!(item.revents & ZMQ_POLLIN)) continue;
+    if (!wait(&item, 1, std::chrono::milliseconds(100)) || !(item.revents & ZMQ_POLLIN)) continue;
     Message m;
     if (!receive(stdin_, m) || m.header.value("msg_type", "") != "input_reply") continue;
     value = m.content.value("value", "");
@@ -237,11 +237,7 @@ int lua_input(lua_State* L) {
     failure = e.what();
   }
   if (!failure.empty()) return luaL_error(L, "io.read: the notebook's input channel failed: %s", failure.c_str());
-  if (!got) {  // as the SIGINT handler's hook would, one instruction later
-    lua_sethook(L, nullptr, 0, 0);
-    lua::interrupt::pending = 0;
-    return luaL_error(L, "interrupted");
-  }
+  if (!got) return lua::interrupt::raise_in(L);  // as the SIGINT handler's hook would, one instruction later
   lua_pushlstring(L, value.data(), value.size());
   return 1;
 }
@@ -322,12 +318,6 @@ int Kernel::serve(LuaState& state) {
     lua_pop(L, 1);
   }
   kernel_info_ = call_lua(state, *this, "kernel_info_request", json::object()).second;
-  // The helper threads block SIGINT, so an interrupt always lands in the
-  // main thread, where the cell runs and the hook is set.
-  sigset_t sigint, saved_mask;
-  sigemptyset(&sigint);
-  sigaddset(&sigint, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigint, &saved_mask);
   std::thread([this] {
     try {
       zmq::proxy(hb_, hb_);
@@ -335,19 +325,13 @@ int Kernel::serve(LuaState& state) {
     }
   }).detach();
   std::thread([this] { control_loop(); }).detach();
-  pthread_sigmask(SIG_SETMASK, &saved_mask, nullptr);
   publish("status", {{"execution_state", "starting"}}, json::object());
 
   zmq::pollitem_t items[] = {{shell_.handle(), 0, ZMQ_POLLIN, 0}, {stdin_.handle(), 0, ZMQ_POLLIN, 0}};
   for (;;) {
-    try {
-      zmq::poll(items, 2, std::chrono::milliseconds(-1));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) {
-        lua::interrupt::take_prompt();  // an interrupt while idle: nothing runs
-        continue;
-      }
-      throw;
+    if (!wait(items, 2, std::chrono::milliseconds(-1))) {
+      lua::interrupt::take_prompt();  // an interrupt while idle: nothing runs
+      continue;
     }
     if (items[1].revents & ZMQ_POLLIN) {  // input_reply we did not ask for
       Message ignored;
@@ -406,80 +390,10 @@ std::vector<Message> Kernel::take_queued() {
   std::vector<Message> out;
   for (;;) {
     zmq::pollitem_t item{shell_.handle(), 0, ZMQ_POLLIN, 0};
-    try {
-      zmq::poll(&item, 1, std::chrono::milliseconds(0));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      throw;
-    }
+    if (!wait(&item, 1, std::chrono::milliseconds(0))) continue;
     if (!(item.revents & ZMQ_POLLIN)) return out;
     Message m;
     if (receive(shell_, m)) out.push_back(std::move(m));
-  }
-}
-
-const char* kLogo =
-    "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"64\" height=\"64\" viewBox=\"0 0 64 64\">"
-    "<rect width=\"64\" height=\"64\" rx=\"10\" fill=\"#1f3b57\"/>"
-    "<g fill=\"#f2b134\"><rect x=\"12\" y=\"40\" width=\"8\" height=\"14\"/><rect x=\"24\" y=\"30\" width=\"8\" height=\"24\"/>"
-    "<rect x=\"36\" y=\"18\" width=\"8\" height=\"36\"/><rect x=\"48\" y=\"10\" width=\"8\" height=\"44\"/></g></svg>\n";
-
-// The logo above drawn at size x size pixels (4 x 4 samples a pixel, so the
-// rounded corners are smooth) as a PNG: the classic notebook and JupyterLab's
-// launcher show logo-32x32.png and logo-64x64.png.
-std::string logo_png(int size) {
-  struct Box { double x, y, w, h; };
-  const Box bars[] = {{12, 40, 8, 14}, {24, 30, 8, 24}, {36, 18, 8, 36}, {48, 10, 8, 44}};
-  const unsigned char ground[3] = {0x1f, 0x3b, 0x57}, bar[3] = {0xf2, 0xb1, 0x34};
-  const int ss = 4;
-  std::string raw;  // each row: filter type 0, then RGBA
-  for (int py = 0; py < size; ++py) {
-    raw += '\0';
-    for (int px = 0; px < size; ++px) {
-      double sum[3] = {0, 0, 0};
-      int covered = 0;
-      for (int sy = 0; sy < ss; ++sy)
-        for (int sx = 0; sx < ss; ++sx) {
-          double x = (px + (sx + 0.5) / ss) * 64.0 / size, y = (py + (sy + 0.5) / ss) * 64.0 / size;
-          double cx = std::clamp(x, 10.0, 54.0), cy = std::clamp(y, 10.0, 54.0);  // the corners' radius is 10
-          if ((x - cx) * (x - cx) + (y - cy) * (y - cy) > 100.0) continue;
-          bool on_bar = false;
-          for (const Box& b : bars) on_bar = on_bar || (x >= b.x && x < b.x + b.w && y >= b.y && y < b.y + b.h);
-          for (int c = 0; c < 3; ++c) sum[c] += on_bar ? bar[c] : ground[c];
-          ++covered;
-        }
-      for (int c = 0; c < 3; ++c) raw += static_cast<char>(covered ? static_cast<int>(sum[c] / covered + 0.5) : 0);
-      raw += static_cast<char>(covered * 255 / (ss * ss));
-    }
-  }
-  uLongf packed_size = compressBound(raw.size());
-  std::string packed(packed_size, '\0');
-  if (compress2(reinterpret_cast<Bytef*>(packed.data()), &packed_size, reinterpret_cast<const Bytef*>(raw.data()),
-                raw.size(), 9) != Z_OK)
-    throw std::runtime_error("anatomy --install-kernel: zlib could not compress the logo");
-  packed.resize(packed_size);
-  auto be32 = [](uint32_t v) {
-    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
-  };
-  auto chunk = [&](const char* type, const std::string& data) {
-    std::string body = std::string(type, 4) + data;
-    return be32(static_cast<uint32_t>(data.size())) + body +
-           be32(static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size())));
-  };
-  std::string header = be32(size) + be32(size) + std::string{8, 6, 0, 0, 0};  // 8 bits, RGBA, deflate, no interlace
-  return std::string("\x89PNG\r\n\x1a\n", 8) + chunk("IHDR", header) + chunk("IDAT", packed) + chunk("IEND", "");
-}
-
-void make_dirs(const std::string& path) {
-  std::string cur;
-  std::stringstream ss(path);
-  std::string part;
-  if (!path.empty() && path[0] == '/') cur = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    cur += part + "/";
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-      throw std::runtime_error("anatomy --install-kernel: cannot create " + cur + ": " + std::strerror(errno));
   }
 }
 
@@ -498,34 +412,6 @@ int run_kernel(LuaState& state, const std::string& connection_file) {
   static Kernel* kernel = nullptr;
   kernel = new Kernel(conn);
   return kernel->serve(state);
-}
-
-std::string install_kernelspec(const std::string& executable, bool user, const std::string& prefix) {
-  std::string dir;
-  if (!prefix.empty()) {
-    dir = prefix + "/share/jupyter/kernels/anatomy";
-  } else if (user) {
-    const char* data = std::getenv("JUPYTER_DATA_DIR");
-    const char* home = std::getenv("HOME");
-    if (data && *data) dir = std::string(data) + "/kernels/anatomy";
-    else dir = std::string(home && *home ? home : ".") + "/.local/share/jupyter/kernels/anatomy";
-  } else {
-    dir = "/usr/local/share/jupyter/kernels/anatomy";
-  }
-  make_dirs(dir);
-  json spec = {{"argv", {executable, "--kernel", "{connection_file}"}},
-               {"display_name", "anatomy (Lua over LibTorch)"},
-               {"language", "lua"},
-               {"interrupt_mode", "signal"},
-               {"metadata", json::object()}};
-  std::string text = spec.dump(2) + "\n";
-  io::write_atomic(dir + "/kernel.json", text.data(), text.size());
-  io::write_atomic(dir + "/logo-svg.svg", kLogo, std::strlen(kLogo));
-  for (int size : {32, 64}) {
-    std::string png = logo_png(size);
-    io::write_atomic(dir + "/logo-" + std::to_string(size) + "x" + std::to_string(size) + ".png", png.data(), png.size());
-  }
-  return dir;
 }
 
 }  // namespace anatomy
