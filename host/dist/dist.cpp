@@ -324,7 +324,7 @@ namespace {
 // kFields int64s) and raises the same clear error on all of them when they
 // differ. The reducer's buckets skip it: their shapes are the parameters',
 // checked by the broadcast that starts a data-parallel run.
-enum class Call : int64_t { AllReduce = 1, Broadcast, AllGather, Barrier };
+enum class Call : int64_t { None = 0, AllReduce, Broadcast, AllGather, Barrier };  // None: not compared
 constexpr int kMaxDims = 8;
 constexpr int64_t kFields = 6 + kMaxDims;  // call, extra, dtype, device, ndim, sizes, numel
 
@@ -378,11 +378,13 @@ void agree(const char* fn, Call call, const at::Tensor& t, int64_t extra) {
               "); every rank must make the same calls, with tensors of one shape, dtype and device");
 }
 
-// A collective on t in place: run(backend, {buffer}) on a contiguous buffer
-// (t itself when it is one), then finish(buffer), then the buffer back into t.
+// A collective on t in place, once the ranks agree on (call, extra): run(backend,
+// {buffer}) on a contiguous buffer (t itself when it is one), then
+// finish(buffer), then the buffer back into t.
 template <typename Run, typename Finish>
-void in_place(const char* fn, at::Tensor& t, Run&& run, Finish&& finish) {
+void in_place(const char* fn, at::Tensor& t, Call call, int64_t extra, Run&& run, Finish&& finish) {
   check_dense(fn, t);
+  if (call != Call::None) agree(fn, call, t, extra);
   at::NoGradGuard no_grad;
   at::Tensor target = t.detach();
   at::Tensor buffer = target.is_contiguous() ? target : target.contiguous();
@@ -401,19 +403,18 @@ void all_reduce(at::Tensor& t, Op op, bool compare) {
   if (t.defined() && op == Op::Avg && !t.is_floating_point())
     throw Error(std::string(fn) + ": op 'avg' needs a floating-point tensor, got " + std::string(c10::toString(t.scalar_type())) +
                 " (use op = 'sum')");
-  check_dense(fn, t);
-  if (compare) agree(fn, Call::AllReduce, t, static_cast<int64_t>(op));
-  in_place(fn, t, [&](Backend& b, std::vector<at::Tensor>& v) { return b.allreduce(v, reduce_op(op)); },
-           [&](at::Tensor& buffer) {
-             if (op == Op::Avg) buffer.div_(world_size());
-           });
+  in_place(
+      fn, t, compare ? Call::AllReduce : Call::None, static_cast<int64_t>(op),
+      [&](Backend& b, std::vector<at::Tensor>& v) { return b.allreduce(v, reduce_op(op)); },
+      [&](at::Tensor& buffer) {
+        if (op == Op::Avg) buffer.div_(world_size());
+      });
 }
 
 void broadcast(at::Tensor& t, int src) {
-  check_dense("dist.broadcast", t);
-  agree("dist.broadcast", Call::Broadcast, t, src);
-  in_place("dist.broadcast", t, [&](Backend& b, std::vector<at::Tensor>& v) { return b.broadcast(v, src); },
-           [](at::Tensor&) {});
+  in_place(
+      "dist.broadcast", t, Call::Broadcast, src,
+      [&](Backend& b, std::vector<at::Tensor>& v) { return b.broadcast(v, src); }, [](at::Tensor&) {});
 }
 
 std::vector<at::Tensor> all_gather(const at::Tensor& t) {
