@@ -139,9 +139,7 @@ function methods:attention(layer, head, opts)
   local b = opts.batch or 1
   if type(b) ~= 'number' or b < 1 or b > B then error(('%s: batch must be in 1..%d, got %s'):format(where, B, tostring(b)), 2) end
   local title = ('%s head %d%s'):format(layer_name(self, layer, where), head, B > 1 and (', sequence ' .. b) or '')
-  local map = p[head][b]:float()
-  local text = require('anatomy.terminal').attention_map(map, self.tokens[b], title, opts.numbers)
-  return require('anatomy.figure').new(title, require('anatomy.charts').attention_map(title, self.tokens[b], map:tolist()), text)
+  return require('anatomy.figure').attention(title, self.tokens[b], p[head][b]:float(), opts.numbers)
 end
 
 function Cache.__tostring(self)

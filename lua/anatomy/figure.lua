@@ -10,6 +10,14 @@ function Figure.new(title, figure_html, text)
   return setmetatable({title = title, html_figure = figure_html, text = text}, Figure)
 end
 
+-- Figure.attention(title, tokens, m, numbers) -> one head's attention map
+-- m (Tq, Tk) with its tokens on both axes: shaded text (numbers = true: the
+-- weights) when printed, a heatmap in a notebook.
+function Figure.attention(title, tokens, m, numbers)
+  return Figure.new(title, require('anatomy.charts').attention_map(title, tokens, m:tolist()),
+    require('anatomy.terminal').attention_map(m, tokens, title, numbers))
+end
+
 function Figure:__tostring() return self.text end
 
 function Figure:svg()

@@ -99,6 +99,12 @@ local function read(...)
   return unpack(values, 1, #formats)
 end
 
+-- io.stdin:lines(...) and io.lines() in a cell: an iterator of read(...)
+local function lines(...)
+  local formats = {n = select('#', ...), ...}
+  return function() return read(unpack(formats, 1, formats.n)) end
+end
+
 -- Runs fn with print, io.write and io.stderr sending to the notebook, and
 -- io.read asking it for input.
 local function with_output(fn)
@@ -109,10 +115,7 @@ local function with_output(fn)
   local proxy = function(target, emit)
     return setmetatable({}, {__index = function(_, k)
       if k == 'read' and not emit then return function(_, ...) return read(...) end end
-      if k == 'lines' and not emit then return function(_, ...)
-        local formats = {...}
-        return function() return read(unpack(formats)) end
-      end end
+      if k == 'lines' and not emit then return function(_, ...) return lines(...) end end
       if k == 'write' and emit then
         return function(self, ...)
           local parts = {}
@@ -143,7 +146,7 @@ local function with_output(fn)
   io.stdin = proxy(saved_stdin)
   io.lines = function(name, ...)  -- io.lines() without a file reads the notebook's input too
     if name ~= nil then return saved_lines(name, ...) end
-    return function() return read('l') end
+    return lines(...)
   end
   torch._isatty = function(fd) return fd == 1 end  -- progress lines rewrite themselves with '\r'
   local function pack(...) return {n = select('#', ...), ...} end

@@ -60,9 +60,7 @@ function Autopsy:attention(layer, head, opts)
     error(('a:attention: head must be in 1..%d, got %s'):format(m:size(1), tostring(head)), 2)
   end
   local title = ('%s head %d'):format(name, head)
-  local text = require('anatomy.terminal').attention_map(m[head], self.attention_tokens, title, opts.numbers)
-  return require('anatomy.figure').new(title, require('anatomy.charts').attention_map(title, self.attention_tokens,
-    m[head]:tolist()), text)
+  return require('anatomy.figure').attention(title, self.attention_tokens, m[head], opts.numbers)
 end
 
 -- a:add(result): a result with an svg() method (patching.run's,
