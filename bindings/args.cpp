@@ -93,11 +93,33 @@ int get_option(lua_State* L, int idx, const char* key) {
   return lua_type(L, -1);
 }
 
+size_t check_list_length(lua_State* L, int idx, int arg, const char* what) {
+  idx = idx < 0 ? lua_gettop(L) + idx + 1 : idx;
+  size_t n = lua_objlen(L, idx);
+  // A nil inside a list ({2, nil, 3}) may end Lua's length early, or not:
+  // any positive integer key past the length means a hole, an error rather
+  // than a shorter list. (A nil at the very end, {2, nil}, leaves no trace
+  // a C function can see: that table is {2}.)
+  lua_pushnil(L);
+  while (lua_next(L, idx)) {
+    lua_pop(L, 1);
+    if (lua_type(L, -1) == LUA_TNUMBER) {
+      double key = lua_tonumber(L, -1);
+      if (key == std::floor(key) && key > static_cast<double>(n)) {
+        lua_pop(L, 1);
+        throw ArgError(arg, std::string(what) + " has a hole: entry " + std::to_string(n + 1) + " is nil but entry " +
+                                std::to_string(static_cast<long long>(key)) + " is not");
+      }
+    }
+  }
+  return n;
+}
+
 std::vector<int64_t> check_sizes(lua_State* L, int start, int* next) {
   std::vector<int64_t> sizes;
   int i = start;
   if (lua_type(L, start) == LUA_TTABLE && !is_options(L, start)) {
-    size_t n = lua_objlen(L, start);
+    size_t n = check_list_length(L, start, start, "the size list");
     for (size_t k = 1; k <= n; ++k) {
       lua_rawgeti(L, start, static_cast<int>(k));
       if (lua_type(L, -1) != LUA_TNUMBER) {
@@ -115,6 +137,17 @@ std::vector<int64_t> check_sizes(lua_State* L, int start, int* next) {
     i = start + 1;
   } else {
     while (lua_type(L, i) == LUA_TNUMBER) sizes.push_back(check_integer(L, i++));
+    // A nil among the sizes (ones(2, nil, 3), randn(nil, 3)) would end the
+    // list there and make a tensor of another shape: an error instead, as is
+    // a nil given where the sizes start (zeros(n) with n nil).
+    // Without `next` the sizes are the last arguments, so any nil given
+    // after them is one too (view(6, n) with n nil).
+    int top = lua_gettop(L);
+    if (i <= top && lua_isnil(L, i)) {
+      bool later = i == start || !next;
+      for (int j = i + 1; j <= top; ++j) later = later || lua_type(L, j) == LUA_TNUMBER;
+      if (later) throw ArgError(i, "size expected, got nil (a size is missing)");
+    }
   }
   if (next) *next = i;
   return sizes;

@@ -117,6 +117,9 @@ int get_option(lua_State* L, int idx, const char* key);
 std::vector<int64_t> check_token_ids(lua_State* L, int idx);
 /// Sizes from numbers at start.. (stopping at a non-number) or one table.
 std::vector<int64_t> check_sizes(lua_State* L, int start, int* next = nullptr);
+/// The length of the list at idx; ArgError(arg) naming `what` when it has a
+/// hole (a nil before its last entry: {1, nil, 3}).
+size_t check_list_length(lua_State* L, int idx, int arg, const char* what);
 /// dtype from its name ("float32", "float", "int64", "long", ...).
 c10::ScalarType parse_dtype(const std::string& name, int arg);
 c10::Device parse_device_arg(const std::string& name, int arg);

@@ -22,7 +22,8 @@ int linalg_norm(lua_State* L) {
   std::vector<int64_t> dims;
   bool has_dims = !lua_isnoneornil(L, 3);
   if (has_dims) {
-    dims = check_sizes(L, 3);
+    int next = 0;
+    dims = check_sizes(L, 3, &next);
     for (auto& d : dims) d = wrap_dim(d, a.dim(), 3);
   }
   bool keepdim = opt_boolean(L, 4, false);

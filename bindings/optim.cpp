@@ -20,7 +20,8 @@ optim::AdamW& check_optimizer(lua_State* L, int idx) {
 std::vector<at::Tensor> param_list(lua_State* L, int idx) {
   if (lua_type(L, idx) != LUA_TTABLE) throw ArgError(idx, "table of parameters expected, got " + type_name(L, idx));
   std::vector<at::Tensor> ps;
-  for (size_t i = 1; i <= lua_objlen(L, idx); ++i) {
+  size_t n = check_list_length(L, idx, idx, "the table of parameters");
+  for (size_t i = 1; i <= n; ++i) {
     lua_rawgeti(L, idx, static_cast<int>(i));
     at::Tensor* t = to_tensor(L, -1);
     lua_pop(L, 1);

@@ -116,7 +116,12 @@ int64_t entry_integer(lua_State* L, int idx, int k) {
 }
 
 at::Tensor index_with_table(lua_State* L, at::Tensor t, int key) {
-  int n = static_cast<int>(lua_objlen(L, key));
+  int n;
+  try {
+    n = static_cast<int>(check_list_length(L, key, key, "the index table"));
+  } catch (const ArgError& e) {
+    throw CallError(std::string("bad index (") + e.what() + ")");
+  }
   if (n > t.dim())
     throw CallError("too many indices for a " + std::to_string(t.dim()) + "-dimensional tensor (got " +
                     std::to_string(n) + ")");
@@ -413,7 +418,7 @@ void push_tensor_table(lua_State* L, const std::vector<at::Tensor>& ts) {
 std::vector<at::Tensor> check_tensor_table(lua_State* L, int idx) {
   if (lua_type(L, idx) != LUA_TTABLE) throw ArgError(idx, "table of tensors expected, got " + type_name(L, idx));
   std::vector<at::Tensor> ts;
-  size_t n = lua_objlen(L, idx);
+  size_t n = check_list_length(L, idx, idx, "the table of tensors");
   for (size_t i = 1; i <= n; ++i) {
     lua_rawgeti(L, idx, static_cast<int>(i));
     at::Tensor* t = to_tensor(L, -1);

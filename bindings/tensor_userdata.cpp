@@ -93,8 +93,12 @@ bool push_small_arith(lua_State* L, char op) {
 namespace {
 char g_size_meta_key;  // registry[&g_size_meta_key]: the metatable of sizes
 
-// tostring(size) -> "{2, 3}"
+// tostring(size) -> "{2, 3}". Reachable from Lua with any argument
+// (getmetatable(x:size()).__tostring(4)): anything but a table is a Lua
+// error, and an entry that is not a number prints as its type. No C++
+// object lives here, so luaL_checktype's longjmp leaks nothing.
 int size_tostring(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
   luaL_Buffer b;
   luaL_buffinit(L, &b);
   luaL_addchar(&b, '{');
@@ -102,7 +106,13 @@ int size_tostring(lua_State* L) {
   for (size_t i = 1; i <= n; ++i) {
     if (i > 1) luaL_addstring(&b, ", ");
     lua_rawgeti(L, 1, static_cast<int>(i));
-    luaL_addvalue(&b);
+    if (lua_type(L, -1) == LUA_TNUMBER) {
+      luaL_addvalue(&b);
+    } else {
+      const char* type = luaL_typename(L, -1);
+      lua_pop(L, 1);
+      luaL_addstring(&b, type);
+    }
   }
   luaL_addchar(&b, '}');
   luaL_pushresult(&b);

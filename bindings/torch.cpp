@@ -49,7 +49,7 @@ void read_nested(lua_State* L, int idx, size_t depth, NestedData& out, int arg) 
   // a tensor has at most 64 dimensions; deeper is a table that holds itself
   // (this walk would overflow the C stack)
   if (depth >= 64) throw ArgError(arg, "nested table deeper than 64 levels (a table that contains itself?)");
-  int64_t n = static_cast<int64_t>(lua_objlen(L, idx));
+  int64_t n = static_cast<int64_t>(check_list_length(L, idx, arg, "the nested table"));
   if (depth == out.shape.size()) {
     if (!out.values.empty())
       throw ArgError(arg, "ragged nested table: a table at depth " + std::to_string(depth + 1) + ", expected a number");
@@ -92,6 +92,9 @@ template <at::Tensor (*Make)(at::IntArrayRef, const at::TensorOptions&)>
 int torch_factory(lua_State* L) {
   int next = 1;
   auto sizes = check_sizes(L, 1, &next);
+  // zeros(2, n) with n nil: what follows the sizes is an options table or nothing
+  if (next > 1 && next <= lua_gettop(L) && lua_isnil(L, next) && lua_type(L, next - 1) == LUA_TNUMBER)
+    throw ArgError(next, "size expected, got nil (a size is missing)");
   for (int64_t s : sizes)
     if (s < 0) throw ArgError(1, "sizes must be non-negative, got " + shape_string(sizes));
   FactoryOptions f = check_factory_options(L, next);

@@ -6,10 +6,22 @@ local probe = require 'anatomy.probe'
 local Cache = {}
 
 local methods = {}
+-- cache[name]: the tensor published at name, in anatomy's spelling or, for
+-- a model from models.from_pretrained, the checkpoint's
+-- (cache['transformer.h.0.attn.z'] is cache['h.1.attn.z']).
 Cache.__index = function(self, key)
   local m = methods[key]
   if m ~= nil then return m end
-  return rawget(self, '_tensors')[key]
+  local tensors = rawget(self, '_tensors')
+  local t = tensors[key]
+  if t == nil and type(key) == 'string' then
+    local model = rawget(self, '_model')
+    if model and rawget(model, 'hf_config') then
+      local name = probe.canonical(model, key)
+      if name then t = tensors[name] end
+    end
+  end
+  return t
 end
 
 -- Cache.token_texts(ids (B, T), tok) -> {{text, ...}, ...}: each token's text,
@@ -106,7 +118,8 @@ local function layer_name(self, layer, where)
     end
     return names[layer]
   end
-  for _, n in ipairs(names) do if n == layer then return n end end
+  local resolved = probe.resolve_name(self._model, layer, 3)  -- the checkpoint's spelling too
+  for _, n in ipairs(names) do if n == resolved then return n end end
   error(("%s: no layer '%s' (layers: %s)"):format(where, tostring(layer), table.concat(names, ', ')), 3)
 end
 

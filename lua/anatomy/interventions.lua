@@ -42,10 +42,33 @@ local function selection(t, name, opts, where)
   return view
 end
 
--- An intervention's head and position, checked when it is attached (the
--- ranges again at each forward, against the tensor there).
+-- How many heads the tensor at a hook point has, when its block says: a
+-- built-in attention's num_heads, or a Lua block's `heads` field; nil when
+-- unknown (then only the forward's tensor can tell).
+local function head_count(m, point)
+  if type(m.num_heads) == 'function' then return m:num_heads(point) end
+  local h = rawget(m, 'heads')
+  return type(h) == 'number' and h or nil
+end
+
+-- The longest input the model takes (model:context(), or its config's seq
+-- or positions), or nil.
+local function context_of(model)
+  if type(model.context) == 'function' then
+    local ok, n = pcall(model.context, model)
+    if ok and type(n) == 'number' then return n end
+  end
+  local c = rawget(model, 'config')
+  if type(c) == 'table' then return c.seq or c.positions end
+  return nil
+end
+
+-- An intervention's head and position, checked when it is attached: their
+-- type, and their range where the block's head count and the model's context
+-- tell it (again at each forward, against the tensor there). Returns the
+-- anatomy name of the point.
 local function check_selection(model, name, opts, where)
-  local _, path, point = locate(model, name, 3)
+  local m, path, point = locate(model, name, 3)
   local full = point and (path == '' and point or path .. '.' .. point) or path
   local l = probe.layout(full)
   if opts.head ~= nil and not l.head then
@@ -56,6 +79,15 @@ local function check_selection(model, name, opts, where)
     if v ~= nil and (type(v) ~= 'number' or v % 1 ~= 0 or v == 0 or (key == 'head' and v < 0)) then
       error(('%s: %s must be a %sinteger, got %s'):format(where, key, key == 'head' and 'positive ' or 'non-zero ', tostring(v)), 3)
     end
+  end
+  local H = opts.head ~= nil and point and head_count(m, point) or nil
+  if H and opts.head > H then
+    error(('%s: head must be an integer in 1..%d for %s (%s has %d heads), got %d'):format(where, H, full, path, H, opts.head), 3)
+  end
+  local T = opts.position ~= nil and context_of(model) or nil
+  if T and (opts.position > T or opts.position < -T) then
+    error(('%s: position must be an integer in 1..%d (or -%d..-1) for %s (the model takes at most %d positions), got %d'):format(
+      where, T, T, full, T, opts.position), 3)
   end
   return full
 end
@@ -98,8 +130,12 @@ function probe.ablate(model, name, opts)
     error(("probe.ablate: kind must be 'zero', 'mean' or 'resample', got '%s'"):format(tostring(kind)), 2)
   end
   if kind ~= 'zero' and opts.over == nil then error(("probe.ablate: kind = '%s' needs over (the reference batch: ids or a cache)"):format(kind), 2) end
-  check_selection(model, name, opts, where)
-  local ref = kind ~= 'zero' and reference(model, name, opts.over, where) or nil
+  local full = check_selection(model, name, opts, where)
+  local ref = kind ~= 'zero' and reference(model, full, opts.over, where) or nil
+  if kind == 'mean' and ref:size(1) < 2 then
+    error(("probe.ablate: kind = 'mean' over a reference batch of one example would put that example's own activation "
+      .. "back (the mean of one example is the example): pass over = ids of several examples (B > 1), or a cache of them"), 2)
+  end
   local mean = kind == 'mean' and ref:mean(1, true) or nil
   -- resample's choices from its own sequence (seed), leaving the global generator alone
   local state = (opts.seed or 0) % 2147483648

@@ -29,21 +29,57 @@ end
 probe.matcher = matcher
 
 -- A model from models.from_pretrained also answers to the names of its
--- checkpoint, as a user pastes them from Hugging Face or TransformerLens
--- code: `h.0.attn` or `transformer.h.0.attn` is `h.1.attn` here,
--- `model.layers.0.mlp` is `blocks.1.mlp`. A name that is anatomy's already
--- stays as it is (so a bare `h.1` is anatomy's first block; the prefixed form
--- `transformer.h.1` is the checkpoint's second). Returns the anatomy name, or name.
+-- checkpoint, as a user pastes them from Hugging Face code: the prefixed
+-- form `transformer.h.0.attn` is `h.1.attn` here, `model.layers.0.mlp` is
+-- `blocks.1.mlp`. A name without the checkpoint's prefix is anatomy's, whose
+-- layers count from 1: a layer number 0 there (`h.0.attn`) is an error that
+-- gives both spellings, never a silent guess (`h.0` and `h.1` cannot both be
+-- the first layer). Returns the anatomy name, or name when nothing matches.
 local hf_prefixes = {'transformer.', 'model.', 'gpt_neox.'}
-function probe.resolve_name(model, name)
-  if type(name) ~= 'string' or rawget(model, 'hf_config') == nil then return name end
-  for n in model:named_modules() do if n == name then return name end end
-  local candidates = {name}
+local function checkpoint_prefixed(name)
   for _, p in ipairs(hf_prefixes) do
-    if name:sub(1, #p) == p then candidates[#candidates + 1] = name:sub(#p + 1) else candidates[#candidates + 1] = p .. name end
+    if name:sub(1, #p) == p then return p end
   end
+  return nil
+end
+
+local function module_set(model)
   local names = {}
   for n in model:named_modules() do names[n] = true end
+  return names
+end
+
+-- The checkpoint's spelling of an anatomy name ('h.1.attn' ->
+-- 'transformer.h.0.attn' for a GPT-2 saved with its prefix).
+local function checkpoint_spelling(model, anatomy)
+  local hf = models.hf_name(anatomy, model)
+  if checkpoint_prefixed(hf) then return hf end
+  local prefix = model.hf_prefix or ''
+  return prefix .. hf
+end
+
+function probe.resolve_name(model, name, level)
+  if type(name) ~= 'string' or rawget(model, 'hf_config') == nil then return name end
+  local names = module_set(model)
+  if names[name] then return name end
+  if not checkpoint_prefixed(name) and name:find('%f[%w]0%f[%W]') then
+    -- anatomy's spelling: the layer one up; the checkpoint's: its own name, prefixed
+    local anatomy
+    for _, p in ipairs(hf_prefixes) do
+      local t = models.anatomy_name(p .. name, model)
+      if names[t] or names[t:match('^(.*)%.[^%.]+$') or ''] then anatomy = t break end
+    end
+    anatomy = anatomy or models.anatomy_name(name, model)
+    error(("'%s': anatomy counts layers from 1, so a layer 0 is no anatomy name: write '%s', or the checkpoint's own name '%s'"):format(
+      name, anatomy, checkpoint_spelling(model, anatomy)), (level or 1) + 1)
+  end
+  local candidates = {}
+  local p = checkpoint_prefixed(name)
+  if p then
+    candidates = {name, name:sub(#p + 1)}
+  else
+    for _, q in ipairs(hf_prefixes) do candidates[#candidates + 1] = q .. name end
+  end
   for _, c in ipairs(candidates) do
     local translated = models.anatomy_name(c, model)
     if names[translated] then return translated end
@@ -65,7 +101,7 @@ local function no_such(model, name, level)
 end
 
 local function find(model, name)
-  name = probe.resolve_name(model, name)
+  name = probe.resolve_name(model, name, 3)
   for n, m in model:named_modules() do
     if n == name then return m end
   end
@@ -85,13 +121,14 @@ end
 -- module itself and no point when name is a module. Checkpoint names
 -- (transformer.h.0.attn.q) are translated like module names.
 local function locate(model, name, level)
-  local exact = probe.resolve_name(model, name)
+  if type(name) ~= 'string' then error(('a probe point name must be a string, got %s'):format(type(name)), level + 1) end
+  local exact = probe.resolve_name(model, name, level + 1)
   for n, m in model:named_modules() do
     if n == exact then return m, n, nil end
   end
   local base, point = name:match('^(.*)%.([^%.]+)$')
   if not base then base, point = '', name end
-  base = base == '' and '' or probe.resolve_name(model, base)
+  base = base == '' and '' or probe.resolve_name(model, base, level + 1)
   for n, m in model:named_modules() do
     if n == base then
       local points = declared_points(m)
@@ -112,6 +149,17 @@ local function locate(model, name, level)
   no_such(model, name, level + 1)
 end
 probe._locate = locate
+
+-- probe.canonical(model, name) -> anatomy's full name of a module output or
+-- hook point given in either spelling ('transformer.h.0.attn.z' ->
+-- 'h.1.attn.z'), or nil and the reason when there is none.
+function probe.canonical(model, name)
+  probe.resolve_name(model, name, 2)  -- a layer 0 in anatomy's spelling is an error, not a miss
+  local ok, _, path, point = pcall(locate, model, name, 1)
+  if not ok then return nil, _ end
+  if not point then return path end
+  return path == '' and point or path .. '.' .. point
+end
 
 -- Runs a module's forward through its probes: skip, then forward, then
 -- replacements, then captures, in the order they were attached.
@@ -279,11 +327,20 @@ function probe.idle(model, name)
   return setmetatable({attached = {{m, attach(m, {kind = 'idle', name = name})}}}, Handle)
 end
 
--- probe.clear(model): removes every probe from the model and its modules.
+-- probe.clear(model): removes everything probe.*, patching.* and the
+-- attribution functions attached to the model and its modules: probes on
+-- module outputs (captures, replacements, skips, idle ones) and probes on
+-- hook points (interventions on 'blocks.1.attn.z', captures of them), with
+-- the patterns kept for them. The handles they returned become empty.
 function probe.clear(model)
   for _, m in model:named_modules() do
-    if rawget(m, '_probes') then
-      for i = #m._probes, 1, -1 do detach(m, m._probes[i]) end
+    local probes = rawget(m, '_probes')
+    if probes then
+      for i = #probes, 1, -1 do detach(m, probes[i]) end
+    end
+    local entries = rawget(m, '_hook_entries')
+    if entries then
+      for i = #entries, 1, -1 do detach_hook(m, entries[i]) end
     end
   end
 end

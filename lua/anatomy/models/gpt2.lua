@@ -60,6 +60,9 @@ local GPT2 = nn.block('models.GPT2', function(self, s)
   if not s.tied then self.lm_head = nn.Linear(s.dim, s.vocab, {bias = false}) end
 end)
 models.GPT2 = GPT2
+-- GPT2LMHeadModel's names start with it (transformer.h.0.attn): the spelling
+-- probe.resolve_name shows a user beside anatomy's (h.1.attn)
+GPT2.hf_prefix = 'transformer.'
 
 -- The hidden state the first block reads: token plus position embeddings.
 function GPT2:embed(ids)

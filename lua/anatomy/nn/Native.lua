@@ -51,6 +51,7 @@ function Native.options(opts, allowed, where) return require('anatomy.options').
 -- are (bindings/blocks.cpp maps the table onto the block's options struct).
 -- extra.pattern: an attention block (keep_pattern, pattern).
 function Native.define(name, make, allowed, extra)
+  local size_names = type(make) == 'table' and make or nil
   if type(make) ~= 'function' then
     local sizes = make
     make = function(...)
@@ -70,10 +71,26 @@ function Native.define(name, make, allowed, extra)
   function cls:__init(...)
     nn.Module.__init(self)
     self:_wrap(make(...))
+    if size_names then  -- the sizes and options it was made with (num_heads reads them)
+      local args, opts = {...}, select(#size_names + 1, ...)
+      local made = {}
+      if type(opts) == 'table' then for k, v in pairs(opts) do made[k] = v end end
+      for i, n in ipairs(size_names) do made[n] = args[i] end
+      rawset(self, '_made_with', made)
+    end
   end
   nn[name] = cls
   if extra and extra.pattern then
     for k, f in pairs(Native.pattern_methods) do cls[k] = f end
+    local fixed = extra.heads
+    -- m:num_heads(point) -> the heads of the tensor at hook point `point`
+    -- (k and v have kv_heads of them where keys and values are shared)
+    function cls:num_heads(point)
+      if fixed then return fixed end
+      local made = rawget(self, '_made_with') or {}
+      if (point == 'k' or point == 'v' or point == 'rot_k') and made.kv_heads then return made.kv_heads end
+      return made.heads
+    end
   end
   return cls
 end

@@ -1,0 +1,242 @@
+-- No silent wrong numbers: interventions that probe.clear removes whatever
+-- attached them, options checked when given, checkpoint names that mean one
+-- thing, and sizes that refuse a nil. Each test here returned a plausible
+-- wrong number (or accepted a wrong option) without a word before its fix.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require 'harness'
+local test, eq = H.test, H.eq
+
+-- fn raises an error whose message contains `part` (these messages go on
+-- with details that the test does not pin)
+local function raises(fn, part)
+  local ok, err = pcall(fn)
+  if ok then error('expected an error: ' .. part, 2) end
+  if not tostring(err):find(part, 1, true) then
+    error(('wrong error\n  got:      %s\n  expected: ...%s...'):format(tostring(err), part), 2)
+  end
+end
+local json = require 'anatomy.json'
+local fs = require 'anatomy.fs'
+
+-- bit-identical: the largest difference is printed when it is not 0
+local function identical(got, want, what)
+  local d = (got - want):abs():max():item()
+  if d ~= 0 then error(('%s: the output differs from the clean one by up to %.6g'):format(what, d), 2) end
+end
+
+-- A Lua block that publishes a hook point of its own through self:hook.
+local Mix = nn.block('trust.Mix', function(self, dim) self.fc = nn.Linear(dim, dim) end)
+Mix.hook_names = {'mid'}
+function Mix:forward(x) return x + self:hook('mid', self.fc(x)):tanh() end
+
+local function model()
+  torch.manual_seed(7)
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 2, seq = 8, ffn = 32}
+  m.mix = Mix(16)  -- a Lua block beside the built-in ones (not in the forward; run below by hand)
+  return m
+end
+
+test('probe.clear removes every intervention kind from every point kind: the output is bit-identical again', function()
+  local m = model()
+  local ids = torch.randint(1, 11, {3, 8})
+  local x = torch.randn(3, 8, 16)
+  local function run() return torch.no_grad(function() return m(ids) end), torch.no_grad(function() return m.mix(x) end) end
+  local clean, clean_mix = run()
+  local _, cache = probe.run_with_cache(m, torch.randint(1, 11, {3, 8}))
+  -- point kinds: a module output, a built-in block's hook point, a Lua block's self:hook point
+  local points = {{'blocks.1.mlp', nil}, {'blocks.1.attn.z', 1}, {'mix.mid', nil}}
+  local kinds = {
+    zero = function(p, h) return probe.ablate(m, p, {head = h}) end,
+    mean = function(p, h) return probe.ablate(m, p, {kind = 'mean', over = ids, head = h}) end,
+    resample = function(p, h) return probe.ablate(m, p, {kind = 'resample', over = ids, head = h, seed = 3}) end,
+    set = function(p, h) return probe.set(m, p, 0.5, {head = h}) end,
+    patch = function(p, h)
+      if p == 'mix.mid' then return probe.patch(m, p, torch.ones(3, 8, 16)) end
+      return probe.patch(m, p, cache, {head = h})
+    end,
+    replace = function(p) return probe.replace(m, p, function(t) return t * 3 end) end,
+    capture = function(p) local _, h = probe.attach_capture(m, {filter = p}); return h end,
+    idle = function(p) if not p:find('%.z$') and not p:find('%.mid$') then return probe.idle(m, p) end end,
+    skip = function(p) if p == 'blocks.1.mlp' then return probe.skip(m, p) end end,
+  }
+  local names = {}
+  for k in pairs(kinds) do names[#names + 1] = k end
+  table.sort(names)
+  for _, kind in ipairs(names) do
+    for _, pt in ipairs(points) do
+      if not (pt[1] == 'mix.mid' and (kind == 'mean' or kind == 'resample')) then  -- mix is not in m's forward: no reference
+        local h = kinds[kind](pt[1], pt[2])
+        if h then
+          local out, out_mix = run()
+          if kind ~= 'capture' and kind ~= 'idle' then
+            local changed = (pt[1] == 'mix.mid') and (out_mix - clean_mix):abs():max():item() or (out - clean):abs():max():item()
+            assert(changed > 0, kind .. ' on ' .. pt[1] .. ' changed nothing: the test would not see it stay')
+          end
+          probe.clear(m)
+          local after, after_mix = run()
+          identical(after, clean, kind .. ' on ' .. pt[1] .. ', after probe.clear')
+          identical(after_mix, clean_mix, kind .. ' on ' .. pt[1] .. ' (the Lua block), after probe.clear')
+          h:remove()  -- a handle whose probes were cleared removes nothing, harmlessly
+        end
+      end
+    end
+  end
+  for n, mod in m:named_modules() do
+    for _, f in ipairs{'_probes', '_probe', '_hooks', '_hook_entries', '_hooks_wanted'} do
+      eq(rawget(mod, f), nil, ("'%s' left on '%s'"):format(f, n))
+    end
+  end
+end)
+
+test('the example of the report: probe.clear after an ablation of one head', function()
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 32}
+  local ids = torch.randint(1, 11, {1, 8})
+  local ref = m(ids)
+  probe.ablate(m, 'blocks.1.attn.z', {head = 1})
+  probe.clear(m)
+  eq((m(ids) - ref):abs():max():item(), 0)
+end)
+
+test('patching.run leaves nothing attached, also when the metric raises', function()
+  torch.manual_seed(7)
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 2, seq = 8, ffn = 32}
+  local clean, corrupt = torch.randint(1, 11, {1, 8}), torch.randint(1, 11, {1, 8})
+  local before = torch.no_grad(function() return m(clean) end)
+  patching.run(m, clean, corrupt, function(logits) return logits[1][-1][1]:item() end, {over = 'attn.z', per = 'head'})
+  raises(function() patching.run(m, clean, corrupt, function() error('metric failed') end) end, 'metric failed')
+  identical(torch.no_grad(function() return m(clean) end), before, 'after patching')
+  for n, mod in m:named_modules() do eq(rawget(mod, '_hook_entries'), nil, n) eq(rawget(mod, '_probes'), nil, n) end
+end)
+
+test('head, position and kind are checked when the intervention is attached', function()
+  local m = models.gpt{vocab = 10, dim = 16, heads = 4, layers = 1, seq = 8, ffn = 32}
+  raises(function() probe.ablate(m, 'blocks.1.attn.z', {head = 5}) end,
+    'probe.ablate: head must be an integer in 1..4 for blocks.1.attn.z (blocks.1.attn has 4 heads), got 5')
+  raises(function() probe.set(m, 'blocks.1.attn.pattern', 0, {head = 5}) end, 'head must be an integer in 1..4')
+  raises(function() probe.patch(m, 'blocks.1.attn.q', torch.zeros(1, 8, 4, 4), {head = 9}) end, 'head must be an integer in 1..4')
+  raises(function() probe.ablate(m, 'blocks.1.mlp', {position = 9}) end,
+    'probe.ablate: position must be an integer in 1..8 (or -8..-1) for blocks.1.mlp (the model takes at most 8 positions), got 9')
+  raises(function() probe.ablate(m, 'blocks.1.attn.z', {position = -9}) end, 'position must be an integer in 1..8')
+  raises(function() probe.ablate(m, 'blocks.1.attn.z', {kind = 'average'}) end,
+    "probe.ablate: kind must be 'zero', 'mean' or 'resample', got 'average'")
+  raises(function() probe.ablate(m, 'blocks.1.attn.z', {head = 1.5}) end, 'head must be a positive integer, got 1.5')
+  -- nothing was attached by the refused calls
+  for n, mod in m:named_modules() do eq(rawget(mod, '_hook_entries'), nil, n) eq(rawget(mod, '_probes'), nil, n) end
+  -- a VibeNet's attention has one head; grouped keys have kv_heads
+  local v = models.vibenet{vocab = 10, dim = 8, layers = 1, seq = 8}
+  raises(function() probe.ablate(v, 'blocks.1.inner.attn.pattern', {head = 2}) end, 'head must be an integer in 1..1')
+  local a = nn.RoPEAttention(16, 4, {kv_heads = 2})
+  eq({a:num_heads('q'), a:num_heads('k'), a:num_heads('z')}, {4, 2, 4})
+end)
+
+test('a mean ablation over one example is refused: it would change nothing', function()
+  local m = model()
+  raises(function() probe.ablate(m, 'blocks.1.attn.z', {kind = 'mean', over = torch.randint(1, 11, {1, 8})}) end,
+    "probe.ablate: kind = 'mean' over a reference batch of one example would put that example's own activation back")
+  local _, one = probe.run_with_cache(m, torch.randint(1, 11, {1, 8}))
+  raises(function() probe.ablate(m, 'blocks.1.mlp', {kind = 'mean', over = one}) end, 'the mean of one example is the example')
+end)
+
+-- A GPT-2 checkpoint folder written here: config.json and safetensors in
+-- GPT2LMHeadModel's names.
+local function gpt2_folder()
+  local C, L, V, P = 8, 2, 11, 16
+  torch.manual_seed(0)
+  local p = 'transformer.'
+  local t = {[p .. 'wte.weight'] = torch.randn(V, C), [p .. 'wpe.weight'] = torch.randn(P, C),
+    [p .. 'ln_f.weight'] = torch.randn(C), [p .. 'ln_f.bias'] = torch.randn(C)}
+  for i = 0, L - 1 do
+    local b = p .. 'h.' .. i .. '.'
+    for _, n in ipairs{'ln_1', 'ln_2'} do t[b .. n .. '.weight'] = torch.randn(C); t[b .. n .. '.bias'] = torch.randn(C) end
+    t[b .. 'attn.c_attn.weight'] = torch.randn(C, 3 * C); t[b .. 'attn.c_attn.bias'] = torch.randn(3 * C)
+    t[b .. 'attn.c_proj.weight'] = torch.randn(C, C); t[b .. 'attn.c_proj.bias'] = torch.randn(C)
+    t[b .. 'mlp.c_fc.weight'] = torch.randn(C, 4 * C); t[b .. 'mlp.c_fc.bias'] = torch.randn(4 * C)
+    t[b .. 'mlp.c_proj.weight'] = torch.randn(4 * C, C); t[b .. 'mlp.c_proj.bias'] = torch.randn(C)
+  end
+  local dir = H.tmpdir()
+  fs.write_atomic(dir .. '/config.json', json.encode{model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C,
+    n_layer = L, n_head = 2, activation_function = 'gelu_new', layer_norm_epsilon = 1e-5})
+  torch.save_safetensors(dir .. '/model.safetensors', t)
+  return dir
+end
+
+test("a checkpoint's names work in caches, over =, patching and layer arguments", function()
+  local dir = gpt2_folder()
+  local m = models.from_pretrained(dir)
+  local ids = torch.randint(1, 12, {4, 6})
+  local _, cache = probe.run_with_cache(m, ids)
+  eq(cache['transformer.h.0.attn.z'], cache['h.1.attn.z'], 'cache lookup in the checkpoint spelling')
+  eq(cache['transformer.h.1'], cache['h.2'])
+  local mean_mix = probe.ablate(m, 'transformer.h.0.attn.z', {kind = 'mean', over = cache})
+  local a = torch.no_grad(function() return m(ids) end)
+  mean_mix:remove()
+  local same = probe.ablate(m, 'h.1.attn.z', {kind = 'mean', over = cache})
+  local b = torch.no_grad(function() return m(ids) end)
+  same:remove()
+  identical(a, b, 'the mean ablation named either way')
+  eq(cache:heads('pattern', 'transformer.h.1'):size(), cache:heads('pattern', 'h.2'):size())
+  local p = probe.patch(m, 'transformer.h.1.mlp', cache)
+  p:remove()
+  -- the attribution holds each norm's scale while it reads out, and lets go after
+  local before = torch.no_grad(function() return m(ids) end)
+  probe.logit_attribution(m, ids, 3)
+  identical(torch.no_grad(function() return m(ids) end), before, 'after the attribution')
+  for n, mod in m:named_modules() do eq(rawget(mod, '_hook_entries'), nil, n) eq(rawget(mod, '_probes'), nil, n) end
+  os.execute("rm -rf '" .. dir .. "'")
+end)
+
+test("h.0 is no anatomy name: an error with both spellings, never the first layer twice", function()
+  local dir = gpt2_folder()
+  local m = models.from_pretrained(dir)
+  local msg = "'h.0.attn': anatomy counts layers from 1, so a layer 0 is no anatomy name: write 'h.1.attn', "
+    .. "or the checkpoint's own name 'transformer.h.0.attn'"
+  raises(function() probe.resolve_name(m, 'h.0.attn') end, msg)
+  raises(function() probe.ablate(m, 'h.0.attn.z', {head = 1}) end, "write 'h.1.attn.z', or the checkpoint's own name 'transformer.h.0.attn.z'")
+  raises(function() probe.skip(m, 'h.0') end, "write 'h.1', or the checkpoint's own name 'transformer.h.0'")
+  local _, cache = probe.run_with_cache(m, torch.randint(1, 12, {1, 4}))
+  raises(function() return cache['h.0.mlp'] end, "write 'h.1.mlp'")
+  eq(probe.resolve_name(m, 'h.1'), 'h.1')
+  eq(probe.resolve_name(m, 'transformer.h.0'), 'h.1')
+  eq(probe.resolve_name(m, 'transformer.h.1'), 'h.2')
+  os.execute("rm -rf '" .. dir .. "'")
+end)
+
+test('a nil, NaN, fractional or negative size is an error naming the argument', function()
+  raises(function() torch.randn(nil, 3) end, "bad argument #1 to 'randn' (size expected, got nil (a size is missing))")
+  raises(function() torch.ones(2, nil, 3) end, "bad argument #2 to 'ones' (size expected, got nil (a size is missing))")
+  raises(function() torch.zeros(2, nil) end, "bad argument #2 to 'zeros' (size expected, got nil")
+  raises(function() torch.zeros(nil) end, "bad argument #1 to 'zeros' (size expected, got nil")
+  raises(function() torch.zeros({2, nil, 3}) end, "bad argument #1 to 'zeros' (the size list has a hole: entry 2 is nil but entry 3 is not)")
+  raises(function() torch.zeros(0 / 0) end, "bad argument #1 to 'zeros' (integer expected")
+  raises(function() torch.zeros(2.5) end, "bad argument #1 to 'zeros' (integer expected, got 2.5)")
+  raises(function() torch.zeros(-1) end, "sizes must be non-negative")
+  raises(function() torch.zeros({2, 0 / 0}) end, 'entry 2 is not')
+  local x = torch.ones(2, 3)
+  raises(function() x:view(nil, 6) end, "bad argument #1 to 'view' (size expected, got nil")
+  raises(function() x:view(6, nil) end, "bad argument #2 to 'view' (size expected, got nil")
+  raises(function() x:reshape(3, nil) end, "bad argument #2 to 'reshape' (size expected, got nil")
+  raises(function() x:expand(nil, 2, 3) end, "bad argument #1 to 'expand' (size expected, got nil")
+  raises(function() x:tile(2, nil, 2) end, "bad argument #2 to 'tile' (size expected, got nil")
+  raises(function() x:permute(2, nil) end, "bad argument #2 to 'permute' (size expected, got nil")
+  raises(function() x:view({3, nil, 2}) end, 'the size list has a hole')
+  raises(function() torch.tensor({1, nil, 3}) end, 'the nested table has a hole: entry 2 is nil but entry 3 is not')
+  raises(function() return x[{1, nil, 2}] end, 'bad index (the index table has a hole')
+  raises(function() torch.cat({x, nil, x}) end, 'entry 2 is nil')
+  -- what still works
+  eq(torch.zeros(2, 3):size(), {2, 3})
+  eq(torch.zeros({2, 3}, {dtype = 'float64'}).dtype, 'float64')
+  eq(torch.zeros(2, 3, {dtype = 'int64'}).dtype, 'int64')
+  eq(x:view(-1):size(), {6})
+  eq(torch.zeros():dim(), 0)
+end)
+
+test('a size metatable function called with anything is an error, not a crash', function()
+  local tostring_size = getmetatable(torch.ones(2):size()).__tostring
+  for _, v in ipairs{4, -1, 'x', true, torch.ones(2)} do
+    raises(function() return tostring_size(v) end, 'table expected')
+  end
+  eq(tostring_size({2, 'a', {}}), '{2, string, table}')
+  eq(tostring(torch.ones(2, 3):size()), '{2, 3}')
+end)
+
+H.done()
