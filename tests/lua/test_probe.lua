@@ -102,15 +102,17 @@ test('the autopsy names passengers and explosions', function()
   function Triple:forward(x) return x * 3 end
   local zero = nn.Linear(16, 16)
   torch.no_grad(function() zero.weight:zero_(); zero.bias:zero_() end)
-  local m = models.vibenet{vocab = 20, dim = 16, layers = 3, seq = 8}
+  local m = models.vibenet{vocab = 20, dim = 16, layers = 4, seq = 8}
   m.blocks[2] = nn.Residual(zero)
-  m.blocks[3] = Triple()
+  m.blocks[3] = Triple()  -- two in a row: growth that compounds (one alone is not exploding)
+  m.blocks[4] = Triple()
   local ids, y = torch.randint(1, 21, {4, 8}), torch.randint(1, 21, {4, 8})
   local a = autopsy.run(m, {ids, y})
   eq(a.rows[3].name, 'blocks.2')
   eq(a.rows[3].verdict, 'passenger')
   close(a.rows[3].residual, 0, 1e-12)
   eq(a.rows[4].verdict, 'exploding')
+  eq(a.rows[5].verdict, 'exploding')
   close(a.rows[4].amplification, 3, 1e-5)
   close(a.rows[3].influence, 0, 1e-9, 'an identity block has no influence')
   local s = tostring(a)
@@ -189,8 +191,8 @@ test('a block whose removal costs almost nothing is a passenger; unknown plot co
   local b = autopsy.run(m, {ids, y}, {thresholds = {passenger = 0, passenger_grad = 0, passenger_removal = cost + 1e-6}})
   eq(b.rows[2].verdict, 'passenger', ('removing it costs %.3g of the loss'):format(cost))
   assert(tostring(b):find('or removal_loss - loss < ', 1, true), 'the rule is printed')
-  raises(function() a:plot('nonsense') end, "test_probe.lua:192: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
-    .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, removal_loss, gate_grad, gate_identity)")
+  raises(function() a:plot('nonsense') end, "test_probe.lua:194: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
+    .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, removal_loss, f_residual, f_influence, f_removal_loss, gate_identity_loss, gate_grad, gate_identity)")
 end)
 
 test('a column the autopsy cannot fill says why, in the table and the JSON', function()

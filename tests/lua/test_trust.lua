@@ -239,4 +239,91 @@ test('a size metatable function called with anything is an error, not a crash', 
   eq(tostring(torch.ones(2, 3):size()), '{2, 3}')
 end)
 
+-- A small gated VibeNet, trained a little, with batches to dissect it on.
+local function gated()
+  torch.manual_seed(1)
+  local corpus = data.from_string(string.rep('the quick brown fox jumps over the lazy dog. ', 60))
+  local m = models.vibenet{vocab = corpus.vocab_size, dim = 16, layers = 3, seq = 16, block = 'gate'}
+  train.fit(m, corpus, {steps = 30, batch = 8, lr = 3e-3, quiet = true})
+  local x, y = corpus:batch(4, 16, {split = 'val'})
+  return m, x, y
+end
+
+-- The loss of a gated VibeNet with block i's forward replaced by step(block, x).
+local function loss_by_hand(m, x, y, i, step)
+  return torch.no_grad(function()
+    local h = m.embed(x)
+    for j = 1, #m.blocks do h = j == i and step(m.blocks[j], h) or m.blocks[j](h) end
+    return nn.functional.cross_entropy(m.head(m.act(m.expand(h))), y):item()
+  end)
+end
+
+test("a gated block's f_removal_loss keeps the gate, gate_identity_loss puts x back, and the verdict is f's own", function()
+  local m, x, y = gated()
+  local a = autopsy.run(m, {x, y})
+  local blocks = {}
+  for _, r in ipairs(a.rows) do if r.kind == 'block' then blocks[#blocks + 1] = r end end
+  for i, r in ipairs(blocks) do
+    local f_zeroed = loss_by_hand(m, x, y, i, function(b, h) return b.gate(h) end)
+    local gate_is_identity = loss_by_hand(m, x, y, i, function(b, h) return h + b.inner(h) end)
+    local skipped = loss_by_hand(m, x, y, i, function(_, h) return h end)
+    H.close(r.f_removal_loss, f_zeroed, 1e-5, r.name .. ' f_removal_loss')
+    H.close(r.gate_identity_loss, gate_is_identity, 1e-5, r.name .. ' gate_identity_loss')
+    H.close(r.removal_loss, skipped, 1e-5, r.name .. ' removal_loss (the whole block skipped, as before)')
+    assert(r.f_residual ~= nil and r.f_residual > 0, 'f_residual measured')
+  end
+  -- f made zero in block 2: the gate alone carries it, so removing the block still costs a lot,
+  -- but f does nothing: a passenger by f's own contribution
+  torch.no_grad(function() m.blocks[2].inner.ffn.weight:zero_(); m.blocks[2].inner.ffn.bias:zero_() end)
+  local b = autopsy.run(m, {x, y})
+  local r2 = b.rows[3]
+  eq(r2.name, 'blocks.2')
+  H.close(r2.f_residual, 0, 1e-6, 'f_residual of a zero f')
+  assert(r2.removal_loss - b.loss > 0.01 * b.loss, 'skipping the block (gate and all) raises the loss')
+  eq(r2.verdict, 'passenger')
+  -- the columns reach every output
+  local text = tostring(b)
+  for _, c in ipairs{'f_residual', 'f_removal_loss', 'gate_identity_loss'} do
+    assert(text:find(c, 1, true), c .. ' in the table')
+  end
+  local dir = H.tmpdir()
+  local html = H.read(b:report(dir .. '/r.html'))
+  for _, c in ipairs{'<th>f_removal_loss</th>', '<th>gate_identity_loss</th>', '<th>gate_grad</th>', '<th>gate_identity</th>',
+    'loss with f zeroed and the wrapper'} do
+    assert(html:find(c, 1, true), c .. ' in the HTML')
+  end
+  local csv = H.read(b:csv(dir .. '/r.csv'))
+  assert(csv:match('^[^\n]*f_removal_loss'), 'the CSV header')
+  local decoded = json.decode(H.read(b:json(dir .. '/r.json')))
+  H.close(decoded.rows[3].f_removal_loss, r2.f_removal_loss, 1e-9, 'JSON')
+  local c = tostring(autopsy.compare{{'trained', a}, {'f zeroed', b}})
+  assert(c:find('f_removal_loss', 1, true) and c:find('gate_identity_loss', 1, true) and c:find('gate_grad', 1, true), 'the comparison')
+  os.execute("rm -rf '" .. dir .. "'")
+end)
+
+test('exploding is growth that compounds: an unconstrained hyper-connection stack fires, a pre-norm first block does not', function()
+  torch.manual_seed(2)
+  local V = 20
+  local ids, y = torch.randint(1, V + 1, {4, 16}), torch.randint(1, V + 1, {4, 16})
+  local h = models.vibenet{vocab = V, dim = 16, layers = 4, seq = 16, block = 'hyper', constraint = 'none'}
+  torch.no_grad(function() for i = 1, 4 do h.blocks[i].res_logits:mul_(3) end end)
+  local a = autopsy.run(h, {ids, y}, {metrics = {'residual'}})
+  for _, r in ipairs(a.rows) do
+    if r.kind == 'block' then
+      assert(r.amplification > 2, r.name .. ' grows')
+      eq(r.verdict, 'exploding', r.name)
+    end
+  end
+  -- pre-norm GPT with a small embedding: the first block scales the stream up once, the rest do not
+  torch.manual_seed(3)
+  local g = models.gpt{vocab = V, dim = 32, heads = 2, layers = 4, seq = 16, ffn = 64}
+  torch.no_grad(function() g.embed.weight:mul_(0.01); g.embed.pos_weight:mul_(0.01) end)
+  local b = autopsy.run(g, {ids, y}, {metrics = {'residual'}})
+  assert(b.rows[2].amplification > 2, 'the first block amplifies (' .. b.rows[2].amplification .. ')')
+  for _, r in ipairs(b.rows) do
+    if r.kind == 'block' then assert(r.verdict ~= 'exploding', r.name .. ' is not exploding') end
+  end
+  assert(tostring(b):find('exploding = amplification > 2 in this block and the one before or after it', 1, true), 'the rule under the table')
+end)
+
 H.done()

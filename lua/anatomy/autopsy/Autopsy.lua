@@ -98,7 +98,8 @@ end
 
 -- The per-layer measures, in the names the JSON uses, in table order.
 Autopsy.columns = {'name', 'kind', 'grad_norm', 'erank', 'erank_ratio', 'entropy', 'diag', 'act_std', 'amplification',
-  'residual', 'influence', 'lens_loss', 'removal_loss', 'gate_grad', 'gate_identity', 'verdict'}
+  'residual', 'influence', 'lens_loss', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss', 'gate_identity_loss',
+  'gate_grad', 'gate_identity', 'verdict'}
 
 -- a:csv(path): the per-layer table as CSV (one row a layer, the JSON's
 -- names as columns); returns path

@@ -15,7 +15,7 @@ Comparison.__index = Comparison
 
 -- The measures compared, in the autopsy's own names (format.measures).
 Comparison.measures = {'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual', 'influence',
-  'lens_loss', 'removal_loss', 'verdict'}
+  'lens_loss', 'removal_loss', 'f_residual', 'f_removal_loss', 'gate_identity_loss', 'gate_grad', 'gate_identity', 'verdict'}
 -- A cell differs when it is this far from the first run's (relative).
 Comparison.tolerance = 0.10
 

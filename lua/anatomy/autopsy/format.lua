@@ -26,17 +26,40 @@ format.measures = {
   {'residual', 'mean |output - input| / |input| per token: the block\'s own contribution beside its input; a passenger below the threshold'},
   {'influence', '1 - the mean cosine between the block\'s input and output, per token (how far it turns the stream); the least influential are the ones removed together'},
   {'lens_loss', 'loss of the readout (logit lens) applied to the row\'s output'},
-  {'removal_loss', 'loss of the model with the block removed; a passenger when it adds less than the threshold of the loss'},
+  {'removal_loss', 'loss of the model with the block removed (its output replaced by its input); a passenger when it adds less than the threshold of the loss'},
+  -- a residual wrapper whose skip path is not the identity (nn.Gate, nn.HyperConnections): shown when a row has them
+  {'f_residual', 'residual wrapper: mean |f(x)| / |skip(x)| per token, f\'s output beside the wrapper\'s own path (gate(x)); replaces residual in the verdict', true},
+  {'f_removal_loss', 'residual wrapper: loss with f zeroed and the wrapper\'s own path kept (gate(x) alone); replaces removal_loss in the verdict', true},
+  {'gate_identity_loss', 'nn.Gate: loss with the gate replaced by the identity (x + f(x)), f kept', true},
+  {'gate_grad', 'nn.Gate: norm of the gradient of the gate\'s weight', true},
+  {'gate_identity', 'nn.Gate: |W - I| / sqrt(d), how far the gate has moved from the identity', true},
   {'verdict', 'worker, passenger, exploding, or boundary (input/output rows): the rule is under the table'},
 }
+
+-- format.columns(a) -> the measures (format.measures entries) a's table
+-- shows: every one that is always there, and those of residual wrappers
+-- when a row has them. The terminal table, the HTML table and the legend use it.
+function format.columns(self)
+  local out = {}
+  for _, m in ipairs(format.measures) do
+    local shown = not m[3]
+    for _, r in ipairs(m[3] and self.rows or {}) do shown = shown or r[m[1]] ~= nil end
+    if shown then out[#out + 1] = m end
+  end
+  return out
+end
 
 -- format.legend(a) -> lines: what each column measures, then the verdicts' rule.
 function format.legend(self)
   local lines = {}
-  for _, m in ipairs(format.measures) do lines[#lines + 1] = ('%-14s%s'):format(m[1], m[2]) end
+  local columns, width = format.columns(self), 14
+  for _, m in ipairs(columns) do width = math.max(width, #m[1] + 2) end
+  for _, m in ipairs(columns) do lines[#lines + 1] = ('%-' .. width .. 's%s'):format(m[1], m[2]) end
   local t = self.thresholds
   lines[#lines + 1] = ('verdicts: boundary = an input or output row with >= %g of the largest grad_norm while the median block has < %g; '
-    .. 'passenger = residual < %g, grad_norm share < %g, or removal_loss - loss < %g of the loss; exploding = amplification > %g'):format(
+    .. 'passenger = residual < %g, grad_norm share < %g, or removal_loss - loss < %g of the loss (for a residual wrapper: '
+    .. 'f_residual and f_removal_loss); exploding = amplification > %g in this block and the one before or after it '
+    .. '(the stream\'s growth compounding)'):format(
     t.boundary, t.boundary_middle, t.passenger, t.passenger_grad, t.passenger_removal or 0, t.exploding)
   return lines
 end
@@ -55,8 +78,13 @@ function format.table(self)
     {'influence', function(r) return fmt(r.influence, 4) end},
     {'lens_loss', function(r) return fmt(r.lens_loss) end},
     {'removal_loss', function(r) return fmt(r.removal_loss) end},
-    {'verdict', function(r) return r.verdict or '' end},
   }
+  for _, m in ipairs(format.columns(self)) do  -- a residual wrapper's columns, when a row has them
+    if m[3] and m[1] ~= 'gate_grad' and m[1] ~= 'gate_identity' then
+      cols[#cols + 1] = {m[1], function(r) return fmt(r[m[1]]) end}
+    end
+  end
+  cols[#cols + 1] = {'verdict', function(r) return r.verdict or '' end}
   local cells, widths = {}, {}
   for c, col in ipairs(cols) do widths[c] = #col[1] end
   for i, r in ipairs(self.rows) do
@@ -119,7 +147,8 @@ local bars = {' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'}
 -- 'influence', 'lens_loss', 'removal_loss').
 function format.plot(self, metric, quiet)
   local columns = {'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'act_mean', 'act_max', 'act_rms', 'amplification',
-    'residual', 'influence', 'lens_loss', 'lens_agree', 'removal_loss', 'gate_grad', 'gate_identity'}
+    'residual', 'influence', 'lens_loss', 'lens_agree', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss',
+    'gate_identity_loss', 'gate_grad', 'gate_identity'}
   local known = false
   for _, c in ipairs(columns) do known = known or c == (metric or 'grad_norm') end
   if not known then

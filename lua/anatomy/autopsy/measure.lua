@@ -30,13 +30,36 @@ end
 function measure.starts_with(s, prefix) return s:sub(1, #prefix) == prefix end
 
 -- One forward and backward with every layer's input and output recorded.
+-- measure.residual_branch(block) -> the name of the child that computes f in
+-- a residual wrapper whose skip path is not the identity (nn.Gate's gate(x),
+-- nn.HyperConnections' H_res x), or nil. A user's wrapper declares it the
+-- same way: Wrapper.residual_branch = 'inner' (and, where a child replaces
+-- the identity, Wrapper.skip_module = 'gate').
+function measure.residual_branch(block)
+  local b = block.residual_branch
+  if type(b) ~= 'string' then return nil end
+  local child = rawget(block, '_children') and block[b]
+  if type(child) ~= 'table' then
+    error(('%s declares residual_branch = %q, but it has no child of that name'):format(nn.typename(block), b), 0)
+  end
+  return b
+end
+
 function measure.dissect(model, layers, x, y)
   local io_ = {}
   local handles = {}
+  local branch_out = {}
   for i, l in ipairs(layers) do
     handles[#handles + 1] = probe.replace(model, l[1], function(out, _, input)
-      io_[i] = {input = torch.is_tensor(input) and input:detach() or nil, output = out:detach()}
+      io_[i] = {input = torch.is_tensor(input) and input:detach() or nil, output = out:detach(), branch = branch_out[i]}
     end)
+    -- a residual wrapper whose skip path is not the identity (nn.Gate): f's own output too
+    local branch = measure.residual_branch(l[2])
+    if branch then
+      handles[#handles + 1] = probe.replace(model, l[1] .. '.' .. branch, function(out)
+        if torch.is_tensor(out) then branch_out[i] = out:detach() end
+      end)
+    end
   end
   local patterns, pattern_handle = probe.attach_capture(model, {filter = {'*.pattern'}})
   model:zero_grad()

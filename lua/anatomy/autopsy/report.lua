@@ -11,7 +11,7 @@ local esc = svg.esc
 -- (format.measures, as the terminal prints it), then the verdicts' rule.
 local function legend_html(a)
   local out = {}
-  for _, m in ipairs(format.measures) do out[#out + 1] = ('<dt>%s</dt><dd>%s</dd>'):format(esc(m[1]), esc(m[2])) end
+  for _, m in ipairs(format.columns(a)) do out[#out + 1] = ('<dt>%s</dt><dd>%s</dd>'):format(esc(m[1]), esc(m[2])) end
   local lines = format.legend(a)
   out[#out + 1] = '<dt>verdicts</dt><dd>' .. esc((lines[#lines]:gsub('^verdicts: ', ''))) .. '</dd>'
   return table.concat(out)
@@ -161,7 +161,7 @@ function report.html(a)
   local prompt = table.concat(a.attention_tokens or {})
 
   local cols = {'name'}
-  for _, m in ipairs(format.measures) do cols[#cols + 1] = m[1] end
+  for _, m in ipairs(format.columns(a)) do cols[#cols + 1] = m[1] end
   local thead = {}
   for _, c in ipairs(cols) do thead[#thead + 1] = '<th>' .. c .. '</th>' end
   local tbody = {}

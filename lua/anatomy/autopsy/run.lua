@@ -70,6 +70,12 @@ local function run(model, source, opts)
           if want.residual then add(i .. ':residual', torch.metrics.residual_ratio(inp, out)) end
           if want.influence then add(i .. ':influence', torch.metrics.block_influence(inp, out)) end
         end
+        if rec.branch and table.concat(rec.branch:size(), 'x') == table.concat(out:size(), 'x') then
+          -- a wrapper's own path (gate(x)) is out - f(x): f's share is measured beside it, not beside x
+          local skip = out - rec.branch
+          add(i .. ':f_residual', torch.metrics.residual_ratio(skip, out))
+          add(i .. ':f_influence', torch.metrics.block_influence(skip, out))
+        end
         if want.logit_lens and model.readout then
           local ok, lens = pcall(function() return torch.no_grad(function() return model:readout(out) end) end)
           if ok and torch.is_tensor(lens) and lens:size(-1) == d.logits:size(-1) then
@@ -137,7 +143,8 @@ local function run(model, source, opts)
       act_mean = avg(i .. ':act_mean'), act_std = avg(i .. ':act_std'), act_max = avg(i .. ':act_max'),
       act_rms = avg(i .. ':act_rms'), erank = avg(i .. ':erank'),
       amplification = avg(i .. ':amplification'), residual = avg(i .. ':residual'), influence = avg(i .. ':influence'),
-      entropy = avg(i .. ':entropy'), diag = avg(i .. ':diag'), lens_loss = avg(i .. ':lens_loss'), lens_agree = avg(i .. ':lens_agree')}
+      entropy = avg(i .. ':entropy'), diag = avg(i .. ':diag'), lens_loss = avg(i .. ':lens_loss'), lens_agree = avg(i .. ':lens_agree'),
+      f_residual = avg(i .. ':f_residual'), f_influence = avg(i .. ':f_influence')}
     -- a gated residual: the gate's gradient, and how far the gate is from the identity it replaced
     if nn.is_instance(l[2], nn.Gate) then
       local W = l[2].gate.weight
@@ -167,9 +174,9 @@ local function run(model, source, opts)
   -- removal sweep: each block skipped in turn, then the k least influential
   -- together; the loss is averaged over the same batches as the full model's
   if want.removal then
-    local function loss_without(names)
-      local hs = {}
-      for _, n in ipairs(names) do hs[#hs + 1] = probe.skip(model, n) end
+    -- the loss over the measured batches with the interventions attach() makes
+    local function loss_with(attach)
+      local hs = attach()
       local ok, total = pcall(function()
         return torch.no_grad(function()
           local sum = 0
@@ -181,7 +188,31 @@ local function run(model, source, opts)
       if not ok then missing.removal_loss = missing.removal_loss or ('removing a block failed: ' .. tostring(total):match('[^\n]*')) end
       return ok and total or nil
     end
-    for _, r in ipairs(block_rows) do r.removal_loss = loss_without({r.name}) end
+    local function loss_without(names)
+      return loss_with(function()
+        local hs = {}
+        for _, n in ipairs(names) do hs[#hs + 1] = probe.skip(model, n) end
+        return hs
+      end)
+    end
+    for i, r in ipairs(block_rows) do
+      r.removal_loss = loss_without({r.name})
+      local block = layers[i][2]
+      local branch = measure.residual_branch(block)
+      if branch then
+        -- f zeroed, the wrapper's own path kept: what f itself adds
+        r.f_removal_loss = loss_with(function()
+          return {probe.replace(model, r.name .. '.' .. branch, function(out) return torch.zeros_like(out) end)}
+        end)
+        local skip = block.skip_module
+        if type(skip) == 'string' and type(block[skip]) == 'table' then
+          -- the learned path replaced by the identity it stands for, f kept
+          r.gate_identity_loss = loss_with(function()
+            return {probe.replace(model, r.name .. '.' .. skip, function(_, _, input) return input end)}
+          end)
+        end
+      end
+    end
     local ranked = {}
     for _, r in ipairs(block_rows) do if r.influence then ranked[#ranked + 1] = r end end
     table.sort(ranked, function(p, q) return p.influence < q.influence end)

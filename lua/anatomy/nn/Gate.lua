@@ -4,6 +4,12 @@ local nn = require 'anatomy.nn'
 
 local Gate = nn.class('nn.Gate', nn.Module)
 nn.Gate = Gate
+-- The residual-wrapper protocol (the autopsy reads it): the child that
+-- computes f, whose output zeroed leaves the wrapper's own path, gate(x);
+-- and the child that replaces the identity, whose output replaced by its
+-- input puts the identity back.
+Gate.residual_branch = 'inner'
+Gate.skip_module = 'gate'
 
 function Gate:__init(inner, dim)
   nn.Module.__init(self)

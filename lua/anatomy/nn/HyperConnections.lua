@@ -22,6 +22,9 @@ local nn = require 'anatomy.nn'
 
 local HC = nn.class('nn.HyperConnections', nn.Module)
 nn.HyperConnections = HC
+-- The residual-wrapper protocol (nn.Gate): f is the child inner; with its
+-- output zeroed the block is H_res x, the streams' own mixing.
+HC.residual_branch = 'inner'
 
 function HC:__init(inner, dim, opts)
   nn.Module.__init(self)
