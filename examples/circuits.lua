@@ -142,6 +142,9 @@ local circuit = {}
 for _, hd in ipairs(induction) do circuit[#circuit + 1] = hd end
 for _, hd in ipairs(previous) do if not hd.is_induction then circuit[#circuit + 1] = hd end end
 
+-- '%.3f' of a value, or 'none' where the set of heads it came from is empty
+local function shown(f, v) return v ~= v and 'none' or f:format(v) end
+
 local r = experiment.results('Induction heads in a 2-layer transformer on repeated random tokens', nil)
 r:add('the second copy is predictable once the circuit forms (loss far under chance)', ('chance %.2f'):format(math.log(V)), base_loss,
   base_loss < 0.5 * math.log(V) and 'reproduced' or 'differs')
@@ -150,13 +153,13 @@ r:add('induction heads (attention to the token after the earlier copy > 0.3) are
 r:add('previous-token heads (attention to p - 1 > 0.3) are in layer 1', 'layer 1', list(previous, 'previous'),
   all_in(previous, 1) and 'reproduced' or 'differs')
 r:add('ablating any head of the circuit costs more than ablating any head outside it (loss on the second copy)',
-  ('base %.3f'):format(base_loss), ('circuit >= %.3f, others <= %.3f'):format(extreme(circuit, 'ablated_loss'), extreme(outside, 'ablated_loss', true)),
+  ('base %.3f'):format(base_loss), ('circuit >= %s, others <= %s'):format(shown('%.3f', extreme(circuit, 'ablated_loss')), shown('%.3f', extreme(outside, 'ablated_loss', true))),
   #circuit > 0 and extreme(circuit, 'ablated_loss') > extreme(outside, 'ablated_loss', true) and 'reproduced' or 'differs')
 r:add('patching an induction head\'s output restores more of the right logit than any head outside the circuit', 'the induction heads',
-  ('induction >= %.2f, others <= %.2f'):format(extreme(induction, 'patching'), extreme(outside, 'patching', true)),
+  ('induction >= %s, others <= %s'):format(shown('%.2f', extreme(induction, 'patching')), shown('%.2f', extreme(outside, 'patching', true))),
   #induction > 0 and extreme(induction, 'patching') > extreme(outside, 'patching', true) and 'reproduced' or 'differs')
 r:add('the induction heads write the right logit directly more than any other head', 'the induction heads',
-  ('induction >= %+.2f, others <= %+.2f'):format(extreme(induction, 'dla'), extreme(others_i, 'dla', true)),
+  ('induction >= %s, others <= %s'):format(shown('%+.2f', extreme(induction, 'dla')), shown('%+.2f', extreme(others_i, 'dla', true))),
   #induction > 0 and extreme(induction, 'dla') > extreme(others_i, 'dla', true) and 'reproduced' or 'differs')
 r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d..%d random tokens of %d, repeated, then filler); '
   .. 'models.llama with dim %d, %d heads, ffn %d; measured on %d fresh sequences with runs of %d (DLA averaged over the first %d, '

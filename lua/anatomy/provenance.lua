@@ -73,10 +73,22 @@ function provenance.machine()
   return cached_machine
 end
 
--- provenance.data(corpus) -> {name, path, bytes, sha256, tokenizer, vocab_size, tokens}
+-- provenance.relative(path) -> path as a published record names it: relative
+-- to the source tree when it lies inside it, else the file's name alone (its
+-- bytes and SHA-256 beside it identify it); never the absolute path of the
+-- machine that ran it.
+function provenance.relative(path)
+  if type(path) ~= 'string' or path:sub(1, 1) ~= '/' then return path end
+  local root = provenance.source_root()
+  local real = native.realpath(path) or path
+  if root and real:sub(1, #root + 1) == root .. '/' then return real:sub(#root + 2) end
+  return real:match('([^/]+)/?$') or real
+end
+
+-- provenance.data(corpus) -> {name, path (provenance.relative), bytes, sha256, tokenizer, vocab_size, tokens}
 function provenance.data(corpus)
   local info = corpus:file_info()
-  return {name = info.name, path = info.path, bytes = info.bytes, sha256 = info.sha256,
+  return {name = info.name, path = provenance.relative(info.path), bytes = info.bytes, sha256 = info.sha256,
     tokenizer = corpus.tokenizer, vocab_size = corpus.vocab_size,
     tokens = {train = corpus:size('train'), val = corpus:size('val')}}
 end
@@ -85,7 +97,8 @@ local function plain(t)
   local out = {}
   for k, v in pairs(t or {}) do
     local kind = type(v)
-    if kind == 'number' or kind == 'string' or kind == 'boolean' then out[k] = v
+    if kind == 'string' then out[k] = provenance.relative(v)  -- a --data=/abs/path given to a script
+    elseif kind == 'number' or kind == 'boolean' then out[k] = v
     elseif kind == 'table' and not getmetatable(v) then out[k] = plain(v) end
   end
   return out

@@ -326,4 +326,63 @@ test('exploding is growth that compounds: an unconstrained hyper-connection stac
   assert(tostring(b):find('exploding = amplification > 2 in this block and the one before or after it', 1, true), 'the rule under the table')
 end)
 
+test('the per-head entropy chart and the table come from the same batches', function()
+  torch.manual_seed(5)
+  local corpus = data.from_string(string.rep('to be or not to be, that is the question. ', 40))
+  local m = models.gpt{vocab = corpus.vocab_size, dim = 16, heads = 4, layers = 2, seq = 16, ffn = 32}
+  local a = autopsy.run(m, corpus, {batch = 4, steps = 3})
+  for _, r in ipairs(a.rows) do
+    if r.kind == 'block' then
+      local heads, sum = a.entropy_heads[r.name], 0
+      for _, v in ipairs(heads) do sum = sum + v end
+      H.close(sum / #heads, r.entropy, 1e-9, r.name .. ': the mean of the heatmap row against the table')
+    end
+  end
+end)
+
+test('autopsies in one script each record their own start and wall time', function()
+  torch.manual_seed(6)
+  local ids, y = torch.randint(1, 11, {2, 8}), torch.randint(1, 11, {2, 8})
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 32}
+  local a = autopsy.run(m, {ids, y})
+  local t0 = torch._now()
+  while torch._now() - t0 < 1.2 do end
+  local b = autopsy.run(m, {ids, y})
+  assert(b.provenance.wall_seconds < 1.0, ('the second autopsy took %.2f s by its record: the first one\'s time counted in'):format(
+    b.provenance.wall_seconds))
+  assert(a.provenance.started ~= b.provenance.started, 'two start times: ' .. a.provenance.started .. ' and ' .. b.provenance.started)
+  local c = tostring(autopsy.compare{a, b})
+  assert(c ~= nil)
+end)
+
+test('published provenance names data by file name and a relative path, never an absolute one', function()
+  local provenance = require 'anatomy.provenance'
+  local path = H.tmpfile(string.rep('some text for a corpus. ', 50))
+  local corpus = data.text(path)
+  local rec = provenance.record{corpus = corpus, config = {data = path, steps = 3}}
+  eq(rec.data.path, path:match('[^/]+$'), 'a file outside the source tree: its name')
+  eq(rec.config.data, path:match('[^/]+$'), "a script's --data=/abs/path")
+  eq(rec.data.sha256, data.sha256(H.read(path)))
+  local root = provenance.source_root()
+  if root then eq(provenance.relative(root .. '/README.md'), 'README.md', 'inside the source tree: relative to it') end
+  local line = provenance.line(rec)
+  assert(not line:find('/tmp', 1, true) and not line:find('%s/'), 'no absolute path in: ' .. line)
+  os.remove(path)
+end)
+
+test("a smoke run's verdicts say so, and a NaN never reaches a verdict", function()
+  local Results = experiment.Results
+  local r = Results.new('smoke', nil, true)
+  r:add('a claim', '1.0', 1.0, 'reproduced')
+  eq(r.rows[1].verdict, 'smoke run: not meaningful')
+  local s = Results.new('real', nil, false)
+  s:add('a NaN', '1.0', 0 / 0, 'differs')
+  s:add('a NaN in a text', '1.0', ('circuit >= %.3f'):format(0 / 0), 'differs')
+  s:add('fine', '1.0', 1.0, 'reproduced')
+  eq({s.rows[1].verdict, s.rows[2].verdict, s.rows[3].verdict}, {'not meaningful (nan)', 'not meaningful (nan)', 'reproduced'})
+  local o = Results.new('other text', {comparable = false, name = 'kjv.txt'}, true)
+  o:add('c', 'p', 1, 'reproduced')
+  eq(o.rows[1].verdict, 'smoke run: not meaningful; not comparable (data: kjv.txt)')
+end)
+
 H.done()

@@ -17,6 +17,9 @@ local data = require 'anatomy.data'
 -- (a.provenance: data, model, training, software, machine; see provenance.lua).
 local function run(model, source, opts)
   opts = opts or {}
+  -- this autopsy's own start (or its training run's): several in one script each keep their own date and wall time
+  local started, started_utc = torch._now(), os.date('!%Y-%m-%dT%H:%M:%SZ')
+  if type(opts.history) == 'table' and opts.history.started then started, started_utc = opts.history.started, opts.history.started_utc end
   local want = {}
   for _, m in ipairs(opts.metrics or measure.all_metrics) do want[m] = true end
   local thresholds = {}
@@ -96,7 +99,9 @@ local function run(model, source, opts)
           if name ~= 'grads' and measure.starts_with(name, l[1] .. '.') then
             local mean, heads = torch.metrics.attention_entropy(pattern)
             add(i .. ':entropy', mean)
-            entropy_heads[l[1]] = heads:tolist()
+            -- per head, summed over the batches like the table's column (divided below): one set of batches for both
+            local sum = entropy_heads[l[1]]
+            entropy_heads[l[1]] = sum and (sum + heads:double()) or heads:double()
             local T = math.min(pattern:size(3), 24)
             patterns[l[1]] = pattern[1][1]:narrow(1, 1, T):narrow(2, 1, T):tolist()
             keep_maps(l[1], pattern, x[1])
@@ -108,6 +113,7 @@ local function run(model, source, opts)
     end
   end
   local function avg(key) return acc[key] and acc[key] / steps end
+  for name, sum in pairs(entropy_heads) do entropy_heads[name] = (sum / steps):tolist() end
 
   -- attention maps for a probe sentence, when one is given (else the first validation window)
   if opts.probe_text and type(source) == 'table' and source.encode then
@@ -233,7 +239,8 @@ local function run(model, source, opts)
   verdicts.assign(a, thresholds)
   model:train(was_training)
   local corpus = getmetatable(source) == data.Corpus and source or nil
-  a.provenance = provenance.record{corpus = corpus, model = model, run = opts.history, config = opts.config}
+  a.provenance = provenance.record{corpus = corpus, model = model, run = opts.history, config = opts.config,
+    started = started, started_utc = started_utc}
   return a
 end
 

@@ -23,6 +23,8 @@ function experiment.config(defaults, smoke, args, usage)
   defaults.smoke = false
   local cfg = torch.config.parse(defaults, args, usage)
   if cfg.smoke then for k, v in pairs(smoke or {}) do cfg[k] = v end end
+  -- the script is a smoke run: experiment.results' verdicts then say 'smoke run: not meaningful'
+  experiment.smoke = cfg.smoke == true
   return cfg
 end
 
@@ -139,7 +141,7 @@ end
 -- ours, verdict} rows; data (from experiment.corpus) decides whether the
 -- verdicts stand or read 'not comparable (data: NAME)'.
 function experiment.results(title, data_)
-  return experiment.Results.new(title, data_)
+  return experiment.Results.new(title, data_, experiment.smoke)
 end
 
 -- experiment.sweep(grid, fn[, opts]) -> a Sweep: fn(cfg) for every combination

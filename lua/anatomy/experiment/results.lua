@@ -9,9 +9,11 @@ local fs = require 'anatomy.fs'
 local Results = {}
 Results.__index = Results
 
--- Results.new(title, data) -> results; data as experiment.corpus returns it (or nil: no dataset check)
-function Results.new(title, data)
-  return setmetatable({title = title, data = data, rows = {}, runs = {}, notes = {}, sweeps = {}}, Results)
+-- Results.new(title, data, smoke) -> results; data as experiment.corpus
+-- returns it (or nil: no dataset check); smoke: a smoke run (a few steps, to
+-- test the script), whose verdicts mean nothing and say so.
+function Results.new(title, data, smoke)
+  return setmetatable({title = title, data = data, smoke = smoke == true, rows = {}, runs = {}, notes = {}, sweeps = {}}, Results)
 end
 
 local function text_of(v)
@@ -22,14 +24,24 @@ end
 -- The verdict a row gets: the rule's own, or 'not comparable (data: NAME)'
 -- when the experiment did not run on the text its claims were made on.
 function Results:verdict_for(verdict)
-  if self.data and not self.data.comparable then return ('not comparable (data: %s)'):format(self.data.name) end
-  return verdict
+  local other = self.data and not self.data.comparable and ('not comparable (data: %s)'):format(self.data.name)
+  if self.smoke then return 'smoke run: not meaningful' .. (other and ('; ' .. other) or '') end
+  return other or verdict
 end
 
--- results:add(claim, published, ours, verdict)
+-- Whether a value, or a text made from values, holds a NaN ('nan', '-nan').
+local function has_nan(v)
+  if type(v) == 'number' then return v ~= v end
+  return type(v) == 'string' and v:lower():find('%f[%w]nan%f[%W]') ~= nil
+end
+
+-- results:add(claim, published, ours, verdict). A NaN among them makes the
+-- verdict 'not meaningful (nan)', whatever the rule said (every comparison
+-- with NaN is false, so a rule's answer about one means nothing).
 function Results:add(claim, published, ours, verdict)
+  if has_nan(ours) or has_nan(published) or has_nan(claim) then verdict = 'not meaningful (nan)' end
   self.rows[#self.rows + 1] = {claim = claim, published = tostring(published), ours = text_of(ours),
-    value = type(ours) == 'number' and ours or nil, verdict = self:verdict_for(verdict)}
+    value = type(ours) == 'number' and ours == ours and ours or nil, verdict = self:verdict_for(verdict)}
 end
 
 -- results:run(label, model, run[, corpus]): records a trained model for the provenance record

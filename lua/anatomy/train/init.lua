@@ -316,6 +316,7 @@ function train.fit(model, corpus, opts)
   local log = o.log and main and train_log.open(o.log, run.resumed_from)
   local tty = torch._isatty(1) and not o.quiet
   local started = torch._now()
+  run.started, run.started_utc = started, os.date('!%Y-%m-%dT%H:%M:%SZ')  -- this run's own (an autopsy of it records them)
   local tokens = 0
   local steps_done = 0
 
