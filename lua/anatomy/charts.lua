@@ -28,17 +28,30 @@ local function range(values)
 end
 
 -- Tick values for [lo, hi]: about n round numbers (1, 2 or 5 times a power of ten) inside it.
+-- At least three whenever the range is not a single value (a narrow range
+-- such as 0.246..0.254 took one tick, 0.25, before): the step shrinks
+-- through the 1-2-5 sequence until three fit.
 local function nice_ticks(lo, hi, n)
   local span = hi - lo
   if span <= 0 then return {lo} end
   local raw = span / (n or 5)
   local mag = 10 ^ math.floor(math.log10(raw))
-  local step = mag
-  for _, m in ipairs{1, 2, 5, 10} do
-    if m * mag >= raw then step = m * mag break end
+  local steps = {}
+  for e = 1, -2, -1 do
+    for _, m in ipairs{10, 5, 2} do steps[#steps + 1] = m * mag * 10 ^ (e - 1) end
   end
-  local ticks = {}
-  for v = math.ceil(lo / step) * step, hi + step * 1e-9, step do ticks[#ticks + 1] = v end
+  local chosen = 1
+  for i = #steps, 1, -1 do
+    if steps[i] >= raw * (1 - 1e-9) then chosen = i break end
+  end
+  local ticks
+  for i = chosen, #steps do
+    local step = steps[i]
+    ticks = {}
+    local first = math.ceil(lo / step - 1e-9)
+    for k = first, math.floor(hi / step + 1e-9) do ticks[#ticks + 1] = k * step end
+    if #ticks >= math.min(3, n or 5) then break end
+  end
   return ticks
 end
 charts.nice_ticks = nice_ticks
@@ -249,9 +262,21 @@ function charts.lines(title, series, opts)
   local integral = true  -- steps and layer numbers: whole ticks only
   for _, v in ipairs(xs_all) do integral = integral and v % 1 == 0 end
   local xticks = nice_ticks(xlo, xhi, integral and math.max(1, math.min(6, xhi - xlo)) or 6)
+  local names = opts.xnames  -- x -> a name (a row of a table): every x labelled by it, slanted
+  if names then
+    xticks = {}
+    for v = math.ceil(xlo), math.floor(xhi) do if names[v] then xticks[#xticks + 1] = v end end
+    H = H + math.min(90, 6 * longest(names))
+  end
   for _, v in ipairs(xticks) do
-    parts[#parts + 1] = ('<line x1="%s" y1="%d" x2="%s" y2="%d" class="axis"/><text x="%s" y="%d" class="xtick" text-anchor="middle">%s</text>')
-      :format(num(x(v)), T + ph, num(x(v)), T + ph + 4, num(x(v)), T + ph + 15, tick_text(v, xticks))
+    local label = names and names[v]
+    if label then
+      parts[#parts + 1] = ('<line x1="%s" y1="%d" x2="%s" y2="%d" class="axis"/><text transform="translate(%s,%d) rotate(-45)" class="xtick" text-anchor="end">%s</text>')
+        :format(num(x(v)), T + ph, num(x(v)), T + ph + 4, num(x(v) + 3), T + ph + 12, esc(label))
+    else
+      parts[#parts + 1] = ('<line x1="%s" y1="%d" x2="%s" y2="%d" class="axis"/><text x="%s" y="%d" class="xtick" text-anchor="middle">%s</text>')
+        :format(num(x(v)), T + ph, num(x(v)), T + ph + 4, num(x(v)), T + ph + 15, tick_text(v, xticks))
+    end
   end
   parts[#parts + 1] = ('<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>'):format(L, T + ph, L + pw, T + ph)
   parts[#parts + 1] = ('<text x="%s" y="%d" class="xlabel" text-anchor="middle">%s</text>'):format(num(L + pw / 2), H - 4, esc(opts.xlabel or 'step'))
@@ -351,6 +376,7 @@ function charts.heatmap(title, row_labels, col_labels, matrix, log, opts)
   local W = L + nc * cw + 110
   local H = T + nr * rh + 30
   local parts, points, rows = {}, 0, {}
+  local zeros, missing = false, false
   local function group(name) return tostring(name):match('^([^.]+%.[^.]+)%.') or tostring(name):match('^([^.]+)') end
   for c = 1, nc do
     local cx = L + (c - 0.5) * cw
@@ -371,17 +397,42 @@ function charts.heatmap(title, row_labels, col_labels, matrix, log, opts)
       local v = matrix[r] and matrix[r][c]
       row[c + 1] = v
       local s = log and finite(v) and v > 0 and math.log10(v) or (not log and v or nil)
+      local cx = L + (c - 1) * cw
       if finite(s) then
         points = points + 1
         parts[#parts + 1] = ('<rect x="%s" y="%d" width="%d" height="%d" fill="%s"><title>%s, %s: %s</title></rect>'):format(
-          num(L + (c - 1) * cw), ry, cw, rh, diverging((s - lo) / (hi - lo)), esc(row_labels[r]), esc(col_labels[c]), format.number(v, 4))
+          num(cx), ry, cw, rh, diverging((s - lo) / (hi - lo)), esc(row_labels[r]), esc(col_labels[c]), format.number(v, 4))
+      elseif log and v == 0 then  -- a zero has no place on a log scale: white, marked 0 (not the colour of a small value)
+        zeros = true
+        parts[#parts + 1] = ('<rect x="%s" y="%d" width="%d" height="%d" class="zero" fill="#ffffff" stroke="#999999"><title>%s, %s: 0</title></rect>'
+          .. '<text x="%s" y="%d" class="zero" text-anchor="middle" fill="#666666" font-size="9">0</text>'):format(
+          num(cx), ry, cw, rh, esc(row_labels[r]), esc(col_labels[c]), num(cx + cw / 2), ry + rh - 4)
+      else  -- no value (nil, NaN, a negative on a log scale): grey, crossed
+        missing = true
+        parts[#parts + 1] = ('<rect x="%s" y="%d" width="%d" height="%d" class="missing" fill="#e4e4e4"><title>%s, %s: no value</title></rect>'
+          .. '<line x1="%s" y1="%d" x2="%s" y2="%d" class="missing" stroke="#aaaaaa"/>'):format(
+          num(cx), ry, cw, rh, esc(row_labels[r]), esc(col_labels[c]), num(cx), ry + rh, num(cx + cw), ry)
       end
     end
     rows[#rows + 1] = row
   end
   parts[#parts + 1] = ('<text x="%s" y="%d" class="xlabel" text-anchor="middle">%s</text>'):format(num(L + nc * cw / 2), H - 6, esc(opts.xlabel or ''))
   parts[#parts + 1] = ('<text x="4" y="%d" class="ylabel">%s</text>'):format(math.max(10, T - 8), esc(opts.ylabel or ''))
-  colorbar(parts, L + nc * cw + 14, T, math.max(nr * rh, 80), lo, hi, log, opts.value or 'value')
+  local bar_h = math.max(nr * rh, 80)
+  colorbar(parts, L + nc * cw + 14, T, bar_h, lo, hi, log, opts.value or 'value')
+  -- what the cells without a colour mean, under the colour bar
+  local key_y = T + bar_h + 14
+  if zeros then
+    parts[#parts + 1] = ('<g class="cellkey"><rect x="%d" y="%d" width="10" height="10" fill="#ffffff" stroke="#999999"/><text x="%d" y="%d">0</text></g>')
+      :format(L + nc * cw + 14, key_y, L + nc * cw + 28, key_y + 9)
+    key_y = key_y + 14
+  end
+  if missing then
+    parts[#parts + 1] = ('<g class="cellkey"><rect x="%d" y="%d" width="10" height="10" fill="#e4e4e4"/><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#aaaaaa"/><text x="%d" y="%d">no value</text></g>')
+      :format(L + nc * cw + 14, key_y, L + nc * cw + 14, key_y + 10, L + nc * cw + 24, key_y, L + nc * cw + 28, key_y + 9)
+    key_y = key_y + 14
+  end
+  H = math.max(H, key_y + 6)
   local head = {opts.ylabel or ''}
   for c = 1, nc do head[c + 1] = col_labels[c] end
   return figure{title = title, kind = 'heatmap', points = points, rows = nr, w = W, h = math.max(H, T + 110), body = table.concat(parts),

@@ -139,7 +139,7 @@ end)
 
 -- A GPT-2 checkpoint folder written here: config.json and safetensors in
 -- GPT2LMHeadModel's names.
-local function gpt2_folder()
+local function gpt2_folder(extra)
   local C, L, V, P = 8, 2, 11, 16
   torch.manual_seed(0)
   local p = 'transformer.'
@@ -154,8 +154,10 @@ local function gpt2_folder()
     t[b .. 'mlp.c_proj.weight'] = torch.randn(4 * C, C); t[b .. 'mlp.c_proj.bias'] = torch.randn(C)
   end
   local dir = H.tmpdir()
-  fs.write_atomic(dir .. '/config.json', json.encode{model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C,
-    n_layer = L, n_head = 2, activation_function = 'gelu_new', layer_norm_epsilon = 1e-5})
+  local cfg = {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C,
+    n_layer = L, n_head = 2, activation_function = 'gelu_new', layer_norm_epsilon = 1e-5}
+  for k, v in pairs(extra or {}) do cfg[k] = v end
+  fs.write_atomic(dir .. '/config.json', json.encode(cfg))
   torch.save_safetensors(dir .. '/model.safetensors', t)
   return dir
 end
@@ -383,6 +385,56 @@ test("a smoke run's verdicts say so, and a NaN never reaches a verdict", functio
   local o = Results.new('other text', {comparable = false, name = 'kjv.txt'}, true)
   o:add('c', 'p', 1, 'reproduced')
   eq(o.rows[1].verdict, 'smoke run: not meaningful; not comparable (data: kjv.txt)')
+end)
+
+test('colour bars and axes get at least three readable ticks; zero and missing cells are drawn apart from small values', function()
+  local charts = require 'anatomy.charts'
+  for _, range in ipairs{{0.246, 0.254}, {0.2487, 0.2491}, {1, 1.001}, {0, 1}, {-3, 1e4}, {2.371, 2.378}} do
+    local ticks = charts.nice_ticks(range[1], range[2], 4)
+    assert(#ticks >= 3, ('%g..%g: %d ticks'):format(range[1], range[2], #ticks))
+    for _, t in ipairs(ticks) do assert(t >= range[1] - 1e-12 and t <= range[2] + 1e-12, 'tick ' .. t .. ' inside the range') end
+  end
+  local fig = charts.heatmap('entropy', {'blocks.1', 'blocks.2'}, {'head 1', 'head 2'}, {{0.246, 0.254}, {0.25, 0.2501}}, false, {})
+  local labels = {}
+  for t in fig:gmatch('class="ytick" dy="3">([^<]+)<') do labels[#labels + 1] = t end
+  assert(#labels >= 3, 'the colour bar has ' .. #labels .. ' tick labels: ' .. table.concat(labels, ', '))
+  local seen = {}
+  for _, l in ipairs(labels) do assert(not seen[l], 'two ticks read ' .. l); seen[l] = true end
+  local log = charts.heatmap('grad', {'a', 'b'}, {'1', '2'}, {{1e-3, 0}, {nil, 2e-3}}, true, {})
+  assert(log:find('class="zero"', 1, true) and log:find('<title>a, 2: 0</title>', 1, true), 'a zero cell on a log scale is marked')
+  assert(log:find('class="missing"', 1, true) and log:find('b, 1: no value', 1, true), 'a missing cell is marked')
+  assert(log:find('>no value</text>', 1, true) and log:find('class="cellkey"', 1, true), 'the key under the colour bar says so')
+  local plain = charts.heatmap('grad', {'a'}, {'1', '2'}, {{1e-3, 2e-3}}, true, {})
+  assert(not plain:find('cellkey', 1, true), 'no key when every cell has a colour')
+end)
+
+test("the comparison's depth charts label their axis with the rows' names", function()
+  torch.manual_seed(8)
+  local ids, y = torch.randint(1, 11, {2, 8}), torch.randint(1, 11, {2, 8})
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 2, seq = 8, ffn = 32}
+  local a, b = autopsy.run(m, {ids, y}), autopsy.run(m, {ids, y})
+  local html = require('anatomy.autopsy.report').embed(autopsy.compare{a, b}:html())
+  local fig = html:match('grad_norm by depth.-</figure>')
+  assert(fig, 'the grad_norm by depth chart')
+  for _, name in ipairs{'embed', 'blocks.1', 'blocks.2', 'output'} do
+    assert(fig:find('class="xtick" text-anchor="end">' .. name .. '<', 1, true), name .. ' labels the axis')
+  end
+end)
+
+test("a checkpoint's dropout, which anatomy does not apply, is stated when the model prints", function()
+  local dir = gpt2_folder{attn_pdrop = 0.1, resid_pdrop = 0.1, embd_pdrop = 0.05, summary_first_dropout = 0}
+  local m = models.from_pretrained(dir)
+  local text = tostring(m)
+  assert(text:find('dropout of the checkpoint not applied (attn_pdrop=0.1, embd_pdrop=0.05, resid_pdrop=0.1)', 1, true), text)
+  -- and indeed not applied: train mode gives the eval-mode output
+  local ids = torch.randint(1, 12, {2, 6})
+  m:train()
+  local a = torch.no_grad(function() return m(ids) end)
+  m:eval()
+  identical(torch.no_grad(function() return m(ids) end), a, 'train mode against eval mode')
+  os.execute("rm -rf '" .. dir .. "'")
+  local quiet = models.from_pretrained(gpt2_folder())
+  assert(not tostring(quiet):find('dropout', 1, true), 'no note without dropout')
 end)
 
 H.done()

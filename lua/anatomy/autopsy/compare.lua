@@ -168,19 +168,20 @@ function Comparison:html()
   local by_depth = {{'grad_norm', 'grad_norm by depth'}, {'erank', 'erank by depth (the rank funnel)'},
     {'entropy', 'entropy by depth (nats)'}, {'act_std', 'act_std by depth'}, {'lens_loss', 'lens_loss by depth'}}
   for _, m in ipairs(by_depth) do
-    local series = {}
+    local series, names = {}, {}
     for _, r in ipairs(self.runs) do
       local xs, ys, k = {}, {}, 0
       for _, row in ipairs(r.data.rows) do
         if row.kind == 'block' or m[1] == 'grad_norm' then
           k = k + 1
+          names[k] = names[k] or row.name  -- the axis is labelled with the rows' names (the first run's)
           if type(row[m[1]]) == 'number' then xs[#xs + 1], ys[#ys + 1] = k, row[m[1]] end
         end
       end
       if #xs > 0 then series[#series + 1] = {r.label, xs, ys} end
     end
     if #series > 0 then
-      figs[#figs + 1] = charts.lines(m[2], series, {xlabel = m[1] == 'grad_norm' and 'row (1 = input)' or 'layer (1 = first block)', ylabel = m[1]})
+      figs[#figs + 1] = charts.lines(m[2], series, {xlabel = m[1] == 'grad_norm' and 'row' or 'layer', ylabel = m[1], xnames = names})
     end
   end
   parts[#parts + 1] = '<h2>Curves</h2><div class="charts">' .. table.concat(figs) .. '</div>'

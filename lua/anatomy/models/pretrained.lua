@@ -58,6 +58,27 @@ function pretrained.decoder(cls, names)
   cls.context = function(self) return self.config.positions end
 end
 
+-- The dropout a checkpoint's config.json asks for ({'attn_pdrop=0.1', ...},
+-- the non-zero ones): anatomy does not apply it (in train mode either, where
+-- transformers would); print(model) says so beside the rest of its config.
+function pretrained.dropout_settings(c)
+  local out = {}
+  for k, v in pairs(c) do
+    if type(k) == 'string' and type(v) == 'number' and v > 0 and (k:find('drop') or k:find('pdrop')) then
+      out[#out + 1] = ('%s=%g'):format(k, v)
+    end
+  end
+  table.sort(out)
+  return out
+end
+
+-- ', dropout of the checkpoint not applied (attn_pdrop=0.1, ...)' for extra_repr, or ''.
+function pretrained.dropout_note(model)
+  local d = rawget(model, 'hf_dropout')
+  if type(d) ~= 'table' or #d == 0 then return '' end
+  return (', dropout of the checkpoint not applied (%s): anatomy runs it without dropout, in train mode too'):format(table.concat(d, ', '))
+end
+
 -- config.json's number `key`, or an error naming it and the family.
 function pretrained.need(c, key, where)
   if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (%s)'):format(where, key, tostring(c.model_type)), 0) end
@@ -263,6 +284,7 @@ function models.from_pretrained(folder, opts)
   if opts.device then model:to(opts.device) end
   rawset(model, 'hf_config', config)
   rawset(model, 'hf_folder', folder)
+  rawset(model, 'hf_dropout', pretrained.dropout_settings(config))
   model:eval()
   local tok
   if fs.exists(folder .. '/tokenizer.json') or fs.exists(folder .. '/tokenizer.model')
