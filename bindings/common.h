@@ -112,6 +112,18 @@ void check_option_keys(lua_State* L, int idx, const std::vector<const char*>& al
 /// Field `key` of the options table at idx (nil if idx is not a table).
 /// Leaves the value on the stack; returns its Lua type.
 int get_option(lua_State* L, int idx, const char* key);
+/// read() of the value of option `key` (on the stack top, from get_option):
+/// an ArgError it raises about that stack slot becomes one about the options
+/// table's own argument idx, naming the option (x:sum({dim = 3}) is argument
+/// #1's option 'dim', not an argument #2 the caller never wrote).
+template <class F>
+auto read_option(int idx, const char* key, F&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const ArgError& e) {
+    throw ArgError(idx, std::string("option '") + key + "': " + e.what());
+  }
+}
 
 /// Token ids at idx: an integer tensor of any shape (flattened) or a Lua array.
 std::vector<int64_t> check_token_ids(lua_State* L, int idx);

@@ -135,9 +135,9 @@ int clamp_with(lua_State* L, bool want_lo, bool want_hi) {
   c10::optional<at::Scalar> lo, hi;
   if (want_lo && want_hi && is_options(L, 2)) {
     check_option_keys(L, 2, {"min", "max"});
-    if (get_option(L, 2, "min") != LUA_TNIL) lo = number_scalar(check_number(L, -1));
+    if (get_option(L, 2, "min") != LUA_TNIL) lo = read_option(2, "min", [&] { return number_scalar(check_number(L, -1)); });
     lua_pop(L, 1);
-    if (get_option(L, 2, "max") != LUA_TNIL) hi = number_scalar(check_number(L, -1));
+    if (get_option(L, 2, "max") != LUA_TNIL) hi = read_option(2, "max", [&] { return number_scalar(check_number(L, -1)); });
     lua_pop(L, 1);
   } else if (want_lo && want_hi) {
     if (!lua_isnoneornil(L, 2)) lo = number_scalar(check_number(L, 2));
@@ -170,7 +170,7 @@ int tensor_gelu(lua_State* L) {
     approximate = lua_tostring(L, 2);
   } else if (is_options(L, 2)) {
     check_option_keys(L, 2, {"approximate"});
-    if (get_option(L, 2, "approximate") != LUA_TNIL) approximate = check_string(L, -1);
+    if (get_option(L, 2, "approximate") != LUA_TNIL) approximate = read_option(2, "approximate", [&] { return check_string(L, -1); });
     lua_pop(L, 1);
   } else if (!lua_isnoneornil(L, 2)) {
     throw ArgError(2, "'none' or 'tanh' expected, got " + type_name(L, 2));

@@ -37,7 +37,7 @@ Reduce reduce_args(lua_State* L, int start, int64_t ndim, std::vector<const char
     if (is_options(L, i)) {
       r.options = i;
       check_option_keys(L, i, keys);
-      if (get_option(L, i, "dim") != LUA_TNIL) read_dims(lua_gettop(L));
+      if (get_option(L, i, "dim") != LUA_TNIL) read_option(i, "dim", [&] { read_dims(lua_gettop(L)); });
       lua_pop(L, 1);
       if (get_option(L, i, "keepdim") != LUA_TNIL) r.keepdim = lua_toboolean(L, -1);
       lua_pop(L, 1);

@@ -266,9 +266,9 @@ int torch_allclose(lua_State* L) {
   bool equal_nan = false;
   if (!lua_isnoneornil(L, 3)) {
     check_option_keys(L, 3, {"rtol", "atol", "equal_nan"});
-    if (get_option(L, 3, "rtol") != LUA_TNIL) rtol = check_number(L, -1);
+    if (get_option(L, 3, "rtol") != LUA_TNIL) rtol = read_option(3, "rtol", [&] { return check_number(L, -1); });
     lua_pop(L, 1);
-    if (get_option(L, 3, "atol") != LUA_TNIL) atol = check_number(L, -1);
+    if (get_option(L, 3, "atol") != LUA_TNIL) atol = read_option(3, "atol", [&] { return check_number(L, -1); });
     lua_pop(L, 1);
     if (get_option(L, 3, "equal_nan") != LUA_TNIL) equal_nan = lua_toboolean(L, -1);
     lua_pop(L, 1);
@@ -400,13 +400,13 @@ int torch_set_num_threads(lua_State* L) {
 int torch_set_printoptions(lua_State* L) {
   check_option_keys(L, 1, {"precision", "threshold", "edgeitems", "linewidth", "sci_mode"});
   PrintOptions& o = print_options();
-  if (get_option(L, 1, "precision") != LUA_TNIL) o.precision = static_cast<int>(check_integer(L, -1));
+  if (get_option(L, 1, "precision") != LUA_TNIL) o.precision = static_cast<int>(read_option(1, "precision", [&] { return check_integer(L, -1); }));
   lua_pop(L, 1);
-  if (get_option(L, 1, "threshold") != LUA_TNIL) o.threshold = check_integer(L, -1);
+  if (get_option(L, 1, "threshold") != LUA_TNIL) o.threshold = read_option(1, "threshold", [&] { return check_integer(L, -1); });
   lua_pop(L, 1);
-  if (get_option(L, 1, "edgeitems") != LUA_TNIL) o.edgeitems = check_integer(L, -1);
+  if (get_option(L, 1, "edgeitems") != LUA_TNIL) o.edgeitems = read_option(1, "edgeitems", [&] { return check_integer(L, -1); });
   lua_pop(L, 1);
-  if (get_option(L, 1, "linewidth") != LUA_TNIL) o.linewidth = static_cast<int>(check_integer(L, -1));
+  if (get_option(L, 1, "linewidth") != LUA_TNIL) o.linewidth = static_cast<int>(read_option(1, "linewidth", [&] { return check_integer(L, -1); }));
   lua_pop(L, 1);
   int t = get_option(L, 1, "sci_mode");
   if (t != LUA_TNIL) o.sci_mode = lua_toboolean(L, -1) ? 1 : 0;

@@ -6,6 +6,8 @@ local probe = require 'anatomy.probe'
 local Cache = {}
 
 local methods = {}
+Cache.__typename = 'probe.Cache'
+Cache.methods = methods  -- what help(cache) lists
 -- cache[name]: the tensor published at name, in anatomy's spelling or, for
 -- a model from models.from_pretrained, the checkpoint's
 -- (cache['transformer.h.0.attn.z'] is cache['h.1.attn.z']).

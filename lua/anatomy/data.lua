@@ -85,6 +85,7 @@ function Corpus:encode(text)
   return ids
 end
 
+-- corpus:decode(ids) -> the text of token ids (a Tensor or a list; 1-based ids)
 function Corpus:decode(ids)
   local text = self._native:decode(ids)
   return text
@@ -203,6 +204,7 @@ end
 
 -- tok:token_to_id('Ġthe') -> id or nil; tok:id_to_token(id) -> string or nil
 function Tokenizer:token_to_id(token) local id = self._native:token_to_id(token) return id end
+-- tok:id_to_token(id) -> the token's string (its vocabulary entry, 'Ġthe'), or nil
 function Tokenizer:id_to_token(id) local token = self._native:id_to_token(id) return token end
 
 function Tokenizer:__tostring()

@@ -137,11 +137,14 @@ anatomy: LuaJIT over LibTorch. Globals, each with help(name):
   train       train.fit, train.evaluate, checkpoints
   dist        data-parallel training across processes (anatomy --nproc N): dist.all_reduce, ...
   optim       optim.AdamW, optim.Adam, optim.SGD, optim.lr_scheduler
-  probe       probe.capture, probe.replace, probe.skip: hook points on every module
+  probe       probe.capture, probe.replace, probe.skip: hook points on every module;
+              probe.run_with_cache, probe.ablate, probe.patch, probe.logit_attribution
+  patching    activation patching: patching.run, patching.logit_diff
   autopsy     autopsy.run: the per-layer table, JSON and HTML report
   experiment  claims against measurements, the data rule, sweeps
   provenance  the record every result carries
   exact       a tiny transformer in exact arithmetic
+  text        measures of generated text: text.compressed_size, text.compression_ratio
 help(x) for a function, class, model or table; help('train.fit') by name.]]
 
 -- help.text(x) -> the help of x as a string (help(x) prints it)
@@ -178,6 +181,21 @@ function help.text(x)
       out[#out + 1] = '\nmethods:'
     elseif x == torch.Tensor then
       out[#out + 1] = 'torch.Tensor: methods with PyTorch\'s names and arguments; dims and indices count from 1.'
+    elseif type(getmetatable(x)) == 'table' then
+      -- an object of a library class (a cache, a run, an autopsy, a result): what it is, then its methods
+      local mt = getmetatable(x)
+      local methods = rawget(mt, 'methods') or (type(rawget(mt, '__index')) == 'table' and rawget(mt, '__index')) or mt
+      local path
+      for _, v in pairs(methods) do
+        if type(v) == 'function' then path = lua_source(v) if path then break end end
+      end
+      local header = path and file_header(path)
+      out[#out + 1] = (rawget(mt, '__typename') or 'an object') .. (header and ('\n' .. header) or '')
+      local ok, text = pcall(tostring, x)
+      if ok and type(text) == 'string' and not text:match('^table: ') then out[#out + 1] = '\n' .. text:sub(1, 2000) end
+      out[#out + 1] = '\nmethods:'
+      for _, line in ipairs(member_lines(methods, nil, false)) do out[#out + 1] = line end
+      return table.concat(out, '\n')
     end
     for _, line in ipairs(member_lines(x, nil, name ~= nil)) do out[#out + 1] = line end
     local tables = {}

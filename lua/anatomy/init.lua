@@ -26,9 +26,10 @@ end
 
 -- The one-line description printed by the REPL and --version.
 function torch.banner()
-  return string.format('anatomy %s  (%s, LibTorch %s, %s, %d threads)',
+  local n = torch.get_num_threads()
+  return string.format('anatomy %s  (%s, LibTorch %s, %s, %d thread%s)',
     torch.version.anatomy, jit and jit.version or _VERSION,
-    torch.libtorch_version .. (torch.version.cuda and ', CUDA ' .. torch.version.cuda or ''), torch.device(), torch.get_num_threads())
+    torch.libtorch_version .. (torch.version.cuda and ', CUDA ' .. torch.version.cuda or ''), torch.device(), n, n == 1 and '' or 's')
 end
 
 require 'anatomy.tensor'

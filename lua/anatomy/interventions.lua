@@ -12,6 +12,7 @@ local locate = probe._locate
 local layouts = {q = {head = 3, pos = 2}, k = {head = 3, pos = 2}, v = {head = 3, pos = 2}, rot_q = {head = 3, pos = 2},
   rot_k = {head = 3, pos = 2}, z = {head = 3, pos = 2}, result = {head = 3, pos = 2}, scores = {head = 2, pos = 3},
   pattern = {head = 2, pos = 3}}
+-- probe.layout(name) -> {head = dim, pos = dim}: where heads and positions lie in the tensor at a hook point
 function probe.layout(name)
   return layouts[name:match('([^%.]+)$')] or {pos = 2}
 end

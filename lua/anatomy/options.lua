@@ -26,4 +26,42 @@ function options.check(opts, allowed, where, level)
   return opts
 end
 
+-- options.closest(name, names) -> the entry of names nearest to name (edit
+-- distance, at most a third of its length away), or nil: the 'did you mean'
+-- of an unknown key.
+function options.closest(name, names)
+  name = tostring(name)
+  local best, best_d
+  for _, n in ipairs(names) do
+    local a, b = name, tostring(n)
+    local prev = {}
+    for j = 0, #b do prev[j] = j end
+    for i = 1, #a do
+      local cur = {[0] = i}
+      for j = 1, #b do
+        local cost = a:sub(i, i) == b:sub(j, j) and 0 or 1
+        cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+      end
+      prev = cur
+    end
+    if not best_d or prev[#b] < best_d then best, best_d = n, prev[#b] end
+  end
+  if best_d and best_d <= math.max(1, math.floor(#name / 3)) then return best end
+  return nil
+end
+
+-- options.user_level() -> the level, for error() called in the function that
+-- calls this, of the innermost caller outside the library: the line of the
+-- user's script that made the call, however deep inside anatomy the check is.
+function options.user_level()
+  local library = debug.getregistry()['anatomy.lua_dir']
+  for level = 2, 40 do
+    local info = debug.getinfo(level + 1, 'S')
+    if not info then break end
+    local inside = info.what == 'C' or (library and info.source:sub(2, #library + 1) == library)
+    if not inside then return level end
+  end
+  return 2
+end
+
 return options

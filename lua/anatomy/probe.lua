@@ -58,6 +58,8 @@ local function checkpoint_spelling(model, anatomy)
   return prefix .. hf
 end
 
+-- probe.resolve_name(model, name[, level]) -> anatomy's name of a module given in either spelling
+-- (the rule above); a layer 0 in anatomy's spelling is an error at `level`.
 function probe.resolve_name(model, name, level)
   if type(name) ~= 'string' or rawget(model, 'hf_config') == nil then return name end
   local names = module_set(model)

@@ -385,6 +385,13 @@ test("a smoke run's verdicts say so, and a NaN never reaches a verdict", functio
   local o = Results.new('other text', {comparable = false, name = 'kjv.txt'}, true)
   o:add('c', 'p', 1, 'reproduced')
   eq(o.rows[1].verdict, 'smoke run: not meaningful; not comparable (data: kjv.txt)')
+  -- the autopsy of a smoke run (experiment.config with --smoke=true) says it too
+  experiment.config({x = 1}, {}, {'--smoke=true'})
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 32}
+  local a = autopsy.run(m, {torch.randint(1, 11, {2, 8}), torch.randint(1, 11, {2, 8})})
+  experiment.smoke = false
+  eq(a.rows[2].verdict, 'smoke run: not meaningful')
+  eq(autopsy.run(m, {torch.randint(1, 11, {2, 8}), torch.randint(1, 11, {2, 8})}).rows[2].verdict ~= 'smoke run: not meaningful', true)
 end)
 
 test('colour bars and axes get at least three readable ticks; zero and missing cells are drawn apart from small values', function()
@@ -435,6 +442,66 @@ test("a checkpoint's dropout, which anatomy does not apply, is stated when the m
   os.execute("rm -rf '" .. dir .. "'")
   local quiet = models.from_pretrained(gpt2_folder())
   assert(not tostring(quiet):find('dropout', 1, true), 'no note without dropout')
+end)
+
+test('errors point at the right place: unknown keys first with the closest name, train.fit names its option, options tables are their own argument', function()
+  local ok, err = pcall(function() return models.vibenet{vocab = 65, dimm = 64, layers = 2, seq = 32} end)
+  assert(not ok)
+  assert(err:find("models.vibenet: unknown config key 'dimm', did you mean 'dim'?", 1, true), err)
+  assert(err:find('^[^:]*test_trust%.lua:%d+:'), 'at the caller\'s line: ' .. err)
+  local corpus = data.from_string(string.rep('abc def ', 100))
+  local m = models.gpt{vocab = corpus.vocab_size, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 32}
+  raises(function() train.fit(m, corpus, {lr = '3e-3'}) end, "train.fit: option lr must be a positive number, got the string '3e-3'")
+  raises(function() train.fit(m, corpus, {steps = 2.5}) end, 'train.fit: option steps must be a positive integer, got 2.5')
+  raises(function() train.fit(m, corpus, {lr = 0 / 0}) end, 'train.fit: option lr must be a positive number, got nan')
+  raises(function() train.fit(m, corpus, {schedule = 'linear'}) end, "option schedule must be 'cosine' or 'constant'")
+  raises(function() train.fit(m, corpus, {betas = {0.9}}) end, 'option betas must be two numbers in [0, 1), got {0.9}')
+  local x = torch.ones(2, 3)
+  raises(function() return x:sum({dim = 3}) end, "bad argument #1 to 'sum' (option 'dim': dimension 3 out of range")
+  raises(function() return x:clamp({min = 'a'}) end, "bad argument #1 to 'clamp' (option 'min': number expected, got string)")
+end)
+
+test('help() lists every global table, and every public function has documentation', function()
+  local help = require 'anatomy.help'
+  local std = {string = 1, table = 1, math = 1, io = 1, os = 1, debug = 1, coroutine = 1, package = 1, jit = 1, bit = 1,
+    _G = 1, arg = 1, ffi = 1}
+  local start = help.text()
+  local globals = {}
+  for k, v in pairs(_G) do if type(v) == 'table' and not std[k] then globals[#globals + 1] = k end end
+  table.sort(globals)
+  for _, g in ipairs{'torch', 'nn', 'models', 'data', 'train', 'probe', 'patching', 'autopsy', 'experiment', 'exact', 'dist', 'text'} do
+    assert(type(_G[g]) == 'table', g .. ' is a global table')
+  end
+  for _, g in ipairs(globals) do
+    assert(start:find('\n  ' .. g .. ' ', 1, true), "help() does not list the global table '" .. g .. "'")
+  end
+  for _, family in ipairs{'gpt2', 'llama', 'gpt_neox'} do require('anatomy.models.' .. family) end  -- loaded on first use
+  local missing, seen = {}, {}
+  local function walk(prefix, t, depth)
+    if seen[t] or depth > 3 then return end
+    seen[t] = true
+    for k, v in pairs(t) do
+      if type(k) == 'string' and not k:match('^_') then
+        if type(v) == 'function' then
+          if not help.doc(v) then missing[#missing + 1] = prefix .. k end
+        elseif type(v) == 'table' and not torch.is_tensor(v) then
+          walk(prefix .. k .. '.', v, depth + 1)
+        end
+      end
+    end
+  end
+  for _, g in ipairs(globals) do walk(g .. '.', _G[g], 1) end
+  table.sort(missing)
+  eq(missing, {}, 'public functions without documentation')
+  for _, name in ipairs{'nn.block', 'nn.call_child', 'nn.class', 'models.gpt'} do
+    assert(not help.text(name):find('without documentation', 1, true), name)
+  end
+  local _, cache = probe.run_with_cache(models.gpt{vocab = 5, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8},
+    torch.tensor({{1, 2}}, {dtype = 'int64'}))
+  local h = help.text(cache)
+  assert(h:find('probe.Cache', 1, true) and h:find('stack ', 1, true) and h:find('attention ', 1, true), h)
+  torch.set_num_threads(1)
+  assert(torch.banner():find(', 1 thread)', 1, true), torch.banner())
 end)
 
 H.done()

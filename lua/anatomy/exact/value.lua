@@ -30,6 +30,7 @@ local Named = {}
 Named.__index = Named
 V.Named = Named
 
+-- exact.is_named(v) -> whether v is a named value of the exact trace (a Named: a value with its name and history)
 local function is_named(v) return getmetatable(v) == Named end
 V.is_named = is_named
 V.is_rational = isQ

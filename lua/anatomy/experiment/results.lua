@@ -56,6 +56,7 @@ function Results:note(text) self.notes[#self.notes + 1] = text end
 -- results:sweep(title, sweep): a sweep's table (and charts) saved with the results
 function Results:sweep(title, sweep) self.sweeps[#self.sweeps + 1] = {title = title, sweep = sweep} end
 
+-- Results.markdown_table(header, rows) -> a Markdown table, each column padded to its widest cell
 local function markdown_table(header, rows)
   local widths = {}
   for c = 1, #header do
@@ -75,6 +76,7 @@ local function markdown_table(header, rows)
 end
 Results.markdown_table = markdown_table
 
+-- results:table_text() -> the claims table (claim, published, ours, verdict) as Markdown
 function Results:table_text()
   local rows = {}
   for i, r in ipairs(self.rows) do rows[i] = {r.claim, r.published, r.ours, r.verdict} end

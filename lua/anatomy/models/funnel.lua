@@ -10,6 +10,7 @@ local Stage = nn.block('models.FunnelStage', function(self, width, count, next_w
 end)
 models.FunnelStage = Stage
 
+-- stage(x) -> x at this stage's width: its attention and MLP, then the projection to the next width
 function Stage:forward(x)
   x = self.blocks(x)
   if self.down then x = self.down(x) end
@@ -50,10 +51,12 @@ function Funnel:layers()
   return out
 end
 
+-- The funnel's settings as print(model) shows them: vocab, widths, attentions
 function Funnel:extra_repr()
   return ('widths={%s}, attentions={%s}'):format(table.concat(self.config.widths, ', '), table.concat(self.config.attentions, ', '))
 end
 
+-- models.funnel{vocab, seq, widths, attentions} -> a Funnel: stages of decreasing width (funnel.lua's header)
 function models.funnel(cfg) return Funnel(cfg) end
 
 return Funnel

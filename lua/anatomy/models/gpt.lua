@@ -21,6 +21,8 @@ models.GPTBlock = GPTBlock
 -- between attention and MLP), resid_post (what it writes).
 GPTBlock.hook_names = {'resid_pre', 'resid_mid', 'resid_post'}
 
+-- block(x) -> x with attention and MLP added (pre- or post-norm, residual or not as configured),
+-- publishing resid_pre, resid_mid and resid_post
 function GPTBlock:forward(x)
   x = self:hook('resid_pre', x)
   if self.pre then
@@ -37,6 +39,7 @@ function GPTBlock:forward(x)
   return self:hook('resid_post', self.ln2(self.mlp(self:hook('resid_mid', self.ln1(self.attn(x))))))
 end
 
+-- The block's residual and norm placement as print(model) shows them
 function GPTBlock:extra_repr()
   return ('%s-norm%s'):format(self.pre and 'pre' or 'post', self.residual and '' or ', no residual')
 end
@@ -68,11 +71,14 @@ function GPT:readout(h)
   return self.head(h)
 end
 
+-- The model's settings as print(model) shows them: vocab, dim, heads, layers, seq, ffn
 function GPT:extra_repr()
   local c = self.config
   return ('vocab=%d, dim=%d, heads=%d, layers=%d, seq=%d, ffn=%d'):format(c.vocab, c.dim, c.heads, c.layers, c.seq, c.ffn)
 end
 
+-- models.gpt{vocab, dim, heads, layers, seq, ffn, residual = true, norm = 'pre'|'post', activation} -> a GPT
+-- (token and position embedding, `layers` GPTBlocks, a final norm and the head)
 function models.gpt(cfg) return GPT(cfg) end
 
 return GPT

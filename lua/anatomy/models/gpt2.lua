@@ -44,6 +44,7 @@ models.GPT2Block = Block
 
 Block.hook_names = pretrained.resid_hooks
 
+-- block(x) -> x + attn(ln_1(x)), then + mlp(ln_2(.)), through resid_pre, resid_mid and resid_post
 function Block:forward(x)
   local y = pretrained.prenorm(self, x, self.attn, self.ln_1, self.mlp, self.ln_2)
   return y
@@ -74,6 +75,7 @@ function GPT2:embed(ids)
 end
 pretrained.decoder(GPT2, {embed = 'wte', stack = 'h', norm = 'ln_f', head = 'lm_head'})
 
+-- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function GPT2:extra_repr()
   local s = self.config
   return ('vocab=%d, dim=%d, heads=%d, layers=%d, positions=%d, ffn=%d%s'):format(

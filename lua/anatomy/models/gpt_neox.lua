@@ -45,6 +45,7 @@ models.GPTNeoXBlock = Block
 -- resid_mid only with the sequential residual (the parallel one has no stream between the two)
 Block.hook_names = pretrained.resid_hooks
 
+-- block(x) -> x + attn(ln1(x)) + mlp(ln2(x)) (parallel residual), or the two in sequence
 function Block:forward(x)
   if self.parallel then
     x = self:hook('resid_pre', x)
@@ -54,6 +55,7 @@ function Block:forward(x)
   return y
 end
 
+-- Whether the block adds attention and MLP in parallel or one after the other, as print(model) shows it
 function Block:extra_repr() return self.parallel and 'parallel residual' or 'sequential residual' end
 
 local GPTNeoX = nn.block('models.GPTNeoX', function(self, s)
@@ -70,6 +72,7 @@ models.GPTNeoX = GPTNeoX
 pretrained.decoder(GPTNeoX, {embed = 'embed_in', stack = 'blocks', norm = 'final_layer_norm', head = 'embed_out'})
 GPTNeoX.hf_stack = {'blocks', 'gpt_neox.layers'}
 
+-- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function GPTNeoX:extra_repr()
   local s = self.config
   return ('vocab=%d, dim=%d, heads=%d, layers=%d, ffn=%d, rotary_dim=%d, %s residual'):format(

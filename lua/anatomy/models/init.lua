@@ -1,4 +1,5 @@
 -- models: the architectures anatomy dissects, written in Lua from nn blocks.
+local options = require 'anatomy.options'
 local models = {}
 package.loaded['anatomy.models'] = models
 
@@ -15,21 +16,27 @@ function models.llama(cfg)
 end
 
 -- Checks a config table: required keys present, no unknown keys.
+-- Unknown keys come first (a misspelt dimm is the reason dim is missing),
+-- with the closest valid name; every error points at the user's line.
 function models.check_config(name, cfg, required, optional)
-  if type(cfg) ~= 'table' then error(('models.%s: expected a config table, got %s'):format(name, type(cfg)), 3) end
-  local known = {}
-  for _, k in ipairs(required) do
-    known[k] = true
-    if cfg[k] == nil then error(('models.%s: config needs %s'):format(name, k), 3) end
-  end
+  local level = options.user_level()
+  if type(cfg) ~= 'table' then error(('models.%s: expected a config table, got %s'):format(name, type(cfg)), level) end
+  local known, names = {}, {}
+  for _, k in ipairs(required) do known[k] = true end
   for _, k in ipairs(optional) do known[k] = true end
-  for k in pairs(cfg) do
-    if not known[k] then
-      local names = {}
-      for n in pairs(known) do names[#names + 1] = n end
-      table.sort(names)
-      error(('models.%s: unknown config key \'%s\' (expected %s)'):format(name, tostring(k), table.concat(names, ', ')), 3)
-    end
+  for n in pairs(known) do names[#names + 1] = n end
+  table.sort(names)
+  local unknown = {}
+  for k in pairs(cfg) do if not known[k] then unknown[#unknown + 1] = tostring(k) end end
+  table.sort(unknown)
+  if #unknown > 0 then
+    local k = unknown[1]
+    local near = options.closest(k, names)
+    error(("models.%s: unknown config key '%s'%s (expected %s)"):format(name, k, near and (", did you mean '" .. near .. "'?") or '',
+      table.concat(names, ', ')), level)
+  end
+  for _, k in ipairs(required) do
+    if cfg[k] == nil then error(('models.%s: config needs %s'):format(name, k), level) end
   end
 end
 

@@ -55,6 +55,7 @@ models.LlamaBlock = Block
 
 Block.hook_names = pretrained.resid_hooks
 
+-- block(x) -> x + attn(norm(x)), then + mlp(norm(.)) (pre-norm, RMSNorm), through the hook points
 function Block:forward(x)
   local y = pretrained.prenorm(self, x, self.self_attn, self.input_layernorm, self.mlp, self.post_attention_layernorm)
   return y
@@ -74,6 +75,7 @@ models.Llama = Llama
 pretrained.decoder(Llama, {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'})
 Llama.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
 
+-- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function Llama:extra_repr()
   local s = self.config
   return ('%s: vocab=%d, dim=%d, heads=%d, kv_heads=%d, layers=%d, ffn=%d%s'):format(

@@ -25,6 +25,7 @@ pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.lla
 -- The families' pre-norm residual block, x + attn(ln1(x)), then + mlp(ln2(x)),
 -- publishing resid_pre, resid_mid and resid_post. Block.hook_names for it:
 pretrained.resid_hooks = {'resid_pre', 'resid_mid', 'resid_post'}
+-- pretrained.prenorm(block, x, attn, ln1, mlp, ln2) -> x + attn(ln1(x)), then + mlp(ln2(.)), through the block's hook points
 function pretrained.prenorm(block, x, attn, ln1, mlp, ln2)
   x = block:hook('resid_pre', x)
   x = block:hook('resid_mid', x + attn(ln1(x)))
@@ -39,6 +40,7 @@ function pretrained.decoder(cls, names)
   cls.final_norm = names.norm  -- whose output is Hugging Face's last hidden state
   -- The hidden state the first block reads: the token embeddings.
   if not rawget(cls, 'embed') then
+    -- model:embed(ids) -> the hidden state the first block reads: the token embeddings
     cls.embed = function(self, ids) return self[names.embed](ids) end
   end
   -- The head applied to a hidden state (B, T, C): the logit lens.
@@ -55,6 +57,7 @@ function pretrained.decoder(cls, names)
     for i = 1, #stack do x = stack[i](x) end
     return self:readout(x)
   end
+  -- model:context() -> the longest input it takes (the checkpoint's positions)
   cls.context = function(self) return self.config.positions end
 end
 
@@ -154,6 +157,7 @@ end
 -- nn.RoPEAttention's options: the RoPE settings pretrained.rope read, and a
 -- family's own (kv_heads, biases, rotary_dim, sliding_window).
 local rope_keys = {'theta', 'scaling', 'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_positions'}
+-- pretrained.attention_options(rope, own) -> nn.RoPEAttention's options table: the RoPE settings and the family's own
 function pretrained.attention_options(rope, own)
   local o = {}
   for _, k in ipairs(rope_keys) do o[k] = rope[k] end

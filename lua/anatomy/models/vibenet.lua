@@ -20,6 +20,7 @@ local VibeBlock = nn.block('models.VibeBlock', function(self, dim, with_ffn)
 end)
 models.VibeBlock = VibeBlock
 
+-- block(x) -> f(x) = attn(norm(x)) [then gelu(ffn(.))]: the wrapped function; the residual wrapper adds x
 function VibeBlock:forward(x)
   local y = self.attn(self.norm(x))
   if self.ffn then y = self.act(self.ffn(y)) end
@@ -74,11 +75,14 @@ function VibeNet:readout(h)
   return self.head(self.act(self.expand(h)))
 end
 
+-- The model's settings as print(model) shows them: vocab, dim, layers, seq, block
 function VibeNet:extra_repr()
   local c = self.config
   return ('vocab=%d, dim=%d, layers=%d, seq=%d, block=%s'):format(c.vocab, c.dim, c.layers, c.seq, c.block or 'plain')
 end
 
+-- models.vibenet{vocab, dim, layers, seq, block = 'plain'|'ffn'|'gate'|'hyper', streams, constraint} -> a VibeNet
+-- (the file's header says what each block is)
 function models.vibenet(cfg) return VibeNet(cfg) end
 
 return VibeNet

@@ -10,12 +10,14 @@ function Expand:__init(n)
   rawset(self, 'streams', n)
 end
 
+-- (..., C) -> (..., n, C): n copies of the stream
 function Expand:forward(x)
   local size = x:size()
   table.insert(size, #size, self.streams)
   return x:unsqueeze(-2):expand(size)
 end
 
+-- The number of streams, as print(model) shows it
 function Expand:extra_repr() return tostring(self.streams) end
 
 return Expand

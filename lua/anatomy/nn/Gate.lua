@@ -19,6 +19,7 @@ function Gate:__init(inner, dim)
   self.inner = inner
 end
 
+-- gate(x) + f(x)
 function Gate:forward(x)
   return nn.call_child(self, 'gate', self.gate, x) + nn.call_child(self, 'inner', self.inner, x)
 end

@@ -81,6 +81,7 @@ function HC:forward(x)
   return res:matmul(x) + post:t() * y:unsqueeze(-2)         -- (..., n, C)
 end
 
+-- The width, the streams and the constraint, as print(model) shows them
 function HC:extra_repr()
   return ('%d, streams=%d, constraint=%s'):format(self.dim, self.streams, self.constraint)
 end

@@ -6,6 +6,7 @@ local Merge = nn.class('nn.MergeStreams', nn.Module)
 nn.MergeStreams = Merge
 
 function Merge:__init() nn.Module.__init(self) end
+-- (..., n, C) -> (..., C): the streams summed
 function Merge:forward(x) return x:sum(-2) end
 
 return Merge

@@ -25,6 +25,7 @@ function nn.Parameter(t)
   return t
 end
 
+-- nn.is_module(v) -> whether v is an nn.Module (an instance of any module class)
 function nn.is_module(v) return nn.is_instance(v, Module) end
 
 function Module:__init()
@@ -192,6 +193,8 @@ local function forward_position(child)
   return (', forward at %s:%d'):format(info.short_src, info.linedefined)
 end
 
+-- nn.call_child(self, name, child, x, ...) -> child(x, ...), an error from it prefixed with where it
+-- happened ('in block 2 (nn.Linear) of nn.Sequential: ...'), as torch/nn's containers do
 function nn.call_child(self, name, child, x, ...)
   local ok, y = pcall(child._call, child, x, ...)
   if not ok then
@@ -317,6 +320,7 @@ function Module:parameters()
   return out
 end
 
+-- m:num_parameters() -> how many numbers the parameters hold (each shared tensor once)
 function Module:num_parameters()
   local n = 0
   for _, p in self:named_parameters() do n = n + p:numel() end
@@ -333,8 +337,10 @@ function Module:train(mode)
   return self
 end
 
+-- m:eval() -> m, in evaluation mode (m:train(false)): dropout off, in every child
 function Module:eval() return self:train(false) end
 
+-- m:zero_grad(): clears the gradient of every parameter
 function Module:zero_grad()
   for _, p in self:named_parameters() do p.grad = nil end
   return self
@@ -426,6 +432,7 @@ end
 -- What tostring shows inside the parentheses; classes override it.
 function Module:extra_repr() return '' end
 
+-- nn.format_count(n) -> n with thousands separators ('1,611,329')
 local function count(n)
   local s = tostring(math.floor(n))
   return s:reverse():gsub('(%d%d%d)', '%1,'):reverse():gsub('^,', '')

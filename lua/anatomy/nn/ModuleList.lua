@@ -23,6 +23,7 @@ function ModuleList:append(m)
   return self:add_module(tostring(#self._children + 1), m)
 end
 
+-- A ModuleList holds modules; it has no forward of its own (an error says so)
 function ModuleList:forward()
   error('nn.ModuleList has no forward: iterate over it (for i, m in ipairs(list:children()) ...) in the forward of the block that holds it', 2)
 end
@@ -46,6 +47,7 @@ function ModuleDict:__init(dict)
   end
 end
 
+-- A ModuleDict holds modules; it has no forward of its own (an error says so)
 function ModuleDict:forward()
   error('nn.ModuleDict has no forward: call its entries (dict.name(x)) in the forward of the block that holds it', 2)
 end

@@ -28,6 +28,7 @@ function Native:_set_field(key, value)
   return nn.Module._set_field(self, key, value)
 end
 
+-- m(x): the built-in block's forward in C++; through its hook points when a probe is on one
 function Native:forward(x)
   local dispatch = rawget(self, '_hooks')
   if dispatch ~= nil then  -- hook probes: the block's points go through them (its explicit path)
@@ -37,7 +38,9 @@ function Native:forward(x)
   local y = self._native:forward(x)  -- not a tail call: errors keep the name 'forward'
   return y
 end
+-- m:hook_points() -> the names of the hook points the built-in block publishes (from C++)
 function Native:hook_points() return self._native:hook_points() end
+-- The block's settings as print(model) shows them (from C++)
 function Native:extra_repr() return self._native:describe() end
 function Native:_set_training(mode) self._native:train(mode) end
 
@@ -99,7 +102,9 @@ end
 -- m:keep_pattern(true[, grad]) keeps the last one, m:pattern() returns it.
 -- define copies them onto attention blocks only (probes look for keep_pattern to find attention).
 Native.pattern_methods = {
+  -- m:keep_pattern(keep[, grad]): keep (or stop keeping) the attention pattern of each forward; grad keeps it in the graph
   keep_pattern = function(self, keep, grad) self._native:keep_pattern(keep, grad) end,
+  -- m:pattern() -> the last attention pattern kept (B, H, T, T), or nil
   pattern = function(self)
     local p = self._native:pattern()
     return p

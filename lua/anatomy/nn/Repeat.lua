@@ -16,6 +16,7 @@ function Repeat:__init(n, factory)
   end
 end
 
+-- The number of copies, as print(model) shows it
 function Repeat:extra_repr() return tostring(self.n) end
 
 return Repeat

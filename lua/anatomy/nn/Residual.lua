@@ -14,6 +14,7 @@ end
 -- Hook points: the stream the block reads and the one it writes.
 Residual.hook_names = {'resid_pre', 'resid_post'}
 
+-- x + f(x), publishing resid_pre (x) and resid_post
 function Residual:forward(x)
   x = self:hook('resid_pre', x)
   return self:hook('resid_post', x + nn.call_child(self, 'inner', self.inner, x))
@@ -22,6 +23,7 @@ end
 local NoResidual = nn.class('nn.NoResidual', Residual)  -- the same child; only forward differs
 nn.NoResidual = NoResidual
 
+-- f(x) alone: the same block without its identity path
 function NoResidual:forward(x)
   x = self:hook('resid_pre', x)
   return self:hook('resid_post', nn.call_child(self, 'inner', self.inner, x))

@@ -57,6 +57,7 @@ function Sequential:readout(h)
   return h
 end
 
+-- x through each child in order; an error names the child it came from
 function Sequential:forward(x)
   for name, child in self:named_children() do x = nn.call_child(self, name, child, x) end
   return x

@@ -6,6 +6,8 @@
 --   function Gate:forward(x) return self.gate(x) + self.inner(x) end
 local nn = require 'anatomy.nn'
 
+-- nn.block(name, init[, parent]) -> a class: init(self, ...) makes the children and parameters as
+-- fields; define Class:forward(x). The file's header has an example
 function nn.block(name, init, parent)
   assert(type(name) == 'string', 'nn.block: the first argument is the class name')
   assert(type(init) == 'function', 'nn.block: the second argument is the init function')

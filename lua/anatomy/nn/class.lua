@@ -5,6 +5,8 @@ local nn = require 'anatomy.nn'
 
 local function pass(...) return ... end
 
+-- nn.class(name[, parent]) -> a class: Class(...) makes an instance and calls Class:__init(...);
+-- methods are looked up in the class, then its parents
 local function class(name, parent)
   local cls = {}
   cls.__typename = name

@@ -27,12 +27,17 @@ function F.mse_loss(input, target, opts)
   error(("bad argument #3 to 'mse_loss' (reduction must be 'mean', 'sum' or 'none', got '%s')"):format(tostring(reduction)), 2)
 end
 
+-- gelu(x, approximate = 'none'|'tanh')
 function F.gelu(x, approximate) return x:gelu(approximate) end
+-- relu(x)
 function F.relu(x) return x:relu() end
+-- silu(x) = x * sigmoid(x)
 function F.silu(x) return x:silu() end
 -- softplus(x, beta = 1, threshold = 20)
 function F.softplus(x, beta, threshold) return x:softplus(beta, threshold) end
+-- softmax(x, dim)
 function F.softmax(x, dim) return x:softmax(dim) end
+-- log_softmax(x, dim)
 function F.log_softmax(x, dim) return x:log_softmax(dim) end
 
 -- linear(x, weight [out, in], bias [out] or nil) -> x Wᵀ + b

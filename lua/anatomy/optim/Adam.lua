@@ -15,6 +15,7 @@ getmetatable(Adam).__call = function(_, params, opts)
     eps = opts.eps or 1e-8, weight_decay = opts.weight_decay or 0, state = {}}, Adam)
 end
 
+-- opt:step(): one update of every parameter from its gradient
 function Adam:step()
   torch.no_grad(function()
     for i, p in ipairs(self.params) do

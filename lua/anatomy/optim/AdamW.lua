@@ -26,9 +26,13 @@ setmetatable(AdamW, {__call = function(_, params, opts)
   return self
 end})
 
+-- opt:step(): one AdamW update of every parameter from its gradient
 function AdamW:step() self._native:step() end
+-- opt:zero_grad(): clears the parameters' gradients
 function AdamW:zero_grad() self._native:zero_grad() end
+-- opt:set_lr(lr): the learning rate from the next step on
 function AdamW:set_lr(lr) self._native:set_lr(lr) end
+-- opt:lr() -> the learning rate in use
 function AdamW:lr() return self._native:lr() end
 -- opt:set_capturable(true|false): PyTorch's `capturable`: the step count and
 -- the learning rate live in tensors on the parameters' device and a step reads

@@ -19,6 +19,7 @@ getmetatable(SGD).__call = function(_, params, opts)
   return self
 end
 
+-- opt:step(): one update of every parameter from its gradient
 function SGD:step()
   torch.no_grad(function()
     for i, p in ipairs(self.params) do

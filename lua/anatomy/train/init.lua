@@ -25,8 +25,45 @@ local known = {
 -- and the optimizer's state stay float32 (master weights) in every case.
 local compute_dtypes = {float32 = 'float32', float = 'float32', bf16 = 'bfloat16', bfloat16 = 'bfloat16'}
 
+-- What each option must be, checked when train.fit is called (so that a
+-- string lr is train.fit's error, not optim.AdamW's argument #3 later).
+local kinds = {
+  steps = 'count', batch = 'count', seq = 'count', eval_every = 'count', eval_batches = 'count', log_every = 'count',
+  recurrence = 'count', warmup = 'whole', seed = 'integer', lr = 'positive', clip = 'nonnegative', seconds = 'positive',
+  weight_decay = 'nonnegative', resume = 'boolean', quiet = 'boolean', on_step = 'function', probe = 'table',
+  schedule = {'cosine', 'constant'}, decay = {'matrices', 'all'},
+}
+local function check_kind(key, v)
+  local kind = kinds[key]
+  if v == nil or kind == nil then return end
+  local finite = type(v) == 'number' and v == v and v > -math.huge and v < math.huge
+  local ok, want
+  if kind == 'count' then ok, want = finite and v >= 1 and v % 1 == 0, 'a positive integer'
+  elseif kind == 'whole' then ok, want = finite and v >= 0 and v % 1 == 0, 'a non-negative integer'
+  elseif kind == 'integer' then ok, want = finite and v % 1 == 0, 'an integer'
+  elseif kind == 'positive' then ok, want = finite and v > 0, 'a positive number'
+  elseif kind == 'nonnegative' then ok, want = finite and v >= 0, 'a non-negative number'
+  elseif type(kind) == 'table' then
+    ok = false
+    for _, k in ipairs(kind) do ok = ok or v == k end
+    want = "'" .. table.concat(kind, "' or '") .. "'"
+  else ok, want = type(v) == kind, 'a ' .. kind end
+  if not ok then
+    local got = type(v) == 'string' and ("the string '%s'"):format(v) or (type(v) == 'number' and tostring(v) or type(v))
+    error(('train.fit: option %s must be %s, got %s'):format(key, want, got), require('anatomy.options').user_level() + 1)
+  end
+end
+
 local function options(opts, model)
   opts = require('anatomy.options').check(opts, known, 'train.fit', 3)
+  for k, v in pairs(opts) do check_kind(k, v) end
+  if opts.betas ~= nil then
+    local b = opts.betas
+    if type(b) ~= 'table' or #b ~= 2 or type(b[1]) ~= 'number' or type(b[2]) ~= 'number' or not (b[1] >= 0 and b[1] < 1 and b[2] >= 0 and b[2] < 1) then
+      error(('train.fit: option betas must be two numbers in [0, 1), got %s'):format(type(b) == 'table' and
+        ('{' .. table.concat((function() local t = {} for i, x in ipairs(b) do t[i] = tostring(x) end return t end)(), ', ') .. '}') or type(b)), 3)
+    end
+  end
   local o = {}
   for k, v in pairs(defaults) do o[k] = v end
   for k, v in pairs(opts) do o[k] = v end
