@@ -31,7 +31,7 @@ int luaopen_anatomy_blocks(lua_State* L);
 void register_random(lua_State* L, int torch);
 /// Adds _cross_entropy to the torch table at index torch (loss.cpp).
 void register_loss(lua_State* L, int torch);
-/// Adds _now, _isatty, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch (system.cpp).
+/// Adds _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch (system.cpp).
 void register_system(lua_State* L, int torch);
 /// Adds torch.linalg to the torch table at index torch (linalg.cpp).
 void register_linalg(lua_State* L, int torch);

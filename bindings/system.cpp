@@ -5,6 +5,7 @@
 
 #include "bindings/parts.h"
 #include "bindings/common.h"
+#include "host/io/digest.h"
 #include "host/io/durable.h"
 #include "host/runtime.h"
 
@@ -77,6 +78,15 @@ int torch_sync_file(lua_State* L) {
 
 // torch._remove_stale_temporaries(path) -> n: removes the temporary files
 // that writers killed before their rename left beside path
+// torch._not_a_file(path) -> nil for a regular file, else why it cannot be
+// read as one ("is a directory", "is not a regular file (a FIFO)", ...)
+int torch_not_a_file(lua_State* L) {
+  std::string why = io::not_a_file(check_string(L, 1));
+  if (why.empty()) lua_pushnil(L);
+  else lua_pushstring(L, why.c_str());
+  return 1;
+}
+
 int torch_remove_stale_temporaries(lua_State* L) {
   lua_pushinteger(L, io::remove_stale_temporaries(luaL_checkstring(L, 1)));
   return 1;
@@ -89,13 +99,14 @@ const luaL_Reg functions[] = {
     {"_cache_dir", guarded<torch_cache_dir>},
     {"_now", guarded<torch_now>},
     {"_isatty", guarded<torch_isatty>},
+    {"_not_a_file", guarded<torch_not_a_file>},
     {"_compressed_size", guarded<torch_compressed_size>},
     {nullptr, nullptr},
 };
 
 }  // namespace
 
-/// Adds _now, _isatty, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
+/// Adds _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
 void register_system(lua_State* L, int torch) {
   lua_pushvalue(L, torch);
   luaL_register(L, nullptr, functions);

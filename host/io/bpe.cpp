@@ -13,6 +13,8 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+
+#include "host/io/digest.h"
 #include <fstream>
 #include <sstream>
 
@@ -20,11 +22,11 @@ namespace anatomy::io {
 namespace bpe_text {
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw TokenizerError("cannot open '" + path + "'");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  try {
+    return io::read_whole_file(path);
+  } catch (const std::runtime_error& e) {
+    throw TokenizerError(e.what());
+  }
 }
 
 // Splits UTF-8 text into its characters (as strings); invalid bytes stand alone.

@@ -1,5 +1,6 @@
 // Corpora and tokenizers (see corpus.h).
 #include "host/io/corpus.h"
+#include "host/io/digest.h"
 #include "host/runtime.h"
 
 #include <ATen/ATen.h>
@@ -298,6 +299,7 @@ std::string train_sentencepiece(const std::string& text_path, int64_t vocab_size
 }
 
 MappedFile::MappedFile(const std::string& path) {
+  check_regular_file(path);  // "'PATH' is a directory", before open (which a FIFO would block)
   int fd = open(path.c_str(), O_RDONLY);
   if (fd < 0) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
   struct stat st {};

@@ -58,12 +58,39 @@ std::string real_path(const std::string& path) {
   return resolved.get();
 }
 
+std::string not_a_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::string("cannot be read (") + std::strerror(errno) + ")";
+  if (S_ISREG(st.st_mode)) return "";
+  if (S_ISDIR(st.st_mode)) return "is a directory";
+  const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device"
+                     : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file";
+  return std::string("is not a regular file (") + kind + ")";
+}
+
+void check_regular_file(const std::string& path) {
+  std::string why = not_a_file(path);
+  if (!why.empty()) throw std::runtime_error("'" + path + "' " + why);
+}
+
+std::string read_whole_file(const std::string& path) {
+  check_regular_file(path);
+  std::unique_ptr<FILE, decltype(&std::fclose)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fileno(f.get()), &st) != 0) throw std::runtime_error("cannot stat '" + path + "': " + std::strerror(errno));
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t n = out.empty() ? 0 : std::fread(out.data(), 1, out.size(), f.get());
+  if (n != out.size())
+    throw std::runtime_error("cannot read '" + path + "': " + std::to_string(n) + " of its " + std::to_string(out.size()) +
+                             " bytes came" + (std::ferror(f.get()) ? std::string(" (") + std::strerror(errno) + ")" : ""));
+  return out;
+}
+
 FileInfo file_info(const std::string& path) {
   FileInfo info;
+  check_regular_file(path);
   info.path = real_path(path);
-  struct stat st {};
-  if (::stat(info.path.c_str(), &st) != 0) throw std::runtime_error("cannot stat '" + path + "': " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) throw std::runtime_error("'" + path + "' is not a regular file");
   std::unique_ptr<FILE, decltype(&std::fclose)> f(std::fopen(info.path.c_str(), "rb"), &std::fclose);
   if (!f) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
   DigestContext d;

@@ -21,6 +21,19 @@ std::string sha256_hex(std::string_view bytes);
 /// throws std::runtime_error naming the path and the reason otherwise.
 std::string real_path(const std::string& path);
 
+/// Why `path` cannot be read as a file: "" when it is a regular file, else
+/// "is a directory", "is not a regular file (a FIFO)", ... or "does not
+/// exist" (the system's reason). Readers say it before they read a byte: a
+/// directory opens as a stream on Linux and reads as nothing, or fails
+/// later with a message about its (absent) contents.
+std::string not_a_file(const std::string& path);
+/// Throws std::runtime_error("'PATH' is a directory", ...) unless `path` is a
+/// regular file; `what` names it for the reader ("safetensors file").
+void check_regular_file(const std::string& path);
+/// The bytes of a regular file, every one of them read (a short read is an
+/// error naming the path and how many bytes came).
+std::string read_whole_file(const std::string& path);
+
 /// Path, size and SHA-256 of a regular file, read in 1 MiB pieces; throws
 /// std::runtime_error naming the path and the reason when it cannot be read.
 FileInfo file_info(const std::string& path);

@@ -1,5 +1,6 @@
 // safetensors reading and writing (see safetensors.h).
 #include "host/io/safetensors.h"
+#include "host/io/digest.h"
 
 #include "host/io/durable.h"
 
@@ -82,6 +83,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 }
 
 SafetensorsIndex open_safetensors(const std::string& path) {
+  if (std::string why = not_a_file(path); !why.empty()) throw SafetensorsError(in_quotes(path) + " " + why);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw SafetensorsError("cannot open " + in_quotes(path) + ": " + std::strerror(errno));
   const uint64_t size = static_cast<uint64_t>(in.tellg());
@@ -89,6 +91,7 @@ SafetensorsIndex open_safetensors(const std::string& path) {
   if (size < 8) corrupt(path, "it is " + std::to_string(size) + " bytes long, shorter than the 8-byte header length");
   unsigned char len[8];
   in.read(reinterpret_cast<char*>(len), 8);
+  if (in.gcount() != 8) corrupt(path, "only " + std::to_string(in.gcount()) + " of the 8 bytes of the header length could be read");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
   if (n > size - 8)
@@ -96,6 +99,8 @@ SafetensorsIndex open_safetensors(const std::string& path) {
                       std::to_string(size) + " bytes)");
   std::string text(n, '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
+  if (static_cast<uint64_t>(in.gcount()) != n)
+    corrupt(path, "only " + std::to_string(in.gcount()) + " of the header's " + std::to_string(n) + " bytes could be read");
   json header;
   try {
     header = json::parse(text);

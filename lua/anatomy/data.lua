@@ -141,9 +141,7 @@ local function from_sentencepiece(folder, model)
   local settings = {}
   local config_path = folder .. '/tokenizer_config.json'
   if fs.exists(config_path) then
-    local f = assert(io.open(config_path, 'rb'))
-    local text = f:read('*a')
-    f:close()
+    local text = fs.read(config_path)
     local ok, config = pcall(require('anatomy.json').decode, text)
     if not ok or type(config) ~= 'table' then
       error(("data.tokenizer: '%s' is not valid JSON: %s"):format(config_path, tostring(config)), 3)

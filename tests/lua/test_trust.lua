@@ -504,4 +504,41 @@ test('help() lists every global table, and every public function has documentati
   assert(torch.banner():find(', 1 thread)', 1, true), torch.banner())
 end)
 
+test('every file reader says a directory is a directory, a FIFO is not a regular file, and a short read is short', function()
+  local dir = H.tmpdir()
+  local fifo = dir .. '/fifo'
+  os.execute("mkfifo '" .. fifo .. "'")
+  local model = models.gpt{vocab = 5, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8}
+  local readers = {
+    {'torch.load_safetensors', function(p) return torch.load_safetensors(p) end},
+    {'torch.safe_open', function(p) return torch.safe_open(p) end},
+    {'data.text', function(p) return data.text(p) end},
+    {'data.file_info', function(p) return data.file_info(p) end},
+    {'train.load_checkpoint', function(p) return train.load_checkpoint(p, model) end},
+    {'train.read_metrics', function(p) return train.read_metrics(p) end},
+  }
+  for _, r in ipairs(readers) do
+    raises(function() return r[2](dir) end, "'" .. dir .. "' is a directory")
+    raises(function() return r[2](fifo) end, "'" .. fifo .. "' is not a regular file (a FIFO)")
+  end
+  -- the pieces of a checkpoint folder and a tokenizer folder, each a directory where a file belongs
+  local folder = H.tmpdir()
+  os.execute("mkdir '" .. folder .. "/config.json'")
+  raises(function() models.from_pretrained(folder) end, 'config.json')
+  raises(function() models.from_pretrained(folder) end, 'is a directory')
+  local tok = H.tmpdir()
+  os.execute("mkdir '" .. tok .. "/tokenizer.json'")
+  raises(function() data.tokenizer(tok) end, 'is a directory')
+  local sp = H.tmpdir()
+  os.execute("mkdir '" .. sp .. "/tokenizer.model'")
+  raises(function() data.tokenizer(sp) end, 'is a directory')
+  -- a file whose size says more than a read gives (sysfs): the reader counts what came
+  local short = '/sys/devices/system/cpu/online'
+  if require('anatomy.fs').exists(short) then
+    raises(function() torch.load_safetensors(short) end, 'of the 8 bytes of the header length could be read')
+    raises(function() data.tokenizer(short) end, 'bytes came')
+  end
+  os.execute("rm -rf '" .. dir .. "' '" .. folder .. "' '" .. tok .. "' '" .. sp .. "'")
+end)
+
 H.done()
