@@ -13,15 +13,21 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <set>
 
-#include "host/io/digest.h"
 #include <fstream>
 #include <sstream>
+
+#include <unistd.h>
+
+#include "host/io/digest.h"
 
 namespace anatomy::io {
 namespace bpe_text {
 
 std::string read_file(const std::string& path) {
+  if (::access(path.c_str(), F_OK) != 0) throw TokenizerError("cannot open '" + path + "'");
   try {
     return io::read_whole_file(path);
   } catch (const std::runtime_error& e) {
@@ -440,11 +446,82 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::read_vocab_merges(const std::string&
     t->merge_rank_.emplace(line, rank++);
   }
   t->split_ = std::make_unique<Regex>(kGpt2Pattern, vocab_json);
-  // GPT-2's <|endoftext|> is in its vocab.json; as a special token it is never split.
-  if (auto it = t->vocab_.find("<|endoftext|>"); it != t->vocab_.end())
-    t->added_.push_back({"<|endoftext|>", it->second, true, false, false});
+  t->read_added_tokens(vocab_json);
   t->finish_loading(vocab_json);
   return t;
+}
+
+// The added and special tokens of a vocab.json + merges.txt folder, as
+// transformers' slow tokenizers save them beside it: tokenizer_config.json's
+// added_tokens_decoder ({"50257": {"content", "special", "lstrip", "rstrip",
+// ...}}), added_tokens.json ({"<|pad|>": 50257}, the older form) and
+// special_tokens_map.json (which of them are special: bos_token, eos_token,
+// ...). Each is matched in the text before BPE,
+// as one token; GPT-2's <|endoftext|> (in vocab.json) is special without them.
+void BpeTokenizer::read_added_tokens(const std::string& vocab_json) {
+  size_t slash = vocab_json.find_last_of('/');
+  std::string folder = slash == std::string::npos ? "." : vocab_json.substr(0, slash);
+  auto optional_json = [&](const std::string& name) -> json {
+    std::string path = folder + "/" + name;
+    if (::access(path.c_str(), F_OK) != 0) return json();
+    return parse_json(path);
+  };
+  std::map<std::string, AddedToken> found;  // content -> token
+  std::set<std::string> special;
+  const json map = optional_json("special_tokens_map.json");
+  if (!map.is_null() && !map.is_object()) throw TokenizerError("'" + folder + "/special_tokens_map.json' is not a JSON object");
+  auto content_of = [&](const json& v) -> std::string {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+    throw TokenizerError("'" + folder + "/special_tokens_map.json': a token is neither a string nor {\"content\": ...}");
+  };
+  const json no_map = json::object();
+  const json& entries = map.is_object() ? map : no_map;  // (a temporary here would die before the loop)
+  // The named ones (bos_token, eos_token, unk_token, pad_token, ...). Its
+  // additional_special_tokens list is left out, as transformers 5 leaves it
+  // (tokenizer_config.json's added_tokens_decoder says which are special).
+  for (const auto& [key, v] : entries.items()) {
+    if (!v.is_array() && !v.is_null()) special.insert(content_of(v));
+  }
+  const json added = optional_json("added_tokens.json");
+  if (!added.is_null()) {
+    if (!added.is_object()) throw TokenizerError("'" + folder + "/added_tokens.json' is not an object of token -> id");
+    for (const auto& [content, id] : added.items())
+      found[content] = {content, token_id(id, "'" + folder + "/added_tokens.json': token '" + content + "'", added.size() + vocab_.size()),
+                        special.count(content) > 0, false, false};
+  }
+  const json config = optional_json("tokenizer_config.json");
+  if (config.is_object() && config.contains("added_tokens_decoder")) {
+    const json& decoder = config["added_tokens_decoder"];
+    std::string where = "'" + folder + "/tokenizer_config.json': added_tokens_decoder";
+    if (!decoder.is_object()) throw TokenizerError(where + " is not an object of id -> token");
+    for (const auto& [key, a] : decoder.items()) {
+      char* end = nullptr;
+      long long id = std::strtoll(key.c_str(), &end, 10);
+      const long long bound = static_cast<long long>(2 * (vocab_.size() + decoder.size())) + (1 << 16);
+      if (key.empty() || *end != '\0' || id < 0 || id >= bound)
+        throw TokenizerError(where + ": '" + key + "' is not a token id in 0.." + std::to_string(bound - 1));
+      if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
+        throw TokenizerError(where + ": entry " + key + " has no content");
+      std::string content = a["content"].get<std::string>();
+      if (flag(a, "single_word", false)) throw TokenizerError(where + ": '" + content + "' has single_word; not supported");
+      if (auto it = found.find(content); it != found.end() && it->second.id != id)
+        throw TokenizerError(where + ": '" + content + "' has id " + key + ", but added_tokens.json gives " + std::to_string(it->second.id));
+      found[content] = {content, id, flag(a, "special", special.count(content) > 0), flag(a, "lstrip", false), flag(a, "rstrip", false)};
+    }
+  }
+  // special tokens that are in the vocabulary itself (GPT-2's <|endoftext|>): never split either
+  special.insert("<|endoftext|>");
+  for (const auto& content : special) {
+    auto it = vocab_.find(content);
+    if (it != vocab_.end() && !found.count(content)) found[content] = {content, it->second, true, false, false};
+  }
+  for (auto& [content, a] : found) {
+    if (auto it = vocab_.find(content); it != vocab_.end() && it->second != a.id)
+      throw TokenizerError("'" + folder + "': added token '" + content + "' has id " + std::to_string(a.id) +
+                           ", but vocab.json gives it " + std::to_string(it->second));
+    added_.push_back(a);
+  }
 }
 
 void BpeTokenizer::finish_loading(const std::string& where) {

@@ -82,6 +82,7 @@ class BpeTokenizer : public Tokenizer {
     int64_t id;  // 0-based, as in the file
     bool special, lstrip, rstrip;
   };
+  void read_added_tokens(const std::string& vocab_json);
   void finish_loading(const std::string& where);
   void encode_piece(std::string_view piece, std::vector<int64_t>& out) const;
   void encode_plain(std::string_view text, bool first, std::vector<int64_t>& out) const;

@@ -17,6 +17,9 @@ user-defined piece), against what `transformers` builds from it
 add_eos_token without add_bos_token, and add_prefix_space false.
 Texts: Unicode, emoji with joiners, whitespace runs, numbers, contractions,
 special tokens inside the text, invalid UTF-8 from partial tokens on decode.
+GPT-2's vocab.json + merges.txt also with the files a slow tokenizer's
+save_pretrained writes beside them (added and special tokens, lstrip), in
+two layouts, against transformers 5 loading the same folders.
 
 Exact: every id and every decoded string must be equal.
 Needs `tokenizers`, and for tokenizer.model `transformers` and `sentencepiece`
@@ -191,9 +194,63 @@ def sentencepiece_model_cases(tmp):
     return cases
 
 
-def check(exe, name, path, tok, tmp):
-    expected = [tok.encode(t).ids for t in TEXTS]
-    plain = [tok.encode(t, add_special_tokens=False).ids for t in TEXTS]
+ADDED_TEXTS = [
+    "text<|endoftext|>more",
+    "a<|pad|>b <|pad|> c  <|user|>d<|user|>",
+    "x<extra>y <extra> z",
+    "a  <mask>b and <mask> and\t<mask>",
+    "<|endoftext|><|pad|><extra><mask><|user|>",
+]
+
+
+def slow_gpt2_cases(tmp, gpt2):
+    """GPT-2's vocab.json + merges.txt with the files transformers' slow
+    GPT2Tokenizer.save_pretrained writes beside them (transformers 4): special
+    and added tokens in tokenizer_config.json's added_tokens_decoder,
+    special_tokens_map.json and added_tokens.json; and the older layout with
+    only added_tokens.json and special_tokens_map.json. The reference is
+    transformers 5 loading each folder (it converts the slow files)."""
+    import transformers
+    V = gpt2.get_vocab_size()
+
+    def entry(content, special, lstrip=False, rstrip=False):
+        return {"content": content, "lstrip": lstrip, "normalized": not special, "rstrip": rstrip,
+                "single_word": False, "special": special}
+
+    special_map = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+                   "pad_token": "<|pad|>", "additional_special_tokens": ["<|user|>"]}
+    added = {"<|pad|>": V, "<|user|>": V + 1, "<extra>": V + 2, "<mask>": V + 3}
+    layouts = {
+        "slow GPT2Tokenizer (transformers 4.34+): added_tokens_decoder": {
+            "tokenizer_config.json": {
+                "add_bos_token": False, "add_prefix_space": False, "errors": "replace", "model_max_length": 1024,
+                "tokenizer_class": "GPT2Tokenizer", "clean_up_tokenization_spaces": False, **special_map,
+                "added_tokens_decoder": {"0": entry("<|endoftext|>", True), str(V): entry("<|pad|>", True),
+                                         str(V + 1): entry("<|user|>", True), str(V + 2): entry("<extra>", False),
+                                         str(V + 3): entry("<mask>", False, lstrip=True)}},
+            "special_tokens_map.json": special_map, "added_tokens.json": added},
+        "slow GPT2Tokenizer (older): added_tokens.json and special_tokens_map.json": {
+            "tokenizer_config.json": {"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "errors": "replace",
+                                      "clean_up_tokenization_spaces": False},
+            "special_tokens_map.json": special_map, "added_tokens.json": added},
+    }
+    cases = []
+    for i, (name, files) in enumerate(layouts.items()):
+        folder = os.path.join(tmp, f"gpt2-slow-{i}")
+        os.mkdir(folder)
+        gpt2.model.save(folder)
+        for file, content in files.items():
+            with open(os.path.join(folder, file), "w") as f:
+                json.dump(content, f)
+        tok = transformers.AutoTokenizer.from_pretrained(folder)
+        assert len(tok) == V + 4, f"transformers read {len(tok)} tokens from {folder}"
+        cases.append((name, folder, FromTransformers(tok), TEXTS + ADDED_TEXTS))
+    return cases
+
+
+def check(exe, name, path, tok, tmp, texts=TEXTS):
+    expected = [tok.encode(t).ids for t in texts]
+    plain = [tok.encode(t, add_special_tokens=False).ids for t in texts]
     # decode Hugging Face's ids, plus ids that cut a multi-byte character
     to_decode = [list(ids) for ids in expected]
     emoji = tok.encode("👋🏽", add_special_tokens=False).ids
@@ -201,7 +258,7 @@ def check(exe, name, path, tok, tmp):
     stem = "".join(c if c.isalnum() else "_" for c in name)
     texts_path, ids_path, out_path = (os.path.join(tmp, f"{stem}.{k}.json") for k in ("texts", "ids", "out"))
     with open(texts_path, "w") as f:
-        json.dump(TEXTS + ["(decode only)"], f)
+        json.dump(texts + ["(decode only)"], f)
     with open(ids_path, "w") as f:
         json.dump(to_decode, f)
     here = os.path.dirname(os.path.abspath(__file__))
@@ -222,7 +279,7 @@ def check(exe, name, path, tok, tmp):
             print(f"FAIL  {name}: {what}\n  anatomy: {a!r}\n  tokenizers: {b!r}")
 
     same("vocab size", got["vocab_size"], tok.get_vocab_size(with_added_tokens=True))
-    for i, text in enumerate(TEXTS):
+    for i, text in enumerate(texts):
         same(f"encode {text!r}", got["encoded"][i], expected[i])
         same(f"encode {text!r} without special tokens", got["plain"][i], plain[i])
     for i, ids in enumerate(to_decode):
@@ -261,8 +318,9 @@ def main():
             sp.save(os.path.join(tmp, f"sp-{form}.json"))
             cases.append((label, os.path.join(tmp, f"sp-{form}.json"), sp))
         cases += sentencepiece_model_cases(tmp)
-        for name, path, tok in cases:
-            p, f = check(exe, name, path, tok, tmp)
+        cases += slow_gpt2_cases(tmp, gpt2)
+        for name, path, tok, *texts in cases:
+            p, f = check(exe, name, path, tok, tmp, *texts)
             passed += p
             failed += f
     print(f"{passed} passed, {failed} failed")
