@@ -171,10 +171,18 @@ void push_userdata(lua_State* L, const char* meta, T value) {
 template <typename T>
 void define_userdata(lua_State* L, const char* meta, const char* shown, const luaL_Reg* methods) {
   luaL_newmetatable(L, meta);
-  lua_pushcfunction(L, [](lua_State* S) -> int {
-    static_cast<T*>(lua_touserdata(S, 1))->~T();
+  // The collector calls __gc once; debug.getmetatable(u).__gc(v) may call it
+  // with anything, again: only userdata of this metatable is freed, and then
+  // loses its metatable (a later use is a type error, not a use after free).
+  lua_pushstring(L, meta);
+  lua_pushcclosure(L, [](lua_State* S) -> int {
+    void* p = luaL_testudata(S, 1, lua_tostring(S, lua_upvalueindex(1)));
+    if (!p) return 0;
+    static_cast<T*>(p)->~T();
+    lua_pushnil(S);
+    lua_setmetatable(S, 1);
     return 0;
-  });
+  }, 1);
   lua_setfield(L, -2, "__gc");
   lua_pushstring(L, shown);
   lua_setfield(L, -2, "__metatable");

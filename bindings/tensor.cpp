@@ -17,8 +17,15 @@ namespace {
 // ---- metamethods ------------------------------------------------------------
 
 int tensor_gc(lua_State* L) {
-  // Runs once per userdata; the at::Tensor was placement-new'ed into it.
-  static_cast<at::Tensor*>(lua_touserdata(L, 1))->~Tensor();
+  // The collector runs it once per userdata; the at::Tensor was
+  // placement-new'ed into it. debug.getmetatable(x).__gc reaches it too, with
+  // any argument: only a tensor is freed, and a freed one loses its metatable
+  // (later uses are type errors; the collector then leaves it alone).
+  at::Tensor* t = to_tensor(L, 1);
+  if (!t) return 0;
+  t->~Tensor();
+  lua_pushnil(L);
+  lua_setmetatable(L, 1);
   return 0;
 }
 

@@ -4,7 +4,9 @@
 -- It enumerates at run time every function the library exports (torch.*,
 -- tensor methods and operators, nn blocks, optim, probe, patching, data,
 -- train, text, autopsy, exact, metrics, models and the methods of the
--- userdata they return), so a new binding is fuzzed without editing this file, and calls
+-- userdata they return) and every function in the metatables of the objects
+-- they make (metamethods too, through debug.getmetatable), so a new binding
+-- is fuzzed without editing this file, and calls
 -- them in random order with arguments drawn from a typed pool: tensors of
 -- every dtype, 0-dim, empty, non-contiguous, expanded, NaN/Inf, int64
 -- extremes; numbers 0, -1, 0.5, 2^53, nan, inf, huge; exact rationals; strings empty, long,
@@ -78,6 +80,43 @@ end
 for _, root in ipairs{'torch', 'nn', 'optim', 'probe', 'patching', 'data', 'train', 'text', 'models', 'autopsy', 'exact'} do
   walk(root, _G[root], 0, {})
 end
+-- Every function reachable from the metatables of the objects the library
+-- makes, metamethods included (__tostring, __gc, __index's methods, the
+-- operators), read with debug.getmetatable past any __metatable guard: a C
+-- function there may be called with any argument by anyone. One object of
+-- each kind is made here, before the first call, so the list is the same for
+-- every seed and every --only subset.
+local function add_metatable(label, v, seen)
+  local mt = debug.getmetatable(v)
+  if type(mt) ~= 'table' or seen[mt] then return end
+  seen[mt] = true
+  for k, f in pairs(mt) do
+    if type(k) == 'string' then
+      local name = ('getmetatable(%s).%s'):format(label, k)
+      if type(f) == 'function' then add(name, f)
+      elseif type(f) == 'table' then
+        walk(name, f, 1, {})
+        add_metatable(name, f, seen)
+      end
+    end
+  end
+end
+do
+  local seen = {}
+  local ok_model, model = pcall(models.gpt, {vocab = 7, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8})
+  local samples = {
+    {'tensor', torch.ones(2)}, {'size', torch.ones(2, 3):size()}, {'rational', exact.Q('3/2')},
+    {'corpus', data.from_string(('abc def '):rep(20))}, {'model', ok_model and model or nil},
+  }
+  if ok_model then
+    for name, m in model:named_modules() do samples[#samples + 1] = {'module ' .. (name == '' and 'model' or name), m} end
+    samples[#samples + 1] = {'optimizer', optim.AdamW(model:parameters(), {lr = 1e-3})}
+    local ok, _, cache = pcall(probe.run_with_cache, model, torch.tensor({{1, 2}}, {dtype = 'int64'}))
+    if ok then samples[#samples + 1] = {'cache', cache} end
+  end
+  for _, s in ipairs(samples) do if s[2] ~= nil then add_metatable(s[1], s[2], seen) end end
+end
+
 local tensor_methods = {}
 for k, v in pairs(torch.Tensor) do
   if type(k) == 'string' and type(v) == 'function' and not skipped('Tensor.' .. k) then tensor_methods[#tensor_methods + 1] = k end

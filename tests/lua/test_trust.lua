@@ -541,4 +541,32 @@ test('every file reader says a directory is a directory, a FIFO is not a regular
   os.execute("rm -rf '" .. dir .. "' '" .. folder .. "' '" .. tok .. "' '" .. sp .. "'")
 end)
 
+test("a metatable's C functions called by hand, with anything, again: errors, never a crash", function()
+  local samples = {torch.ones(2), exact.Q('3/2'), data.from_string(('abc '):rep(30)), torch.ones(2):size()}
+  for _, v in ipairs(samples) do
+    local mt = debug.getmetatable(v)
+    for key, f in pairs(mt) do
+      if type(f) == 'function' and key ~= '__gc' then
+        for _, junk in ipairs{4, -1, 'x', {}, true, exact.Q(2), torch.ones(1)} do pcall(f, junk) pcall(f, junk, junk) end
+      end
+    end
+    if mt.__gc then
+      for _, junk in ipairs{4, 'x', {}, torch.ones(1):size()} do mt.__gc(junk) end  -- nothing to free: nothing happens
+    end
+  end
+  -- a tensor freed by hand: a later use is an error, a second free and the collector do nothing
+  local t = torch.ones(3)
+  local gc = debug.getmetatable(t).__gc
+  gc(t)
+  gc(t)
+  raises(function() return t + 1 end, 'attempt to perform arithmetic')
+  raises(function() return torch.zeros(2):add(t) end, 'Tensor expected, got userdata')
+  local c = data.from_string(('abc '):rep(30))
+  debug.getmetatable(c._native).__gc(c._native)
+  raises(function() return c:tokens() end, 'expected, got userdata')
+  collectgarbage()
+  collectgarbage()
+  eq(torch.ones(2):sum():item(), 2, 'the session goes on')
+end)
+
 H.done()
