@@ -560,7 +560,7 @@ test("a metatable's C functions called by hand, with anything, again: errors, ne
   gc(t)
   gc(t)
   raises(function() return t + 1 end, 'attempt to perform arithmetic')
-  raises(function() return torch.zeros(2):add(t) end, 'Tensor expected, got userdata')
+  raises(function() return torch.zeros(2):add(t) end, 'Tensor or number expected, got userdata')
   local c = data.from_string(('abc '):rep(30))
   debug.getmetatable(c._native).__gc(c._native)
   raises(function() return c:tokens() end, 'expected, got userdata')
