@@ -563,7 +563,7 @@ test("a metatable's C functions called by hand, with anything, again: errors, ne
   raises(function() return torch.zeros(2):add(t) end, 'Tensor or number expected, got userdata')
   local c = data.from_string(('abc '):rep(30))
   debug.getmetatable(c._native).__gc(c._native)
-  raises(function() return c:tokens() end, 'expected, got userdata')
+  raises(function() return c:tokens() end, "attempt to index field '_native'")
   collectgarbage()
   collectgarbage()
   eq(torch.ones(2):sum():item(), 2, 'the session goes on')
