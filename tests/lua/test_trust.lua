@@ -184,6 +184,11 @@ test("a checkpoint's names work in caches, over =, patching and layer arguments"
   probe.logit_attribution(m, ids, 3)
   identical(torch.no_grad(function() return m(ids) end), before, 'after the attribution')
   for n, mod in m:named_modules() do eq(rawget(mod, '_hook_entries'), nil, n) eq(rawget(mod, '_probes'), nil, n) end
+  -- the autopsy's layer arguments
+  local a = autopsy.run(m, {ids, torch.randint(1, 12, {4, 6})})
+  eq(a.rows[2].hf_name, 'transformer.h.0')
+  eq(tostring(a:attention('transformer.h.0', 1)), tostring(a:attention('h.1', 1)))
+  raises(function() a:attention('h.0', 1) end, "write 'h.1', or the checkpoint's own name 'transformer.h.0'")
   os.execute("rm -rf '" .. dir .. "'")
 end)
 

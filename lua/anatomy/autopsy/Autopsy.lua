@@ -52,6 +52,17 @@ function Autopsy:attention(layer, head, opts)
   end
   if #names == 0 then error('a:attention: no layer published an attention pattern in this autopsy', 2) end
   local name = type(layer) == 'number' and names[layer] or layer
+  for _, r in ipairs(self.rows) do  -- a checkpoint's own spelling ('transformer.h.0') names its row too
+    if r.hf_name and r.hf_name == layer then name = r.name end
+  end
+  if type(name) == 'string' and not self.attention_maps[name] and name:find('%f[%w]0%f[%W]') then
+    for _, r in ipairs(self.rows) do
+      if r.hf_name and models.hf_name(r.name) == name then
+        error(("a:attention: '%s': anatomy counts layers from 1, so a layer 0 is no anatomy name: write '%s', or the checkpoint's own name '%s'")
+          :format(name, r.name, r.hf_name), 2)
+      end
+    end
+  end
   local m = self.attention_maps[name]
   if not m then
     error(('a:attention: layer must be 1..%d or one of %s, got %s'):format(#names, table.concat(names, ', '), tostring(layer)), 2)
