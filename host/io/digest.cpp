@@ -60,7 +60,7 @@ std::string real_path(const std::string& path) {
 
 std::string not_a_file(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::string("cannot be read (") + std::strerror(errno) + ")";
+  if (::stat(path.c_str(), &st) != 0) return "";  // missing: the reader's open says so, in its own words
   if (S_ISREG(st.st_mode)) return "";
   if (S_ISDIR(st.st_mode)) return "is a directory";
   const char* kind = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device"

@@ -22,8 +22,8 @@ std::string sha256_hex(std::string_view bytes);
 std::string real_path(const std::string& path);
 
 /// Why `path` cannot be read as a file: "" when it is a regular file, else
-/// "is a directory", "is not a regular file (a FIFO)", ... or "does not
-/// exist" (the system's reason). Readers say it before they read a byte: a
+/// "is a directory", "is not a regular file (a FIFO)", ... ("" too when it
+/// does not exist: opening it then says so). Readers ask before they read: a
 /// directory opens as a stream on Linux and reads as nothing, or fails
 /// later with a message about its (absent) contents.
 std::string not_a_file(const std::string& path);

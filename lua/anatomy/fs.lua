@@ -34,7 +34,7 @@ function fs.dirname(path) return path:match('^(.*)/[^/]*$') end
 -- fs.read(path) -> the file's bytes; an error naming path when it cannot be read
 function fs.read(path)
   local why = type(path) == 'string' and torch._not_a_file(path)
-  if why and not why:match('^cannot be read') then error(("cannot read '%s': it %s"):format(path, why), 2) end
+  if why then error(("cannot read '%s': it %s"):format(path, why), 2) end
   local f, err = io.open(path, 'rb')
   if not f then error(("cannot read '%s' (%s)"):format(path, err), 2) end
   local s = f:read('*a')

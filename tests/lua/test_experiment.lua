@@ -25,7 +25,7 @@ test('SHA-256 of known inputs (FIPS 180-2 examples) and file facts', function()
   eq(info.path:sub(1, 1), '/', 'absolute path')
   os.remove(path)
   raises(function() data.file_info('/no/such/file.txt') end, "cannot resolve '/no/such/file.txt': No such file or directory")
-  raises(function() data.file_info('/tmp') end, "'/tmp' is not a regular file")
+  raises(function() data.file_info('/tmp') end, "'/tmp' is a directory")
   raises(function() data.sha256(42) end, "bad argument #1 to 'data.sha256' (string expected, got number)")
 end)
 

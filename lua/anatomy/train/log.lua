@@ -10,7 +10,7 @@ local log = {}
 function log.read(path)
   if type(path) ~= 'string' then error(('train.read_metrics: path must be a string, got %s'):format(type(path)), 2) end
   local why = torch._not_a_file(path)  -- a directory opens, then reads as nil
-  if why and not why:match('^cannot be read') then error(("train.read_metrics: '%s' %s"):format(path, why), 2) end
+  if why then error(("train.read_metrics: '%s' %s"):format(path, why), 2) end
   local f, err = io.open(path, 'rb')
   if not f then error(('train.read_metrics: cannot open %s'):format(tostring(err)), 2) end
   local text = f:read('*a')
