@@ -31,7 +31,7 @@ report.provenance_html = provenance_html
 local style = [[
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }
 h1 { font-size: 20px; } table { border-collapse: collapse; font: 12px monospace; }
-td, th { padding: 2px 8px; border-bottom: 1px solid #ddd; text-align: right; } td:first-child, th:first-child { text-align: left; }
+td, th { padding: 2px 6px; border-bottom: 1px solid #ddd; text-align: right; } td:first-child, th:first-child { text-align: left; }
 .passenger { color: #888; } .boundary { color: #d62728; font-weight: bold; } .exploding { color: #ff7f0e; font-weight: bold; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; } figure { margin: 0; border: 1px solid #eee; padding: 8px; }
 figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .grid { stroke: #eee; } .group { stroke: #bbb; }
@@ -40,6 +40,7 @@ figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .g
 td.differs { background: #fde2c4; font-weight: bold; } table.compare { margin: 0 16px 16px 0; align-self: flex-start; }
 details.numbers { font-size: 11px; } details.numbers table { font-size: 11px; } .prompt code { white-space: pre-wrap; }
 .label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
+.wide { overflow-x: auto; max-width: 100%; }
 dl.note { display: grid; grid-template-columns: max-content 1fr; gap: 0 12px; max-width: 900px; }
 dl.note dt { font-family: monospace; } dl.note dd { margin: 0; }
 .provenance { font-size: 12px; color: #444; background: #f6f6f6; padding: 6px 8px; display: grid;
@@ -160,8 +161,8 @@ function report.html(a)
   end
   local prompt = table.concat(a.attention_tokens or {})
 
-  local cols = {'name'}
-  for _, m in ipairs(format.columns(a)) do cols[#cols + 1] = m[1] end
+  local cols = {'name', 'verdict'}  -- the verdict beside the name: the table may be wider than the page
+  for _, m in ipairs(format.columns(a)) do if m[1] ~= 'verdict' then cols[#cols + 1] = m[1] end end
   local thead = {}
   for _, c in ipairs(cols) do thead[#thead + 1] = '<th>' .. c .. '</th>' end
   local tbody = {}
@@ -178,7 +179,7 @@ function report.html(a)
     '<style>', style, '</style></head><body>',
     '<h1>Autopsy of ', esc(a.model), '</h1><p>loss ', format.number(a.loss, 4), '</p>',
     a.provenance and provenance_html(a.provenance) or '',
-    '<table><thead><tr>', table.concat(thead), '</tr></thead><tbody>', table.concat(tbody), '</tbody></table>',
+    '<div class="wide"><table><thead><tr>', table.concat(thead), '</tr></thead><tbody>', table.concat(tbody), '</tbody></table></div>',
     '<dl class="note">', legend_html(a), '</dl>',
     '<div class="charts">', table.concat(charts), '</div>',
     a.sections and ('<h2>Patching and attribution</h2><div class="charts">' .. table.concat(a.sections) .. '</div>') or '',
