@@ -50,6 +50,22 @@ TEST_CASE("the piped REPL survives an error and keeps its variables", "[repl]") 
   CHECK(contains(r.out, "\n42\n"));
 }
 
+TEST_CASE("an error in a one-line chunk is at stdin:1, whatever came before and however the line ends", "[repl]") {
+  // (the expression form wraps a chunk as `values(CHUNK\n)`: its line numbers must stay the chunk's own)
+  Result r = run("", "x = torch.ones(2, 3)\nx:sum({dim = 3})\nx:sum({dim = 3}) -- a comment\r\nerror('boom')\r\n"
+                     "y = x:sum({dim = 3})\nlocal a =\n  x:sum({dim = 3})\n");
+  CHECK(contains(r.out, "stdin:1: bad argument #1 to 'sum' (option 'dim': dimension 3 out of range"));
+  CHECK(contains(r.out, "stdin:1: boom"));
+  CHECK(contains(r.out, "stdin:2: bad argument #1 to 'sum'"));  // the two-line chunk: its second line
+  size_t errors = 0, at_one = 0;
+  for (size_t p = r.out.find("stdin:"); p != std::string::npos; p = r.out.find("stdin:", p + 1)) {
+    if (r.out.compare(p, 8, "stdin:1:") == 0 && r.out.compare(p > 0 ? p - 1 : p, 1, "\t") != 0) ++at_one;
+    if (r.out.compare(p > 0 ? p - 1 : p, 1, "\t") != 0) ++errors;
+  }
+  CHECK(errors == 5);
+  CHECK(at_one == 4);
+}
+
 TEST_CASE("the REPL prints expressions but not statements and a semicolon silences", "[repl]") {
   Result r = run("", "y = 5\ny * 2\ny * 3;\n'text'\n");
   CHECK(r.out == "10\n\"text\"\n");
