@@ -9,6 +9,7 @@
 #include "host/tensor_format.h"
 
 #include <cmath>
+#include <cstdio>
 
 namespace anatomy::lua {
 
@@ -107,8 +108,10 @@ size_t check_list_length(lua_State* L, int idx, int arg, const char* what) {
       double key = lua_tonumber(L, -1);
       if (key == std::floor(key) && key > static_cast<double>(n)) {
         lua_pop(L, 1);
+        char shown[32];  // the key as Lua prints it (a key may be 1e308: no integer type holds it)
+        std::snprintf(shown, sizeof shown, "%.14g", key);
         throw ArgError(arg, std::string(what) + " has a hole: entry " + std::to_string(n + 1) + " is nil but entry " +
-                                std::to_string(static_cast<long long>(key)) + " is not");
+                                shown + " is not");
       }
     }
   }

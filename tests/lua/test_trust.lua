@@ -229,6 +229,8 @@ test('a nil, NaN, fractional or negative size is an error naming the argument', 
   raises(function() torch.tensor({1, nil, 3}) end, 'the nested table has a hole: entry 2 is nil but entry 3 is not')
   raises(function() return x[{1, nil, 2}] end, 'bad index (the index table has a hole')
   raises(function() torch.cat({x, nil, x}) end, 'entry 2 is nil')
+  -- a key no integer type holds (found by the Lua-API fuzzer under UBSan: the message cast it to long long)
+  raises(function() torch.tensor({1, 2, [1e308] = 3}) end, 'the nested table has a hole: entry 3 is nil but entry 1e+308 is not')
   -- what still works
   eq(torch.zeros(2, 3):size(), {2, 3})
   eq(torch.zeros({2, 3}, {dtype = 'float64'}).dtype, 'float64')
