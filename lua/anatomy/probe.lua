@@ -49,14 +49,16 @@ local function module_set(model)
   return names
 end
 
--- The checkpoint's spelling of an anatomy name ('h.1.attn' ->
--- 'transformer.h.0.attn' for a GPT-2 saved with its prefix).
+-- probe.checkpoint_spelling(model, anatomy) -> the checkpoint's spelling of an
+-- anatomy name ('h.1.attn' -> 'transformer.h.0.attn' for a GPT-2; a Llama's
+-- 'blocks.1' -> 'model.layers.0'). The autopsy's rows carry it too.
 local function checkpoint_spelling(model, anatomy)
   local hf = models.hf_name(anatomy, model)
   if checkpoint_prefixed(hf) then return hf end
   local prefix = model.hf_prefix or ''
   return prefix .. hf
 end
+probe.checkpoint_spelling = checkpoint_spelling
 
 -- probe.resolve_name(model, name[, level]) -> anatomy's name of a module given in either spelling
 -- (the rule above); a layer 0 in anatomy's spelling is an error at `level`.

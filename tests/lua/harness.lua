@@ -28,6 +28,25 @@ function H.read(path)
   return s
 end
 
+-- GPT-2's tensors as GPT2LMHeadModel saves them (Conv1D weights [in, out]),
+-- names prefixed with `prefix` ('transformer.' or ''), seeded: a checkpoint
+-- for models.from_pretrained. s: {C = width, L = layers, V = vocab, P = positions}.
+function H.gpt2_tensors(prefix, s)
+  torch.manual_seed(0)
+  local C, L, V, P = s.C, s.L, s.V, s.P
+  local t = {[prefix .. 'wte.weight'] = torch.randn(V, C), [prefix .. 'wpe.weight'] = torch.randn(P, C),
+    [prefix .. 'ln_f.weight'] = torch.randn(C), [prefix .. 'ln_f.bias'] = torch.randn(C)}
+  for i = 0, L - 1 do
+    local b = prefix .. 'h.' .. i .. '.'
+    for _, n in ipairs{'ln_1', 'ln_2'} do t[b .. n .. '.weight'] = torch.randn(C); t[b .. n .. '.bias'] = torch.randn(C) end
+    t[b .. 'attn.c_attn.weight'] = torch.randn(C, 3 * C); t[b .. 'attn.c_attn.bias'] = torch.randn(3 * C)
+    t[b .. 'attn.c_proj.weight'] = torch.randn(C, C); t[b .. 'attn.c_proj.bias'] = torch.randn(C)
+    t[b .. 'mlp.c_fc.weight'] = torch.randn(C, 4 * C); t[b .. 'mlp.c_fc.bias'] = torch.randn(4 * C)
+    t[b .. 'mlp.c_proj.weight'] = torch.randn(4 * C, C); t[b .. 'mlp.c_proj.bias'] = torch.randn(C)
+  end
+  return t
+end
+
 -- Inside a test: stop it and count it as skipped, saying why (what the machine lacks).
 function H.skip(reason) error({skip = reason}, 0) end
 

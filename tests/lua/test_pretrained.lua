@@ -14,20 +14,7 @@ local config = {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C
   activation_function = 'gelu_new', layer_norm_epsilon = 1e-5}
 
 -- GPT-2's tensors, as GPT2LMHeadModel saves them (Conv1D weights are [in, out]).
-local function gpt2_tensors(prefix)
-  torch.manual_seed(0)
-  local t = {[prefix .. 'wte.weight'] = torch.randn(V, C), [prefix .. 'wpe.weight'] = torch.randn(P, C),
-    [prefix .. 'ln_f.weight'] = torch.randn(C), [prefix .. 'ln_f.bias'] = torch.randn(C)}
-  for i = 0, L - 1 do
-    local b = prefix .. 'h.' .. i .. '.'
-    for _, n in ipairs{'ln_1', 'ln_2'} do t[b .. n .. '.weight'] = torch.randn(C); t[b .. n .. '.bias'] = torch.randn(C) end
-    t[b .. 'attn.c_attn.weight'] = torch.randn(C, 3 * C); t[b .. 'attn.c_attn.bias'] = torch.randn(3 * C)
-    t[b .. 'attn.c_proj.weight'] = torch.randn(C, C); t[b .. 'attn.c_proj.bias'] = torch.randn(C)
-    t[b .. 'mlp.c_fc.weight'] = torch.randn(C, 4 * C); t[b .. 'mlp.c_fc.bias'] = torch.randn(4 * C)
-    t[b .. 'mlp.c_proj.weight'] = torch.randn(4 * C, C); t[b .. 'mlp.c_proj.bias'] = torch.randn(C)
-  end
-  return t
-end
+local function gpt2_tensors(prefix) return H.gpt2_tensors(prefix, {C = C, L = L, V = V, P = P}) end
 
 local function folder(cfg, tensors)
   local dir = os.tmpname()

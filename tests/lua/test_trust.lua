@@ -141,18 +141,7 @@ end)
 -- GPT2LMHeadModel's names.
 local function gpt2_folder(extra)
   local C, L, V, P = 8, 2, 11, 16
-  torch.manual_seed(0)
-  local p = 'transformer.'
-  local t = {[p .. 'wte.weight'] = torch.randn(V, C), [p .. 'wpe.weight'] = torch.randn(P, C),
-    [p .. 'ln_f.weight'] = torch.randn(C), [p .. 'ln_f.bias'] = torch.randn(C)}
-  for i = 0, L - 1 do
-    local b = p .. 'h.' .. i .. '.'
-    for _, n in ipairs{'ln_1', 'ln_2'} do t[b .. n .. '.weight'] = torch.randn(C); t[b .. n .. '.bias'] = torch.randn(C) end
-    t[b .. 'attn.c_attn.weight'] = torch.randn(C, 3 * C); t[b .. 'attn.c_attn.bias'] = torch.randn(3 * C)
-    t[b .. 'attn.c_proj.weight'] = torch.randn(C, C); t[b .. 'attn.c_proj.bias'] = torch.randn(C)
-    t[b .. 'mlp.c_fc.weight'] = torch.randn(C, 4 * C); t[b .. 'mlp.c_fc.bias'] = torch.randn(4 * C)
-    t[b .. 'mlp.c_proj.weight'] = torch.randn(4 * C, C); t[b .. 'mlp.c_proj.bias'] = torch.randn(C)
-  end
+  local t = H.gpt2_tensors('transformer.', {C = C, L = L, V = V, P = P})
   local dir = H.tmpdir()
   local cfg = {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C,
     n_layer = L, n_head = 2, activation_function = 'gelu_new', layer_norm_epsilon = 1e-5}

@@ -158,8 +158,8 @@ local function run(model, source, opts)
       block_rows[i].gate_identity = (W:detach():double() - torch.eye(W:size(1), {dtype = 'float64'})):norm():item() / math.sqrt(W:size(1))
     end
     if rawget(model, 'hf_config') then  -- the checkpoint's spelling of the row (a:attention takes either)
-      local ok, hf = pcall(models.hf_name, l[1], model)
-      if ok and hf ~= l[1] then block_rows[i].hf_name = (hf:find('^[%w_]+%.') and model.hf_prefix or '') .. hf end
+      local hf = probe.checkpoint_spelling(model, l[1])
+      if hf ~= l[1] then block_rows[i].hf_name = hf end
     end
     local dim = last.d.io[i] and last.d.io[i].output:size(-1)
     if block_rows[i].erank and dim then block_rows[i].erank_ratio = block_rows[i].erank / dim end
