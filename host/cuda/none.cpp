@@ -10,7 +10,7 @@ namespace anatomy::cuda {
 namespace {
 [[noreturn]] void refuse() {
   throw NotAvailable("this anatomy was built against a LibTorch without CUDA (" + std::string("LibTorch ") + TORCH_VERSION +
-                     "); the CUDA build is made by scripts/setup --torch=pypi");
+                     "); the CUDA build is made by scripts/setup --torch=cuda");
 }
 }  // namespace
 

@@ -24,7 +24,7 @@ test('without a GPU, torch.cuda answers and refuses clearly', function()
   eq(torch.cuda.is_available(), false)
   eq(torch.cuda.device_count(), 0)
   local reason = torch.version.cuda and ('no GPU is visible (this LibTorch has CUDA ' .. torch.version.cuda .. ', but no device answers)')
-    or ('this anatomy was built against a LibTorch without CUDA (LibTorch ' .. torch.__version__ .. '); the CUDA build is made by scripts/setup --torch=pypi')
+    or ('this anatomy was built against a LibTorch without CUDA (LibTorch ' .. torch.__version__ .. '); the CUDA build is made by scripts/setup --torch=cuda')
   for _, f in ipairs{'synchronize', 'memory_allocated', 'max_memory_allocated', 'memory_reserved', 'reset_peak_memory_stats', 'CUDAGraph'} do
     raises(function() torch.cuda[f]() end, "error in 'cuda." .. f .. "' (" .. reason .. ')')
   end
@@ -41,7 +41,7 @@ test('train.fit cuda_graph = true without a GPU is a clear error, and nothing tr
   local before = m:parameters()[1]:clone()
   local expected = torch.version.cuda
     and ('train.fit: cuda_graph = true needs a GPU: this LibTorch has CUDA ' .. torch.version.cuda .. ', but no GPU is visible')
-    or ('train.fit: cuda_graph = true needs a GPU: this anatomy is built against LibTorch ' .. torch.__version__ .. ' without CUDA (scripts/setup --torch=pypi builds the CUDA one)')
+    or ('train.fit: cuda_graph = true needs a GPU: this anatomy is built against LibTorch ' .. torch.__version__ .. ' without CUDA (scripts/setup --torch=cuda builds the CUDA one)')
   raises(function() train.fit(m, c, {steps = 3, cuda_graph = true, quiet = true}) end, expected)
   raises(function() train.fit(m, c, {steps = 3, cuda_graph = 'yes', quiet = true}) end, 'train.fit: cuda_graph must be a boolean, got string')
   eq((m:parameters()[1] - before):abs():max():item(), 0, 'no step was taken')

@@ -23,7 +23,7 @@ two layouts, against transformers 5 loading the same folders.
 
 Exact: every id and every decoded string must be equal.
 Needs `tokenizers`, and for tokenizer.model `transformers` and `sentencepiece`
-(the PyPI build's venv: scripts/setup --tests --torch=pypi); exits 77 (skip)
+(the PyPI builds' venv: scripts/setup --tests); exits 77 (skip)
 without `tokenizers`.
 Usage: test_bpe_parity.py ANATOMY_EXECUTABLE
 """
@@ -37,7 +37,7 @@ try:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 except ImportError:
     print(f"skip: the python running this ({sys.executable}) has no `tokenizers`; "
-          "the PyPI build's venv has it (scripts/test --torch=pypi)")
+          "the PyPI build's venv has it (scripts/test)")
     sys.exit(77)
 
 CORPUS = [

@@ -29,7 +29,7 @@ try:
                               MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
     from test_bpe_parity import gpt2_like, llama3_like, sentencepiece_like
 except ImportError as e:
-    print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test --torch=pypi)")
+    print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
     sys.exit(77)
 
 transformers.logging.set_verbosity_error()

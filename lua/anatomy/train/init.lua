@@ -94,7 +94,7 @@ local function options(opts, model)
     if not torch.cuda.is_available() then
       error('train.fit: cuda_graph = true needs a GPU: ' .. (torch.version.cuda
         and ('this LibTorch has CUDA ' .. torch.version.cuda .. ', but no GPU is visible')
-        or ('this anatomy is built against LibTorch ' .. torch.__version__ .. ' without CUDA (scripts/setup --torch=pypi builds the CUDA one)')), 3)
+        or ('this anatomy is built against LibTorch ' .. torch.__version__ .. ' without CUDA (scripts/setup --torch=cuda builds the CUDA one)')), 3)
     end
     if not torch.device():match('^cuda') then
       error(("train.fit: cuda_graph = true needs the model on the GPU, but the default device is '%s' (--device=cuda)"):format(torch.device()), 3)
