@@ -266,6 +266,13 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
+  // Buffers of 2 MiB and more on transparent huge pages (LibTorch 2.x's own
+  // switch, read once at its first allocation; 1.13 has none): a full
+  // activation cache (GPT-2 small, 8x256: 3 GiB held at once) is memory no
+  // earlier forward freed, and first touching it 4 KiB at a time cost as
+  // much as the forward's matmuls (perf: 41% of run_with_cache in the
+  // kernel's clear_page). THP_MEM_ALLOC_ENABLE=0 turns it off.
+  setenv("THP_MEM_ALLOC_ENABLE", "1", /*overwrite=*/0);
   std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);  // progress lines show up promptly in logs and pipes
   anatomy::RuntimeOptions options;
   std::vector<Action> actions;

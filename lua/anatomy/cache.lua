@@ -203,7 +203,9 @@ end
 -- probe.run_with_cache(model, input, {filter, grad = false, tokenizer}) ->
 -- output, cache. input: ids or text (probe.to_ids). cache[name] is every
 -- module output and hook point the filter matches (all of them without one),
--- detached unless grad; cache.ids, cache.tokens[b][t] (each token's text),
+-- detached unless grad; a built-in attention's per-head 'result' (B, T, H, C)
+-- only where the filter names it ('h.1.attn.result', or {'*', '*.result'}
+-- for everything with it), as TransformerLens's use_attn_result; cache.ids, cache.tokens[b][t] (each token's text),
 -- cache:stack('resid_post') (L, ...), cache:heads('pattern', layer),
 -- cache:memory(), cache:attention(layer, head) (lua/anatomy/cache.lua).
 function probe.run_with_cache(model, input, opts)

@@ -240,11 +240,16 @@ local function dispatch(m, point, t)
   return t
 end
 
+-- The points a built-in block computes only when asked: an attention's
+-- per-head 'result' (B, T, H, C), H times its output's memory. An entry asks
+-- through e.wants_result(name) when it has one (a capture: its filter names
+-- the point), else through e.match.
 local function refresh_wanted(m)
   local wanted = {}
   local path = rawget(m, '_hook_path')
+  local name = (path == '' and '' or path .. '.') .. 'result'
   for _, e in ipairs(rawget(m, '_hook_entries') or {}) do
-    if e.match((path == '' and '' or path .. '.') .. 'result') then wanted = {'result'} end
+    if (e.wants_result or e.match)(name) then wanted = {'result'} end
   end
   rawset(m, '_hooks_wanted', wanted)
 end
@@ -375,6 +380,15 @@ function probe.attach_capture(model, opts)
     filter = translated
   end
   local want = matcher(filter)
+  -- an attention's per-head result only where the filter names it (a last
+  -- part 'result': 'h.1.attn.result', '*.result'), as TransformerLens's
+  -- use_attn_result: everything else a cache holds costs ~1.06x a forward
+  -- (GPT-2 small, 8x256), every head's result alone as much again
+  local asked_result = {}
+  for _, f in ipairs(type(filter) == 'table' and filter or {}) do
+    if f == 'result' or f:sub(-7) == '.result' then asked_result[#asked_result + 1] = f end
+  end
+  local wants_result = matcher(asked_result)
   local exact = {}  -- a filter of plain names: which modules may own one
   local globbed = filter == nil
   for _, f in ipairs(type(filter) == 'table' and filter or {}) do
@@ -419,7 +433,7 @@ function probe.attach_capture(model, opts)
       hooked = globbed or exact[name] == true
     end
     if hooked then
-      local entry = attach_hook(m, name, {kind = 'capture', hook = true, record = keep,
+      local entry = attach_hook(m, name, {kind = 'capture', hook = true, record = keep, wants_result = wants_result,
         match = function(full) return want(full) and not (kept_pattern and full == prefix .. 'pattern') end})
       handle.attached[#handle.attached + 1] = {m, entry}
     end

@@ -36,10 +36,31 @@ test('hook points are listed with the module outputs', function()
   end
 end)
 
-test('attention hook points equal the computation from the weights; hooked output equals the fused one', function()
+test("an attention's per-head result is cached only when the filter names it", function()
   local m, x = tiny(), ids(2, 6)
   local plain = torch.no_grad(function() return m(x) end)
   local out, c = probe.run_with_cache(m, x)
+  close(out, plain, 1e-5, 'output with every hook point but result')
+  assert(c['blocks.1.attn.z'] ~= nil, 'z is cached by default')
+  eq(c['blocks.1.attn.result'], nil)
+  for _, n in ipairs(c:names()) do assert(not n:find('result', 1, true), n .. ' cached without being asked for') end
+  local _, all = probe.run_with_cache(m, x, {filter = {'*', '*.result'}})
+  eq(all['blocks.1.attn.result']:size(), {2, 6, 4, 16})
+  eq(#all:names(), #c:names() + 2)  -- one result per attention (two blocks)
+  local _, one = probe.run_with_cache(m, x, {filter = 'blocks.2.attn.result'})
+  eq(one:names(), {'blocks.2.attn.result'})
+  -- a hook on result (not a capture) still gets it computed
+  local seen
+  local h = probe.replace(m, 'blocks.1.attn.result', function(t) seen = t:size() end)
+  torch.no_grad(function() return m(x) end)
+  h:remove()
+  eq(seen, {2, 6, 4, 16})
+end)
+
+test('attention hook points equal the computation from the weights; hooked output equals the fused one', function()
+  local m, x = tiny(), ids(2, 6)
+  local plain = torch.no_grad(function() return m(x) end)
+  local out, c = probe.run_with_cache(m, x, {filter = {'*', '*.result'}})
   close(out, plain, 1e-5, 'output with every hook point captured')
   local a = params(m.blocks[1].attn)
   local B, T, C, Hh, D = 2, 6, 16, 4, 4

@@ -36,7 +36,7 @@ end
 -- explicit path): the residual stream, the patterns, the logits; and each
 -- attention's per-head results summed with the output bias against its output
 do
-  local hooked, cache = probe.run_with_cache(model, ids)
+  local hooked, cache = probe.run_with_cache(model, ids, {filter = {'*', '*.result'}})
   out.cache_logits = hooked[1]:tolist()
   out.cache_hidden = {cache[layers[1][1] .. '.resid_pre'][1]:tolist()}
   for i = 1, L - 1 do out.cache_hidden[i + 1] = cache[layers[i][1] .. '.resid_post'][1]:tolist() end
