@@ -26,6 +26,49 @@ local function folder(cfg, tensors)
 end
 local function remove(dir) os.execute("rm -rf '" .. dir .. "'") end
 
+-- The autopsy of a checkpoint reuses work (model:hidden_from): removing block
+-- j reruns only the blocks after it from the stream block j read, the last
+-- block's lens is the forward's own logits. Its columns must be what the
+-- direct computation gives: a whole forward with the block skipped, the
+-- head read on each block's output.
+test('the autopsy of a checkpoint: removal and lens columns equal the direct computation', function()
+  local cfg = {}
+  for k, v in pairs(config) do cfg[k] = v end
+  cfg.n_layer = 4
+  local dir = folder(cfg, H.gpt2_tensors('transformer.', {C = C, L = 4, V = V, P = P}))
+  local m = models.from_pretrained(dir)
+  remove(dir)
+  eq(type(m.hidden_from), 'function')
+  torch.manual_seed(3)
+  local batches = {{torch.randint(1, V + 1, {3, 12}), torch.randint(1, V + 1, {3, 12})},
+                   {torch.randint(1, V + 1, {3, 12}), torch.randint(1, V + 1, {3, 12})}}
+  local n = 0
+  local source = {batch = function() n = n % 2 + 1; return batches[n][1], batches[n][2] end}
+  local a = autopsy.run(m, source, {steps = 2, seq = 12})
+  local function mean_over_batches(fn)
+    local sum = 0
+    for _, b in ipairs(batches) do sum = sum + fn(b[1], b[2]) end
+    return sum / #batches
+  end
+  local largest = 0
+  for j = 1, 4 do
+    local row = a.rows[j + 1]
+    eq(row.name, 'h.' .. j)
+    local h = probe.skip(m, 'h.' .. j)
+    local removal = mean_over_batches(function(x, y)
+      return torch.no_grad(function() return nn.functional.cross_entropy(m(x), y):item() end)
+    end)
+    h:remove()
+    local lens = mean_over_batches(function(x, y)
+      local cap = probe.capture(m, {filter = {'h.' .. j}}, function() torch.no_grad(function() m(x) end) end)
+      return torch.no_grad(function() return nn.functional.cross_entropy(m:readout(cap['h.' .. j]), y):item() end)
+    end)
+    largest = math.max(largest, math.abs(row.removal_loss - removal) / removal, math.abs(row.lens_loss - lens) / lens)
+  end
+  print(('  largest relative difference from the direct computation: %.2e'):format(largest))
+  assert(largest < 1e-5, 'autopsy columns differ from the direct computation by ' .. largest)
+end)
+
 test('GPT-2: weights placed (Conv1D transposed, layers from 1), tied head, either prefix', function()
   for _, prefix in ipairs{'transformer.', ''} do
     local t = gpt2_tensors(prefix)

@@ -44,6 +44,16 @@ local function run(model, source, opts)
     maps[name] = pattern[1]:narrow(2, 1, T):narrow(3, 1, T):float():clone()
     map_tokens = require('anatomy.cache').token_texts(ids:narrow(1, 1, T):unsqueeze(1), source)[1]
   end
+  local stepwise = type(model.hidden_from) == 'function' and type(model.readout) == 'function'
+  -- head_loss(h (B, T, C), y, top) -> the mean cross-entropy of readout(h)
+  -- against y, and (with top) the share of positions whose top token is top's
+  local function head_loss(h, y, top)
+    return torch.no_grad(function()
+      local logits = model:readout(h)
+      local ce = nn.functional.cross_entropy(logits, y):item()
+      return ce, top and logits:argmax(-1):eq(top):double():mean():item() or nil
+    end)
+  end
   local seen_batches = {}
   local missing = {}        -- column -> why it has no numbers (printed under the table)
   local patterns_text
@@ -57,6 +67,13 @@ local function run(model, source, opts)
       if p.grad ~= nil then add('grad:' .. name, p.grad:norm():item()) end
     end
     local final_top = d.logits:argmax(-1)
+    local eranks_of = {}   -- {layer, (tokens, C)}: one batched call below
+    -- a model with hidden_from(i, h) (the model protocol): its last layer's
+    -- lens is the forward's own logits, and removing layer j reruns only
+    -- layers j+1..N from the input j read (removing the last is the lens of
+    -- the one before it)
+    local from = want.removal and stepwise
+    local lens_ce = {}
     for i, l in ipairs(layers) do
       local rec = d.io[i]
       if rec then
@@ -66,7 +83,7 @@ local function run(model, source, opts)
         add(i .. ':act_std', stats.std)
         add(i .. ':act_max', stats.max_abs)
         add(i .. ':act_rms', stats.rms)
-        if want.erank then add(i .. ':erank', torch.metrics.erank(out)) end
+        if want.erank then eranks_of[#eranks_of + 1] = {i, out:reshape(-1, out:size(-1))} end
         if inp and table.concat(inp:size(), 'x') == table.concat(out:size(), 'x') then
           local in_std = torch.metrics.activation_stats(inp).std
           add(i .. ':amplification', stats.std / math.max(in_std, 1e-30))
@@ -80,9 +97,19 @@ local function run(model, source, opts)
           add(i .. ':f_influence', torch.metrics.block_influence(skip, out))
         end
         if want.logit_lens and model.readout then
-          local ok, lens = pcall(function() return torch.no_grad(function() return model:readout(out) end) end)
-          if ok and torch.is_tensor(lens) and lens:size(-1) == d.logits:size(-1) then
-            add(i .. ':lens_loss', nn.functional.cross_entropy(lens, y):item())
+          local ok, lens, agree = true, d.logits, nil
+          if stepwise and i < #layers then
+            ok, lens, agree = pcall(head_loss, out, y, final_top)
+            if ok then lens_ce[i] = lens end
+          elseif not stepwise or i ~= #layers then
+            ok, lens = pcall(function() return torch.no_grad(function() return model:readout(out) end) end)
+          end
+          if ok and lens_ce[i] then
+            add(i .. ':lens_loss', lens_ce[i])
+            add(i .. ':lens_agree', agree)
+          elseif ok and torch.is_tensor(lens) and lens:size(-1) == d.logits:size(-1) then
+            lens_ce[i] = nn.functional.cross_entropy(lens, y):item()
+            add(i .. ':lens_loss', lens_ce[i])
             add(i .. ':lens_agree', lens:argmax(-1):eq(final_top):double():mean():item())
           elseif not ok then
             missing.lens_loss = missing.lens_loss or ('readout(h) failed: ' .. tostring(lens):gsub('^[^\n]-:%d+: ', ''):match('[^\n]*'))
@@ -109,6 +136,27 @@ local function run(model, source, opts)
             break
           end
         end
+      end
+    end
+    if #eranks_of > 0 then
+      local list = {}
+      for k, e in ipairs(eranks_of) do list[k] = e[2] end
+      for k, r in ipairs(torch.metrics.eranks(list)) do add(eranks_of[k][1] .. ':erank', r) end
+    end
+    if from then
+      for j = 1, #layers do
+        local ce = j == #layers and j > 1 and lens_ce[j - 1]
+        if not ce and d.io[j] and torch.is_tensor(d.io[j].input) then
+          local ok, loss = pcall(function()
+            return head_loss(torch.no_grad(function() return model:hidden_from(j + 1, d.io[j].input) end), y)
+          end)
+          if ok then
+            ce = loss
+          else
+            missing.removal_loss = missing.removal_loss or ('removing a block failed: ' .. tostring(loss):match('[^\n]*'))
+          end
+        end
+        if ce then add(j .. ':removal_loss', ce) end
       end
     end
   end
@@ -164,11 +212,19 @@ local function run(model, source, opts)
     local dim = last.d.io[i] and last.d.io[i].output:size(-1)
     if block_rows[i].erank and dim then block_rows[i].erank_ratio = block_rows[i].erank / dim end
   end
+  local weight_eranks = {}  -- every 2-D weight's, in one batched call
+  if want.weight_erank then
+    local list, names = {}, {}
+    for name, p in model:named_parameters() do
+      if p:dim() == 2 then list[#list + 1] = p; names[#list] = name end
+    end
+    for k, r in ipairs(#list > 0 and torch.metrics.eranks(list) or {}) do weight_eranks[names[k]] = r end
+  end
   for name, p in model:named_parameters() do
     local g = avg('grad:' .. name)
     a.params[#a.params + 1] = {name = name, grad_norm = g, shape = table.concat(p:size(), 'x')}
-    if want.weight_erank and p:dim() == 2 then
-      local r = torch.metrics.erank(p)
+    local r = weight_eranks[name]
+    if r then
       a.weights[#a.weights + 1] = {name = name, erank = r, ratio = r / math.min(p:size(1), p:size(2)), shape = table.concat(p:size(), 'x')}
     end
     local row = output_row
@@ -184,6 +240,7 @@ local function run(model, source, opts)
   -- removal sweep: each block skipped in turn, then the k least influential
   -- together; the loss is averaged over the same batches as the full model's
   if want.removal then
+    local from_removal = stepwise
     -- the loss over the measured batches with the interventions attach() makes
     local function loss_with(attach)
       local hs = attach()
@@ -206,7 +263,7 @@ local function run(model, source, opts)
       end)
     end
     for i, r in ipairs(block_rows) do
-      r.removal_loss = loss_without({r.name})
+      if from_removal then r.removal_loss = avg(i .. ':removal_loss') else r.removal_loss = loss_without({r.name}) end
       local block = layers[i][2]
       local branch = measure.residual_branch(block)
       if branch then

@@ -50,12 +50,20 @@ function pretrained.decoder(cls, names)
     if head then return head(h) end
     return nn.functional.linear(h, self[names.embed].weight)
   end
+  -- model:hidden_from(i, h) -> (B, T, C): layers i..N run from h, the
+  -- hidden state layer i reads (i = N + 1: h itself); what readout reads.
+  -- The model protocol's optional shortcut, for a model whose forward is
+  -- readout(hidden_from(1, embed(ids))): the autopsy's removal sweep then
+  -- reruns only the layers after the one it removes.
+  cls.hidden_from = function(self, i, x)
+    local stack = self[names.stack]
+    for k = i, #stack do x = stack[k](x) end
+    return x
+  end
   -- ids (B, T) int64, 1-based -> logits (B, T, V)
   cls.forward = function(self, ids)
-    local x = self:embed(ids)
-    local stack = self[names.stack]
-    for i = 1, #stack do x = stack[i](x) end
-    return self:readout(x)
+    local y = self:readout(self:hidden_from(1, self:embed(ids)))
+    return y
   end
   -- model:context() -> the longest input it takes (the checkpoint's positions)
   cls.context = function(self) return self.config.positions end
