@@ -8,7 +8,7 @@
 # optional GPU side, never called without a GPU), two small wheels that
 # scripts/setup installs beside torch. This module defines what TorchConfig
 # would for a CPU program:
-#   Torch_VERSION, TORCH_INSTALL_PREFIX, TORCH_LIBRARIES (the target torch_wheel_cpu)
+#   Torch_VERSION, TORCH_INSTALL_PREFIX, TORCH_LIBRARIES (the target torch_wheel_cpu), TORCH_LIBRARY
 # from ANATOMY_TORCH_PREFIX (torch.utils.cmake_prefix_path: <site-packages>/torch/share/cmake).
 
 get_filename_component(TORCH_INSTALL_PREFIX "${ANATOMY_TORCH_PREFIX}/../.." ABSOLUTE)
@@ -59,3 +59,4 @@ target_link_libraries(torch_wheel_cpu INTERFACE "${TORCH_WHEEL_torch_cpu_LIBRARY
 target_link_options(torch_wheel_cpu INTERFACE "LINKER:-rpath-link,${_wheel_rpath_link}")
 set(ANATOMY_TORCH_EXTRA_RPATH "${TORCH_INSTALL_PREFIX}/lib;${_wheel_cuda_dirs}")
 set(TORCH_LIBRARIES torch_wheel_cpu)
+set(TORCH_LIBRARY "${TORCH_WHEEL_torch_cpu_LIBRARY}")  # as TorchConfig names it (tests/build/test_one_libtorch.sh)

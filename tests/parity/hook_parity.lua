@@ -12,7 +12,7 @@ end
 model:load_state_dict(state)
 model:eval()
 local ids, other = w['input.ids'], w['input.other']
-local logits, cache = probe.run_with_cache(model, ids)
+local logits, cache = probe.run_with_cache(model, ids, {filter = {'*', '*.result'}})  -- each head's result too
 local out = {logits = logits}
 for _, name in ipairs(cache:names()) do out['cache ' .. name] = cache[name] end
 local h = probe.ablate(model, 'blocks.1.attn.z', {head = 2})
