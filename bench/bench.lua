@@ -10,7 +10,8 @@ local cfg = torch.config.parse({
 }, arg, 'usage: anatomy bench/bench.lua [--steps=N] [--warmup=N] [--out=FILE]')
 
 local now = torch._now
-local results = {threads = torch.get_num_threads(), libtorch = torch.libtorch_version, cases = {}}
+local results = {threads = torch.get_num_threads(), libtorch = torch.libtorch_version, cases = {},
+  blas = torch.__config__.show():match('BLAS_INFO=(%w+)') or '?', cpu_capability = torch.backends.cpu.get_cpu_capability()}
 
 -- median, range and the times themselves (scripts/bench merges rounds)
 local function summary(times)

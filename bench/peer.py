@@ -1,13 +1,15 @@
 """The PyTorch half of the side-by-side benchmark: the same models, batch
 sizes, optimizer settings and measurements as bench/bench.lua, written as
-idiomatic PyTorch eager code (Debian's python3-torch, the same LibTorch).
+idiomatic PyTorch eager code (the PyTorch of the build's LibTorch: the venv's for
+the PyPI builds, Debian's python3-torch for Debian's).
 Writes one JSON object to --out.
 
-    /usr/bin/python3 bench/peer.py --threads N --steps 20 --warmup 5 --out FILE
+    PYTHON bench/peer.py --threads N --steps 20 --warmup 5 --out FILE
 """
 import argparse
 import json
 import math
+import re
 import time
 
 import torch
@@ -164,7 +166,9 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    results = {"threads": torch.get_num_threads(), "torch": torch.__version__, "cases": {}}
+    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    results = {"threads": torch.get_num_threads(), "torch": torch.__version__, "cases": {},
+               "blas": blas.group(1) if blas else "?", "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
     cases = [
         ("gpt", lambda: GPT(65, 64, 2, 1, 64, 128), 65, 32, 64),

@@ -1,8 +1,10 @@
 """Merges the benchmark's JSON (bench/bench.lua, bench/peer.py, the C++ add;
 one file of each per round: anatomy.1.json, pytorch.1.json, cpp.1.json, ...),
 times the cold starts, and prints the side-by-side table (Markdown), also
-written to OUT/RESULTS.md.
-Usage: report.py OUT_DIR ANATOMY_EXECUTABLE LOAD_FLOOR_EXECUTABLE"""
+written to OUT/RESULTS.md and, with the commit and machine, into the
+`training-BUILD` section of bench/RESULTS.md (one section a build: pypi, cuda
+or debian).
+Usage: report.py OUT_DIR ANATOMY_EXECUTABLE LOAD_FLOOR_EXECUTABLE PYTHON BUILD"""
 import datetime
 import glob
 import json
@@ -12,6 +14,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+import sections
 
 
 def load(path):
@@ -74,7 +78,7 @@ def vibenet_flops(kind, B=16, T=128, C=128, V=256, L=4):
 
 
 def main():
-    out, exe, load_floor = sys.argv[1], sys.argv[2], sys.argv[3]
+    out, exe, load_floor, python, build = sys.argv[1:6]
     ar, pr = rounds(out, "anatomy"), rounds(out, "pytorch")
     a = merge([r["cases"] for r in ar])
     p = merge([r["cases"] for r in pr])
@@ -117,7 +121,7 @@ def main():
         "%.2f µs (Python)" % (p["add"]["median"] * 1e6),
         "%.2f× (C++ `at::add`: %.2f µs)" % (p["add"]["median"] / a["add"]["median"], cpp["median"] * 1e6), "≤ 0.6 µs and below PyTorch")
     ca = cold([exe, "--threads=1", "-e", "print(1)"])
-    cp = cold(["/usr/bin/python3", "-c", "import torch"])
+    cp = cold([python, "-c", "import torch"])
     cf = cold([load_floor])
     row("6. cold start", "%.3f s (`anatomy -e 'print(1)'`)" % ca[0], "%.3f s (`python3 -c 'import torch'`)" % cp[0],
         "%.2f× (a C++ program that only loads LibTorch: %.3f s)" % (cp[0] / ca[0], cf[0]), "≤ 0.3 s and ≤ 1/3 of PyTorch's")
@@ -127,16 +131,20 @@ def main():
             cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    head = ["# Benchmark results", "",
-            "%s, %s, %d cores (%s), %d threads for both; LibTorch 1.13 from Debian, OpenBLAS (openmp). "
+    a0, p0 = ar[0], pr[0]
+    head = ["%s, %s, %d cores (%s), %d threads for both; commit %s. anatomy: LibTorch %s (build `%s`), BLAS %s, "
+            "ATen CPU kernels %s; PyTorch eager: torch %s, BLAS %s, kernels %s. "
             "%d rounds, each running anatomy then PyTorch; medians of the timed steps of all rounds "
             "after warm-up, with the range; per-op figures are the best round's. The ratio of the fastest "
             "steps is the one least disturbed by other work on a shared machine." % (
-                datetime.date.today().isoformat(), platform.machine(), os.cpu_count(), cpu or "cpu", threads, n_rounds), ""]
+                datetime.date.today().isoformat(), platform.machine(), os.cpu_count(), cpu or "cpu", threads,
+                sections.commit(), a0.get("libtorch", "?"), build, a0.get("blas", "?"), a0.get("cpu_capability", "?"),
+                p0.get("torch", "?"), p0.get("blas", "?"), p0.get("cpu_capability", "?"), n_rounds), ""]
     text = "\n".join(head + rows) + "\n"
-    print(text)
     with open(os.path.join(out, "RESULTS.md"), "w") as f:
         f.write(text)
+    sections.write("training-" + build, "Training steps, probes, per-op cost and cold start: the %s build" % build,
+                   head + rows, {"anatomy": ar, "pytorch": pr}, script="report.py (scripts/bench)")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def machine():
     return f"{cpu or platform.machine()}, {os.cpu_count()} cores"
 
 
-def write(name, title, lines, data):
+def write(name, title, lines, data, script=None):
     """Prints the table (`lines`), puts it under `## title` between the `name`
     markers of RESULTS.md (written by bench/NAME.py), and the data it came
     from into bench/NAME.json."""
@@ -41,7 +41,7 @@ def write(name, title, lines, data):
     print(table)
     with open(os.path.join(HERE, name + ".json"), "w") as f:
         json.dump(data, f, indent=1)
-    script = name + ".py"
+    script = script or name + ".py"
     path = os.path.join(HERE, "RESULTS.md")
     text = open(path).read() if os.path.exists(path) else ""
     block = f"<!-- {name}:begin (written by bench/{script}) -->\n## {title}\n\n{table}\n<!-- {name}:end -->"

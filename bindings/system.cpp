@@ -2,6 +2,7 @@
 // and ETAs), whether a file descriptor is a terminal (progress lines), and
 // zlib's compressed size (the text measures).
 #include <ATen/ATen.h>
+#include <ATen/Version.h>
 
 #include "bindings/parts.h"
 #include "bindings/common.h"
@@ -92,7 +93,15 @@ int torch_remove_stale_temporaries(lua_State* L) {
   return 1;
 }
 
+// torch._show_config() -> LibTorch's build description (at::show_config:
+// compiler, BLAS, LAPACK, CPU capability, ...), as torch.__config__.show()
+int torch_show_config(lua_State* L) {
+  lua_pushstring(L, at::show_config().c_str());
+  return 1;
+}
+
 const luaL_Reg functions[] = {
+    {"_show_config", guarded<torch_show_config>},
     {"_remove_stale_temporaries", guarded<torch_remove_stale_temporaries>},
     {"_write_atomic", guarded<torch_write_atomic>},
     {"_sync_file", guarded<torch_sync_file>},
@@ -106,7 +115,7 @@ const luaL_Reg functions[] = {
 
 }  // namespace
 
-/// Adds _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
+/// Adds _show_config, _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
 void register_system(lua_State* L, int torch) {
   lua_pushvalue(L, torch);
   luaL_register(L, nullptr, functions);

@@ -12,6 +12,17 @@ torch.version = setmetatable({anatomy = '0.1.0', libtorch = torch.libtorch_versi
   __tostring = function() return torch.libtorch_version end,
 })
 
+-- How LibTorch was built and which CPU kernels it runs, with PyTorch's names.
+torch.__config__ = {}
+-- torch.__config__.show() -> LibTorch's build description (compiler, BLAS, LAPACK, CPU capability, ...)
+function torch.__config__.show() return torch._show_config() end
+torch.backends = {cpu = {}}
+-- torch.backends.cpu.get_cpu_capability() -> the ATen CPU kernels in use: 'AVX2', 'AVX512', 'DEFAULT'
+-- ('unknown' where LibTorch's build description does not say)
+function torch.backends.cpu.get_cpu_capability()
+  return torch._show_config():match('CPU capability usage: (%w+)') or 'unknown'
+end
+
 -- dtype names, so that torch.float32 reads as in PyTorch
 for _, name in ipairs{'float32', 'float64', 'float16', 'bfloat16', 'int64', 'int32', 'int16', 'int8', 'uint8', 'bool'} do
   torch[name] = name
