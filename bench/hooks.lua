@@ -5,7 +5,8 @@
 --    alternating with the same model whose blocks skip those calls;
 -- 2. idle probes: a do-nothing probe on every module, alternating likewise;
 -- 3. the full cache: probe.run_with_cache with every hook point and module
---    output (every block on its explicit path), its time and memory.
+--    output (every block on its explicit path; an attention's per-head
+--    result only on request, so not here), its time and memory.
 local json = require 'anatomy.json'
 local fs = require 'anatomy.fs'
 local folder, out = arg[1], arg[2]

@@ -7,7 +7,8 @@ ids, the same machine and threads for both sides:
   alternating; goal: <= 2% slower;
 - idle probes: a do-nothing probe on every module against none, alternating;
 - the full cache: probe.run_with_cache with every hook point and module
-  output, its time (against the plain forward) and memory; beside it the
+  output (an attention's per-head result is computed only on request, and
+  is not here), its time (against the plain forward) and memory; beside it the
   nearest thing `transformers` keeps, its forward with output_hidden_states
   and output_attentions (eager attention: the residual stream and the
   patterns only).
