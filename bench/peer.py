@@ -4,7 +4,7 @@ idiomatic PyTorch eager code (the PyTorch of the build's LibTorch: the venv's fo
 the PyPI builds, Debian's python3-torch for Debian's).
 Writes one JSON object to --out.
 
-    PYTHON bench/peer.py --threads N --steps 20 --warmup 5 --out FILE
+    PYTHON bench/peer.py --threads N --steps 20 --warmup 5 [--compile] --out FILE
 """
 import argparse
 import json
@@ -164,6 +164,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ops", type=int, default=200000)
     ap.add_argument("--out", default="")
+    ap.add_argument("--compile", action="store_true",
+                    help="the four training steps only, each model through torch.compile (its compilation in the warm-up)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
@@ -182,12 +184,17 @@ def main():
         model = make()
         torch.manual_seed(0)
         x, y = torch.randint(0, vocab, (B, T)), torch.randint(0, vocab, (B, T))
-        step = trainer(model, x, y, vocab)
+        step = trainer(torch.compile(model) if args.compile else model, x, y, vocab)
         s = time_steps(step, args.steps, args.warmup)
         s["tokens"] = B * T
         s["params"] = sum(p.numel() for p in model.parameters())
         results["cases"][name] = s
         steps[name] = (model, step, s["median"])
+
+    if args.compile:
+        results["compiled"] = True
+        write(results, args.out)
+        return
 
     # every module carries a forward hook that does nothing; the same model
     # without them alternates with it
@@ -217,9 +224,13 @@ def main():
     s["flops"] = 2 * m * m * m
     results["cases"]["blas"] = s
 
+    write(results, args.out)
+
+
+def write(results, out):
     text = json.dumps(results)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text + "\n")
     else:
         print(text)
