@@ -72,7 +72,6 @@ local function run(model, source, opts)
     -- lens is the forward's own logits, and removing layer j reruns only
     -- layers j+1..N from the input j read (removing the last is the lens of
     -- the one before it)
-    local from = want.removal and stepwise
     local lens_ce = {}
     for i, l in ipairs(layers) do
       local rec = d.io[i]
@@ -143,7 +142,7 @@ local function run(model, source, opts)
       for k, e in ipairs(eranks_of) do list[k] = e[2] end
       for k, r in ipairs(torch.metrics.eranks(list)) do add(eranks_of[k][1] .. ':erank', r) end
     end
-    if from then
+    if want.removal and stepwise then
       for j = 1, #layers do
         local ce = j == #layers and j > 1 and lens_ce[j - 1]
         if not ce and d.io[j] and torch.is_tensor(d.io[j].input) then
@@ -240,7 +239,6 @@ local function run(model, source, opts)
   -- removal sweep: each block skipped in turn, then the k least influential
   -- together; the loss is averaged over the same batches as the full model's
   if want.removal then
-    local from_removal = stepwise
     -- the loss over the measured batches with the interventions attach() makes
     local function loss_with(attach)
       local hs = attach()
@@ -263,7 +261,7 @@ local function run(model, source, opts)
       end)
     end
     for i, r in ipairs(block_rows) do
-      if from_removal then r.removal_loss = avg(i .. ':removal_loss') else r.removal_loss = loss_without({r.name}) end
+      if stepwise then r.removal_loss = avg(i .. ':removal_loss') else r.removal_loss = loss_without({r.name}) end
       local block = layers[i][2]
       local branch = measure.residual_branch(block)
       if branch then
