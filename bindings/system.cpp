@@ -100,7 +100,42 @@ int torch_show_config(lua_State* L) {
   return 1;
 }
 
+// torch._cpu_pool() -> {pooled_bytes, pooled_blocks, limit, reused, fresh}:
+// the memory guard's pool of freed large CPU buffers (host/memory_guard.cpp)
+int torch_cpu_pool(lua_State* L) {
+  CPUPoolStats s = cpu_pool_stats();
+  lua_createtable(L, 0, 5);
+  lua_pushnumber(L, static_cast<double>(s.pooled_bytes));
+  lua_setfield(L, -2, "pooled_bytes");
+  lua_pushnumber(L, static_cast<double>(s.pooled_blocks));
+  lua_setfield(L, -2, "pooled_blocks");
+  lua_pushnumber(L, static_cast<double>(s.limit));
+  lua_setfield(L, -2, "limit");
+  lua_pushnumber(L, static_cast<double>(s.reused));
+  lua_setfield(L, -2, "reused");
+  lua_pushnumber(L, static_cast<double>(s.fresh));
+  lua_setfield(L, -2, "fresh");
+  return 1;
+}
+
+// torch._cpu_pool_empty() -> bytes given back to the system
+int torch_cpu_pool_empty(lua_State* L) {
+  lua_pushnumber(L, static_cast<double>(cpu_pool_empty()));
+  return 1;
+}
+
+// torch._cpu_pool_set_limit(bytes): checked in Lua (a whole, non-negative number)
+int torch_cpu_pool_set_limit(lua_State* L) {
+  double n = check_number(L, 1);
+  luaL_argcheck(L, n >= 0 && n < 9.2e18, 1, "the limit must be a number of bytes from 0 to 2^63");
+  cpu_pool_set_limit(static_cast<uint64_t>(n));
+  return 0;
+}
+
 const luaL_Reg functions[] = {
+    {"_cpu_pool", guarded<torch_cpu_pool>},
+    {"_cpu_pool_empty", guarded<torch_cpu_pool_empty>},
+    {"_cpu_pool_set_limit", guarded<torch_cpu_pool_set_limit>},
     {"_show_config", guarded<torch_show_config>},
     {"_remove_stale_temporaries", guarded<torch_remove_stale_temporaries>},
     {"_write_atomic", guarded<torch_write_atomic>},
@@ -115,7 +150,7 @@ const luaL_Reg functions[] = {
 
 }  // namespace
 
-/// Adds _show_config, _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
+/// Adds _cpu_pool, _cpu_pool_empty, _cpu_pool_set_limit, _show_config, _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
 void register_system(lua_State* L, int torch) {
   lua_pushvalue(L, torch);
   luaL_register(L, nullptr, functions);

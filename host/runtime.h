@@ -36,6 +36,20 @@ uint64_t available_memory();
 /// a request of 1 GiB or more beyond available_memory() is a c10::Error
 /// naming both sizes, not an overcommitted allocation the OOM killer ends.
 void install_memory_guard();
+/// The guard's pool of freed CPU buffers of 1 MiB and more, kept for reuse
+/// (a buffer the kernel must clear anew costs as much as a matmul over it).
+struct CPUPoolStats {
+  uint64_t pooled_bytes = 0;   ///< freed bytes the pool holds now
+  uint64_t pooled_blocks = 0;
+  uint64_t limit = 0;          ///< the most it holds ($ANATOMY_CPU_CACHE_LIMIT)
+  uint64_t reused = 0;         ///< large requests served from the pool
+  uint64_t fresh = 0;          ///< large requests that needed new memory
+};
+CPUPoolStats cpu_pool_stats();
+/// Frees every pooled buffer; returns the bytes given back.
+uint64_t cpu_pool_empty();
+/// Sets the pool's limit (bytes; 0: pool nothing), freeing it if it holds more.
+void cpu_pool_set_limit(uint64_t bytes);
 /// Applies options: sets threads, seeds, installs the memory guard, and picks the default device.
 void configure_runtime(const RuntimeOptions& options);
 /// The device that factories and models use when none is named.

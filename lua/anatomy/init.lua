@@ -23,6 +23,26 @@ function torch.backends.cpu.get_cpu_capability()
   return torch._show_config():match('CPU capability usage: (%w+)') or 'unknown'
 end
 
+-- The CPU's memory: freed buffers of 1 MiB and more are kept in a pool and
+-- reused (new memory must first be cleared by the kernel, which costs as much
+-- as a matmul over it), up to a limit: $ANATOMY_CPU_CACHE_LIMIT, default a
+-- quarter of the machine's memory, at most 4 GiB. The pool gives its
+-- buffers back on its own where a new allocation would leave the machine short.
+torch.cpu = {}
+-- torch.cpu.memory_stats() -> {pooled_bytes, pooled_blocks, limit, reused, fresh}: what the pool holds
+-- now, its limit, and how many large requests it served and how many needed new memory
+function torch.cpu.memory_stats() return torch._cpu_pool() end
+-- torch.cpu.empty_cache() -> bytes: frees every buffer the pool holds (as torch.cuda.empty_cache)
+function torch.cpu.empty_cache() return torch._cpu_pool_empty() end
+-- torch.cpu.set_cache_limit(bytes): the most the pool keeps (0: keep nothing); frees it if it holds more
+function torch.cpu.set_cache_limit(bytes)
+  if type(bytes) ~= 'number' or bytes ~= bytes or bytes < 0 or bytes >= 2 ^ 63 or bytes % 1 ~= 0 then
+    error(('torch.cpu.set_cache_limit: bytes must be a whole number from 0 to 2^63, got %s'):format(
+      type(bytes) == 'number' and tostring(bytes) or 'a ' .. type(bytes)), 2)
+  end
+  torch._cpu_pool_set_limit(bytes)
+end
+
 -- dtype names, so that torch.float32 reads as in PyTorch
 for _, name in ipairs{'float32', 'float64', 'float16', 'bfloat16', 'int64', 'int32', 'int16', 'int8', 'uint8', 'bool'} do
   torch[name] = name

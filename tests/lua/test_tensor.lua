@@ -156,4 +156,33 @@ test('tensors are collected', function()
   assert(collectgarbage('count') < before + 1024, 'userdata are freed by the GC')
 end)
 
+test('torch.cpu: freed buffers of 1 MiB and more are reused, up to a limit; empty_cache gives them back', function()
+  local n = 2 ^ 20  -- 4 MiB of float32
+  local function drop() collectgarbage(); collectgarbage() end  -- the argument, a temporary, is freed
+  torch.cpu.empty_cache()
+  local before = torch.cpu.memory_stats()  -- limit 0 in a sanitizer build: set one here
+  torch.cpu.set_cache_limit(64 * 2 ^ 20)
+  drop(torch.full({n}, 7))
+  local s = torch.cpu.memory_stats()
+  assert(s.pooled_bytes >= 4 * n, 'the freed buffer is pooled: ' .. s.pooled_bytes)
+  local z = torch.zeros(n)  -- the same size class: the pooled buffer, cleared by zeros
+  eq(torch.cpu.memory_stats().reused, s.reused + 1, 'served from the pool')
+  eq(z:abs():sum():item(), 0, 'a reused buffer holds what the factory wrote')
+  local e = torch.empty(n - 1000)  -- within an eighth: the same class
+  eq(e:numel(), n - 1000)
+  z, e = nil, nil
+  drop()
+  assert(torch.cpu.empty_cache() >= 8 * n, 'empty_cache returns the bytes it freed')
+  eq(torch.cpu.memory_stats().pooled_bytes, 0)
+  torch.cpu.set_cache_limit(0)
+  drop(torch.ones(n))
+  eq(torch.cpu.memory_stats().pooled_bytes, 0, 'limit 0 keeps nothing')
+  torch.cpu.set_cache_limit(before.limit)
+  eq(torch.cpu.memory_stats().limit, before.limit)
+  raises(function() torch.cpu.set_cache_limit(-1) end, 'torch.cpu.set_cache_limit: bytes must be a whole number from 0 to 2^63, got -1')
+  raises(function() torch.cpu.set_cache_limit(0 / 0) end, 'bytes must be a whole number from 0 to 2^63, got nan')
+  raises(function() torch.cpu.set_cache_limit(1e300) end, 'got 1e+300')
+  raises(function() torch.cpu.set_cache_limit('1G') end, 'bytes must be a whole number from 0 to 2^63, got a string')
+end)
+
 H.done()
