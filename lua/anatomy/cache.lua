@@ -47,9 +47,19 @@ end
 
 Cache.token_texts = token_texts
 
-function Cache.new(model, tensors, order, ids, tok)
-  tensors.grads = nil
-  local self = setmetatable({_tensors = tensors, _order = order, _model = model, ids = ids,
+function Cache.new(model, capture, order, ids, tok)
+  -- the cache's own table, and the capture emptied: a copy of the capture
+  -- table that outlives its frame in a stale stack slot (LuaJIT does not
+  -- clear the slots a returned call leaves, and its collector marks them
+  -- while a later call's frame covers them) keeps nothing alive once the
+  -- cache is dropped
+  local tensors = {}
+  local grads = capture.grads
+  for name, t in pairs(capture) do
+    if name ~= 'grads' then tensors[name] = t end
+    capture[name] = nil
+  end
+  local self = setmetatable({_tensors = tensors, _order = order, _model = model, ids = ids, grads = grads,
     tokens = token_texts(ids, tok), positions = {}}, Cache)
   for t = 1, ids:dim() >= 2 and ids:size(2) or 0 do self.positions[t] = t end
   return self
@@ -203,7 +213,9 @@ end
 -- probe.run_with_cache(model, input, {filter, grad = false, tokenizer}) ->
 -- output, cache. input: ids or text (probe.to_ids). cache[name] is every
 -- module output and hook point the filter matches (all of them without one),
--- detached unless grad; a built-in attention's per-head 'result' (B, T, H, C)
+-- detached unless grad (with grad = true, cache.grads[name] is each one's
+-- gradient once a backward from the output has run, as TransformerLens's
+-- incl_bwd); a built-in attention's per-head 'result' (B, T, H, C)
 -- only where the filter names it ('h.1.attn.result', or {'*', '*.result'}
 -- for everything with it), as TransformerLens's use_attn_result; cache.ids, cache.tokens[b][t] (each token's text),
 -- cache:stack('resid_post') (L, ...), cache:heads('pattern', layer),

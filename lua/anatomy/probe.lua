@@ -395,12 +395,13 @@ function probe.attach_capture(model, opts)
     if f:find('[%*%?]') then globbed = true else exact[f:match('^(.*)%.[^%.]+$') or ''] = true end
   end
   local grad = opts.grad == true
-  local capture, order = {grads = {}}, {}
+  local grads = {}  -- filled by the backward, after the probes are gone
+  local capture, order = {grads = grads}, {}
   local function keep(name, t)
     if capture[name] == nil then order[#order + 1] = name end
     if grad and t.requires_grad then
       capture[name] = t
-      if t.is_leaf == false then t:register_hook(function(g) capture.grads[name] = g end) end
+      if t.is_leaf == false then t:register_hook(function(g) grads[name] = g end) end
     else
       capture[name] = t:detach()
     end

@@ -57,6 +57,29 @@ test("an attention's per-head result is cached only when the filter names it", f
   eq(seen, {2, 6, 4, 16})
 end)
 
+test('run_with_cache{grad = true}: a backward fills cache.grads; a dropped cache frees its tensors', function()
+  local m, x = tiny(), ids(2, 6)
+  local out, c = probe.run_with_cache(m, x, {grad = true})
+  out:sum():backward()  -- the probes are gone; the gradient hooks write into the cache
+  close(c.grads['head'], torch.ones(2, 6, 13), 0, "d sum / d head's output")
+  -- the last block's: the same backward through ln_f and head alone
+  local h = c['blocks.2']:detach():requires_grad_()
+  m.head(m.ln_f(h)):sum():backward()
+  close(c.grads['blocks.2'], h.grad, 1e-6, "d sum / d the last block's output")
+  -- the capture table the call made is emptied: a stale reference to it
+  -- (a LuaJIT stack slot) keeps nothing once the cache is gone
+  local weak = setmetatable({}, {__mode = 'k'})
+  local function run()
+    local _, cache = probe.run_with_cache(m, x)
+    for _, n in ipairs(cache:names()) do weak[cache[n]] = n end
+  end
+  run()
+  for _ = 1, 3 do collectgarbage() end
+  local left = {}
+  for _, n in pairs(weak) do left[#left + 1] = n end
+  eq(#left, 0, 'tensors still alive: ' .. table.concat(left, ' '))
+end)
+
 test('attention hook points equal the computation from the weights; hooked output equals the fused one', function()
   local m, x = tiny(), ids(2, 6)
   local plain = torch.no_grad(function() return m(x) end)
