@@ -28,9 +28,10 @@ local function remove(dir) os.execute("rm -rf '" .. dir .. "'") end
 
 -- The autopsy of a checkpoint reuses work (model:hidden_from): removing block
 -- j reruns only the blocks after it from the stream block j read, the last
--- block's lens is the forward's own logits. Its columns must be what the
--- direct computation gives: a whole forward with the block skipped, the
--- head read on each block's output.
+-- block's lens is the forward's own logits, removing k blocks together runs
+-- from the first of them. Its columns must be what the direct computation
+-- gives: a whole forward with the blocks skipped, the head read on each
+-- block's output.
 test('the autopsy of a checkpoint: removal and lens columns equal the direct computation', function()
   local cfg = {}
   for k, v in pairs(config) do cfg[k] = v end
@@ -65,6 +66,15 @@ test('the autopsy of a checkpoint: removal and lens columns equal the direct com
     end)
     largest = math.max(largest, math.abs(row.removal_loss - removal) / removal, math.abs(row.lens_loss - lens) / lens)
   end
+  -- the k least influential blocks removed together: a whole forward with each skipped
+  eq(a.removal.k, 2)
+  local hs = {}
+  for _, name in ipairs(a.removal.blocks) do hs[#hs + 1] = probe.skip(m, name) end
+  local together = mean_over_batches(function(x, y)
+    return torch.no_grad(function() return nn.functional.cross_entropy(m(x), y):item() end)
+  end)
+  for _, h in ipairs(hs) do h:remove() end
+  largest = math.max(largest, math.abs(a.removal.loss - together) / together)
   print(('  largest relative difference from the direct computation: %.2e'):format(largest))
   assert(largest < 1e-5, 'autopsy columns differ from the direct computation by ' .. largest)
 end)

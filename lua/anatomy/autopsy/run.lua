@@ -61,7 +61,13 @@ local function run(model, source, opts)
     local x, y = batch()
     local d = measure.dissect(model, layers, x, y)
     last = {x = x, y = y, d = d}
-    seen_batches[#seen_batches + 1] = {x, y}
+    -- with the stepwise shortcut, each block's input too: the sweep below
+    -- runs from the first block it removes
+    local inputs = {}
+    if stepwise and want.removal then
+      for j = 1, #layers do inputs[j] = d.io[j] and d.io[j].input end
+    end
+    seen_batches[#seen_batches + 1] = {x, y, inputs = inputs}
     add('loss', d.loss)
     for name, p in model:named_parameters() do
       if p.grad ~= nil then add('grad:' .. name, p.grad:norm():item()) end
@@ -253,12 +259,32 @@ local function run(model, source, opts)
       if not ok then missing.removal_loss = missing.removal_loss or ('removing a block failed: ' .. tostring(total):match('[^\n]*')) end
       return ok and total or nil
     end
+    local index = {}
+    for i, l in ipairs(layers) do index[l[1]] = i end
     local function loss_without(names)
-      return loss_with(function()
+      local function skips()
         local hs = {}
         for _, n in ipairs(names) do hs[#hs + 1] = probe.skip(model, n) end
         return hs
+      end
+      -- stepwise: from the input of the first block removed (the layers
+      -- before it run as in the measured forward), every batch's kept
+      local first = math.huge
+      for _, n in ipairs(names) do first = math.min(first, index[n] or -math.huge) end
+      local from_stream = stepwise and first >= 1 and first < math.huge
+      for _, b in ipairs(seen_batches) do from_stream = from_stream and torch.is_tensor(b.inputs[first]) end
+      if not from_stream then return loss_with(skips) end
+      local hs = skips()
+      local ok, total = pcall(function()
+        local sum = 0
+        for _, b in ipairs(seen_batches) do
+          sum = sum + head_loss(torch.no_grad(function() return model:hidden_from(first, b.inputs[first]) end), b[2])
+        end
+        return sum / #seen_batches
       end)
+      for _, h in ipairs(hs) do h:remove() end
+      if not ok then missing.removal_loss = missing.removal_loss or ('removing a block failed: ' .. tostring(total):match('[^\n]*')) end
+      return ok and total or nil
     end
     for i, r in ipairs(block_rows) do
       if stepwise then r.removal_loss = avg(i .. ':removal_loss') else r.removal_loss = loss_without({r.name}) end
