@@ -18,8 +18,10 @@ def git(*args):
 
 
 def commit():
-    """The commit, with a note when tracked files differ from it."""
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    """The commit, with a note when tracked files differ from it (other than
+    the results the benchmarks write: RESULTS.md and the sections' data, which
+    an earlier part of the same run may have written)."""
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ":/", ":(top,exclude)bench/RESULTS.md", ":(top,exclude)bench/*.json")
     return git("rev-parse", "--short=12", "HEAD") + (" (with uncommitted changes)" if dirty else "")
 
 
