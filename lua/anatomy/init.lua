@@ -34,13 +34,20 @@ torch.cpu = {}
 function torch.cpu.memory_stats() return torch._cpu_pool() end
 -- torch.cpu.empty_cache() -> bytes: frees every buffer the pool holds (as torch.cuda.empty_cache)
 function torch.cpu.empty_cache() return torch._cpu_pool_empty() end
--- torch.cpu.set_cache_limit(bytes): the most the pool keeps (0: keep nothing); frees it if it holds more
+-- torch.cpu.set_cache_limit(bytes): the most the pool keeps (0: keep nothing); frees it if it holds more.
+-- bytes: a whole number, or a string as $ANATOMY_CPU_CACHE_LIMIT takes it ('512M', '2G': 1024s)
 function torch.cpu.set_cache_limit(bytes)
-  if type(bytes) ~= 'number' or bytes ~= bytes or bytes < 0 or bytes >= 2 ^ 63 or bytes % 1 ~= 0 then
-    error(('torch.cpu.set_cache_limit: bytes must be a whole number from 0 to 2^63, got %s'):format(
-      type(bytes) == 'number' and tostring(bytes) or 'a ' .. type(bytes)), 2)
+  local n = bytes
+  if type(bytes) == 'string' then
+    local num, unit = bytes:match('^%s*(%d+%.?%d*)%s*([KkMmGg]?)%s*$')
+    n = num and tonumber(num) * ({[''] = 1, k = 1024, m = 1024 ^ 2, g = 1024 ^ 3})[unit:lower()]
+    if n then n = math.floor(n) end
   end
-  torch._cpu_pool_set_limit(bytes)
+  if type(n) ~= 'number' or n ~= n or n < 0 or n >= 2 ^ 63 or n % 1 ~= 0 then
+    error(("torch.cpu.set_cache_limit: bytes must be a whole number from 0 to 2^63 or a size such as '2G', got %s"):format(
+      type(bytes) == 'number' and tostring(bytes) or type(bytes) == 'string' and ("'" .. bytes .. "'") or 'a ' .. type(bytes)), 2)
+  end
+  torch._cpu_pool_set_limit(n)
 end
 
 -- dtype names, so that torch.float32 reads as in PyTorch

@@ -179,10 +179,14 @@ test('torch.cpu: freed buffers of 1 MiB and more are reused, up to a limit; empt
   eq(torch.cpu.memory_stats().pooled_bytes, 0, 'limit 0 keeps nothing')
   torch.cpu.set_cache_limit(before.limit)
   eq(torch.cpu.memory_stats().limit, before.limit)
-  raises(function() torch.cpu.set_cache_limit(-1) end, 'torch.cpu.set_cache_limit: bytes must be a whole number from 0 to 2^63, got -1')
-  raises(function() torch.cpu.set_cache_limit(0 / 0) end, 'bytes must be a whole number from 0 to 2^63, got nan')
+  raises(function() torch.cpu.set_cache_limit(-1) end, "torch.cpu.set_cache_limit: bytes must be a whole number from 0 to 2^63 or a size such as '2G', got -1")
+  raises(function() torch.cpu.set_cache_limit(0 / 0) end, "or a size such as '2G', got nan")
   raises(function() torch.cpu.set_cache_limit(1e300) end, 'got 1e+300')
-  raises(function() torch.cpu.set_cache_limit('1G') end, 'bytes must be a whole number from 0 to 2^63, got a string')
+  torch.cpu.set_cache_limit('1.5M')  -- the environment variable's form
+  eq(torch.cpu.memory_stats().limit, 1.5 * 2 ^ 20)
+  raises(function() torch.cpu.set_cache_limit('1T') end, "or a size such as '2G', got '1T'")
+  raises(function() torch.cpu.set_cache_limit({}) end, 'got a table')
+  torch.cpu.set_cache_limit(before.limit)
 end)
 
 H.done()
