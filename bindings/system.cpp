@@ -14,6 +14,7 @@
 #include <zlib.h>
 
 #include <chrono>
+#include <utility>
 
 namespace anatomy::lua {
 namespace {
@@ -104,17 +105,13 @@ int torch_show_config(lua_State* L) {
 // the memory guard's pool of freed large CPU buffers (host/memory_guard.cpp)
 int torch_cpu_pool(lua_State* L) {
   CPUPoolStats s = cpu_pool_stats();
+  const std::pair<const char*, uint64_t> fields[] = {{"pooled_bytes", s.pooled_bytes}, {"pooled_blocks", s.pooled_blocks},
+                                                     {"limit", s.limit}, {"reused", s.reused}, {"fresh", s.fresh}};
   lua_createtable(L, 0, 5);
-  lua_pushnumber(L, static_cast<double>(s.pooled_bytes));
-  lua_setfield(L, -2, "pooled_bytes");
-  lua_pushnumber(L, static_cast<double>(s.pooled_blocks));
-  lua_setfield(L, -2, "pooled_blocks");
-  lua_pushnumber(L, static_cast<double>(s.limit));
-  lua_setfield(L, -2, "limit");
-  lua_pushnumber(L, static_cast<double>(s.reused));
-  lua_setfield(L, -2, "reused");
-  lua_pushnumber(L, static_cast<double>(s.fresh));
-  lua_setfield(L, -2, "fresh");
+  for (const auto& [name, value] : fields) {
+    lua_pushnumber(L, static_cast<double>(value));
+    lua_setfield(L, -2, name);
+  }
   return 1;
 }
 

@@ -188,32 +188,32 @@ class GuardedCPUAllocator final : public c10::Allocator {
     check(n);
     if (n < kPoolFrom) return base_->allocate(n);
     uint64_t size = size_class(n);
-    Block* block = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = pool_.find(size);
       if (it != pool_.end()) {
-        block = it->second;
+        Block* block = it->second;
         pooled_bytes_ -= it->first;
         pool_.erase(it);
         ++stats_.reused;
-      } else {
-        ++stats_.fresh;
+        return track(block);
       }
+      ++stats_.fresh;
     }
-    if (!block) {
-      // new memory: the pool's blocks go back first where the machine is short
-      if (pooled_bytes() > 0) {
-        uint64_t available = available_memory();
-        if (available > 0 && size + (uint64_t(1) << 30) > available) empty();
-      }
-      block = new Block{base_->allocate(size), size};
+    // new memory: the pool's blocks go back first where the machine is short
+    if (pooled_bytes() > 0) {
+      uint64_t available = available_memory();
+      if (available > 0 && size + (uint64_t(1) << 30) > available) empty();
     }
+    Block* block = new Block{base_->allocate(size), size};
+    std::lock_guard<std::mutex> lock(mutex_);
+    return track(block);
+  }
+
+  // A block handed out (mutex_ held): known by its data until released.
+  c10::DataPtr track(Block* block) {
     void* data = block->inner.get();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      live_.emplace(data, block);
-    }
+    live_.emplace(data, block);
     return c10::DataPtr(data, data, &GuardedCPUAllocator::release, c10::Device(c10::DeviceType::CPU));
   }
 

@@ -245,13 +245,15 @@ local function run(model, source, opts)
   -- removal sweep: each block skipped in turn, then the k least influential
   -- together; the loss is averaged over the same batches as the full model's
   if want.removal then
-    -- the loss over the measured batches with the interventions attach() makes
-    local function loss_with(attach)
+    -- the loss over the measured batches with the interventions attach()
+    -- makes; batch_loss(b): one batch's (default: the whole forward's)
+    local function loss_with(attach, batch_loss)
+      batch_loss = batch_loss or function(b) return nn.functional.cross_entropy(model(b[1]), b[2]):item() end
       local hs = attach()
       local ok, total = pcall(function()
         return torch.no_grad(function()
           local sum = 0
-          for _, b in ipairs(seen_batches) do sum = sum + nn.functional.cross_entropy(model(b[1]), b[2]):item() end
+          for _, b in ipairs(seen_batches) do sum = sum + batch_loss(b) end
           return sum / #seen_batches
         end)
       end)
@@ -273,18 +275,7 @@ local function run(model, source, opts)
       for _, n in ipairs(names) do first = math.min(first, index[n] or -math.huge) end
       local from_stream = stepwise and first >= 1 and first < math.huge
       for _, b in ipairs(seen_batches) do from_stream = from_stream and torch.is_tensor(b.inputs[first]) end
-      if not from_stream then return loss_with(skips) end
-      local hs = skips()
-      local ok, total = pcall(function()
-        local sum = 0
-        for _, b in ipairs(seen_batches) do
-          sum = sum + head_loss(torch.no_grad(function() return model:hidden_from(first, b.inputs[first]) end), b[2])
-        end
-        return sum / #seen_batches
-      end)
-      for _, h in ipairs(hs) do h:remove() end
-      if not ok then missing.removal_loss = missing.removal_loss or ('removing a block failed: ' .. tostring(total):match('[^\n]*')) end
-      return ok and total or nil
+      return loss_with(skips, from_stream and function(b) return head_loss(model:hidden_from(first, b.inputs[first]), b[2]) end or nil)
     end
     for i, r in ipairs(block_rows) do
       if stepwise then r.removal_loss = avg(i .. ':removal_loss') else r.removal_loss = loss_without({r.name}) end
