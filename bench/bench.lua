@@ -164,7 +164,7 @@ if want('blas') then
   results.cases.blas = s
 end
 
-local text = require('anatomy.json').encode(results)
+local text = require('anatomy.io.json').encode(results)
 if cfg.out ~= '' then
   local f = assert(io.open(cfg.out, 'w'))
   f:write(text, '\n')

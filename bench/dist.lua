@@ -6,7 +6,7 @@
 --   anatomy bench/dist.lua [--rounds=5] [--steps=60] [--warmup=10] [--out=out/bench/DIST.md]
 local o = torch.config.parse({rounds = 5, steps = 60, warmup = 10, out = 'out/bench/DIST.md'}, arg)
 local here = arg[0]:gsub('[^/]*$', '')
-local json = require 'anatomy.json'
+local json = require 'anatomy.io.json'
 
 local function capture(cmd)
   local f = assert(io.popen(cmd))
@@ -98,6 +98,6 @@ end
 lines[#lines + 1] = ''
 lines[#lines + 1] = ('On one machine the two ranks split its %d cores between them (%d thread%s each), where the one process has them all: the comparison shows what data parallelism costs or gains here (the all-reduce, a second process, smaller matrices per thread), not what it gains across machines or GPUs. On a machine of 2 shared cores the round-by-round ratios spread widely, and separate runs of this benchmark have given medians on both sides of 1: read the spread, not one figure.'):format(cores, math.max(1, math.floor(cores / 2)), math.floor(cores / 2) == 1 and '' or 's')
 local text = table.concat(lines, '\n') .. '\n'
-require('anatomy.fs').mkdir(o.out:match('^(.*)/[^/]*$') or '.')
-require('anatomy.fs').write_atomic(o.out, text)
+require('anatomy.io.fs').mkdir(o.out:match('^(.*)/[^/]*$') or '.')
+require('anatomy.io.fs').write_atomic(o.out, text)
 io.write(text)

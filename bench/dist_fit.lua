@@ -22,7 +22,7 @@ if dist.rank() == 0 then
   local timed = o.steps - o.warmup
   local seconds = marks[o.steps] - marks[o.warmup]
   local comm = run.communication or {wait_seconds = 0, seconds = 0, buckets = 0}
-  print(require('anatomy.json').encode({
+  print(require('anatomy.io.json').encode({
     model = o.model, world = dist.world_size(), batch = o.batch, global_batch = o.batch * dist.world_size(),
     seq = seqs[o.model], params = m:num_parameters(), threads = torch.get_num_threads(),
     step_ms = seconds / timed * 1000, tokens_per_second = timed * o.batch * dist.world_size() * seqs[o.model] / seconds,

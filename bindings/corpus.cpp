@@ -1,5 +1,5 @@
 // The Lua-visible Corpus: userdata holding a tokenized text (host/io/corpus.h).
-// lua/anatomy/data.lua wraps it as data.text(...).
+// lua/anatomy/data/init.lua wraps it as data.text(...).
 #include <ATen/ATen.h>
 
 #include "bindings/parts.h"

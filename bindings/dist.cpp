@@ -1,4 +1,4 @@
-// torch._dist: the native half of `dist` (lua/anatomy/dist.lua): joining the
+// torch._dist: the native half of `dist` (lua/anatomy/torch/dist.lua): joining the
 // world, the collectives, and the gradient reducer train.fit uses. The work
 // is in host/dist/dist.h.
 #include <ATen/ATen.h>

@@ -1,6 +1,6 @@
 // The Lua-visible Tokenizer: userdata holding host/io/bpe.h's BPE (byte-level or
 // SentencePiece-style).
-// lua/anatomy/data.lua wraps it as data.tokenizer(path).
+// lua/anatomy/data/init.lua wraps it as data.tokenizer(path).
 #include <ATen/ATen.h>
 
 #include "bindings/parts.h"

@@ -4,8 +4,8 @@
 -- RESULTS.md come only from those files.
 --   anatomy scripts/results.lua [--out=out] [--to=examples/RESULTS.md]
 -- (scripts/results --run runs the experiments first.)
-local json = require 'anatomy.json'
-local fs = require 'anatomy.fs'
+local json = require 'anatomy.io.json'
+local fs = require 'anatomy.io.fs'
 local Results = require 'anatomy.experiment.results'
 
 local cfg = torch.config.parse({

@@ -28,7 +28,7 @@ local V = corpus.vocab_size
 local model = models.build(cfg.model, setmetatable({vocab = V}, {__index = cfg}))
 print(('%s: %s parameters'):format(nn.typename(model), nn.format_count(model:num_parameters())))
 
-require('anatomy.fs').mkdir(cfg.out)
+require('anatomy.io.fs').mkdir(cfg.out)
 local checkpoint = cfg.out .. '/checkpoint.safetensors'
 if not cfg.resume then os.remove(checkpoint) end
 local run = train.fit(model, corpus, {
@@ -43,7 +43,7 @@ local val = train.evaluate(model, corpus, {seq = cfg.seq, batches = 32, batch = 
 print(('val loss %.4f nats/token (%.3f bits) over %d tokens'):format(val.nats, val.bits, val.tokens))
 -- what this run was, for whoever reads its numbers later
 local record = provenance.record{corpus = corpus, model = model, run = run, config = cfg}
-require('anatomy.fs').write_atomic(cfg.out .. '/run.json', require('anatomy.json').encode({provenance = record,
+require('anatomy.io.fs').write_atomic(cfg.out .. '/run.json', require('anatomy.io.json').encode({provenance = record,
   val = {nats = val.nats, bits = val.bits, tokens = val.tokens}}) .. '\n')
 print(('checkpoint: %s   metrics: %s   run: %s'):format(checkpoint, cfg.out .. '/metrics.jsonl', cfg.out .. '/run.json'))
 print('provenance: ' .. provenance.line(record))

@@ -242,12 +242,12 @@ int lua_input(lua_State* L) {
   return 1;
 }
 
-// Hands a request to lua/anatomy/kernel.lua; returns {reply type, reply content}.
+// Hands a request to lua/anatomy/session/kernel.lua; returns {reply type, reply content}.
 std::pair<std::string, json> call_lua(LuaState& state, Kernel& k, const std::string& type, const json& content) {
   lua_State* L = state.get();
   int top = lua_gettop(L);
   lua_getglobal(L, "require");
-  lua_pushliteral(L, "anatomy.kernel");
+  lua_pushliteral(L, "anatomy.session.kernel");
   if (!state.call(1, 1)) {
     lua_settop(L, top);
     return {"", {{"status", "error"}, {"ename", "KernelError"}, {"evalue", state.error()}, {"traceback", json::array()}}};
@@ -311,7 +311,7 @@ int Kernel::serve(LuaState& state) {
   {
     lua_State* L = state.get();
     lua_getglobal(L, "require");
-    lua_pushliteral(L, "anatomy.kernel");
+    lua_pushliteral(L, "anatomy.session.kernel");
     if (!state.call(1, 1)) throw std::runtime_error("anatomy --kernel: " + state.error());
     lua_getfield(L, -1, "install");
     if (!state.call(0, 0)) throw std::runtime_error("anatomy --kernel: " + state.error());

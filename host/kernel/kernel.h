@@ -1,6 +1,6 @@
 // anatomy as a Jupyter kernel: the messaging protocol (5.3) over ZeroMQ with
 // HMAC-SHA256 signatures, and the kernelspec that makes Jupyter find it.
-// What a request does is Lua's (lua/anatomy/kernel.lua): cells run in the
+// What a request does is Lua's (lua/anatomy/session/kernel.lua): cells run in the
 // same globals and way as REPL lines.
 #pragma once
 #include <string>

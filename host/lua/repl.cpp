@@ -1,5 +1,5 @@
 // The REPL (see repl.h). Parsing and running happen here; how values are
-// shown and what completes a word is Lua (lua/anatomy/repl.lua), so both can
+// shown and what completes a word is Lua (lua/anatomy/session/repl.lua), so both can
 // be changed without recompiling.
 #include "host/lua/repl.h"
 
@@ -34,7 +34,7 @@ std::string history_path() {
   return std::string(home && *home ? home : ".") + "/.anatomy_history";
 }
 
-// Asks lua/anatomy/repl.lua for the completions of `text`.
+// Asks lua/anatomy/session/repl.lua for the completions of `text`.
 char* next_candidate(const char* text, int state) {
   static size_t i;
   if (state == 0) i = 0;
@@ -47,7 +47,7 @@ char** complete(const char* text, int start, int end) {
   lua_State* L = g_completion_state;
   int top = lua_gettop(L);
   lua_getglobal(L, "require");
-  lua_pushliteral(L, "anatomy.repl");
+  lua_pushliteral(L, "anatomy.session.repl");
   if (lua_pcall(L, 1, 1, 0) == 0) {
     lua_getfield(L, -1, "complete");
     lua_pushstring(L, text);
@@ -113,7 +113,7 @@ void show_results(LuaState& state, int base) {
   int n = lua_gettop(L) - base + 1;
   if (n <= 0) return;
   lua_getglobal(L, "require");
-  lua_pushliteral(L, "anatomy.repl");
+  lua_pushliteral(L, "anatomy.session.repl");
   lua_call(L, 1, 1);
   lua_getfield(L, -1, "show");
   lua_remove(L, -2);

@@ -70,7 +70,7 @@ function torch.banner()
     torch.libtorch_version .. (torch.version.cuda and ', CUDA ' .. torch.version.cuda or ''), torch.device(), n, n == 1 and '' or 's')
 end
 
-require 'anatomy.tensor'
+require 'anatomy.torch.tensor'
 
 -- nn, models, data, optim, train, text, probe, patching, autopsy, provenance, experiment, exact and dist are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
@@ -79,19 +79,19 @@ models = require 'anatomy.models'
 data = require 'anatomy.data'
 optim = require 'anatomy.optim'
 train = require 'anatomy.train'
-text = require 'anatomy.text'
-torch.config = require 'anatomy.config'
+text = require 'anatomy.data.text'
+torch.config = require 'anatomy.torch.config'
 probe = require 'anatomy.probe'
-require 'anatomy.interventions'  -- probe.ablate, probe.set, probe.patch
-require 'anatomy.cache'          -- probe.run_with_cache
-require 'anatomy.attribution'    -- probe.logit_attribution
-patching = require 'anatomy.patching'
+require 'anatomy.probe.interventions'  -- probe.ablate, probe.set, probe.patch
+require 'anatomy.probe.cache'          -- probe.run_with_cache
+require 'anatomy.probe.attribution'    -- probe.logit_attribution
+patching = require 'anatomy.probe.patching'
 autopsy = require 'anatomy.autopsy'
-provenance = require 'anatomy.provenance'
+provenance = require 'anatomy.io.provenance'
 experiment = require 'anatomy.experiment'
 exact = require 'anatomy.exact'
-help = require('anatomy.help').help
-dist = require 'anatomy.dist'
+help = require('anatomy.session.help').help
+dist = require 'anatomy.torch.dist'
 torch.distributed = dist
 
 -- Under `anatomy --nproc N` or a launcher (torchrun, a SLURM script) that

@@ -34,7 +34,7 @@ local params = {}
 for name, p in m:named_parameters() do params[name] = p:detach() end
 torch.save_safetensors(('%s/params.%d.safetensors'):format(o.out, dist.rank()), params)
 if dist.rank() == 0 then
-  require('anatomy.fs').write_atomic(o.out .. '/probes.json', require('anatomy.json').encode(run.probes))
+  require('anatomy.io.fs').write_atomic(o.out .. '/probes.json', require('anatomy.io.json').encode(run.probes))
   print(('done: %d steps, world %d, loss %.6f, resumed from %s, communication %s'):format(run.steps, run.world_size,
     run.train[#run.train], tostring(run.resumed_from),
     run.communication and ('%d buckets, %.3f s waited'):format(run.communication.buckets, run.communication.wait_seconds) or '-'))

@@ -108,7 +108,7 @@ H.test('the final parameters agree within 1e-5 (norm-relative; the key bias, who
 end)
 
 H.test("the autopsy's measures in training: gradient norms of the averaged gradient, activation stds over both ranks' rows", function()
-  local json = require 'anatomy.json'
+  local json = require 'anatomy.io.json'
   local a, b = json.decode(H.read(one .. '/probes.json')), json.decode(H.read(two .. '/probes.json'))
   H.eq(#a, 3)
   H.eq(#b, 3)

@@ -9,7 +9,7 @@
 
 namespace {
 const char* kHarness = R"LUA(
-local json = require 'anatomy.json'
+local json = require 'anatomy.io.json'
 return function(text, path, folder)
   local check = __fuzz_check
   check(pcall(json.decode, text))

@@ -58,7 +58,7 @@ test('runs can come from their JSON files, and the comparison saves as JSON', fu
   eq(cmp.runs[1].label, 'ffn')
   eq(cmp.runs[2].label, 'gate')
   eq(cmp:value(2, 'blocks.2', 'grad_norm'), b.rows[3].grad_norm)
-  local saved = require('anatomy.json').decode(H.read(cmp:json(dir .. '/cmp.json')))
+  local saved = require('anatomy.io.json').decode(H.read(cmp:json(dir .. '/cmp.json')))
   eq(#saved.runs, 2)
   eq(saved.layers, {'embed', 'blocks.1', 'blocks.2', 'blocks.3', 'output'})
   os.execute("rm -rf '" .. dir .. "'")

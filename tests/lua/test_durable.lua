@@ -5,7 +5,7 @@
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require 'harness'
 local test, eq, raises = H.test, H.eq, H.raises
-local fs = require 'anatomy.fs'
+local fs = require 'anatomy.io.fs'
 
 local tmpdir = H.tmpdir
 local function listing(dir)

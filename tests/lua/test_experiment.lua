@@ -3,7 +3,7 @@
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require 'harness'
 local test, eq, raises = H.test, H.eq, H.raises
-local json = require 'anatomy.json'
+local json = require 'anatomy.io.json'
 
 local tmpfile = H.tmpfile
 
@@ -206,7 +206,7 @@ test('experiment.sweep runs the Cartesian product in order and tabulates what it
   contains(svg, '<svg xmlns="http://www.w3.org/2000/svg"', 'standalone svg')
   raises(function() s:svg('nope') end, "bad argument #1 to 'svg' (no measured column 'nope'; the columns are loss, tag)")
   -- in a notebook: the table and its chart, as one fragment under its own scope
-  local shown = require('anatomy.kernel').mimebundle(s)
+  local shown = require('anatomy.session.kernel').mimebundle(s)
   contains(shown['text/html'], '<div class="anatomy-output">', 'a fragment')
   contains(shown['text/html'], '<td>4</td><td>false</td><td>8.500</td><td>n</td>', 'the table')
   contains(shown['text/html'], 'data-points="6"', 'the chart')

@@ -5,7 +5,7 @@
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require 'harness'
 local test, eq, raises = H.test, H.eq, H.raises
-local json = require 'anatomy.json'
+local json = require 'anatomy.io.json'
 
 -- lua_readers: a string with DEL (0x7f) in it made json.decode loop forever
 -- (Lua's %c matches DEL; the scan made no progress on it).
@@ -317,7 +317,7 @@ end)
 -- a hole in the vocabulary, and threw std::out_of_range ("token id 264 is out
 -- of range 1..269") past the reader's error type.
 test('a tokenizer.json whose vocabulary has an empty token or a shared id is refused when it loads', function()
-  local json = require 'anatomy.json'
+  local json = require 'anatomy.io.json'
   local function layout(vocab)
     return H.tmpfile(json.encode{version = '1.0', added_tokens = {}, normalizer = json.null,
       pre_tokenizer = {type = 'ByteLevel', add_prefix_space = false, use_regex = true}, post_processor = json.null,

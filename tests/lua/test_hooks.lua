@@ -307,7 +307,7 @@ test("the autopsy keeps every head's map with its tokens: a:attention in the ter
   local m = models.gpt{vocab = corpus.vocab_size, dim = 16, heads = 2, layers = 2, seq = 12, ffn = 32, norm = 'pre'}
   local a = autopsy.run(m, corpus, {steps = 1, batch = 2, seq = 12, probe_text = 'the quick fox'})
   local text = tostring(a:attention(2, 2, {numbers = true}))
-  local shown = require('anatomy.kernel').mimebundle(a:attention(2, 2))
+  local shown = require('anatomy.session.kernel').mimebundle(a:attention(2, 2))
   assert(shown['image/svg+xml']:find('blocks.2 head 2', 1, true) and shown['text/html']:find('anatomy-output', 1, true),
     'in a notebook: the map as SVG and HTML')
   local lines = {}

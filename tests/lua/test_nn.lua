@@ -329,7 +329,7 @@ test('sizes print as {2, 3}; a model\'s context comes from its position table', 
 end)
 
 test('help() reads the documentation from the library\'s own comments', function()
-  local text = require('anatomy.help').text
+  local text = require('anatomy.session.help').text
   assert(text(train.fit):find('train.fit(model, corpus, opts) -> run', 1, true), text(train.fit))
   assert(text('nn.Linear'):find('a learned affine map', 1, true), text('nn.Linear'))
   assert(text('nn.Linear'):find('  named_parameters ', 1, true), 'a class lists its methods')

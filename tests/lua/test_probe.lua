@@ -209,7 +209,7 @@ test('a column the autopsy cannot fill says why, in the table and the JSON', fun
   eq(a.missing.entropy, 'no block publishes an attention pattern (an attention block defines keep_pattern(keep, grad) and pattern())')
   local s = tostring(a)
   assert(s:find('lens_loss: - because Net has no readout(h)', 1, true), s)
-  assert(require('anatomy.json').encode(a:data()):find('"missing":{', 1, true), 'the JSON says why too')
+  assert(require('anatomy.io.json').encode(a:data()):find('"missing":{', 1, true), 'the JSON says why too')
 end)
 
 H.done()

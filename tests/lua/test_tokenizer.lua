@@ -4,7 +4,7 @@
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require 'harness'
 local test, eq, raises = H.test, H.eq, H.raises
-local json = require 'anatomy.json'
+local json = require 'anatomy.io.json'
 
 -- GPT-2's byte map: printable bytes stand for themselves, space is 'Ġ' (U+0120), newline 'Ċ' (U+010A).
 local function write_tokenizer(spec)

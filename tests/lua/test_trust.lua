@@ -15,8 +15,8 @@ local function raises(fn, part)
     error(('wrong error\n  got:      %s\n  expected: ...%s...'):format(tostring(err), part), 2)
   end
 end
-local json = require 'anatomy.json'
-local fs = require 'anatomy.fs'
+local json = require 'anatomy.io.json'
+local fs = require 'anatomy.io.fs'
 
 -- bit-identical: the largest difference is printed when it is not 0
 local function identical(got, want, what)
@@ -354,7 +354,7 @@ test('autopsies in one script each record their own start and wall time', functi
 end)
 
 test('published provenance names data by file name and a relative path, never an absolute one', function()
-  local provenance = require 'anatomy.provenance'
+  local provenance = require 'anatomy.io.provenance'
   local path = H.tmpfile(string.rep('some text for a corpus. ', 50))
   local corpus = data.text(path)
   local rec = provenance.record{corpus = corpus, config = {data = path, steps = 3}}
@@ -391,7 +391,7 @@ test("a smoke run's verdicts say so, and a NaN never reaches a verdict", functio
 end)
 
 test('colour bars and axes get at least three readable ticks; zero and missing cells are drawn apart from small values', function()
-  local charts = require 'anatomy.charts'
+  local charts = require 'anatomy.render.charts'
   for _, range in ipairs{{0.246, 0.254}, {0.2487, 0.2491}, {1, 1.001}, {0, 1}, {-3, 1e4}, {2.371, 2.378}} do
     local ticks = charts.nice_ticks(range[1], range[2], 4)
     assert(#ticks >= 3, ('%g..%g: %d ticks'):format(range[1], range[2], #ticks))
@@ -416,7 +416,7 @@ test("the comparison's depth charts label their axis with the rows' names", func
   local ids, y = torch.randint(1, 11, {2, 8}), torch.randint(1, 11, {2, 8})
   local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 2, seq = 8, ffn = 32}
   local a, b = autopsy.run(m, {ids, y}), autopsy.run(m, {ids, y})
-  local html = require('anatomy.autopsy.report').embed(autopsy.compare{a, b}:html())
+  local html = require('anatomy.render.page').embed(autopsy.compare{a, b}:html())
   local fig = html:match('grad_norm by depth.-</figure>')
   assert(fig, 'the grad_norm by depth chart')
   for _, name in ipairs{'embed', 'blocks.1', 'blocks.2', 'output'} do
@@ -458,7 +458,7 @@ test('errors point at the right place: unknown keys first with the closest name,
 end)
 
 test('help() lists every global table, and every public function has documentation', function()
-  local help = require 'anatomy.help'
+  local help = require 'anatomy.session.help'
   local std = {string = 1, table = 1, math = 1, io = 1, os = 1, debug = 1, coroutine = 1, package = 1, jit = 1, bit = 1,
     _G = 1, arg = 1, ffi = 1}
   local start = help.text()
@@ -530,7 +530,7 @@ test('every file reader says a directory is a directory, a FIFO is not a regular
   raises(function() data.tokenizer(sp) end, 'is a directory')
   -- a file whose size says more than a read gives (sysfs): the reader counts what came
   local short = '/sys/devices/system/cpu/online'
-  if require('anatomy.fs').exists(short) then
+  if require('anatomy.io.fs').exists(short) then
     raises(function() torch.load_safetensors(short) end, 'of the 8 bytes of the header length could be read')
     raises(function() data.tokenizer(short) end, 'bytes came')
   end

@@ -4,9 +4,10 @@
 -- the first run by more than 10% marked *), renders as one HTML report
 -- (each run's provenance, the loss curves and the depth profiles overlaid,
 -- the tables with the differing cells highlighted) and saves as JSON.
-local json = require 'anatomy.json'
-local fs = require 'anatomy.fs'
-local format = require 'anatomy.autopsy.format'
+local json = require 'anatomy.io.json'
+local fs = require 'anatomy.io.fs'
+local format = require 'anatomy.render.format'
+local page = require 'anatomy.render.page'
 
 local fmt = format.number
 
@@ -43,7 +44,7 @@ end
 -- autopsy.compare(runs, {labels = {...}}) -> Comparison
 local function compare(runs, opts)
   local where = 'autopsy.compare'
-  opts = require('anatomy.options').check(opts, {'labels'}, where, 2)
+  opts = require('anatomy.torch.options').check(opts, {'labels'}, where, 2)
   if type(runs) ~= 'table' or #runs < 2 then
     error(('%s: expected a list of at least two autopsies, got %s'):format(where,
       type(runs) == 'table' and (#runs .. ' item' .. (#runs == 1 and '' or 's')) or type(runs)), 2)
@@ -143,15 +144,14 @@ end
 
 -- c:html() -> the report as a string; c:report(path) writes it
 function Comparison:html()
-  local charts = require 'anatomy.charts'
-  local report = require 'anatomy.autopsy.report'
+  local charts = require 'anatomy.render.charts'
   local esc = charts.esc
   local parts = {}
   -- each run's provenance
   for _, r in ipairs(self.runs) do
     parts[#parts + 1] = ('<h2>%s</h2>'):format(esc(r.label))
     parts[#parts + 1] = ('<p>%s, loss %s</p>'):format(esc(tostring(r.data.model)), fmt(r.data.loss, 4))
-    if r.data.provenance then parts[#parts + 1] = report.provenance_html(r.data.provenance) end
+    if r.data.provenance then parts[#parts + 1] = page.provenance(r.data.provenance) end
   end
   -- overlaid curves: the training loss, and each measure along depth
   local figs = {}
@@ -209,7 +209,7 @@ function Comparison:html()
   parts[#parts + 1] = '</div>'
   local labels = {}
   for i, r in ipairs(self.runs) do labels[i] = r.label end
-  return report.page('Comparison: ' .. table.concat(labels, ' vs '), table.concat(parts))
+  return page.new('Comparison: ' .. table.concat(labels, ' vs '), table.concat(parts))
 end
 
 function Comparison:report(path)

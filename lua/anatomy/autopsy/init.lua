@@ -5,7 +5,7 @@
 -- a table, saves as JSON and renders as an HTML report (report.lua).
 local measure = require 'anatomy.autopsy.measure'
 local verdicts = require 'anatomy.autopsy.verdicts'
-local format = require 'anatomy.autopsy.format'
+local format = require 'anatomy.render.format'
 
 local autopsy = {}
 

@@ -2,8 +2,8 @@
 -- claims were made on (found, checked by its SHA-256, never silently
 -- replaced), the table that sets a published claim beside our measurement
 -- with a verdict, and sweeps over a grid of settings.
-local provenance = require 'anatomy.provenance'
-local fs = require 'anatomy.fs'
+local provenance = require 'anatomy.io.provenance'
+local fs = require 'anatomy.io.fs'
 
 local experiment = {}
 

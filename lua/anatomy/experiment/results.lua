@@ -2,9 +2,9 @@
 -- row, the runs that produced them and their provenance record. Saved as
 -- results.json (the data) and results.md (the table); scripts/results
 -- collects every example's into examples/RESULTS.md.
-local json = require 'anatomy.json'
-local provenance = require 'anatomy.provenance'
-local fs = require 'anatomy.fs'
+local json = require 'anatomy.io.json'
+local provenance = require 'anatomy.io.provenance'
+local fs = require 'anatomy.io.fs'
 
 local Results = {}
 Results.__index = Results

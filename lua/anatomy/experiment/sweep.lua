@@ -2,8 +2,8 @@
 -- the table of what it measured: printable, as Markdown and JSON, with one
 -- chart per measured column (sklearn's ParameterGrid order: the first key
 -- varies slowest).
-local json = require 'anatomy.json'
-local fs = require 'anatomy.fs'
+local json = require 'anatomy.io.json'
+local fs = require 'anatomy.io.fs'
 
 local Sweep = {}
 Sweep.__index = Sweep
@@ -180,14 +180,14 @@ function Sweep:svg(column, title)
   if not known then
     error(("bad argument #1 to 'svg' (no measured column '%s'; the columns are %s)"):format(tostring(column), table.concat(self.measured, ', ')), 2)
   end
-  return require('anatomy.charts').line_chart{title = title or column, xlabel = self.keys[1], ylabel = column,
+  return require('anatomy.render.charts').line_chart{title = title or column, xlabel = self.keys[1], ylabel = column,
     series = self:series(column)}
 end
 
 -- sweep:html([title]) -> an HTML page: the table and one chart per measured
 -- numeric column
 function Sweep:html(title)
-  local esc = require('anatomy.charts').esc
+  local esc = require('anatomy.render.charts').esc
   local header, rows = self:cells()
   title = esc(title or 'sweep')
   local parts = {'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>', title,

@@ -9,8 +9,8 @@
 -- `blocks.1` (every model has a layers() method). models.hf_name and
 -- models.anatomy_name translate a dotted name either way.
 local models = require 'anatomy.models'
-local json = require 'anatomy.json'
-local fs = require 'anatomy.fs'
+local json = require 'anatomy.io.json'
+local fs = require 'anatomy.io.fs'
 
 local pretrained = {}
 models.pretrained = pretrained
@@ -224,7 +224,7 @@ end
 function models.from_pretrained(folder, opts)
   local where = 'models.from_pretrained'
   if type(folder) ~= 'string' then error(('%s: folder must be a string, got %s'):format(where, type(folder)), 2) end
-  opts = require('anatomy.options').check(opts, {dtype = true, device = true}, where, 2)
+  opts = require('anatomy.torch.options').check(opts, {dtype = true, device = true}, where, 2)
   if opts.dtype and opts.dtype ~= 'float32' and opts.dtype ~= 'bfloat16' and opts.dtype ~= 'float16' then
     error(("%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'"):format(where, tostring(opts.dtype)), 2)
   end

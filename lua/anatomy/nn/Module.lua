@@ -146,7 +146,7 @@ function Module:forward()
   error(('%s has no forward method'):format(nn.typename(self)), 2)
 end
 
--- m(x) runs forward. A module with probes attached (lua/anatomy/probe.lua)
+-- m(x) runs forward. A module with probes attached (lua/anatomy/probe/init.lua)
 -- has a _probe field; without one, this branch is the whole cost.
 function Module:_call(...)
   local p = rawget(self, '_probe')
@@ -155,7 +155,7 @@ function Module:_call(...)
 end
 
 -- self:hook(name, t) -> t, or what a probe puts in its place: a hook point
--- inside a block, which probes name '<block path>.<name>' (lua/anatomy/probe.lua).
+-- inside a block, which probes name '<block path>.<name>' (lua/anatomy/probe/init.lua).
 -- A block written in Lua publishes its intermediates this way:
 --   function Block:forward(x)
 --     x = self:hook('resid_mid', x + self.attn(self.ln1(x)))
@@ -235,9 +235,9 @@ end
 
 -- m:generate(ids, {max_new = 200, temperature = 1.0, top_k, seed}) -> the
 -- prompt ids followed by sampled ones, for a module from ids (B, T) to logits
--- (B, T, V); a stateful model runs as an RNN (lua/anatomy/generate.lua).
+-- (B, T, V); a stateful model runs as an RNN (lua/anatomy/data/generate.lua).
 function Module:generate(ids, opts)
-  local out = require('anatomy.generate').generate(self, ids, opts)
+  local out = require('anatomy.data.generate').generate(self, ids, opts)
   return out
 end
 

@@ -45,7 +45,7 @@ function Native:extra_repr() return self._native:describe() end
 function Native:_set_training(mode) self._native:train(mode) end
 
 -- Checks an options table against the keys a constructor accepts.
-function Native.options(opts, allowed, where) return require('anatomy.options').check(opts, allowed, where, 4) end
+function Native.options(opts, allowed, where) return require('anatomy.torch.options').check(opts, allowed, where, 4) end
 
 -- Native.define(name, make) -> nn.<name>, a class whose __init(...) builds a
 -- native block with make(...). Native.define(name, sizes, options[, extra])

@@ -106,7 +106,7 @@ function F.scaled_dot_product_attention(q, k, v, opts)
   check_tensor(q, 1, 'scaled_dot_product_attention')
   check_tensor(k, 2, 'scaled_dot_product_attention')
   check_tensor(v, 3, 'scaled_dot_product_attention')
-  opts = require('anatomy.options').check(opts, {attn_mask = true, is_causal = true, scale = true}, 'scaled_dot_product_attention', 2)
+  opts = require('anatomy.torch.options').check(opts, {attn_mask = true, is_causal = true, scale = true}, 'scaled_dot_product_attention', 2)
   local scale = opts.scale or 1 / math.sqrt(q:size(-1))
   local scores = q:matmul(k:transpose(-2, -1)) * scale                 -- (..., T, S)
   if opts.is_causal then

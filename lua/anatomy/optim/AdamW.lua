@@ -12,7 +12,7 @@ local allowed = {lr = true, betas = true, eps = true, weight_decay = true, decay
 -- decay = 'matrices' applies weight decay only to parameters of 2 or more
 -- dimensions (not to biases, norms and gains), as nanoGPT does.
 setmetatable(AdamW, {__call = function(_, params, opts)
-  opts = require('anatomy.options').check(opts, allowed, 'optim.AdamW', 2)
+  opts = require('anatomy.torch.options').check(opts, allowed, 'optim.AdamW', 2)
   local list = require('anatomy.optim.Optimizer').params(params, 'optim.AdamW', 2)
   local decayed, plain = {}, {}
   for _, p in ipairs(list) do

@@ -10,7 +10,7 @@ setmetatable(LRScheduler, {__call = function(_, opt, opts)
   if type(opt) ~= 'table' or type(opt.set_lr) ~= 'function' then
     error('optim.lr_scheduler: the first argument must be an optimizer (optim.AdamW, optim.Adam, optim.SGD)', 3)
   end
-  opts = require('anatomy.options').check(opts, {schedule = true, steps = true, warmup = true}, 'optim.lr_scheduler', 3)
+  opts = require('anatomy.torch.options').check(opts, {schedule = true, steps = true, warmup = true}, 'optim.lr_scheduler', 3)
   if type(opts.steps) ~= 'number' or opts.steps < 1 then error('optim.lr_scheduler: steps must be a positive number', 3) end
   local self = setmetatable({opt = opt, step_count = 1, base_lr = opt:lr(),
     lr_at = require('anatomy.optim').schedule(opts.schedule or 'cosine', opt:lr(), opts.steps, opts.warmup or 0)}, LRScheduler)

@@ -8,7 +8,7 @@ local Optimizer = require 'anatomy.optim.Optimizer'
 local SGD = Optimizer.class()
 
 getmetatable(SGD).__call = function(_, params, opts)
-  opts = require('anatomy.options').check(opts, {lr = true, momentum = true, dampening = true, weight_decay = true,
+  opts = require('anatomy.torch.options').check(opts, {lr = true, momentum = true, dampening = true, weight_decay = true,
     nesterov = true}, 'optim.SGD', 2)
   if type(opts.lr) ~= 'number' or opts.lr < 0 then error('optim.SGD: lr must be a non-negative number (there is no default)', 2) end
   local self = setmetatable({params = Optimizer.params(params, 'optim.SGD', 2), lr_ = opts.lr, momentum = opts.momentum or 0,

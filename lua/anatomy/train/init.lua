@@ -50,12 +50,12 @@ local function check_kind(key, v)
   else ok, want = type(v) == kind, 'a ' .. kind end
   if not ok then
     local got = type(v) == 'string' and ("the string '%s'"):format(v) or (type(v) == 'number' and tostring(v) or type(v))
-    error(('train.fit: option %s must be %s, got %s'):format(key, want, got), require('anatomy.options').user_level() + 1)
+    error(('train.fit: option %s must be %s, got %s'):format(key, want, got), require('anatomy.torch.options').user_level() + 1)
   end
 end
 
 local function options(opts, model)
-  opts = require('anatomy.options').check(opts, known, 'train.fit', 3)
+  opts = require('anatomy.torch.options').check(opts, known, 'train.fit', 3)
   for k, v in pairs(opts) do check_kind(k, v) end
   if opts.betas ~= nil then
     local b = opts.betas
@@ -310,9 +310,9 @@ function train.fit(model, corpus, opts)
 
   local time_before = 0   -- seconds the resumed run had trained: the log's time goes on from there
   -- what a writer killed mid-write left beside the checkpoint and the log
-  if main and o.checkpoint then require('anatomy.fs').remove_stale(o.checkpoint) end
-  if main and o.log then require('anatomy.fs').remove_stale(o.log) end
-  local resuming = o.checkpoint and o.resume and require('anatomy.fs').exists(o.checkpoint)
+  if main and o.checkpoint then require('anatomy.io.fs').remove_stale(o.checkpoint) end
+  if main and o.log then require('anatomy.io.fs').remove_stale(o.log) end
+  local resuming = o.checkpoint and o.resume and require('anatomy.io.fs').exists(o.checkpoint)
   if world > 1 and o.checkpoint and o.resume then
     -- every rank reads the checkpoint rank 0 wrote (one machine, or a shared file system)
     local found = dist.all_gather(torch.tensor({resuming and 1 or 0}))
@@ -551,7 +551,7 @@ function train.fit(model, corpus, opts)
       local meta = {time = ('%.3f'):format(time_before + elapsed)}
       for k, v in pairs(run.config) do meta[k] = v end
       -- the log first: once the checkpoint names a step, the log holds it
-      if log then require('anatomy.fs').sync(o.log) end
+      if log then require('anatomy.io.fs').sync(o.log) end
       train.save_checkpoint(o.checkpoint, model, opt, step, meta)
     end
     if o.on_step then o.on_step(step, info) end

@@ -3,8 +3,8 @@
 -- hands out random windows as batches. Token ids are 1-based.
 local data = {}
 local native = torch._data
-local options = require 'anatomy.options'
-local fs = require 'anatomy.fs'
+local options = require 'anatomy.torch.options'
+local fs = require 'anatomy.io.fs'
 
 local Corpus = {}
 Corpus.__index = Corpus
@@ -109,9 +109,9 @@ function data.file_info(path)
 end
 
 -- corpus:sample(model, prompt, opts) -> the prompt and its continuation, as
--- text (model:generate's options; lua/anatomy/generate.lua)
+-- text (model:generate's options; lua/anatomy/data/generate.lua)
 function Corpus:sample(model, prompt, opts)
-  local text = require('anatomy.generate').sample(self, model, prompt, opts)
+  local text = require('anatomy.data.generate').sample(self, model, prompt, opts)
   return text
 end
 
@@ -142,7 +142,7 @@ local function from_sentencepiece(folder, model)
   local config_path = folder .. '/tokenizer_config.json'
   if fs.exists(config_path) then
     local text = fs.read(config_path)
-    local ok, config = pcall(require('anatomy.json').decode, text)
+    local ok, config = pcall(require('anatomy.io.json').decode, text)
     if not ok or type(config) ~= 'table' then
       error(("data.tokenizer: '%s' is not valid JSON: %s"):format(config_path, tostring(config)), 3)
     end

@@ -473,8 +473,8 @@ function probe.names(model)
 end
 
 -- Defined beside this file, on this table: probe.ablate, probe.set,
--- probe.patch, probe.layout (lua/anatomy/interventions.lua);
--- probe.run_with_cache and probe.to_ids (lua/anatomy/cache.lua);
--- probe.logit_attribution (lua/anatomy/attribution.lua).
+-- probe.patch, probe.layout (lua/anatomy/probe/interventions.lua);
+-- probe.run_with_cache and probe.to_ids (lua/anatomy/probe/cache.lua);
+-- probe.logit_attribution (lua/anatomy/probe/attribution.lua).
 
 return probe

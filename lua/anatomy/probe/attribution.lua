@@ -6,8 +6,8 @@
 -- norm's and the head's bias, a row of its own). The parts sum to the
 -- model's logit. probe.logit_attribution(model, input, target, opts).
 local probe = require 'anatomy.probe'
-local options = require 'anatomy.options'
-local terminal = require 'anatomy.terminal'
+local options = require 'anatomy.torch.options'
+local terminal = require 'anatomy.render.terminal'
 
 local attribution = {}
 
@@ -37,7 +37,7 @@ function attribution.run(model, input, target, opts)
   local where = 'probe.logit_attribution'
   opts = options.check(opts, {'position', 'tokenizer'}, where, 2)
   local ids, tok = probe.to_ids(model, input, opts.tokenizer, where)
-  local patching = require 'anatomy.patching'
+  local patching = require 'anatomy.probe.patching'
   local good, bad
   if type(target) == 'table' then
     good = patching.token_id(target[1], tok, where, 'target[1]')
@@ -164,7 +164,7 @@ end
 function Result:svg()
   local labels, values = {}, {}
   for i, r in ipairs(self.rows) do labels[i], values[i] = r[1], r[2] end
-  return require('anatomy.charts').signed_bars(('Direct logit attribution: %s'):format(self.label), labels, values,
+  return require('anatomy.render.charts').signed_bars(('Direct logit attribution: %s'):format(self.label), labels, values,
     ('parts sum to %.5g; the model gives %.5g'):format(self.total, self.logit))
 end
 

@@ -1,11 +1,12 @@
 -- Figure: one chart as a value. It prints as its terminal form; in a
 -- notebook it shows as SVG (its _repr_mimebundle); fig:svg() is the SVG,
 -- standalone (the report's styles inside it), and fig:save(path) writes it.
+local page = require 'anatomy.render.page'
 local Figure = {}
 Figure.__index = Figure
 
 -- Figure.new(title, figure_html, text): figure_html is a chart of
--- anatomy/charts.lua (<figure> with its <svg>), text its terminal form.
+-- anatomy/render/charts.lua (<figure> with its <svg>), text its terminal form.
 function Figure.new(title, figure_html, text)
   return setmetatable({title = title, html_figure = figure_html, text = text}, Figure)
 end
@@ -14,37 +15,35 @@ end
 -- m (Tq, Tk) with its tokens on both axes: shaded text (numbers = true: the
 -- weights) when printed, a heatmap in a notebook.
 function Figure.attention(title, tokens, m, numbers)
-  return Figure.new(title, require('anatomy.charts').attention_map(title, tokens, m:tolist()),
-    require('anatomy.terminal').attention_map(m, tokens, title, numbers))
+  return Figure.new(title, require('anatomy.render.charts').attention_map(title, tokens, m:tolist()),
+    require('anatomy.render.terminal').attention_map(m, tokens, title, numbers))
 end
 
 function Figure:__tostring() return self.text end
 
 function Figure:svg()
   local svg = self.html_figure:match('<svg.-</svg>')
-  local report = require 'anatomy.autopsy.report'
   -- the figure's caption as the SVG's title; the page's styles (not its
   -- body's) inside it, limited to this SVG: an SVG inlined into a page would
   -- otherwise restyle the page
-  local style = report.scope_style(report.style:gsub('body {[^}]*}', ''), 'svg.anatomy-chart')
+  local style = page.scope_style(page.style:gsub('body {[^}]*}', ''), 'svg.anatomy-chart')
   local open = svg:match('^<svg[^>]*>')
   local tag, marked = open:gsub(' class="([^"]*)"', ' class="%1 anatomy-chart"', 1)
   if marked == 0 then tag = tag:gsub('^<svg', '<svg class="anatomy-chart"') end
   if not tag:match(' xmlns=') then tag = tag:gsub('^<svg', '<svg xmlns="http://www.w3.org/2000/svg"') end
-  tag = tag .. ('<title>%s</title><style>%s</style>'):format(require('anatomy.charts').esc(self.title), style)
+  tag = tag .. ('<title>%s</title><style>%s</style>'):format(require('anatomy.render.charts').esc(self.title), style)
   return tag .. svg:sub(#open + 1)
 end
 
 function Figure:save(path)
-  return require('anatomy.fs').write_atomic(path, self:svg())
+  return require('anatomy.io.fs').write_atomic(path, self:svg())
 end
 
 -- The chart as HTML (its caption, the SVG, its numbers) under the report's
 -- style, limited to it (a notebook's page is not ours to restyle).
 function Figure:html()
-  local report = require 'anatomy.autopsy.report'
   return ('<div class="anatomy-output"><style>%s</style>%s</div>'):format(
-    report.scope_style(report.style, '.anatomy-output'), self.html_figure)
+    page.scope_style(page.style, '.anatomy-output'), self.html_figure)
 end
 
 -- In a notebook: HTML (which nbconvert keeps whole; its SVG sanitizer strips

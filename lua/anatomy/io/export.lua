@@ -2,7 +2,7 @@
 -- pandas.read_csv) and TensorBoard event files (tensorboard --logdir),
 -- written atomically. train.export_metrics and the autopsy's a:csv() and
 -- a:tensorboard() build on these.
-local fs = require 'anatomy.fs'
+local fs = require 'anatomy.io.fs'
 local ffi = require 'ffi'
 local bit = require 'bit'
 
@@ -15,7 +15,7 @@ local function csv_cell(v)
   if type(v) == 'number' then
     if v ~= v then return 'nan' end
     if v == math.huge then return 'inf' elseif v == -math.huge then return '-inf' end
-    return require('anatomy.json').number(v)
+    return require('anatomy.io.json').number(v)
   end
   local s = tostring(v)
   if s:find('[",\r\n]') then s = '"' .. s:gsub('"', '""') .. '"' end

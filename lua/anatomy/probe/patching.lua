@@ -7,8 +7,8 @@
 --   local r = patching.run(model, clean, corrupt, metric, {over = 'attn.z', per = 'head'})
 --   print(r); r:report('out/patching.html')
 local probe = require 'anatomy.probe'
-local options = require 'anatomy.options'
-local terminal = require 'anatomy.terminal'
+local options = require 'anatomy.torch.options'
+local terminal = require 'anatomy.render.terminal'
 
 local patching = {}
 
@@ -168,14 +168,14 @@ end
 function Result:svg()
   local note = ('metric: clean %.4g, corrupt %.4g; each cell: the metric with that part of %s patched from the clean run'):format(
     self.clean, self.corrupt, self.over)
-  return require('anatomy.charts').heatmap(('Activation patching: %s per %s'):format(self.over, self.per), self.rows, self.cols,
+  return require('anatomy.render.charts').heatmap(('Activation patching: %s per %s'):format(self.over, self.per), self.rows, self.cols,
     self.values, false, note)
 end
 
 -- result:report(path) -> path: a self-contained HTML page with the heatmap
 -- and the grid as a table (written atomically)
 function Result:report(path)
-  local esc = require('anatomy.charts').esc
+  local esc = require('anatomy.render.charts').esc
   local head = {'<tr><th>layer</th>'}
   for _, c in ipairs(self.cols) do head[#head + 1] = '<th>' .. esc(c) .. '</th>' end
   local body = {}
@@ -184,9 +184,9 @@ function Result:report(path)
     for _, v in ipairs(self.values[i]) do tds[#tds + 1] = ('<td>%.4g</td>'):format(v) end
     body[#body + 1] = table.concat(tds) .. '</tr>'
   end
-  local html = require('anatomy.autopsy.report').page('Activation patching', self:svg() ..
+  local html = require('anatomy.render.page').new('Activation patching', self:svg() ..
     '<table><thead>' .. table.concat(head) .. '</tr></thead><tbody>' .. table.concat(body) .. '</tbody></table>')
-  return require('anatomy.fs').write_atomic(path, html)
+  return require('anatomy.io.fs').write_atomic(path, html)
 end
 
 return patching

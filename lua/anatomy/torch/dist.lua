@@ -47,7 +47,7 @@ function dist.init_process_group(opts)
     end
     return
   end
-  opts = require('anatomy.options').check(opts,
+  opts = require('anatomy.torch.options').check(opts,
     {'rank', 'world_size', 'master_addr', 'master_port', 'local_rank', 'timeout', 'backend'}, 'dist.init_process_group', 2)
   if opts.backend ~= nil and opts.backend ~= 'gloo' and opts.backend ~= 'nccl' then
     error(("dist.init_process_group: unknown backend '%s', expected 'gloo' or 'nccl'"):format(tostring(opts.backend)), 2)
@@ -71,7 +71,7 @@ function dist.all_reduce(t, opts)
   if type(opts) == 'string' then
     op = opts
   elseif opts ~= nil then
-    opts = require('anatomy.options').check(opts, {'op'}, 'dist.all_reduce', 2)
+    opts = require('anatomy.torch.options').check(opts, {'op'}, 'dist.all_reduce', 2)
     op = opts.op or 'sum'
   end
   if not ops[op] then

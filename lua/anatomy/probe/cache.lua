@@ -155,7 +155,7 @@ end
 -- a notebook as a heatmap (fig:svg(), fig:save(path)).
 function methods:attention(layer, head, opts)
   local where = 'cache:attention'
-  opts = require('anatomy.options').check(opts, {'batch', 'numbers'}, where, 2)
+  opts = require('anatomy.torch.options').check(opts, {'batch', 'numbers'}, where, 2)
   local p = self:heads('pattern', layer)
   local H, B = p:size(1), p:size(2)
   if type(head) ~= 'number' or head % 1 ~= 0 or head < 1 or head > H then
@@ -164,7 +164,7 @@ function methods:attention(layer, head, opts)
   local b = opts.batch or 1
   if type(b) ~= 'number' or b < 1 or b > B then error(('%s: batch must be in 1..%d, got %s'):format(where, B, tostring(b)), 2) end
   local title = ('%s head %d%s'):format(layer_name(self, layer, where), head, B > 1 and (', sequence ' .. b) or '')
-  return require('anatomy.figure').attention(title, self.tokens[b], p[head][b]:float(), opts.numbers)
+  return require('anatomy.render.figure').attention(title, self.tokens[b], p[head][b]:float(), opts.numbers)
 end
 
 function Cache.__tostring(self)
@@ -219,10 +219,10 @@ end
 -- only where the filter names it ('h.1.attn.result', or {'*', '*.result'}
 -- for everything with it), as TransformerLens's use_attn_result; cache.ids, cache.tokens[b][t] (each token's text),
 -- cache:stack('resid_post') (L, ...), cache:heads('pattern', layer),
--- cache:memory(), cache:attention(layer, head) (lua/anatomy/cache.lua).
+-- cache:memory(), cache:attention(layer, head) (lua/anatomy/probe/cache.lua).
 function probe.run_with_cache(model, input, opts)
   local where = 'probe.run_with_cache'
-  opts = require('anatomy.options').check(opts, {'filter', 'grad', 'tokenizer'}, where, 2)
+  opts = require('anatomy.torch.options').check(opts, {'filter', 'grad', 'tokenizer'}, where, 2)
   local ids, tok = probe.to_ids(model, input, opts.tokenizer, where)
   local capture, handle, order = probe.attach_capture(model, {filter = opts.filter, grad = opts.grad})
   local ok, out = pcall(function()

@@ -95,7 +95,7 @@ end
 
 -- The activation at `name` over a reference batch (ids, or a cache holding it).
 local function reference(model, name, over, where)
-  if type(over) == 'table' and getmetatable(over) == require('anatomy.cache') then
+  if type(over) == 'table' and getmetatable(over) == require('anatomy.probe.cache') then
     local t = over[name]
     if t == nil then error(("%s: the cache has no '%s' (run probe.run_with_cache with it in the filter)"):format(where, name), 4) end
     return t
@@ -124,7 +124,7 @@ end
 -- (q, k, v, scores, pattern, z, result) and one position.
 function probe.ablate(model, name, opts)
   local where = 'probe.ablate'
-  opts = require('anatomy.options').check(opts, {'kind', 'over', 'head', 'position', 'seed'}, where, 2)
+  opts = require('anatomy.torch.options').check(opts, {'kind', 'over', 'head', 'position', 'seed'}, where, 2)
   if opts.seed ~= nil and (type(opts.seed) ~= 'number' or opts.seed % 1 ~= 0) then error('probe.ablate: seed must be an integer', 2) end
   local kind = opts.kind or 'zero'
   if kind ~= 'zero' and kind ~= 'mean' and kind ~= 'resample' then
@@ -167,7 +167,7 @@ end
 -- takes value (a number or a tensor that broadcasts to it).
 function probe.set(model, name, value, opts)
   local where = 'probe.set'
-  opts = require('anatomy.options').check(opts, {'head', 'position'}, where, 2)
+  opts = require('anatomy.torch.options').check(opts, {'head', 'position'}, where, 2)
   if type(value) ~= 'number' and not torch.is_tensor(value) then
     error(('probe.set: value must be a number or a Tensor, got %s'):format(type(value)), 2)
   end
@@ -185,10 +185,10 @@ end
 -- tensor of the activation's shape): activation patching.
 function probe.patch(model, name, source, opts)
   local where = 'probe.patch'
-  opts = require('anatomy.options').check(opts, {'head', 'position'}, where, 2)
+  opts = require('anatomy.torch.options').check(opts, {'head', 'position'}, where, 2)
   local key = check_selection(model, name, opts, where)
   local src = source
-  if type(source) == 'table' and getmetatable(source) == require('anatomy.cache') then
+  if type(source) == 'table' and getmetatable(source) == require('anatomy.probe.cache') then
     src = source[key]
     if src == nil then error(("probe.patch: the cache has no '%s' (run probe.run_with_cache with it in the filter)"):format(key), 2) end
   elseif not torch.is_tensor(source) then
