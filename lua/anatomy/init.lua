@@ -82,9 +82,6 @@ train = require 'anatomy.train'
 text = require 'anatomy.data.text'
 torch.config = require 'anatomy.torch.config'
 probe = require 'anatomy.probe'
-require 'anatomy.probe.interventions'  -- probe.ablate, probe.set, probe.patch
-require 'anatomy.probe.cache'          -- probe.run_with_cache
-require 'anatomy.probe.attribution'    -- probe.logit_attribution
 patching = require 'anatomy.probe.patching'
 autopsy = require 'anatomy.autopsy'
 provenance = require 'anatomy.io.provenance'

@@ -42,7 +42,7 @@ local function run(model, source, opts)
   local function keep_maps(name, pattern, ids)
     local T = math.min(pattern:size(3), 32)
     maps[name] = pattern[1]:narrow(2, 1, T):narrow(3, 1, T):float():clone()
-    map_tokens = require('anatomy.probe.cache').token_texts(ids:narrow(1, 1, T):unsqueeze(1), source)[1]
+    map_tokens = require('anatomy.probe.inputs').token_texts(ids:narrow(1, 1, T):unsqueeze(1), source)[1]
   end
   local stepwise = type(model.hidden_from) == 'function' and type(model.readout) == 'function'
   -- head_loss(h (B, T, C), y, top) -> the mean cross-entropy of readout(h)

@@ -5,9 +5,14 @@
 -- readout of that part alone (less the readout of nothing, which is the
 -- norm's and the head's bias, a row of its own). The parts sum to the
 -- model's logit. probe.logit_attribution(model, input, target, opts).
-local probe = require 'anatomy.probe'
+local points = require 'anatomy.probe.points'
+local hooks = require 'anatomy.probe.hooks'
+local inputs = require 'anatomy.probe.inputs'
+local Cache = require 'anatomy.probe.cache'
 local options = require 'anatomy.torch.options'
 local terminal = require 'anatomy.render.terminal'
+local charts = require 'anatomy.render.charts'
+local nn = require 'anatomy.nn'
 
 local attribution = {}
 
@@ -36,14 +41,13 @@ end
 function attribution.run(model, input, target, opts)
   local where = 'probe.logit_attribution'
   opts = options.check(opts, {'position', 'tokenizer'}, where, 2)
-  local ids, tok = probe.to_ids(model, input, opts.tokenizer, where)
-  local patching = require 'anatomy.probe.patching'
+  local ids, tok = inputs.to_ids(model, input, opts.tokenizer, where)
   local good, bad
   if type(target) == 'table' then
-    good = patching.token_id(target[1], tok, where, 'target[1]')
-    bad = patching.token_id(target[2], tok, where, 'target[2]')
+    good = inputs.token_id(target[1], tok, where, 'target[1]')
+    bad = inputs.token_id(target[2], tok, where, 'target[2]')
   else
-    good = patching.token_id(target, tok, where, 'target')
+    good = inputs.token_id(target, tok, where, 'target')
   end
   if type(model.readout) ~= 'function' then
     error(('%s: %s has no readout(h) (the head applied to a hidden state): define it to attribute logits'):format(where, nn.typename(model)), 2)
@@ -74,16 +78,12 @@ function attribution.run(model, input, target, opts)
       end
     end
   end
-  local ok_check, has_pre = pcall(probe._locate, model, first .. '.resid_pre', 1)
+  local ok_check, has_pre = pcall(points.locate, model, first .. '.resid_pre', 1)
   if not ok_check then error(('%s: the first layer publishes no resid_pre (the embedding): %s'):format(where, has_pre), 2) end
 
-  local logits, cache = probe.run_with_cache(model, ids, {filter = filter})
+  local logits, cache = Cache.run_with_cache(model, ids, {filter = filter})
   local T = ids:size(2)
-  local p = opts.position or -1
-  if type(p) ~= 'number' or p % 1 ~= 0 or p == 0 or p > T or p < -T then
-    error(('%s: position must be in 1..%d (or negative from the end), got %s'):format(where, T, tostring(p)), 2)
-  end
-  if p < 0 then p = T + p + 1 end
+  local p = inputs.position(opts.position or -1, T, where)
   local function at(name) return cache[name]:select(2, p) end  -- (B, ...)
   local names, parts = {'embed'}, {at(first .. '.resid_pre')}
   local sum = parts[1]:clone()
@@ -121,10 +121,10 @@ function attribution.run(model, input, target, opts)
   for _, n in ipairs(norms) do
     local scale = at(n .. '.scale'):unsqueeze(2)  -- (B, 1, 1)
     local frozen = scale['repeat'](scale, P, 1, 1)  -- (P B, 1, 1)
-    handles[#handles + 1] = probe.replace(model, n .. '.scale', function() return frozen end)
+    handles[#handles + 1] = hooks.replace(model, n .. '.scale', function() return frozen end)
   end
   local ok, out = pcall(function() return torch.no_grad(function() return model:readout(stacked) end) end)
-  probe.group(handles):remove()
+  hooks.group(handles):remove()
   if not ok then error(out, 0) end
   local function pick(l)  -- (N, 1, V) -> (N) target logit (difference)
     local v = l:select(2, 1):select(2, good)
@@ -164,9 +164,8 @@ end
 function Result:svg()
   local labels, values = {}, {}
   for i, r in ipairs(self.rows) do labels[i], values[i] = r[1], r[2] end
-  return require('anatomy.render.charts').signed_bars(('Direct logit attribution: %s'):format(self.label), labels, values,
+  return charts.signed_bars(('Direct logit attribution: %s'):format(self.label), labels, values,
     ('parts sum to %.5g; the model gives %.5g'):format(self.total, self.logit))
 end
 
-probe.logit_attribution = attribution.run
 return attribution

@@ -2,7 +2,11 @@
 -- published, by name (module outputs and hook points), with the ids and each
 -- token's text. cache['blocks.1.attn.pattern'] is a tensor; the methods below
 -- read across layers and heads.
-local probe = require 'anatomy.probe'
+local points = require 'anatomy.probe.points'
+local hooks = require 'anatomy.probe.hooks'
+local inputs = require 'anatomy.probe.inputs'
+local options = require 'anatomy.torch.options'
+local figure = require 'anatomy.render.figure'
 local Cache = {}
 
 local methods = {}
@@ -19,34 +23,16 @@ Cache.__index = function(self, key)
   if t == nil and type(key) == 'string' then
     local model = rawget(self, '_model')
     if model and rawget(model, 'hf_config') then
-      local name = probe.canonical(model, key)
+      local name = points.canonical(model, key)
       if name then t = tensors[name] end
     end
   end
   return t
 end
 
--- Cache.token_texts(ids (B, T), tok) -> {{text, ...}, ...}: each token's text,
--- tok:decode of that one id (a BPE token's leading space kept), for a
--- tokenizer or a corpus; '#id' without one (the autopsy's maps use it too).
-local function token_texts(ids, tok)
-  local rows = {}
-  if ids.dtype ~= 'int64' or ids:dim() ~= 2 then return rows end
-  for b = 1, ids:size(1) do
-    local row = {}
-    for t = 1, ids:size(2) do
-      local id = ids[b][t]:item()
-      local ok, s = false, nil
-      if type(tok) == 'table' and tok.decode then ok, s = pcall(tok.decode, tok, torch.tensor({id}, {dtype = 'int64'})) end
-      row[t] = ok and s or ('#' .. id)
-    end
-    rows[b] = row
-  end
-  return rows
-end
 
-Cache.token_texts = token_texts
-
+-- probe.Cache.new(model, capture, order, ids, tok) -> a cache over what hooks.attach_capture recorded
+-- (capture, in the order `order`) for the input ids; run_with_cache makes it
 function Cache.new(model, capture, order, ids, tok)
   -- the cache's own table, and the capture emptied: a copy of the capture
   -- table that outlives its frame in a stale stack slot (LuaJIT does not
@@ -60,7 +46,7 @@ function Cache.new(model, capture, order, ids, tok)
     capture[name] = nil
   end
   local self = setmetatable({_tensors = tensors, _order = order, _model = model, ids = ids, grads = grads,
-    tokens = token_texts(ids, tok), positions = {}}, Cache)
+    tokens = inputs.token_texts(ids, tok), positions = {}}, Cache)
   for t = 1, ids:dim() >= 2 and ids:size(2) or 0 do self.positions[t] = t end
   return self
 end
@@ -130,7 +116,7 @@ local function layer_name(self, layer, where)
     end
     return names[layer]
   end
-  local resolved = probe.resolve_name(self._model, layer, 3)  -- the checkpoint's spelling too
+  local resolved = points.resolve_name(self._model, layer, 3)  -- the checkpoint's spelling too
   for _, n in ipairs(names) do if n == resolved then return n end end
   error(("%s: no layer '%s' (layers: %s)"):format(where, tostring(layer), table.concat(names, ', ')), 3)
 end
@@ -142,7 +128,7 @@ function methods:heads(point, layer)
   local where = 'cache:heads'
   local name = in_layer(self, layer_name(self, layer, where), point, where)
   local t = self._tensors[name]
-  local d = probe.layout(name).head
+  local d = points.layout(name).head
   if not d then error(("%s: '%s' has no head dimension"):format(where, name), 2) end
   local order = {d}
   for i = 1, t:dim() do if i ~= d then order[#order + 1] = i end end
@@ -155,7 +141,7 @@ end
 -- a notebook as a heatmap (fig:svg(), fig:save(path)).
 function methods:attention(layer, head, opts)
   local where = 'cache:attention'
-  opts = require('anatomy.torch.options').check(opts, {'batch', 'numbers'}, where, 2)
+  opts = options.check(opts, {'batch', 'numbers'}, where, 2)
   local p = self:heads('pattern', layer)
   local H, B = p:size(1), p:size(2)
   if type(head) ~= 'number' or head % 1 ~= 0 or head < 1 or head > H then
@@ -164,7 +150,7 @@ function methods:attention(layer, head, opts)
   local b = opts.batch or 1
   if type(b) ~= 'number' or b < 1 or b > B then error(('%s: batch must be in 1..%d, got %s'):format(where, B, tostring(b)), 2) end
   local title = ('%s head %d%s'):format(layer_name(self, layer, where), head, B > 1 and (', sequence ' .. b) or '')
-  return require('anatomy.render.figure').attention(title, self.tokens[b], p[head][b]:float(), opts.numbers)
+  return figure.attention(title, self.tokens[b], p[head][b]:float(), opts.numbers)
 end
 
 function Cache.__tostring(self)
@@ -180,36 +166,6 @@ function Cache.__tostring(self)
   return table.concat(lines, '\n')
 end
 
--- input -> ids (B, T) int64 and the tokenizer used: ids (T) or (B, T) (a
--- tensor of another dtype is passed on as it is); text,
--- or a list of texts of one length in tokens, with opts.tokenizer or the
--- model's own (models.from_pretrained sets model.tokenizer).
-function probe.to_ids(model, input, tokenizer, where)
-  tokenizer = tokenizer or rawget(model, 'tokenizer')
-  if torch.is_tensor(input) then
-    if input.dtype ~= 'int64' then return input, tokenizer end  -- a model that takes vectors: as it is
-    if input:dim() == 1 then input = input:unsqueeze(1) end
-    if input:dim() ~= 2 then error(('%s: ids must be (T) or (B, T), got %s'):format(where, table.concat(input:size(), 'x')), 3) end
-    return input, tokenizer
-  end
-  local texts = type(input) == 'string' and {input} or input
-  if type(texts) ~= 'table' or #texts == 0 then
-    error(('%s: input must be ids (a Tensor), a text or a list of texts, got %s'):format(where, type(input)), 3)
-  end
-  if tokenizer == nil then
-    error(('%s: a text needs a tokenizer: pass {tokenizer = tok} (a data.tokenizer or a corpus), or use a model from models.from_pretrained'):format(where), 3)
-  end
-  local rows = {}
-  for i, t in ipairs(texts) do
-    if type(t) ~= 'string' then error(('%s: input[%d] is a %s, not a string'):format(where, i, type(t)), 3) end
-    rows[i] = tokenizer:encode(t)
-    if rows[i]:size(1) ~= rows[1]:size(1) then
-      error(('%s: the texts are %d and %d tokens long; a batch needs one length'):format(where, rows[1]:size(1), rows[i]:size(1)), 3)
-    end
-  end
-  return torch.stack(rows, 1), tokenizer
-end
-
 -- probe.run_with_cache(model, input, {filter, grad = false, tokenizer}) ->
 -- output, cache. input: ids or text (probe.to_ids). cache[name] is every
 -- module output and hook point the filter matches (all of them without one),
@@ -220,11 +176,11 @@ end
 -- for everything with it), as TransformerLens's use_attn_result; cache.ids, cache.tokens[b][t] (each token's text),
 -- cache:stack('resid_post') (L, ...), cache:heads('pattern', layer),
 -- cache:memory(), cache:attention(layer, head) (lua/anatomy/probe/cache.lua).
-function probe.run_with_cache(model, input, opts)
+function Cache.run_with_cache(model, input, opts)
   local where = 'probe.run_with_cache'
-  opts = require('anatomy.torch.options').check(opts, {'filter', 'grad', 'tokenizer'}, where, 2)
-  local ids, tok = probe.to_ids(model, input, opts.tokenizer, where)
-  local capture, handle, order = probe.attach_capture(model, {filter = opts.filter, grad = opts.grad})
+  opts = options.check(opts, {'filter', 'grad', 'tokenizer'}, where, 2)
+  local ids, tok = inputs.to_ids(model, input, opts.tokenizer, where)
+  local capture, handle, order = hooks.attach_capture(model, {filter = opts.filter, grad = opts.grad})
   local ok, out = pcall(function()
     if opts.grad then return model(ids) end
     return torch.no_grad(function() return model(ids) end)

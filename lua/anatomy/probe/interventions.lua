@@ -1,26 +1,21 @@
 -- Interventions on any module output or hook point (probe.lua's names): one
 -- head, one position, or the whole activation zeroed, replaced by a mean or a
--- resampled value, set, or patched from another run. Each is a probe.replace
--- and returns its handle; they compose. Defined on the probe table:
--- probe.ablate, probe.set, probe.patch, probe.layout.
-local probe = require 'anatomy.probe'
-local locate = probe._locate
+-- resampled value, set, or patched from another run. Each is a replacement
+-- (probe.replace) and returns its handle; they compose. probe.ablate,
+-- probe.set, probe.patch.
+local points = require 'anatomy.probe.points'
+local hooks = require 'anatomy.probe.hooks'
+local inputs = require 'anatomy.probe.inputs'
+local Cache = require 'anatomy.probe.cache'
+local options = require 'anatomy.torch.options'
+local interventions = {}
 
--- Where heads and positions lie in a hook point's tensor (by its last name):
--- q, k, v, rot_q, rot_k, z, result are (B, T, H, ...); scores and pattern
--- (B, H, T, T), their query position third; anything else (B, T, ...).
-local layouts = {q = {head = 3, pos = 2}, k = {head = 3, pos = 2}, v = {head = 3, pos = 2}, rot_q = {head = 3, pos = 2},
-  rot_k = {head = 3, pos = 2}, z = {head = 3, pos = 2}, result = {head = 3, pos = 2}, scores = {head = 2, pos = 3},
-  pattern = {head = 2, pos = 3}}
--- probe.layout(name) -> {head = dim, pos = dim}: where heads and positions lie in the tensor at a hook point
-function probe.layout(name)
-  return layouts[name:match('([^%.]+)$')] or {pos = 2}
-end
+local function size_text(t) return table.concat(t:size(), 'x') end
 
 -- The part of t (a view) that opts.head and opts.position select (1-based;
 -- a negative position counts from the end); t itself when neither is given.
 local function selection(t, name, opts, where)
-  local l = probe.layout(name)
+  local l = points.layout(name)
   local view = t
   if opts.head ~= nil then
     if not l.head then error(("%s: '%s' has no head dimension (heads: q, k, v, rot_q, rot_k, scores, pattern, z, result)"):format(where, name), 4) end
@@ -32,13 +27,7 @@ local function selection(t, name, opts, where)
   end
   if opts.position ~= nil then
     if t:dim() < l.pos then error(("%s: '%s' has no position dimension"):format(where, name), 4) end
-    local T = t:size(l.pos)
-    local p = opts.position
-    if type(p) ~= 'number' or p % 1 ~= 0 or p == 0 or p > T or p < -T then
-      error(('%s: position must be an integer in 1..%d (or -%d..-1) for %s, got %s'):format(where, T, T, name, tostring(p)), 4)
-    end
-    if p < 0 then p = T + p + 1 end
-    view = view:narrow(l.pos, p, 1)
+    view = view:narrow(l.pos, inputs.position(opts.position, t:size(l.pos), where, name, 4), 1)
   end
   return view
 end
@@ -69,9 +58,9 @@ end
 -- tell it (again at each forward, against the tensor there). Returns the
 -- anatomy name of the point.
 local function check_selection(model, name, opts, where)
-  local m, path, point = locate(model, name, 3)
+  local m, path, point = points.locate(model, name, 3)
   local full = point and (path == '' and point or path .. '.' .. point) or path
-  local l = probe.layout(full)
+  local l = points.layout(full)
   if opts.head ~= nil and not l.head then
     error(("%s: '%s' has no head dimension (heads: q, k, v, rot_q, rot_k, scores, pattern, z, result)"):format(where, full), 3)
   end
@@ -95,13 +84,13 @@ end
 
 -- The activation at `name` over a reference batch (ids, or a cache holding it).
 local function reference(model, name, over, where)
-  if type(over) == 'table' and getmetatable(over) == require('anatomy.probe.cache') then
+  if type(over) == 'table' and getmetatable(over) == Cache then
     local t = over[name]
     if t == nil then error(("%s: the cache has no '%s' (run probe.run_with_cache with it in the filter)"):format(where, name), 4) end
     return t
   end
   if not torch.is_tensor(over) then error(('%s: over must be ids (B, T) or a cache, got %s'):format(where, type(over)), 4) end
-  local _, cache = probe.run_with_cache(model, over, {filter = name})
+  local _, cache = Cache.run_with_cache(model, over, {filter = name})
   local t = cache[name]
   if t == nil then error(("%s: running the reference batch published nothing at '%s'"):format(where, name), 4) end
   return t
@@ -111,7 +100,7 @@ local function check_batch_shape(t, ref, name, where)
   for d = 2, t:dim() do
     if t:size(d) ~= ref:size(d) then
       error(("%s: '%s' is %s here but %s in the reference batch (only the batch size may differ)"):format(where, name,
-        table.concat(t:size(), 'x'), table.concat(ref:size(), 'x')), 0)
+        size_text(t), size_text(ref)), 0)
     end
   end
 end
@@ -122,9 +111,9 @@ end
 -- each example's selection from a random example of the reference batch.
 -- name is a module output or a hook point; head and position pick one head
 -- (q, k, v, scores, pattern, z, result) and one position.
-function probe.ablate(model, name, opts)
+function interventions.ablate(model, name, opts)
   local where = 'probe.ablate'
-  opts = require('anatomy.torch.options').check(opts, {'kind', 'over', 'head', 'position', 'seed'}, where, 2)
+  opts = options.check(opts, {'kind', 'over', 'head', 'position', 'seed'}, where, 2)
   if opts.seed ~= nil and (type(opts.seed) ~= 'number' or opts.seed % 1 ~= 0) then error('probe.ablate: seed must be an integer', 2) end
   local kind = opts.kind or 'zero'
   if kind ~= 'zero' and kind ~= 'mean' and kind ~= 'resample' then
@@ -144,7 +133,7 @@ function probe.ablate(model, name, opts)
     state = (state * 1103515245 + 12345) % 2147483648
     return math.floor(state / 2147483648 * n) + 1
   end
-  return probe.replace(model, name, function(t, full)
+  return hooks.replace(model, name, function(t, full)
     local out = t:clone()
     local view = selection(out, full, opts, where)
     if kind == 'zero' then
@@ -165,14 +154,14 @@ end
 
 -- probe.set(model, name, value, {head, position}) -> handle: the selection
 -- takes value (a number or a tensor that broadcasts to it).
-function probe.set(model, name, value, opts)
+function interventions.set(model, name, value, opts)
   local where = 'probe.set'
-  opts = require('anatomy.torch.options').check(opts, {'head', 'position'}, where, 2)
+  opts = options.check(opts, {'head', 'position'}, where, 2)
   if type(value) ~= 'number' and not torch.is_tensor(value) then
     error(('probe.set: value must be a number or a Tensor, got %s'):format(type(value)), 2)
   end
   check_selection(model, name, opts, where)
-  return probe.replace(model, name, function(t, full)
+  return hooks.replace(model, name, function(t, full)
     local out = t:clone()
     local view = selection(out, full, opts, where)
     if type(value) == 'number' then view:fill_(value) else view:copy_(value:expand(unpack(view:size()))) end
@@ -183,21 +172,20 @@ end
 -- probe.patch(model, name, source, {head, position}) -> handle: the selection
 -- comes from the same selection of source (a cache from another run, or a
 -- tensor of the activation's shape): activation patching.
-function probe.patch(model, name, source, opts)
+function interventions.patch(model, name, source, opts)
   local where = 'probe.patch'
-  opts = require('anatomy.torch.options').check(opts, {'head', 'position'}, where, 2)
+  opts = options.check(opts, {'head', 'position'}, where, 2)
   local key = check_selection(model, name, opts, where)
   local src = source
-  if type(source) == 'table' and getmetatable(source) == require('anatomy.probe.cache') then
+  if type(source) == 'table' and getmetatable(source) == Cache then
     src = source[key]
     if src == nil then error(("probe.patch: the cache has no '%s' (run probe.run_with_cache with it in the filter)"):format(key), 2) end
   elseif not torch.is_tensor(source) then
     error(('probe.patch: source must be a cache or a Tensor, got %s'):format(type(source)), 2)
   end
-  return probe.replace(model, name, function(t, full)
-    if table.concat(src:size(), 'x') ~= table.concat(t:size(), 'x') then
-      error(("probe.patch: '%s' is %s here but %s in the source"):format(full, table.concat(t:size(), 'x'),
-        table.concat(src:size(), 'x')), 0)
+  return hooks.replace(model, name, function(t, full)
+    if size_text(src) ~= size_text(t) then
+      error(("probe.patch: '%s' is %s here but %s in the source"):format(full, size_text(t), size_text(src)), 0)
     end
     local out = t:clone()
     selection(out, full, opts, where):copy_(selection(src, full, opts, where))
@@ -205,4 +193,4 @@ function probe.patch(model, name, source, opts)
   end)
 end
 
-return probe
+return interventions

@@ -6,25 +6,18 @@
 --   local metric = patching.logit_diff(' Mary', ' John', {tokenizer = tok})
 --   local r = patching.run(model, clean, corrupt, metric, {over = 'attn.z', per = 'head'})
 --   print(r); r:report('out/patching.html')
-local probe = require 'anatomy.probe'
+local points = require 'anatomy.probe.points'
+local inputs = require 'anatomy.probe.inputs'
+local Cache = require 'anatomy.probe.cache'
+local interventions = require 'anatomy.probe.interventions'
 local options = require 'anatomy.torch.options'
 local terminal = require 'anatomy.render.terminal'
+local charts = require 'anatomy.render.charts'
+local page = require 'anatomy.render.page'
+local fs = require 'anatomy.io.fs'
 
 local patching = {}
 
--- One token id from a number (1-based id) or a text that is exactly one token.
-local function token_id(v, tokenizer, where, what)
-  if type(v) == 'number' then
-    if v % 1 ~= 0 or v < 1 then error(('%s: %s must be a token id (a positive integer) or a one-token text, got %s'):format(where, what, v), 4) end
-    return v
-  end
-  if type(v) ~= 'string' then error(('%s: %s must be a token id or a text, got %s'):format(where, what, type(v)), 4) end
-  if not tokenizer then error(('%s: %s is text (%q); pass {tokenizer = tok} to turn it into an id'):format(where, what, v), 4) end
-  local ids = tokenizer:encode(v, {add_special_tokens = false})  -- a corpus's encode takes the text alone
-  if ids:numel() ~= 1 then error(('%s: %s (%q) is %d tokens, not one'):format(where, what, v, ids:numel()), 4) end
-  return ids[1]:item()
-end
-patching.token_id = token_id
 
 -- patching.logit_diff(good, bad, {position = -1, tokenizer}) -> metric:
 -- metric(logits) is the mean over the batch of logits[good] - logits[bad] at
@@ -33,12 +26,14 @@ patching.token_id = token_id
 function patching.logit_diff(good, bad, opts)
   local where = 'patching.logit_diff'
   opts = options.check(opts, {'position', 'tokenizer'}, where, 2)
-  local g = token_id(good, opts.tokenizer, where, 'good')
-  local b = bad ~= nil and token_id(bad, opts.tokenizer, where, 'bad') or nil
+  local g = inputs.token_id(good, opts.tokenizer, where, 'good')
+  local b = bad ~= nil and inputs.token_id(bad, opts.tokenizer, where, 'bad') or nil
   local position = opts.position or -1
+  if type(position) ~= 'number' or position % 1 ~= 0 or position == 0 then
+    error(('%s: position must be a non-zero integer (negative from the end), got %s'):format(where, tostring(position)), 2)
+  end
   return function(logits)
-    local T = logits:size(2)
-    local p = position < 0 and T + position + 1 or position
+    local p = inputs.position(position, logits:size(2), where, 'the logits')
     local at = logits:select(2, p)  -- (B, V)
     local d = at:select(2, g)
     if b then d = d - at:select(2, b) end
@@ -52,7 +47,7 @@ end
 -- 'attn.z' reaches Llama's self_attn and GPT-NeoX's attention too.
 function patching.point(model, layer, over)
   local name = layer .. '.' .. over
-  if pcall(probe._locate, model, name, 1) then return name end
+  if pcall(points.locate, model, name, 1) then return name end
   local role, rest = over:match('^(%w+)%.(.+)$')
   local mod
   for n, m in model:named_modules() do if n == layer then mod = m end end
@@ -61,12 +56,12 @@ function patching.point(model, layer, over)
       for _, p in ipairs(child:hook_points()) do
         if (role == 'attn' and p == 'z') or (role == 'mlp' and p == 'post') then
           local candidate = layer .. '.' .. child_name .. '.' .. rest
-          if pcall(probe._locate, model, candidate, 1) then return candidate end
+          if pcall(points.locate, model, candidate, 1) then return candidate end
         end
       end
     end
   end
-  local _, err = pcall(probe._locate, model, name, 1)
+  local _, err = pcall(points.locate, model, name, 1)
   error(err, 0)
 end
 
@@ -98,8 +93,8 @@ function patching.run(model, clean, corrupt, metric, opts)
   if per ~= 'layer' and per ~= 'head' and per ~= 'position' then
     error(("%s: per must be 'layer', 'head' or 'position', got '%s'"):format(where, tostring(per)), 2)
   end
-  local clean_ids = probe.to_ids(model, clean, opts.tokenizer, where)
-  local corrupt_ids, tok = probe.to_ids(model, corrupt, opts.tokenizer, where)
+  local clean_ids = inputs.to_ids(model, clean, opts.tokenizer, where)
+  local corrupt_ids, tok = inputs.to_ids(model, corrupt, opts.tokenizer, where)
   if table.concat(clean_ids:size(), 'x') ~= table.concat(corrupt_ids:size(), 'x') then
     error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, table.concat(clean_ids:size(), 'x'),
       table.concat(corrupt_ids:size(), 'x')), 2)
@@ -112,14 +107,14 @@ function patching.run(model, clean, corrupt, metric, opts)
     if not ok then error(('%s: %s'):format(where, name), 2) end
     names[i], rows[i] = name, l[1]
   end
-  local clean_out, cache = probe.run_with_cache(model, clean_ids, {filter = names})
+  local clean_out, cache = Cache.run_with_cache(model, clean_ids, {filter = names})
   local function run_corrupt() return torch.no_grad(function() return model(corrupt_ids) end) end
   local clean_metric = as_number(metric(clean_out), where)
   local corrupt_metric = as_number(metric(run_corrupt()), where)
   local first = cache[names[1]]
   if first == nil then error(("%s: the clean run published nothing at '%s'"):format(where, names[1]), 2) end
   local cols, key = {'all'}, nil
-  local layout = probe.layout(names[1])
+  local layout = points.layout(names[1])
   if per == 'head' then
     if not layout.head then error(("%s: per = 'head' needs a point with heads (attn.q, k, v, z, result, pattern, scores), got '%s'"):format(where, over), 2) end
     cols, key = {}, 'head'
@@ -133,7 +128,7 @@ function patching.run(model, clean, corrupt, metric, opts)
   for i, name in ipairs(names) do
     grid[i] = {}
     for c = 1, #cols do
-      local handle = probe.patch(model, name, cache, key and {[key] = c} or nil)
+      local handle = interventions.patch(model, name, cache, key and {[key] = c} or nil)
       local ok, out = pcall(run_corrupt)
       handle:remove()
       if not ok then error(out, 0) end
@@ -168,14 +163,14 @@ end
 function Result:svg()
   local note = ('metric: clean %.4g, corrupt %.4g; each cell: the metric with that part of %s patched from the clean run'):format(
     self.clean, self.corrupt, self.over)
-  return require('anatomy.render.charts').heatmap(('Activation patching: %s per %s'):format(self.over, self.per), self.rows, self.cols,
+  return charts.heatmap(('Activation patching: %s per %s'):format(self.over, self.per), self.rows, self.cols,
     self.values, false, note)
 end
 
 -- result:report(path) -> path: a self-contained HTML page with the heatmap
 -- and the grid as a table (written atomically)
 function Result:report(path)
-  local esc = require('anatomy.render.charts').esc
+  local esc = charts.esc
   local head = {'<tr><th>layer</th>'}
   for _, c in ipairs(self.cols) do head[#head + 1] = '<th>' .. esc(c) .. '</th>' end
   local body = {}
@@ -184,9 +179,9 @@ function Result:report(path)
     for _, v in ipairs(self.values[i]) do tds[#tds + 1] = ('<td>%.4g</td>'):format(v) end
     body[#body + 1] = table.concat(tds) .. '</tr>'
   end
-  local html = require('anatomy.render.page').new('Activation patching', self:svg() ..
+  local html = page.new('Activation patching', self:svg() ..
     '<table><thead>' .. table.concat(head) .. '</tr></thead><tbody>' .. table.concat(body) .. '</tbody></table>')
-  return require('anatomy.io.fs').write_atomic(path, html)
+  return fs.write_atomic(path, html)
 end
 
 return patching

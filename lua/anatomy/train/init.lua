@@ -112,21 +112,13 @@ end
 -- dotted name and class of the first module whose output is not finite.
 function train.find_nonfinite(model, x)
   local found
-  local wrapped = {}
-  for name, m in model:named_modules() do
-    if name ~= '' then
-      wrapped[#wrapped + 1] = m
-      rawset(m, '_call', function(self, ...)
-        local y = nn.Module._call(self, ...)
-        if found == nil and torch.is_tensor(y) and y:is_floating_point() and not y:isfinite():all():item() then
-          found = ('%s (%s)'):format(name, nn.typename(self))
-        end
-        return y
-      end)
+  local handle = probe.watch(model, function(name, y, m)
+    if found == nil and torch.is_tensor(y) and y:is_floating_point() and not y:isfinite():all():item() then
+      found = ('%s (%s)'):format(name, nn.typename(m))
     end
-  end
+  end)
   local ok, err = pcall(function() torch.no_grad(function() model(x) end) end)
-  for _, m in ipairs(wrapped) do rawset(m, '_call', nil) end
+  handle:remove()
   if not ok then error(err, 0) end
   return found
 end

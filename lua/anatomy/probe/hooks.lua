@@ -1,0 +1,308 @@
+-- The one way anything attaches to a model: an entry in a module's list
+-- `_probes`. An entry acts on the module's output (point == nil: record it,
+-- replace it, skip the module) or on the hook points it publishes
+-- (entry.hook: record or replace the tensor at each point its match
+-- accepts). Captures, interventions, patching, attribution, the autopsy and
+-- train.fit's checks all attach through attach() and detach through
+-- detach(), so probe.clear removes whatever any of them left.
+--
+-- What a module carries follows from its list (refresh): _probe, the
+-- dispatcher of nn.Module._call, only while an entry acts on its output;
+-- _hooks, the dispatcher of self:hook and of a built-in block's explicit
+-- path, only while an entry acts on a hook point. A module with no entry
+-- pays one branch per call and one table lookup per hook point; a built-in
+-- block with no hook entry keeps its fused path.
+local points = require 'anatomy.probe.points'
+local nn = require 'anatomy.nn'
+local hooks = {}
+
+local function size_text(t) return table.concat(t:size(), 'x') end
+
+-- A module's forward through its output entries: a skip returns the input;
+-- else forward, then replacements and records in the order they were attached.
+local function run_probes(self, x, ...)
+  local probes = rawget(self, '_probes')
+  for _, p in ipairs(probes) do
+    if p.kind == 'skip' and not p.hook then return x end
+  end
+  local y = self:forward(x, ...)
+  for _, p in ipairs(probes) do
+    if not p.hook then
+      if p.kind == 'replace' then
+        local r = p.fn(y, p.name, x)
+        if r ~= nil then y = r end
+      elseif p.kind == 'capture' then
+        p.record(p.name, y, self)
+      end
+    end
+  end
+  return y
+end
+
+-- The tensor t at hook point `point` of m through its hook entries.
+local function dispatch(m, point, t)
+  local path = rawget(m, '_hook_path')
+  local full = path == '' and point or path .. '.' .. point
+  for _, e in ipairs(rawget(m, '_probes')) do
+    if e.hook and e.match(full) then
+      if e.kind == 'replace' then
+        local r = e.fn(t, full)
+        if r ~= nil then
+          if not torch.is_tensor(r) then
+            error(("probe: the replacement for '%s' is a %s, not a Tensor"):format(full, type(r)), 0)
+          end
+          if size_text(r) ~= size_text(t) then
+            error(("probe: the replacement for '%s' has shape %s, expected %s"):format(full, size_text(r), size_text(t)), 0)
+          end
+          t = r
+        end
+      elseif torch.is_tensor(t) then
+        e.record(full, t)
+      end
+    end
+  end
+  return t
+end
+
+-- Sets what m carries from its list of entries (see the top of this file).
+-- A built-in attention computes its per-head 'result' (B, T, H, C), H times
+-- its output's memory, only when a hook entry asks for it: through
+-- e.wants_result(name) where it has one (a capture: its filter names the
+-- point), else through e.match.
+local function refresh(m, path)
+  local probes = rawget(m, '_probes')
+  local outputs, hooked, pattern = false, false, false
+  local result = (path == '' and '' or path .. '.') .. 'result'
+  local wanted = {}
+  for _, e in ipairs(probes or {}) do
+    if e.hook then
+      hooked = true
+      if (e.wants_result or e.match)(result) then wanted = {'result'} end
+    else
+      outputs = true
+    end
+    pattern = pattern or e.pattern == true
+  end
+  if probes and #probes == 0 then rawset(m, '_probes', nil) end
+  rawset(m, '_probe', outputs and run_probes or nil)
+  rawset(m, '_hooks', hooked and dispatch or nil)
+  rawset(m, '_hook_path', hooked and path or nil)
+  rawset(m, '_hooks_wanted', hooked and wanted or nil)
+  return pattern
+end
+
+-- hooks.attach(m, path, entry) -> entry: adds entry to module m (at path in
+-- its model). An entry with pattern = true keeps m's attention pattern while
+-- it is attached (entry.grad: in the graph).
+function hooks.attach(m, path, entry)
+  local probes = rawget(m, '_probes')
+  if not probes then
+    probes = {}
+    rawset(m, '_probes', probes)
+  end
+  probes[#probes + 1] = entry
+  refresh(m, path)
+  if entry.pattern and m.keep_pattern then m:keep_pattern(true, entry.grad) end
+  return entry
+end
+
+-- hooks.detach(m, entry): removes entry from m (again is harmless).
+function hooks.detach(m, entry)
+  local probes = rawget(m, '_probes')
+  if not probes then return end
+  for i = #probes, 1, -1 do
+    if probes[i] == entry then table.remove(probes, i) end
+  end
+  local still_pattern = refresh(m, entry.path or rawget(m, '_hook_path') or '')
+  if entry.pattern and not still_pattern and m.keep_pattern then m:keep_pattern(false) end
+end
+
+local Handle = {}
+Handle.__index = Handle
+hooks.Handle = Handle
+
+-- hooks.handle(pairs) -> a handle over {{module, entry}, ...}
+function hooks.handle(attached) return setmetatable({attached = attached or {}}, Handle) end
+
+-- handle:remove(): detaches what the handle attached (again is harmless).
+function Handle:remove()
+  for _, pair in ipairs(self.attached) do hooks.detach(pair[1], pair[2]) end
+  self.attached = {}
+end
+
+-- probe.group{h1, h2, ...} -> one handle that removes them all (interventions
+-- compose: attach several, remove them together).
+function hooks.group(handles)
+  local attached = {}
+  for _, h in ipairs(handles) do
+    for _, pair in ipairs(h.attached) do attached[#attached + 1] = pair end
+    h.attached = {}
+  end
+  return hooks.handle(attached)
+end
+
+local function exact_match(full) return function(n) return n == full end end
+
+-- probe.replace(model, name, fn) -> handle. fn(activation, name, input)
+-- returns the activation to use instead (nil keeps it): zero- or
+-- mean-ablation, or patching in an activation from another run.
+-- On a hook point ('blocks.1.attn.z') fn(t, name) is called with the tensor
+-- there; what it returns (nil keeps t) must have t's shape.
+function hooks.replace(model, name, fn)
+  if type(name) ~= 'string' then error(('probe.replace: name must be a string, got %s'):format(type(name)), 2) end
+  if type(fn) ~= 'function' then error('probe.replace: the third argument must be a function', 2) end
+  local m, path, point = points.locate(model, name, 2)
+  if point then
+    local full = path == '' and point or path .. '.' .. point
+    return hooks.handle{{m, hooks.attach(m, path, {kind = 'replace', hook = true, path = path, match = exact_match(full), fn = fn})}}
+  end
+  return hooks.handle{{m, hooks.attach(m, path, {kind = 'replace', name = path, path = path, fn = fn})}}
+end
+
+-- probe.skip(model, name) -> handle: the block returns its input (layer removal).
+function hooks.skip(model, name)
+  local m = points.module(model, name)
+  return hooks.handle{{m, hooks.attach(m, name, {kind = 'skip', name = name, path = name})}}
+end
+
+-- probe.idle(model, name) -> handle: a probe that does nothing (what a
+-- module pays for carrying probes while none acts; bench/ measures it).
+function hooks.idle(model, name)
+  local m = points.module(model, name)
+  return hooks.handle{{m, hooks.attach(m, name, {kind = 'idle', name = name, path = name})}}
+end
+
+-- probe.watch(model, fn) -> handle: fn(name, output, module) after every
+-- module's forward (the model's own output excepted), in the order they
+-- finish; it changes nothing (train.fit finds the first non-finite output
+-- with it).
+function hooks.watch(model, fn)
+  local handle = hooks.handle()
+  for name, m in model:named_modules() do
+    if name ~= '' then
+      handle.attached[#handle.attached + 1] = {m, hooks.attach(m, name, {kind = 'capture', name = name, path = name, record = fn})}
+    end
+  end
+  return handle
+end
+
+-- probe.clear(model): removes everything attached to the model and its
+-- modules, by whatever attached it: probes on module outputs (captures,
+-- replacements, skips, idle ones, watches) and on hook points
+-- (interventions on 'blocks.1.attn.z', captures of them), with the patterns
+-- kept for them. The handles they returned become empty.
+function hooks.clear(model)
+  for _, m in model:named_modules() do
+    local probes = rawget(m, '_probes')
+    if probes then
+      for i = #probes, 1, -1 do hooks.detach(m, probes[i]) end
+    end
+  end
+end
+
+-- Translates a capture filter's checkpoint names (transformer.h.0.attn) into
+-- anatomy's; globs stay as they are.
+local function translate_filter(model, filter)
+  if type(filter) == 'string' then filter = {filter} end
+  if type(filter) ~= 'table' or not rawget(model, 'hf_config') then return filter end
+  local translated = {}
+  for i, f in ipairs(filter) do
+    local base, last = f:match('^(.*)%.([^%.]+)$')
+    if f:find('[%*%?]') then
+      translated[i] = f
+    elseif points.resolve_name(model, f) ~= f or not base then
+      translated[i] = points.resolve_name(model, f)
+    else
+      translated[i] = points.resolve_name(model, base) .. '.' .. last  -- a hook point of a checkpoint-named module
+    end
+  end
+  return translated
+end
+
+-- probe.attach_capture(model, {filter, grad}) -> capture, handle, order:
+-- records into capture until handle:remove(); order lists the names in the
+-- order they were recorded. Module outputs and hook points alike: a built-in
+-- block's points only when the filter asks for one of them (each asked-for
+-- point switches it to its explicit path), a Lua block's whenever the filter
+-- may match a name it passes to self:hook. Used by probe.capture,
+-- probe.run_with_cache, the autopsy and train.fit.
+function hooks.attach_capture(model, opts)
+  opts = opts or {}
+  local filter = translate_filter(model, opts.filter)
+  local want = points.matcher(filter)
+  -- an attention's per-head result only where the filter names it (a last
+  -- part 'result': 'h.1.attn.result', '*.result'), as TransformerLens's
+  -- use_attn_result: everything else a cache holds costs ~1.06x a forward
+  -- (GPT-2 small, 8x256), every head's result alone as much again
+  local asked_result = {}
+  for _, f in ipairs(type(filter) == 'table' and filter or {}) do
+    if f == 'result' or f:sub(-7) == '.result' then asked_result[#asked_result + 1] = f end
+  end
+  local wants_result = points.matcher(asked_result)
+  local exact = {}  -- a filter of plain names: which modules may own one
+  local globbed = filter == nil
+  for _, f in ipairs(type(filter) == 'table' and filter or {}) do
+    if f:find('[%*%?]') then globbed = true else exact[f:match('^(.*)%.[^%.]+$') or ''] = true end
+  end
+  local grad = opts.grad == true
+  local grads = {}  -- filled by the backward, after the probes are gone
+  local capture, order = {grads = grads}, {}
+  local function keep(name, t)
+    if capture[name] == nil then order[#order + 1] = name end
+    if grad and t.requires_grad then
+      capture[name] = t
+      if t.is_leaf == false then t:register_hook(function(g) grads[name] = g end) end
+    else
+      capture[name] = t:detach()
+    end
+  end
+  local function record(name, y, m)
+    if torch.is_tensor(y) then keep(name, y) end
+    if want(name .. '.pattern') and m.pattern then
+      local pattern = m:pattern()
+      if pattern then keep(name .. '.pattern', pattern) end
+    end
+  end
+  local handle = hooks.handle()
+  for name, m in model:named_modules() do
+    local kept_pattern = m.keep_pattern ~= nil and name ~= '' and want(name .. '.pattern')
+    local out = name ~= '' and want(name)
+    if out or kept_pattern then
+      local entry = {kind = 'capture', name = name, path = name, grad = grad, pattern = kept_pattern,
+        record = out and record or function(n, _, mod) return record(n, {}, mod) end}
+      handle.attached[#handle.attached + 1] = {m, hooks.attach(m, name, entry)}
+    end
+    local declared = points.declared(m)
+    local prefix = name == '' and '' or name .. '.'
+    local hooked = false
+    if declared then
+      for _, p in ipairs(declared) do
+        -- an attention's pattern comes from keep_pattern (above): the fused path is not needed for it alone
+        if want(prefix .. p) and not (p == 'pattern' and kept_pattern) then hooked = true end
+      end
+    elseif not nn.is_instance(m, nn.Native) then
+      hooked = globbed or exact[name] == true
+    end
+    if hooked then
+      local entry = {kind = 'capture', hook = true, path = name, record = keep, wants_result = wants_result,
+        match = function(full) return want(full) and not (kept_pattern and full == prefix .. 'pattern') end}
+      handle.attached[#handle.attached + 1] = {m, hooks.attach(m, name, entry)}
+    end
+  end
+  return capture, handle, order
+end
+
+-- probe.capture(model, {filter = {'blocks.*', '*.pattern'}, grad = false}, fn)
+-- -> capture, fn's results. Runs fn() with the probes attached: capture[name]
+-- is each matching module's output (detached unless grad = true) and, with
+-- grad = true, capture.grads[name] its gradient once fn has run backward.
+function hooks.capture(model, opts, fn)
+  if type(fn) ~= 'function' then error('probe.capture: the third argument must be a function', 2) end
+  local capture, handle = hooks.attach_capture(model, opts)
+  local results = {pcall(fn)}
+  handle:remove()
+  if not results[1] then error(results[2], 0) end
+  return capture, unpack(results, 2)
+end
+
+return hooks

@@ -1,0 +1,194 @@
+-- Probe points and their names: every module output is a point named by
+-- its dotted path ('blocks.3', 'blocks.3.attn'), and so is every hook point a
+-- block publishes ('blocks.3.attn.pattern', 'blocks.3.resid_mid'). A model
+-- from models.from_pretrained also answers to its checkpoint's names. Globs
+-- ('blocks.*', '*.pattern') select several.
+local models = require 'anatomy.models'
+local nn = require 'anatomy.nn'
+local points = {}
+
+-- Turns a glob ('blocks.*', '*.pattern') into an anchored Lua pattern.
+local function glob(p)
+  return '^' .. p:gsub('[%^%$%(%)%%%.%[%]%+%-%?]', '%%%0'):gsub('%*', '.*') .. '$'
+end
+
+-- A filter: nil (everything), a glob, or a list of globs.
+local function matcher(filter)
+  if filter == nil then return function() return true end end
+  if type(filter) == 'string' then filter = {filter} end
+  local patterns = {}
+  for i, f in ipairs(filter) do patterns[i] = glob(f) end
+  return function(name)
+    for _, p in ipairs(patterns) do if name:match(p) then return true end end
+    return false
+  end
+end
+points.matcher = matcher
+
+-- A model from models.from_pretrained also answers to the names of its
+-- checkpoint, as a user pastes them from Hugging Face code: the prefixed
+-- form `transformer.h.0.attn` is `h.1.attn` here, `model.layers.0.mlp` is
+-- `blocks.1.mlp`. A name without the checkpoint's prefix is anatomy's, whose
+-- layers count from 1: a layer number 0 there (`h.0.attn`) is an error that
+-- gives both spellings, never a silent guess (`h.0` and `h.1` cannot both be
+-- the first layer). Returns the anatomy name, or name when nothing matches.
+local hf_prefixes = {'transformer.', 'model.', 'gpt_neox.'}
+local function checkpoint_prefixed(name)
+  for _, p in ipairs(hf_prefixes) do
+    if name:sub(1, #p) == p then return p end
+  end
+  return nil
+end
+
+local function module_set(model)
+  local names = {}
+  for n in model:named_modules() do names[n] = true end
+  return names
+end
+
+-- points.checkpoint_spelling(model, anatomy) -> the checkpoint's spelling of an
+-- anatomy name ('h.1.attn' -> 'transformer.h.0.attn' for a GPT-2; a Llama's
+-- 'blocks.1' -> 'model.layers.0'). The autopsy's rows carry it too.
+local function checkpoint_spelling(model, anatomy)
+  local hf = models.hf_name(anatomy, model)
+  if checkpoint_prefixed(hf) then return hf end
+  local prefix = model.hf_prefix or ''
+  return prefix .. hf
+end
+points.checkpoint_spelling = checkpoint_spelling
+
+-- points.resolve_name(model, name[, level]) -> anatomy's name of a module given in either spelling
+-- (the rule above); a layer 0 in anatomy's spelling is an error at `level`.
+function points.resolve_name(model, name, level)
+  if type(name) ~= 'string' or rawget(model, 'hf_config') == nil then return name end
+  local names = module_set(model)
+  if names[name] then return name end
+  if not checkpoint_prefixed(name) and name:find('%f[%w]0%f[%W]') then
+    -- anatomy's spelling: the layer one up; the checkpoint's: its own name, prefixed
+    local anatomy
+    for _, p in ipairs(hf_prefixes) do
+      local t = models.anatomy_name(p .. name, model)
+      if names[t] or names[t:match('^(.*)%.[^%.]+$') or ''] then anatomy = t break end
+    end
+    anatomy = anatomy or models.anatomy_name(name, model)
+    error(("'%s': anatomy counts layers from 1, so a layer 0 is no anatomy name: write '%s', or the checkpoint's own name '%s'"):format(
+      name, anatomy, checkpoint_spelling(model, anatomy)), (level or 1) + 1)
+  end
+  local candidates = {}
+  local p = checkpoint_prefixed(name)
+  if p then
+    candidates = {name, name:sub(#p + 1)}
+  else
+    for _, q in ipairs(hf_prefixes) do candidates[#candidates + 1] = q .. name end
+  end
+  for _, c in ipairs(candidates) do
+    local translated = models.anatomy_name(c, model)
+    if names[translated] then return translated end
+  end
+  return name
+end
+
+-- The module at a dotted path, or an error that lists the nearest names.
+local function module_names(model)
+  local names = {}
+  for n in model:named_modules() do if n ~= '' then names[#names + 1] = n end end
+  return names
+end
+
+local function no_such(model, name, level)
+  local names = module_names(model)
+  error(("no module or hook point named '%s' in %s (modules: %s; a block's hook points: probe.names(model))"):format(
+    name, nn.typename(model), table.concat(names, ', ', 1, math.min(#names, 12)) .. (#names > 12 and ', ...' or '')), level + 1)
+end
+
+-- points.module(model, name) -> the module at name (either spelling), or an error that lists the names
+function points.module(model, name)
+  name = points.resolve_name(model, name, 3)
+  for n, m in model:named_modules() do
+    if n == name then return m end
+  end
+  no_such(model, name, 3)
+end
+
+-- The hook points a module declares: a built-in block's (C++), or a Lua
+-- class's hook_names; nil when it declares none (a Lua block may still call
+-- self:hook with any name).
+function points.declared(m)
+  local points = m:hook_points()
+  if #points == 0 then return nil end
+  return points
+end
+
+-- name -> the module that owns it, its path and the hook point ('q'), or the
+-- module itself and no point when name is a module. Checkpoint names
+-- (transformer.h.0.attn.q) are translated like module names.
+local function locate(model, name, level)
+  if type(name) ~= 'string' then error(('a probe point name must be a string, got %s'):format(type(name)), level + 1) end
+  local exact = points.resolve_name(model, name, level + 1)
+  for n, m in model:named_modules() do
+    if n == exact then return m, n, nil end
+  end
+  local base, point = name:match('^(.*)%.([^%.]+)$')
+  if not base then base, point = '', name end
+  base = base == '' and '' or points.resolve_name(model, base, level + 1)
+  for n, m in model:named_modules() do
+    if n == base then
+      local points = points.declared(m)
+      if points then
+        local known = false
+        for _, p in ipairs(points) do known = known or p == point end
+        if not known then
+          error(("no hook point '%s' in %s (%s); its hook points: %s"):format(point, base == '' and 'the model' or base,
+            nn.typename(m), table.concat(points, ', ')), level + 1)
+        end
+      elseif nn.is_instance(m, nn.Native) then  -- a built-in block without hook points (Linear, Embedding, ...)
+        error(("no hook point '%s' in %s (%s): it has none (its output is the probe point '%s')"):format(
+          point, base, nn.typename(m), base), level + 1)
+      end
+      return m, n, point
+    end
+  end
+  no_such(model, name, level + 1)
+end
+points.locate = locate
+
+-- points.canonical(model, name) -> anatomy's full name of a module output or
+-- hook point given in either spelling ('transformer.h.0.attn.z' ->
+-- 'h.1.attn.z'), or nil and the reason when there is none.
+function points.canonical(model, name)
+  points.resolve_name(model, name, 2)  -- a layer 0 in anatomy's spelling is an error, not a miss
+  local ok, _, path, point = pcall(locate, model, name, 1)
+  if not ok then return nil, _ end
+  if not point then return path end
+  return path == '' and point or path .. '.' .. point
+end
+
+-- Where heads and positions lie in a hook point's tensor (by its last name):
+-- q, k, v, rot_q, rot_k, z, result are (B, T, H, ...); scores and pattern
+-- (B, H, T, T), their query position third; anything else (B, T, ...).
+local layouts = {q = {head = 3, pos = 2}, k = {head = 3, pos = 2}, v = {head = 3, pos = 2}, rot_q = {head = 3, pos = 2},
+  rot_k = {head = 3, pos = 2}, z = {head = 3, pos = 2}, result = {head = 3, pos = 2}, scores = {head = 2, pos = 3},
+  pattern = {head = 2, pos = 3}}
+-- points.layout(name) -> {head = dim, pos = dim}: where heads and positions lie in the tensor at a hook point
+function points.layout(name)
+  return layouts[name:match('([^%.]+)$')] or {pos = 2}
+end
+
+-- points.names(model) -> every probe point of a model, in order
+-- (module outputs, each followed by the hook points its block declares)
+function points.names(model)
+  local out = {}
+  for name, m in model:named_modules() do
+    if name ~= '' then out[#out + 1] = name end
+    local points = m:hook_points()
+    local has_pattern = false
+    for _, p in ipairs(points) do
+      out[#out + 1] = name == '' and p or name .. '.' .. p
+      has_pattern = has_pattern or p == 'pattern'
+    end
+    if name ~= '' and m.keep_pattern and not has_pattern then out[#out + 1] = name .. '.pattern' end
+  end
+  return out
+end
+
+return points
