@@ -1,0 +1,34 @@
+-- train.fit's checkpoints: the model, the optimizer's state, the random
+-- generator's state and the step in one safetensors file, written
+-- atomically, with the run's settings in its metadata.
+local nn = require 'anatomy.nn'
+local checkpoint = {}
+
+-- train.save_checkpoint(path, model, opt, step, metadata): model, optimizer
+-- state, RNG state and step in one safetensors file, written atomically.
+function checkpoint.save(path, model, opt, step, metadata)
+  local tensors = {}
+  for name, p in model:named_parameters() do tensors['model.' .. name] = p:detach() end
+  for name, t in pairs(opt:state_tensors('optim.')) do tensors[name] = t end
+  tensors.rng = torch.get_rng_state()
+  local meta = {format = 'anatomy-checkpoint', step = tostring(step), class = nn.typename(model)}
+  for k, v in pairs(metadata or {}) do meta[k] = tostring(v) end
+  torch.save_safetensors(path, tensors, meta)
+end
+
+-- train.load_checkpoint(path, model, opt) -> step, metadata
+function checkpoint.load(path, model, opt)
+  local t, meta = torch.load_safetensors(path)
+  if meta.format ~= 'anatomy-checkpoint' then error(("'%s' is not an anatomy checkpoint"):format(path), 2) end
+  local sd = {}
+  for name, v in pairs(t) do
+    local n = name:match('^model%.(.*)$')
+    if n then sd[n] = v end
+  end
+  model:load_state_dict(sd)
+  if opt then opt:load_state_tensors(t, 'optim.') end
+  torch.set_rng_state(t.rng)
+  return tonumber(meta.step), meta
+end
+
+return checkpoint
