@@ -1,9 +1,15 @@
 -- Autopsy: the result of autopsy.run, a value: printable as the per-layer
 -- table (format.lua), savable as JSON, renderable as an HTML report
 -- (report.lua). Its methods are all here; the work is in those files.
+local models = require 'anatomy.models'
 local json = require 'anatomy.io.json'
 local fs = require 'anatomy.io.fs'
 local format = require 'anatomy.render.format'
+local charts = require 'anatomy.render.charts'
+local figure = require 'anatomy.render.figure'
+local report = require 'anatomy.autopsy.report'
+local options = require 'anatomy.torch.options'
+local export = require 'anatomy.io.export'
 
 local Autopsy = {}
 Autopsy.__index = Autopsy
@@ -30,14 +36,13 @@ function Autopsy:chart(metric)
   metric = metric or 'grad_norm'
   local labels, values = {}, {}
   for i, r in ipairs(self.rows) do labels[i], values[i] = r.name, r[metric] or 0 / 0 end
-  local charts = require 'anatomy.render.charts'
   local title = ('%s per layer'):format(metric)
-  return require('anatomy.render.figure').new(title, charts.bars(title, labels, values, {ylabel = metric, xlabel = 'row'}), text)
+  return figure.new(title, charts.bars(title, labels, values, {ylabel = metric, xlabel = 'row'}), text)
 end
 
 -- In a notebook, an autopsy shows as its HTML report (the table, the charts).
 function Autopsy:_repr_mimebundle()
-  return {['text/html'] = require('anatomy.autopsy.report').html(self), ['text/plain'] = tostring(self)}
+  return {['text/html'] = report.html(self), ['text/plain'] = tostring(self)}
 end
 
 -- a:attention(layer, head, {numbers = false}) -> a figure: that head's attention
@@ -45,7 +50,7 @@ end
 -- to 32 tokens), the tokens on both axes. It prints as text (numbers = true:
 -- the weights) and shows in a notebook as a heatmap. layer: its number or name.
 function Autopsy:attention(layer, head, opts)
-  opts = require('anatomy.torch.options').check(opts, {'numbers'}, 'a:attention', 2)
+  opts = options.check(opts, {'numbers'}, 'a:attention', 2)
   local names = {}
   for _, r in ipairs(self.rows) do
     if r.kind == 'block' and self.attention_maps[r.name] then names[#names + 1] = r.name end
@@ -71,7 +76,7 @@ function Autopsy:attention(layer, head, opts)
     error(('a:attention: head must be in 1..%d, got %s'):format(m:size(1), tostring(head)), 2)
   end
   local title = ('%s head %d'):format(name, head)
-  return require('anatomy.render.figure').attention(title, self.attention_tokens, m[head], opts.numbers)
+  return figure.attention(title, self.attention_tokens, m[head], opts.numbers)
 end
 
 -- a:add(result): a result with an svg() method (patching.run's,
@@ -117,7 +122,7 @@ Autopsy.columns = {'name', 'kind', 'grad_norm', 'erank', 'erank_ratio', 'entropy
 function Autopsy:csv(path)
   if type(path) ~= 'string' or path == '' then error(('a:csv: path must be a file path, got %s'):format(type(path)), 2) end
   fs.mkdir(fs.dirname(path))
-  return require('anatomy.io.export').csv(path, self:data().rows, Autopsy.columns)
+  return export.csv(path, self:data().rows, Autopsy.columns)
 end
 
 -- a:tensorboard(dir): the per-layer measures as TensorBoard scalars
@@ -142,12 +147,12 @@ function Autopsy:tensorboard(dir)
     for _, v in ipairs(h.val or {}) do scalars[#scalars + 1] = {tag = 'val/loss', step = v.step, value = v.loss} end
   end
   fs.mkdir(dir)
-  return require('anatomy.io.export').tensorboard(dir, scalars)
+  return export.tensorboard(dir, scalars)
 end
 
 -- a:report(path): writes the HTML report atomically; returns path
 function Autopsy:report(path)
-  return fs.write_atomic(path, require('anatomy.autopsy.report').html(self))
+  return fs.write_atomic(path, report.html(self))
 end
 
 return Autopsy

@@ -8,6 +8,8 @@ local json = require 'anatomy.io.json'
 local fs = require 'anatomy.io.fs'
 local format = require 'anatomy.render.format'
 local page = require 'anatomy.render.page'
+local options = require 'anatomy.torch.options'
+local charts = require 'anatomy.render.charts'
 
 local fmt = format.number
 
@@ -44,7 +46,7 @@ end
 -- autopsy.compare(runs, {labels = {...}}) -> Comparison
 local function compare(runs, opts)
   local where = 'autopsy.compare'
-  opts = require('anatomy.torch.options').check(opts, {'labels'}, where, 2)
+  opts = options.check(opts, {'labels'}, where, 2)
   if type(runs) ~= 'table' or #runs < 2 then
     error(('%s: expected a list of at least two autopsies, got %s'):format(where,
       type(runs) == 'table' and (#runs .. ' item' .. (#runs == 1 and '' or 's')) or type(runs)), 2)
@@ -144,7 +146,6 @@ end
 
 -- c:html() -> the report as a string; c:report(path) writes it
 function Comparison:html()
-  local charts = require 'anatomy.render.charts'
   local esc = charts.esc
   local parts = {}
   -- each run's provenance

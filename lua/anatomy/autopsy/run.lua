@@ -1,11 +1,14 @@
 -- autopsy.run: measures a model on a few batches (one forward and backward
 -- each, every layer's input and output recorded), reads the logit lens,
 -- removes blocks one at a time, and returns an Autopsy with a row per layer.
+local probe = require 'anatomy.probe'
+local nn = require 'anatomy.nn'
 local measure = require 'anatomy.autopsy.measure'
 local verdicts = require 'anatomy.autopsy.verdicts'
 local Autopsy = require 'anatomy.autopsy.Autopsy'
 local provenance = require 'anatomy.io.provenance'
 local data = require 'anatomy.data'
+local inputs = require 'anatomy.probe.inputs'
 
 -- autopsy.run(model, batch_or_corpus, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text})
 -- batch_or_corpus: a corpus (batches from its val split) or {inputs, targets}.
@@ -42,7 +45,7 @@ local function run(model, source, opts)
   local function keep_maps(name, pattern, ids)
     local T = math.min(pattern:size(3), 32)
     maps[name] = pattern[1]:narrow(2, 1, T):narrow(3, 1, T):float():clone()
-    map_tokens = require('anatomy.probe.inputs').token_texts(ids:narrow(1, 1, T):unsqueeze(1), source)[1]
+    map_tokens = inputs.token_texts(ids:narrow(1, 1, T):unsqueeze(1), source)[1]
   end
   local stepwise = type(model.hidden_from) == 'function' and type(model.readout) == 'function'
   -- head_loss(h (B, T, C), y, top) -> the mean cross-entropy of readout(h)

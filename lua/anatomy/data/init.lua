@@ -5,6 +5,8 @@ local data = {}
 local native = torch._data
 local options = require 'anatomy.torch.options'
 local fs = require 'anatomy.io.fs'
+local json = require 'anatomy.io.json'
+local generate = require 'anatomy.data.generate'
 
 local Corpus = {}
 Corpus.__index = Corpus
@@ -111,7 +113,7 @@ end
 -- corpus:sample(model, prompt, opts) -> the prompt and its continuation, as
 -- text (model:generate's options; lua/anatomy/data/generate.lua)
 function Corpus:sample(model, prompt, opts)
-  local text = require('anatomy.data.generate').sample(self, model, prompt, opts)
+  local text = generate.sample(self, model, prompt, opts)
   return text
 end
 
@@ -142,7 +144,7 @@ local function from_sentencepiece(folder, model)
   local config_path = folder .. '/tokenizer_config.json'
   if fs.exists(config_path) then
     local text = fs.read(config_path)
-    local ok, config = pcall(require('anatomy.io.json').decode, text)
+    local ok, config = pcall(json.decode, text)
     if not ok or type(config) ~= 'table' then
       error(("data.tokenizer: '%s' is not valid JSON: %s"):format(config_path, tostring(config)), 3)
     end

@@ -241,7 +241,7 @@ end
 
 -- m:trace(tokens) -> exact.trace(m, tokens)
 function Model:trace(tokens)
-  local t = require('anatomy.exact').trace(self, tokens)
+  local t = require('anatomy.exact').trace(self, tokens)  -- lazy: exact/init.lua requires this file
   return t
 end
 

@@ -2,8 +2,11 @@
 -- the table of what it measured: printable, as Markdown and JSON, with one
 -- chart per measured column (sklearn's ParameterGrid order: the first key
 -- varies slowest).
+local autopsy = require 'anatomy.autopsy'
 local json = require 'anatomy.io.json'
 local fs = require 'anatomy.io.fs'
+local results = require 'anatomy.experiment.results'
+local charts = require 'anatomy.render.charts'
 
 local Sweep = {}
 Sweep.__index = Sweep
@@ -129,7 +132,7 @@ end
 -- sweep:markdown() -> the table in Markdown
 function Sweep:markdown()
   local header, rows = self:cells()
-  return require('anatomy.experiment.results').markdown_table(header, rows)
+  return results.markdown_table(header, rows)
 end
 
 function Sweep:__tostring()
@@ -180,14 +183,14 @@ function Sweep:svg(column, title)
   if not known then
     error(("bad argument #1 to 'svg' (no measured column '%s'; the columns are %s)"):format(tostring(column), table.concat(self.measured, ', ')), 2)
   end
-  return require('anatomy.render.charts').line_chart{title = title or column, xlabel = self.keys[1], ylabel = column,
+  return charts.line_chart{title = title or column, xlabel = self.keys[1], ylabel = column,
     series = self:series(column)}
 end
 
 -- sweep:html([title]) -> an HTML page: the table and one chart per measured
 -- numeric column
 function Sweep:html(title)
-  local esc = require('anatomy.render.charts').esc
+  local esc = charts.esc
   local header, rows = self:cells()
   title = esc(title or 'sweep')
   local parts = {'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>', title,

@@ -5,6 +5,7 @@
 local fs = require 'anatomy.io.fs'
 local ffi = require 'ffi'
 local bit = require 'bit'
+local json = require 'anatomy.io.json'
 
 local export = {}
 
@@ -15,7 +16,7 @@ local function csv_cell(v)
   if type(v) == 'number' then
     if v ~= v then return 'nan' end
     if v == math.huge then return 'inf' elseif v == -math.huge then return '-inf' end
-    return require('anatomy.io.json').number(v)
+    return json.number(v)
   end
   local s = tostring(v)
   if s:find('[",\r\n]') then s = '"' .. s:gsub('"', '""') .. '"' end

@@ -11,7 +11,7 @@ require 'anatomy.models.pretrained'  -- models.from_pretrained (Hugging Face fol
 
 -- models.llama{vocab, dim, heads, layers, ffn, ...}: lua/anatomy/models/llama.lua
 function models.llama(cfg)
-  local m = require('anatomy.models.llama').new(cfg)
+  local m = require('anatomy.models.llama').new(cfg)  -- lazy: the families load on first use
   return m
 end
 

@@ -8,9 +8,12 @@
 -- checkpoint is `h.1.attn` here (model.h[1]); a Llama's `model.layers.0` is
 -- `blocks.1` (every model has a layers() method). models.hf_name and
 -- models.anatomy_name translate a dotted name either way.
+local nn = require 'anatomy.nn'
+local data = require 'anatomy.data'
 local models = require 'anatomy.models'
 local json = require 'anatomy.io.json'
 local fs = require 'anatomy.io.fs'
+local options = require 'anatomy.torch.options'
 
 local pretrained = {}
 models.pretrained = pretrained
@@ -224,7 +227,7 @@ end
 function models.from_pretrained(folder, opts)
   local where = 'models.from_pretrained'
   if type(folder) ~= 'string' then error(('%s: folder must be a string, got %s'):format(where, type(folder)), 2) end
-  opts = require('anatomy.torch.options').check(opts, {dtype = true, device = true}, where, 2)
+  opts = options.check(opts, {dtype = true, device = true}, where, 2)
   if opts.dtype and opts.dtype ~= 'float32' and opts.dtype ~= 'bfloat16' and opts.dtype ~= 'float16' then
     error(("%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'"):format(where, tostring(opts.dtype)), 2)
   end

@@ -237,7 +237,7 @@ end
 -- prompt ids followed by sampled ones, for a module from ids (B, T) to logits
 -- (B, T, V); a stateful model runs as an RNN (lua/anatomy/data/generate.lua).
 function Module:generate(ids, opts)
-  local out = require('anatomy.data.generate').generate(self, ids, opts)
+  local out = require('anatomy.data.generate').generate(self, ids, opts)  -- lazy: data and models build on nn
   return out
 end
 
@@ -409,7 +409,7 @@ end
 -- in Hugging Face's layout (config.json, model.safetensors, its tokenizer
 -- files), loadable by transformers (lua/anatomy/models/pretrained.lua).
 function Module:save_pretrained(folder)
-  local path = require('anatomy.models.pretrained').save(self, folder)
+  local path = require('anatomy.models.pretrained').save(self, folder)  -- lazy: models build on nn
   return path
 end
 

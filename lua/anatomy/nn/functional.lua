@@ -2,6 +2,7 @@
 -- arguments (torch.nn.functional), composed from LibTorch's tensor ops.
 -- Dimensions and ids are 1-based, as everywhere in anatomy.
 local nn = require 'anatomy.nn'
+local options = require 'anatomy.torch.options'
 
 local F = {}
 nn.functional = F
@@ -106,7 +107,7 @@ function F.scaled_dot_product_attention(q, k, v, opts)
   check_tensor(q, 1, 'scaled_dot_product_attention')
   check_tensor(k, 2, 'scaled_dot_product_attention')
   check_tensor(v, 3, 'scaled_dot_product_attention')
-  opts = require('anatomy.torch.options').check(opts, {attn_mask = true, is_causal = true, scale = true}, 'scaled_dot_product_attention', 2)
+  opts = options.check(opts, {attn_mask = true, is_causal = true, scale = true}, 'scaled_dot_product_attention', 2)
   local scale = opts.scale or 1 / math.sqrt(q:size(-1))
   local scores = q:matmul(k:transpose(-2, -1)) * scale                 -- (..., T, S)
   if opts.is_causal then

@@ -4,11 +4,12 @@
 --   g = grad + weight_decay p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²
 --   p = p - lr / (1 - b1^t) · m / (√v / √(1 - b2^t) + eps)
 local Optimizer = require 'anatomy.optim.Optimizer'
+local options = require 'anatomy.torch.options'
 
 local Adam = Optimizer.class()
 
 getmetatable(Adam).__call = function(_, params, opts)
-  opts = require('anatomy.torch.options').check(opts, {lr = true, betas = true, eps = true, weight_decay = true}, 'optim.Adam', 2)
+  opts = options.check(opts, {lr = true, betas = true, eps = true, weight_decay = true}, 'optim.Adam', 2)
   local betas = opts.betas or {0.9, 0.999}
   if not (betas[1] >= 0 and betas[1] < 1 and betas[2] >= 0 and betas[2] < 1) then error('optim.Adam: betas must be in [0, 1)', 2) end
   return setmetatable({params = Optimizer.params(params, 'optim.Adam', 2), lr_ = opts.lr or 1e-3, beta1 = betas[1], beta2 = betas[2],

@@ -2,6 +2,8 @@
 -- parameters, in two groups (with and without weight decay). Its state
 -- (moments and step counts) can be read and restored, for checkpoints that
 -- resume exactly.
+local options = require 'anatomy.torch.options'
+local Optimizer = require 'anatomy.optim.Optimizer'
 local AdamW = {}
 AdamW.__index = AdamW
 
@@ -12,8 +14,8 @@ local allowed = {lr = true, betas = true, eps = true, weight_decay = true, decay
 -- decay = 'matrices' applies weight decay only to parameters of 2 or more
 -- dimensions (not to biases, norms and gains), as nanoGPT does.
 setmetatable(AdamW, {__call = function(_, params, opts)
-  opts = require('anatomy.torch.options').check(opts, allowed, 'optim.AdamW', 2)
-  local list = require('anatomy.optim.Optimizer').params(params, 'optim.AdamW', 2)
+  opts = options.check(opts, allowed, 'optim.AdamW', 2)
+  local list = Optimizer.params(params, 'optim.AdamW', 2)
   local decayed, plain = {}, {}
   for _, p in ipairs(list) do
     if opts.decay == 'matrices' and p:dim() < 2 then plain[#plain + 1] = p else decayed[#decayed + 1] = p end

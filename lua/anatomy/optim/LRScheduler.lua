@@ -3,6 +3,7 @@
 -- loop of your own. It takes the optimizer's current lr as the peak, sets
 -- the rate of step 1 at once, and each step() moves to the next step's rate
 -- (call it after opt:step(), as in PyTorch).
+local options = require 'anatomy.torch.options'
 local LRScheduler = {}
 LRScheduler.__index = LRScheduler
 
@@ -10,10 +11,11 @@ setmetatable(LRScheduler, {__call = function(_, opt, opts)
   if type(opt) ~= 'table' or type(opt.set_lr) ~= 'function' then
     error('optim.lr_scheduler: the first argument must be an optimizer (optim.AdamW, optim.Adam, optim.SGD)', 3)
   end
-  opts = require('anatomy.torch.options').check(opts, {schedule = true, steps = true, warmup = true}, 'optim.lr_scheduler', 3)
+  opts = options.check(opts, {schedule = true, steps = true, warmup = true}, 'optim.lr_scheduler', 3)
   if type(opts.steps) ~= 'number' or opts.steps < 1 then error('optim.lr_scheduler: steps must be a positive number', 3) end
   local self = setmetatable({opt = opt, step_count = 1, base_lr = opt:lr(),
-    lr_at = require('anatomy.optim').schedule(opts.schedule or 'cosine', opt:lr(), opts.steps, opts.warmup or 0)}, LRScheduler)
+    lr_at = require('anatomy.optim').schedule(  -- lazy: optim/init.lua requires this file
+      opts.schedule or 'cosine', opt:lr(), opts.steps, opts.warmup or 0)}, LRScheduler)
   opt:set_lr(self.lr_at(1))
   return self
 end})

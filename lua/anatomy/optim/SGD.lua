@@ -4,11 +4,12 @@
 --   g = grad + weight_decay p;  buf = g (first step), else momentum buf + (1 - dampening) g
 --   g = g + momentum buf (nesterov) or buf;  p = p - lr g
 local Optimizer = require 'anatomy.optim.Optimizer'
+local options = require 'anatomy.torch.options'
 
 local SGD = Optimizer.class()
 
 getmetatable(SGD).__call = function(_, params, opts)
-  opts = require('anatomy.torch.options').check(opts, {lr = true, momentum = true, dampening = true, weight_decay = true,
+  opts = options.check(opts, {lr = true, momentum = true, dampening = true, weight_decay = true,
     nesterov = true}, 'optim.SGD', 2)
   if type(opts.lr) ~= 'number' or opts.lr < 0 then error('optim.SGD: lr must be a non-negative number (there is no default)', 2) end
   local self = setmetatable({params = Optimizer.params(params, 'optim.SGD', 2), lr_ = opts.lr, momentum = opts.momentum or 0,

@@ -3,6 +3,7 @@
 -- carries data-points (how many values it draws), so a test can see that it
 -- has data. No scripts, nothing fetched.
 local format = require 'anatomy.render.format'
+local terminal = require 'anatomy.render.terminal'
 local charts = {}
 
 local palette = {'#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf'}
@@ -449,7 +450,7 @@ function charts.attention_map(title, tokens, m, note)
   local left, top = 100, 90
   local w, h = left + T * cell + 80, top + T * cell + 36
   local parts, points = {}, 0
-  local function label(s) return require('anatomy.render.terminal').token_label(s or '', 12) end
+  local function label(s) return terminal.token_label(s or '', 12) end
   for r = 1, T do
     parts[#parts + 1] = ('<text x="%d" y="%s" class="rowlabel" text-anchor="end">%s</text>'):format(left - 4,
       num(top + (r - 0.5) * cell + 3), esc(label(tokens[r])))

@@ -2,6 +2,9 @@
 -- notebook it shows as SVG (its _repr_mimebundle); fig:svg() is the SVG,
 -- standalone (the report's styles inside it), and fig:save(path) writes it.
 local page = require 'anatomy.render.page'
+local charts = require 'anatomy.render.charts'
+local terminal = require 'anatomy.render.terminal'
+local fs = require 'anatomy.io.fs'
 local Figure = {}
 Figure.__index = Figure
 
@@ -15,8 +18,8 @@ end
 -- m (Tq, Tk) with its tokens on both axes: shaded text (numbers = true: the
 -- weights) when printed, a heatmap in a notebook.
 function Figure.attention(title, tokens, m, numbers)
-  return Figure.new(title, require('anatomy.render.charts').attention_map(title, tokens, m:tolist()),
-    require('anatomy.render.terminal').attention_map(m, tokens, title, numbers))
+  return Figure.new(title, charts.attention_map(title, tokens, m:tolist()),
+    terminal.attention_map(m, tokens, title, numbers))
 end
 
 function Figure:__tostring() return self.text end
@@ -31,12 +34,12 @@ function Figure:svg()
   local tag, marked = open:gsub(' class="([^"]*)"', ' class="%1 anatomy-chart"', 1)
   if marked == 0 then tag = tag:gsub('^<svg', '<svg class="anatomy-chart"') end
   if not tag:match(' xmlns=') then tag = tag:gsub('^<svg', '<svg xmlns="http://www.w3.org/2000/svg"') end
-  tag = tag .. ('<title>%s</title><style>%s</style>'):format(require('anatomy.render.charts').esc(self.title), style)
+  tag = tag .. ('<title>%s</title><style>%s</style>'):format(charts.esc(self.title), style)
   return tag .. svg:sub(#open + 1)
 end
 
 function Figure:save(path)
-  return require('anatomy.io.fs').write_atomic(path, self:svg())
+  return fs.write_atomic(path, self:svg())
 end
 
 -- The chart as HTML (its caption, the SVG, its numbers) under the report's

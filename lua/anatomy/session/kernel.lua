@@ -8,6 +8,8 @@
 -- (an autopsy, its charts, a comparison) shows as HTML or SVG.
 local json = require 'anatomy.io.json'
 local repl = require 'anatomy.session.repl'
+local page = require 'anatomy.render.page'
+local help = require 'anatomy.session.help'
 local O = json.object  -- {} that must be a JSON object
 
 local kernel = {}
@@ -43,7 +45,7 @@ function kernel.mimebundle(x)
   -- a whole page (a report, a comparison) becomes a fragment whose style touches only itself
   local html = bundle['text/html']
   if type(html) == 'string' and html:match('^%s*<!DOCTYPE') then
-    bundle['text/html'] = require('anatomy.render.page').embed(html)
+    bundle['text/html'] = page.embed(html)
   end
   bundle['text/plain'] = bundle['text/plain'] or repl.render(x)
   return bundle
@@ -249,7 +251,6 @@ function kernel.inspect(content)
   local word = code:sub(1, pos):match('[%w_%.:]*$') .. (code:sub(pos + 1):match('^[%w_]*') or '')
   word = word:gsub(':', '.')
   if word == '' then return {status = 'ok', found = false, data = O(), metadata = O()} end
-  local help = require 'anatomy.session.help'
   local v = _G
   for part in word:gmatch('[^.]+') do
     if type(v) ~= 'table' and type(v) ~= 'userdata' then v = nil break end

@@ -6,6 +6,7 @@
 -- torchrun or a SLURM script that sets MASTER_ADDR, MASTER_PORT, RANK,
 -- WORLD_SIZE (and LOCAL_RANK), `anatomy script.lua` joins the world at
 -- start-up. train.fit then trains data-parallel by itself.
+local options = require 'anatomy.torch.options'
 local native = torch._dist
 
 local dist = {}
@@ -47,7 +48,7 @@ function dist.init_process_group(opts)
     end
     return
   end
-  opts = require('anatomy.torch.options').check(opts,
+  opts = options.check(opts,
     {'rank', 'world_size', 'master_addr', 'master_port', 'local_rank', 'timeout', 'backend'}, 'dist.init_process_group', 2)
   if opts.backend ~= nil and opts.backend ~= 'gloo' and opts.backend ~= 'nccl' then
     error(("dist.init_process_group: unknown backend '%s', expected 'gloo' or 'nccl'"):format(tostring(opts.backend)), 2)
@@ -71,7 +72,7 @@ function dist.all_reduce(t, opts)
   if type(opts) == 'string' then
     op = opts
   elseif opts ~= nil then
-    opts = require('anatomy.torch.options').check(opts, {'op'}, 'dist.all_reduce', 2)
+    opts = options.check(opts, {'op'}, 'dist.all_reduce', 2)
     op = opts.op or 'sum'
   end
   if not ops[op] then

@@ -1,6 +1,10 @@
 -- train.log: the JSON-lines log train.fit writes ({log = path}), one record
 -- a step: reading it back (train.read_metrics), keeping it whole across a
 -- resume, and exporting it as CSV or TensorBoard scalars (train.export_metrics).
+local json = require 'anatomy.io.json'
+local fs = require 'anatomy.io.fs'
+local options = require 'anatomy.torch.options'
+local export = require 'anatomy.io.export'
 local log = {}
 
 -- train.read_metrics(path) -> {record, ...}: the JSON-lines log train.fit
@@ -15,7 +19,6 @@ function log.read(path)
   if not f then error(('train.read_metrics: cannot open %s'):format(tostring(err)), 2) end
   local text = f:read('*a')
   f:close()
-  local json = require 'anatomy.io.json'
   local records, n = {}, 0
   local lines = {}
   for line in text:gmatch('([^\n]*)\n') do lines[#lines + 1] = line end
@@ -44,10 +47,8 @@ end
 -- the killed process, and a last line cut short), so the log of a run that was
 -- killed and resumed reads as the log of one uninterrupted run.
 function log.open(path, resumed_from)
-  local fs = require 'anatomy.io.fs'
   local kept = {}
   if resumed_from and fs.exists(path) then
-    local json = require 'anatomy.io.json'
     for line in fs.read(path):gmatch('[^\n]+') do
       local ok, rec = pcall(json.decode, line)
       if ok and type(rec) == 'table' and type(rec.step) == 'number' and rec.step <= resumed_from then
@@ -67,12 +68,11 @@ end
 -- and as TensorBoard scalars (train/loss, train/lr, train/grad_norm,
 -- train/tokens_per_second, val/loss, by step).
 function log.export(path, opts)
-  opts = require('anatomy.torch.options').check(opts, {'csv', 'tensorboard'}, 'train.export_metrics', 2)
+  opts = options.check(opts, {'csv', 'tensorboard'}, 'train.export_metrics', 2)
   if not opts.csv and not opts.tensorboard then
     error('train.export_metrics: say where: {csv = file} and/or {tensorboard = folder}', 2)
   end
   local records = log.read(path)
-  local export = require 'anatomy.io.export'
   local written = {}
   if opts.csv then
     written.csv = export.csv(opts.csv, records, {'step', 'loss', 'lr', 'grad_norm', 'val_loss', 'tokens_per_second', 'time'})
@@ -92,7 +92,7 @@ function log.export(path, opts)
         end
       end
     end
-    require('anatomy.io.fs').mkdir(opts.tensorboard)
+    fs.mkdir(opts.tensorboard)
     written.tensorboard = export.tensorboard(opts.tensorboard, scalars)
   end
   return written
