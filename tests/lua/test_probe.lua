@@ -212,4 +212,18 @@ test('a column the autopsy cannot fill says why, in the table and the JSON', fun
   assert(require('anatomy.io.json').encode(a:data()):find('"missing":{', 1, true), 'the JSON says why too')
 end)
 
+test("train.fit's probe history and the autopsy's table measure act_std one way (the population std)", function()
+  torch.manual_seed(0)
+  local m = models.vibenet{vocab = 20, dim = 16, layers = 2, seq = 8}
+  local ids = torch.randint(1, 21, {4, 8})
+  local cap = probe.capture(m, {filter = {'blocks.*'}}, function() return m(ids) end)
+  local record = require('anatomy.autopsy.measure').probe_record(m, 1, {['blocks.1'] = cap['blocks.1']})
+  local table_std = torch.metrics.activation_stats(cap['blocks.1']).std
+  local n = cap['blocks.1']:numel()
+  -- Bessel's correction would make them differ by sqrt(n / (n - 1)), 1 + 1e-3 here
+  local rel = math.abs(record.act_std['blocks.1'] - table_std) / table_std
+  print(('  %d elements: history %.9g, table %.9g, relative difference %.3g'):format(n, record.act_std['blocks.1'], table_std, rel))
+  assert(rel < 1e-6, 'one std convention')
+end)
+
 H.done()

@@ -135,6 +135,11 @@ end
 
 -- measure.stds(tensors) -> {name = std} for a table of named tensors (the
 -- activations a probe captured), computed together and read back once.
+-- One convention for every act_std anatomy reports (this history and the
+-- autopsy's table, torch.metrics.activation_stats): the population std,
+-- sqrt(mean((x - mean)^2)), over every element. PyTorch's Tensor.std()
+-- divides by n - 1 by default; over n elements the two differ by a factor
+-- sqrt(n / (n - 1)).
 function measure.stds(captured, across_ranks)
   local names = {}
   for name, t in pairs(captured) do
@@ -147,7 +152,7 @@ function measure.stds(captured, across_ranks)
   table.sort(names)  -- one order on every rank
   local values = {}
   if not across_ranks then
-    for i, name in ipairs(names) do values[i] = captured[name]:detach():std():double() end
+    for i, name in ipairs(names) do values[i] = captured[name]:detach():std({unbiased = false}):double() end
     for i, v in ipairs(torch.stack(values):tolist()) do out[names[i]] = v end
     return out
   end
@@ -162,7 +167,7 @@ function measure.stds(captured, across_ranks)
   local sums = dist.all_reduce(torch.stack(values), {op = 'sum'}):tolist()
   for i, row in ipairs(sums) do
     local n, s, ss = row[1], row[2], row[3]
-    out[names[i]] = math.sqrt(math.max(ss - s * s / n, 0) / (n - 1))
+    out[names[i]] = math.sqrt(math.max(ss - s * s / n, 0) / n)
   end
   return out
 end
