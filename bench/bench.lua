@@ -138,7 +138,7 @@ if want('idle') and steps_by_name.vibenet_plain then
 end
 
 -- a 1-element tensor add issued from Lua, per op: two (1)-shaped tensors
--- (computed without the dispatcher, host/kernels/small_arith.h), and a (1) and
+-- (computed without the dispatcher, host/small_arith.h), and a (1) and
 -- a 0-dim tensor, which broadcast and so go through at::add
 if want('add') then
   local function per_op(a, b)

@@ -1,4 +1,4 @@
-// The Lua-visible NativeModule: userdata holding a shared_ptr to a built-in
+// The Lua-visible Native: userdata holding a shared_ptr to a built-in
 // block (host/nn/blocks.h). lua/anatomy/nn/Native.lua and one file per block
 // wrap it in the Lua module protocol; this file only constructs, runs and
 // inspects blocks.
@@ -16,14 +16,14 @@
 namespace anatomy::lua {
 namespace {
 
-constexpr const char* kModuleMeta = "anatomy.NativeModule";
-using BlockPtr = std::shared_ptr<nn::Block>;
+constexpr const char* kNativeMeta = "anatomy.Native";
+using NativePtr = std::shared_ptr<nn::Native>;
 
-BlockPtr& check_block(lua_State* L, int idx) {
-  return check_userdata<BlockPtr>(L, idx, kModuleMeta, "NativeModule");
+NativePtr& check_native(lua_State* L, int idx) {
+  return check_userdata<NativePtr>(L, idx, kNativeMeta, "Native");
 }
 
-void push_block(lua_State* L, BlockPtr block) { push_userdata<BlockPtr>(L, kModuleMeta, std::move(block)); }
+void push_native(lua_State* L, NativePtr block) { push_userdata<NativePtr>(L, kNativeMeta, std::move(block)); }
 
 // Field `key` of the options table at idx, or nothing when the table or the field is absent.
 template <typename T>
@@ -57,7 +57,7 @@ std::optional<T> option(lua_State* L, int idx, const char* key) {
 // argument it names (`positional`: field -> argument), else the options table.
 template <typename Make>
 void push_new(lua_State* L, int options_arg, std::initializer_list<std::pair<const char*, int>> positional, Make make) {
-  BlockPtr block;
+  NativePtr block;
   try {
     block = make();
   } catch (const nn::OptionError& e) {
@@ -66,7 +66,7 @@ void push_new(lua_State* L, int options_arg, std::initializer_list<std::pair<con
       if (e.field == field) arg = index;
     throw ArgError(arg, e.what());
   }
-  push_block(L, std::move(block));
+  push_native(L, std::move(block));
 }
 
 // Each constructor takes the block's required sizes, then an options table
@@ -150,11 +150,11 @@ struct HookFailed {};
 // points pass through it for this call (host/nn/blocks.h); wanted lists the
 // costly points to compute (an attention's "result").
 int module_forward(lua_State* L) {
-  BlockPtr& b = check_block(L, 1);
+  NativePtr& b = check_native(L, 1);
   at::Tensor& x = check_tensor(L, 2);
   if (!lua_isnoneornil(L, 3) && lua_type(L, 3) != LUA_TFUNCTION) throw ArgError(3, "function expected, got " + type_name(L, 3));
   struct Unhook {  // the hook lives for this call only, whatever happens in it
-    nn::Block& block;
+    nn::Native& block;
     ~Unhook() {
       block.hook = nullptr;
       block.wanted.clear();
@@ -204,7 +204,7 @@ int module_forward(lua_State* L) {
 
 // m:hook_points() -> {name, ...}: the block's hook points (host/nn/blocks.h)
 int module_hook_points(lua_State* L) {
-  auto points = check_block(L, 1)->hook_points();
+  auto points = check_native(L, 1)->hook_points();
   lua_createtable(L, static_cast<int>(points.size()), 0);
   for (size_t i = 0; i < points.size(); ++i) {
     lua_pushstring(L, points[i].c_str());
@@ -215,7 +215,7 @@ int module_hook_points(lua_State* L) {
 
 // m:named_parameters() -> {{name, tensor}, ...} in registration order
 int module_named_parameters(lua_State* L) {
-  BlockPtr& b = check_block(L, 1);
+  NativePtr& b = check_native(L, 1);
   auto params = b->named_parameters(/*recurse=*/true);
   lua_createtable(L, static_cast<int>(params.size()), 0);
   int i = 0;
@@ -231,23 +231,23 @@ int module_named_parameters(lua_State* L) {
 }
 
 int module_train(lua_State* L) {
-  check_block(L, 1)->train(opt_boolean(L, 2, true));
+  check_native(L, 1)->train(opt_boolean(L, 2, true));
   return 0;
 }
 
 int module_kind(lua_State* L) {
-  lua_pushstring(L, check_block(L, 1)->kind().c_str());
+  lua_pushstring(L, check_native(L, 1)->kind().c_str());
   return 1;
 }
 
 int module_describe(lua_State* L) {
-  lua_pushstring(L, check_block(L, 1)->describe().c_str());
+  lua_pushstring(L, check_native(L, 1)->describe().c_str());
   return 1;
 }
 
 // m:keep_pattern(keep, grad): attention blocks keep their last pattern
 int module_keep_pattern(lua_State* L) {
-  BlockPtr& b = check_block(L, 1);
+  NativePtr& b = check_native(L, 1);
   b->keep_pattern = opt_boolean(L, 2, true);
   b->pattern_grad = opt_boolean(L, 3, false);
   if (!b->keep_pattern) b->pattern = at::Tensor();
@@ -255,13 +255,13 @@ int module_keep_pattern(lua_State* L) {
 }
 
 int module_pattern(lua_State* L) {
-  push_tensor(L, check_block(L, 1)->pattern);
+  push_tensor(L, check_native(L, 1)->pattern);
   return 1;
 }
 
 // m:to(device_or_dtype): parameters change in place, so Lua references stay valid
 int module_to(lua_State* L) {
-  BlockPtr& b = check_block(L, 1);
+  NativePtr& b = check_native(L, 1);
   std::string s = check_string(L, 2);
   if (s == "cpu" || s.rfind("cuda", 0) == 0) b->to(parse_device_arg(s, 2));
   else b->to(parse_dtype(s, 2));
@@ -348,7 +348,7 @@ const luaL_Reg module_constructors[] = {
 
 // Pushes the table of native block constructors (torch._native).
 int luaopen_anatomy_blocks(lua_State* L) {
-  define_userdata<BlockPtr>(L, kModuleMeta, "NativeModule", module_methods);
+  define_userdata<NativePtr>(L, kNativeMeta, "Native", module_methods);
   lua_newtable(L);
   luaL_register(L, nullptr, module_constructors);
   return 1;

@@ -75,7 +75,7 @@ void push_size_metatable(lua_State* L);
 void push_tensor(lua_State* L, at::Tensor t);
 /// For `a op b` with the operands at stack 1 and 2 (tensors or numbers):
 /// pushes the result and returns true when it is computed without the
-/// dispatcher (host/kernels/small_arith.h: op '+', '-', '*' or '/', small plain
+/// dispatcher (host/small_arith.h: op '+', '-', '*' or '/', small plain
 /// tensors, no autograd); false, with nothing pushed, otherwise.
 bool push_small_arith(lua_State* L, char op);
 /// A Lua number as a Scalar: integral values become integers, so that an int

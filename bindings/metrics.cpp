@@ -1,9 +1,9 @@
-// torch.metrics: the autopsy's measurement kernels (host/probes/metrics.h) for Lua.
+// torch.metrics: the autopsy's measurement kernels (host/metrics/metrics.h) for Lua.
 #include <ATen/ATen.h>
 
 #include "bindings/parts.h"
 #include "bindings/common.h"
-#include "host/probes/metrics.h"
+#include "host/metrics/metrics.h"
 
 namespace anatomy::lua {
 namespace {
@@ -20,14 +20,14 @@ auto checked(F&& f) -> decltype(f()) {
 
 int metrics_erank(lua_State* L) {
   at::Tensor& x = check_tensor(L, 1);
-  lua_pushnumber(L, checked([&] { return probes::effective_rank(x); }));
+  lua_pushnumber(L, checked([&] { return metrics::effective_rank(x); }));
   return 1;
 }
 
 // attention_entropy(pattern) -> mean (nats), per head (tensor H)
 int metrics_attention_entropy(lua_State* L) {
   at::Tensor& p = check_tensor(L, 1);
-  at::Tensor heads = checked([&] { return probes::attention_entropy_per_head(p); });
+  at::Tensor heads = checked([&] { return metrics::attention_entropy_per_head(p); });
   lua_pushnumber(L, heads.mean().item<double>());
   push_tensor(L, heads);
   return 2;
@@ -35,14 +35,14 @@ int metrics_attention_entropy(lua_State* L) {
 
 int metrics_diagonal_mass(lua_State* L) {
   at::Tensor& p = check_tensor(L, 1);
-  lua_pushnumber(L, checked([&] { return probes::diagonal_mass(p); }));
+  lua_pushnumber(L, checked([&] { return metrics::diagonal_mass(p); }));
   return 1;
 }
 
 // activation_stats(x) -> {mean, std, max_abs, rms}
 int metrics_activation_stats(lua_State* L) {
   at::Tensor& x = check_tensor(L, 1);
-  auto s = checked([&] { return probes::activation_stats(x); });
+  auto s = checked([&] { return metrics::activation_stats(x); });
   lua_createtable(L, 0, 4);
   lua_pushnumber(L, s.mean);
   lua_setfield(L, -2, "mean");
@@ -58,14 +58,14 @@ int metrics_activation_stats(lua_State* L) {
 int metrics_block_influence(lua_State* L) {
   at::Tensor& a = check_tensor(L, 1);
   at::Tensor& b = check_tensor(L, 2);
-  lua_pushnumber(L, checked([&] { return probes::block_influence(a, b); }));
+  lua_pushnumber(L, checked([&] { return metrics::block_influence(a, b); }));
   return 1;
 }
 
 int metrics_residual_ratio(lua_State* L) {
   at::Tensor& a = check_tensor(L, 1);
   at::Tensor& b = check_tensor(L, 2);
-  lua_pushnumber(L, checked([&] { return probes::residual_ratio(a, b); }));
+  lua_pushnumber(L, checked([&] { return metrics::residual_ratio(a, b); }));
   return 1;
 }
 
@@ -97,13 +97,13 @@ int metrics_eranks(lua_State* L) {
   auto list = tensor_list_with_holes(L, 1);
   for (size_t i = 0; i < list.size(); ++i)
     if (!list[i].defined()) throw ArgError(1, "entry " + std::to_string(i + 1) + " is not a tensor");
-  push_numbers(L, checked([&] { return probes::effective_ranks(list); }));
+  push_numbers(L, checked([&] { return metrics::effective_ranks(list); }));
   return 1;
 }
 
 // norms({t1, false, t3, ...}) -> {‖t1‖, nan, ‖t3‖, ...}
 int metrics_norms(lua_State* L) {
-  push_numbers(L, probes::norms(tensor_list_with_holes(L, 1)));
+  push_numbers(L, metrics::norms(tensor_list_with_holes(L, 1)));
   return 1;
 }
 

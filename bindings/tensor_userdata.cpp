@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "host/kernels/small_arith.h"
+#include "host/small_arith.h"
 #include "host/tensor_format.h"
 
 #include <cmath>
@@ -80,11 +80,11 @@ bool push_small_arith(lua_State* L, char op) {
   const at::Tensor* b = to_tensor(L, 2);
   std::optional<at::Tensor> r;
   if (a && b)
-    r = kernels::small_arith(op, *a, *b);
+    r = small_arith(op, *a, *b);
   else if (a && lua_type(L, 2) == LUA_TNUMBER)
-    r = kernels::small_arith(op, *a, lua_tonumber(L, 2), /*number_first=*/false);
+    r = small_arith(op, *a, lua_tonumber(L, 2), /*number_first=*/false);
   else if (b && lua_type(L, 1) == LUA_TNUMBER)
-    r = kernels::small_arith(op, *b, lua_tonumber(L, 1), /*number_first=*/true);
+    r = small_arith(op, *b, lua_tonumber(L, 1), /*number_first=*/true);
   if (!r) return false;
   push_tensor(L, std::move(*r));
   return true;

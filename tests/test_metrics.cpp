@@ -5,9 +5,9 @@
 
 #include <cmath>
 
-#include "host/probes/metrics.h"
+#include "host/metrics/metrics.h"
 
-using namespace anatomy::probes;
+using namespace anatomy::metrics;
 
 TEST_CASE("effective rank: exp of the entropy of the normalised singular values") {
   CHECK(effective_rank(at::eye(5, at::kDouble)) == Approx(5).epsilon(1e-12));            // equal singular values

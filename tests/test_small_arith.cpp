@@ -1,4 +1,4 @@
-// The small-tensor fast path (host/kernels/small_arith.h) against ATen: same
+// The small-tensor fast path (host/small_arith.h) against ATen: same
 // values bit for bit, same dtype and shape, and ATen's path for every case it
 // must not take.
 #include <ATen/ATen.h>
@@ -7,9 +7,9 @@
 #include <cstring>
 #include <vector>
 
-#include "host/kernels/small_arith.h"
+#include "host/small_arith.h"
 
-using anatomy::kernels::small_arith;
+using anatomy::small_arith;
 
 namespace {
 

@@ -3,7 +3,7 @@
 #include <lua.hpp>
 
 #include "host/dist/dist.h"
-#include "host/kernel/kernel.h"
+#include "host/lua/kernel.h"
 #include "host/lua/state.h"
 #include "host/lua/repl.h"
 

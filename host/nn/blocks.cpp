@@ -186,7 +186,7 @@ Dropout::Dropout(double rate) : p(rate) {
 at::Tensor Dropout::forward(const at::Tensor& x) { return p == 0 ? x : at::dropout(x, p, is_training()); }
 std::string Dropout::describe() const { return "p=" + number_str(p); }
 
-bool Block::wants(const char* name) const {
+bool Native::wants(const char* name) const {
   return hook && std::find(wanted.begin(), wanted.end(), name) != wanted.end();
 }
 

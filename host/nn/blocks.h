@@ -119,7 +119,7 @@ struct SwiGLUOptions {
   TORCH_ARG(bool, bias) = false;
 };
 
-class Block : public torch::nn::Module {
+class Native : public torch::nn::Module {
  public:
   virtual at::Tensor forward(const at::Tensor& x) = 0;
   /// The class name without "nn.": "Linear", "Attention", ...
@@ -153,7 +153,7 @@ class Block : public torch::nn::Module {
 };
 
 /// y = x Wᵀ + b. weight [out, in], bias [out]; PyTorch's uniform(±1/√in) init.
-class Linear : public Block {
+class Linear : public Native {
  public:
   explicit Linear(const LinearOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
@@ -165,7 +165,7 @@ class Linear : public Block {
 
 /// Token embedding (1-based ids, int64) plus an optional learned position
 /// table: weight [n, dim], pos_weight [positions, dim]; N(0, 1) init.
-class Embedding : public Block {
+class Embedding : public Native {
  public:
   explicit Embedding(const EmbeddingOptions& options);
   at::Tensor forward(const at::Tensor& ids) override;
@@ -176,7 +176,7 @@ class Embedding : public Block {
 };
 
 /// LayerNorm over the last dimension with learnable weight and bias.
-class LayerNorm : public Block {
+class LayerNorm : public Native {
  public:
   explicit LayerNorm(const NormOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
@@ -189,7 +189,7 @@ class LayerNorm : public Block {
 };
 
 /// RMSNorm: x / √(mean(x²) + eps) · weight, over the last dimension.
-class RMSNorm : public Block {
+class RMSNorm : public Native {
  public:
   explicit RMSNorm(const NormOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
@@ -202,7 +202,7 @@ class RMSNorm : public Block {
 };
 
 /// An activation or dropout: no parameters.
-class Activation : public Block {
+class Activation : public Native {
  public:
   /// name: "gelu", "gelu_tanh", "relu" (else OptionError)
   explicit Activation(std::string name);
@@ -214,7 +214,7 @@ class Activation : public Block {
   std::string name;
 };
 
-class Dropout : public Block {
+class Dropout : public Native {
  public:
   explicit Dropout(double p);
   at::Tensor forward(const at::Tensor& x) override;
@@ -226,7 +226,7 @@ class Dropout : public Block {
 /// Multi-head attention with a fused QKV projection and an output projection:
 /// children qkv (dim -> 3·dim; q, k, v in that order) and proj (dim -> dim).
 /// Input (B, T, C); scores scaled by 1/√(C/heads); causal mask optional.
-class Attention : public Block {
+class Attention : public Native {
  public:
   explicit Attention(const AttentionOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
@@ -242,7 +242,7 @@ class Attention : public Block {
 };
 
 /// Parameter-free attention: softmax(mask(x xᵀ / √C)) x. One head.
-class VibeAttention : public Block {
+class VibeAttention : public Native {
  public:
   explicit VibeAttention(bool causal);
   at::Tensor forward(const at::Tensor& x) override;
@@ -259,7 +259,7 @@ class VibeAttention : public Block {
 /// Qwen2 and GPT-NeoX use it: q, k, v and o projections; keys and values
 /// shared by groups of query heads (kv_heads); the first rotary_dim dims of
 /// each head rotated by position, the pairs being (i, i + rotary_dim/2).
-class RoPEAttention : public Block {
+class RoPEAttention : public Native {
  public:
   explicit RoPEAttention(const RoPEAttentionOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
@@ -277,7 +277,7 @@ class RoPEAttention : public Block {
 };
 
 /// SwiGLU MLP (Llama): down(silu(gate(x)) * up(x)).
-class SwiGLU : public Block {
+class SwiGLU : public Native {
  public:
   explicit SwiGLU(const SwiGLUOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
@@ -289,7 +289,7 @@ class SwiGLU : public Block {
 };
 
 /// fc (dim -> hidden), activation, proj (hidden -> dim).
-class MLP : public Block {
+class MLP : public Native {
  public:
   explicit MLP(const MLPOptions& options);
   at::Tensor forward(const at::Tensor& x) override;

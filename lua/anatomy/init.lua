@@ -120,7 +120,7 @@ do
   record(torch.metrics, 'metrics.')
   record(torch._exact, 'exact.')
   record(torch._dist, 'dist.')
-  for _, meta in ipairs{'anatomy.Corpus', 'anatomy.NativeModule', 'anatomy.Optimizer', 'anatomy.Rational'} do
+  for _, meta in ipairs{'anatomy.Corpus', 'anatomy.Native', 'anatomy.Optimizer', 'anatomy.Rational'} do
     record(debug.getregistry()[meta].__index, '')
   end
   debug.getregistry()['anatomy.names'] = names

@@ -7,7 +7,7 @@
 // handling turns into an "interrupted" error at the next instruction),
 // shutdown_request and kernel_info_request while a cell runs. iopub is
 // shared under a mutex.
-#include "host/kernel/kernel.h"
+#include "host/lua/kernel.h"
 
 #include <lua.hpp>
 #include <nlohmann/json.hpp>

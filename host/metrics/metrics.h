@@ -6,7 +6,7 @@
 
 #include <vector>
 
-namespace anatomy::probes {
+namespace anatomy::metrics {
 
 /// Effective rank (Roy & Vetterli 2007) of a matrix, or of an activation
 /// flattened to (tokens, channels): exp(−Σ pᵢ log pᵢ), pᵢ = σᵢ / Σσ over the
@@ -43,4 +43,4 @@ double block_influence(const at::Tensor& input, const at::Tensor& output);
 /// Residual contribution: mean over tokens of ‖f(x)‖ / ‖x‖, where f(x) = output − input.
 double residual_ratio(const at::Tensor& input, const at::Tensor& output);
 
-}  // namespace anatomy::probes
+}  // namespace anatomy::metrics

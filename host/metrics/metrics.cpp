@@ -1,5 +1,5 @@
 // The autopsy's measurement kernels (see metrics.h).
-#include "host/probes/metrics.h"
+#include "host/metrics/metrics.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <stdexcept>
 
-namespace anatomy::probes {
+namespace anatomy::metrics {
 namespace {
 
 // (…, C) -> (tokens, C), in float64
@@ -127,4 +127,4 @@ double residual_ratio(const at::Tensor& input, const at::Tensor& output) {
   return (f.norm(2, -1) / x.norm(2, -1).clamp_min(1e-30)).mean().item<double>();
 }
 
-}  // namespace anatomy::probes
+}  // namespace anatomy::metrics

@@ -1,11 +1,11 @@
 // Small-tensor arithmetic (see small_arith.h).
-#include "host/kernels/small_arith.h"
+#include "host/small_arith.h"
 
 #include <ATen/EmptyTensor.h>
 
 #include <cstdint>
 
-namespace anatomy::kernels {
+namespace anatomy {
 namespace {
 
 // The dispatch keys of a tensor made by a CPU factory: dense CPU plus the
@@ -85,4 +85,4 @@ std::optional<at::Tensor> small_arith(char op, const at::Tensor& a, double v, bo
   }
 }
 
-}  // namespace anatomy::kernels
+}  // namespace anatomy

@@ -13,7 +13,7 @@
 
 #include <optional>
 
-namespace anatomy::kernels {
+namespace anatomy {
 
 /// Largest element count taken by the fast path; bigger tensors go to ATen,
 /// whose vectorised loops win once there is work to amortise their set-up.
@@ -29,4 +29,4 @@ std::optional<at::Tensor> small_arith(char op, const at::Tensor& a, const at::Te
 /// wrapped number of the same category. std::nullopt when not applicable.
 std::optional<at::Tensor> small_arith(char op, const at::Tensor& a, double v, bool number_first);
 
-}  // namespace anatomy::kernels
+}  // namespace anatomy
