@@ -185,18 +185,9 @@ FactoryOptions check_factory_options(lua_State* L, int idx, c10::ScalarType defa
   if (lua_isnoneornil(L, idx)) return f;
   if (!is_options(L, idx)) throw ArgError(idx, "options table expected, got " + type_name(L, idx));
   check_option_keys(L, idx, {"dtype", "device", "requires_grad"});
-  if (get_option(L, idx, "dtype") != LUA_TNIL) {
-    if (lua_type(L, -1) != LUA_TSTRING) throw ArgError(idx, "option 'dtype' must be a string such as 'float32'");
-    f.options = f.options.dtype(parse_dtype(lua_tostring(L, -1), idx));
-  }
-  lua_pop(L, 1);
-  if (get_option(L, idx, "device") != LUA_TNIL) {
-    if (lua_type(L, -1) != LUA_TSTRING) throw ArgError(idx, "option 'device' must be a string such as 'cpu'");
-    f.options = f.options.device(parse_device_arg(lua_tostring(L, -1), idx));
-  }
-  lua_pop(L, 1);
-  if (get_option(L, idx, "requires_grad") != LUA_TNIL) f.requires_grad = lua_toboolean(L, -1);
-  lua_pop(L, 1);
+  if (auto v = option<std::string>(L, idx, "dtype")) f.options = f.options.dtype(parse_dtype(*v, idx));
+  if (auto v = option<std::string>(L, idx, "device")) f.options = f.options.device(parse_device_arg(*v, idx));
+  if (auto v = option<bool>(L, idx, "requires_grad")) f.requires_grad = *v;
   return f;
 }
 

@@ -25,34 +25,6 @@ NativePtr& check_native(lua_State* L, int idx) {
 
 void push_native(lua_State* L, NativePtr block) { push_userdata<NativePtr>(L, kNativeMeta, std::move(block)); }
 
-// Field `key` of the options table at idx, or nothing when the table or the field is absent.
-template <typename T>
-std::optional<T> option(lua_State* L, int idx, const char* key) {
-  int type = get_option(L, idx, key);
-  std::optional<T> out;
-  if constexpr (std::is_same_v<T, bool>) {
-    if (type != LUA_TNIL && type != LUA_TBOOLEAN) {
-      lua_pop(L, 1);
-      throw ArgError(idx, std::string(key) + " must be true or false");
-    }
-    if (type == LUA_TBOOLEAN) out = lua_toboolean(L, -1) != 0;
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    if (type != LUA_TNIL && type != LUA_TSTRING) {
-      lua_pop(L, 1);
-      throw ArgError(idx, std::string(key) + " must be a string");
-    }
-    if (type == LUA_TSTRING) out = std::string(lua_tostring(L, -1));
-  } else {
-    if (type != LUA_TNIL && type != LUA_TNUMBER) {
-      lua_pop(L, 1);
-      throw ArgError(idx, std::string(key) + " must be a number");
-    }
-    if (type == LUA_TNUMBER) out = static_cast<T>(lua_tonumber(L, -1));
-  }
-  lua_pop(L, 1);
-  return out;
-}
-
 // Builds a block; an OptionError becomes a bad argument: the positional
 // argument it names (`positional`: field -> argument), else the options table.
 template <typename Make>

@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace anatomy::lua {
@@ -123,6 +124,34 @@ auto read_option(int idx, const char* key, F&& read) -> decltype(read()) {
   } catch (const ArgError& e) {
     throw ArgError(idx, std::string("option '") + key + "': " + e.what());
   }
+}
+
+/// The one way a binding reads a field of an options table: field `key` of
+/// the table at idx as T (bool, std::string, double or int64_t), or nothing
+/// when the table or the field is absent. A value of another kind is an
+/// ArgError about argument idx that names the option ("option 'lr': number
+/// expected, got string").
+template <class T>
+std::optional<T> option(lua_State* L, int idx, const char* key) {
+  int type = get_option(L, idx, key);
+  std::optional<T> out;
+  if (type != LUA_TNIL) {
+    out = read_option(idx, key, [&]() -> T {
+      if constexpr (std::is_same_v<T, bool>) {
+        if (type != LUA_TBOOLEAN) throw ArgError(-1, "true or false expected, got " + type_name(L, -1));
+        return lua_toboolean(L, -1) != 0;
+      } else if constexpr (std::is_same_v<T, std::string>) {
+        return check_string(L, -1);
+      } else if constexpr (std::is_same_v<T, int64_t>) {
+        return check_integer(L, -1);
+      } else {
+        static_assert(std::is_same_v<T, double>, "option<T>: T is bool, std::string, int64_t or double");
+        return check_number(L, -1);
+      }
+    });
+  }
+  lua_pop(L, 1);
+  return out;
 }
 
 /// Token ids at idx: an integer tensor of any shape (flattened) or a Lua array.

@@ -27,29 +27,20 @@ int plain(lua_State* L) {
 int dist_init(lua_State* L) {
   check_option_keys(L, 1, {"rank", "world_size", "master_addr", "master_port", "local_rank", "timeout", "hosted"});
   dist::Options o;
-  if (get_option(L, 1, "world_size") != LUA_TNIL) o.world_size = static_cast<int>(read_option(1, "world_size", [&] { return check_integer(L, -1); }));
-  lua_pop(L, 1);
-  if (get_option(L, 1, "rank") != LUA_TNIL) o.rank = static_cast<int>(read_option(1, "rank", [&] { return check_integer(L, -1); }));
-  lua_pop(L, 1);
+  if (auto v = option<int64_t>(L, 1, "world_size")) o.world_size = static_cast<int>(*v);
+  if (auto v = option<int64_t>(L, 1, "rank")) o.rank = static_cast<int>(*v);
   o.local_rank = o.rank;
-  if (get_option(L, 1, "local_rank") != LUA_TNIL) o.local_rank = static_cast<int>(read_option(1, "local_rank", [&] { return check_integer(L, -1); }));
-  lua_pop(L, 1);
-  if (get_option(L, 1, "master_addr") != LUA_TNIL) o.master_addr = read_option(1, "master_addr", [&] { return check_string(L, -1); });
-  lua_pop(L, 1);
-  if (get_option(L, 1, "master_port") != LUA_TNIL) {
-    int64_t port = read_option(1, "master_port", [&] { return check_integer(L, -1); });
-    if (port < 1 || port > 65535) throw ArgError(1, "master_port must be in 1..65535, got " + std::to_string(port));
-    o.port = static_cast<int>(port);
+  if (auto v = option<int64_t>(L, 1, "local_rank")) o.local_rank = static_cast<int>(*v);
+  if (auto v = option<std::string>(L, 1, "master_addr")) o.master_addr = *v;
+  if (auto port = option<int64_t>(L, 1, "master_port")) {
+    if (*port < 1 || *port > 65535) throw ArgError(1, "master_port must be in 1..65535, got " + std::to_string(*port));
+    o.port = static_cast<int>(*port);
   }
-  lua_pop(L, 1);
-  if (get_option(L, 1, "timeout") != LUA_TNIL) {
-    double s = read_option(1, "timeout", [&] { return check_number(L, -1); });
-    if (!(s > 0 && s <= 86400)) throw ArgError(1, "timeout must be in (0, 86400] seconds, got " + std::to_string(s));
-    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  if (auto s = option<double>(L, 1, "timeout")) {
+    if (!(*s > 0 && *s <= 86400)) throw ArgError(1, "timeout must be in (0, 86400] seconds, got " + std::to_string(*s));
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(*s * 1000));
   }
-  lua_pop(L, 1);
-  if (get_option(L, 1, "hosted") != LUA_TNIL) o.store_hosted_elsewhere = lua_toboolean(L, -1);
-  lua_pop(L, 1);
+  if (auto v = option<bool>(L, 1, "hosted")) o.store_hosted_elsewhere = *v;
   dist::init(o);
   return 0;
 }

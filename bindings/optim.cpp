@@ -33,24 +33,14 @@ std::vector<at::Tensor> param_list(lua_State* L, int idx) {
   return ps;
 }
 
-// Options field `key` of the table at idx: nothing when absent, else a number.
-std::optional<double> number_option(lua_State* L, int idx, const char* key) {
-  int type = get_option(L, idx, key);
-  double v = lua_tonumber(L, -1);
-  lua_pop(L, 1);
-  if (type == LUA_TNIL) return std::nullopt;
-  if (type != LUA_TNUMBER) throw ArgError(idx, std::string(key) + " must be a number, got " + lua_typename(L, type));
-  return v;
-}
-
 // The options table at idx ({lr, betas = {b1, b2}, eps, weight_decay}) as AdamWOptions.
 optim::AdamWOptions adamw_options(lua_State* L, int idx) {
   optim::AdamWOptions o;
   if (lua_isnoneornil(L, idx)) return o;
   check_option_keys(L, idx, {"lr", "betas", "eps", "weight_decay"});
-  if (auto v = number_option(L, idx, "lr")) o.lr(*v);
-  if (auto v = number_option(L, idx, "eps")) o.eps(*v);
-  if (auto v = number_option(L, idx, "weight_decay")) o.weight_decay(*v);
+  if (auto v = option<double>(L, idx, "lr")) o.lr(*v);
+  if (auto v = option<double>(L, idx, "eps")) o.eps(*v);
+  if (auto v = option<double>(L, idx, "weight_decay")) o.weight_decay(*v);
   if (get_option(L, idx, "betas") != LUA_TNIL) {
     std::vector<double> b;
     if (lua_istable(L, -1)) {

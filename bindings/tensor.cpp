@@ -295,13 +295,10 @@ int tensor_to(lua_State* L) {
       else opts = opts.dtype(parse_dtype(s, i));
     } else if (is_options(L, i)) {
       check_option_keys(L, i, {"dtype", "device", "non_blocking"});
-      if (get_option(L, i, "dtype") == LUA_TSTRING) opts = opts.dtype(parse_dtype(lua_tostring(L, -1), i));
-      lua_pop(L, 1);
+      if (auto v = option<std::string>(L, i, "dtype")) opts = opts.dtype(parse_dtype(*v, i));
       // non_blocking: a copy from pinned host memory to a GPU does not wait (as in PyTorch)
-      non_blocking = get_option(L, i, "non_blocking") != LUA_TNIL && lua_toboolean(L, -1);
-      lua_pop(L, 1);
-      if (get_option(L, i, "device") == LUA_TSTRING) opts = opts.device(parse_device_arg(lua_tostring(L, -1), i));
-      lua_pop(L, 1);
+      non_blocking = option<bool>(L, i, "non_blocking").value_or(false);
+      if (auto v = option<std::string>(L, i, "device")) opts = opts.device(parse_device_arg(*v, i));
     } else {
       throw ArgError(i, "dtype, device, Tensor or options expected, got " + type_name(L, i));
     }

@@ -58,10 +58,8 @@ int tensor_backward(lua_State* L) {
   c10::optional<bool> retain_graph;
   if (opts) {
     check_option_keys(L, opts, {"retain_graph", "create_graph"});
-    if (get_option(L, opts, "retain_graph") != LUA_TNIL) retain_graph = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    if (get_option(L, opts, "create_graph") != LUA_TNIL) create_graph = lua_toboolean(L, -1);
-    lua_pop(L, 1);
+    if (auto v = option<bool>(L, opts, "retain_graph")) retain_graph = *v;
+    if (auto v = option<bool>(L, opts, "create_graph")) create_graph = *v;
   }
   HookStateScope scope(L);
   t.backward(gradient, retain_graph, create_graph);
@@ -109,8 +107,7 @@ int tensor_zero_grad(lua_State* L) {
   bool set_to_none = true;
   if (!lua_isnoneornil(L, 2)) {
     check_option_keys(L, 2, {"set_to_none"});
-    if (get_option(L, 2, "set_to_none") != LUA_TNIL) set_to_none = lua_toboolean(L, -1);
-    lua_pop(L, 1);
+    if (auto v = option<bool>(L, 2, "set_to_none")) set_to_none = *v;
   }
   if (set_to_none) t.mutable_grad() = at::Tensor();
   else if (t.grad().defined()) t.mutable_grad().zero_();

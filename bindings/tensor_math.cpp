@@ -135,10 +135,8 @@ int clamp_with(lua_State* L, bool want_lo, bool want_hi) {
   c10::optional<at::Scalar> lo, hi;
   if (want_lo && want_hi && is_options(L, 2)) {
     check_option_keys(L, 2, {"min", "max"});
-    if (get_option(L, 2, "min") != LUA_TNIL) lo = read_option(2, "min", [&] { return number_scalar(check_number(L, -1)); });
-    lua_pop(L, 1);
-    if (get_option(L, 2, "max") != LUA_TNIL) hi = read_option(2, "max", [&] { return number_scalar(check_number(L, -1)); });
-    lua_pop(L, 1);
+    if (auto v = option<double>(L, 2, "min")) lo = number_scalar(*v);
+    if (auto v = option<double>(L, 2, "max")) hi = number_scalar(*v);
   } else if (want_lo && want_hi) {
     if (!lua_isnoneornil(L, 2)) lo = number_scalar(check_number(L, 2));
     if (!lua_isnoneornil(L, 3)) hi = number_scalar(check_number(L, 3));
@@ -170,8 +168,7 @@ int tensor_gelu(lua_State* L) {
     approximate = lua_tostring(L, 2);
   } else if (is_options(L, 2)) {
     check_option_keys(L, 2, {"approximate"});
-    if (get_option(L, 2, "approximate") != LUA_TNIL) approximate = read_option(2, "approximate", [&] { return check_string(L, -1); });
-    lua_pop(L, 1);
+    if (auto v = option<std::string>(L, 2, "approximate")) approximate = *v;
   } else if (!lua_isnoneornil(L, 2)) {
     throw ArgError(2, "'none' or 'tanh' expected, got " + type_name(L, 2));
   }

@@ -39,8 +39,7 @@ Reduce reduce_args(lua_State* L, int start, int64_t ndim, std::vector<const char
       check_option_keys(L, i, keys);
       if (get_option(L, i, "dim") != LUA_TNIL) read_option(i, "dim", [&] { read_dims(lua_gettop(L)); });
       lua_pop(L, 1);
-      if (get_option(L, i, "keepdim") != LUA_TNIL) r.keepdim = lua_toboolean(L, -1);
-      lua_pop(L, 1);
+      if (auto v = option<bool>(L, i, "keepdim")) r.keepdim = *v;
       break;
     }
     if (i == start && (lua_type(L, i) == LUA_TNUMBER || lua_type(L, i) == LUA_TTABLE)) read_dims(i);
@@ -76,8 +75,7 @@ int tensor_logsumexp(lua_State* L) {
 
 bool unbiased_option(lua_State* L, const Reduce& r) {
   bool unbiased = true;
-  if (r.options && get_option(L, r.options, "unbiased") != LUA_TNIL) unbiased = lua_toboolean(L, -1);
-  if (r.options) lua_pop(L, 1);
+  if (r.options) unbiased = option<bool>(L, r.options, "unbiased").value_or(true);
   return unbiased;
 }
 
@@ -194,10 +192,8 @@ int tensor_topk(lua_State* L) {
   bool largest = true, sorted = true;
   if (opts) {
     check_option_keys(L, opts, {"largest", "sorted"});
-    if (get_option(L, opts, "largest") != LUA_TNIL) largest = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    if (get_option(L, opts, "sorted") != LUA_TNIL) sorted = lua_toboolean(L, -1);
-    lua_pop(L, 1);
+    if (auto v = option<bool>(L, opts, "largest")) largest = *v;
+    if (auto v = option<bool>(L, opts, "sorted")) sorted = *v;
   }
   int64_t size = t.dim() == 0 ? 1 : t.size(d);
   if (k < 0 || k > size) throw ArgError(2, "k = " + std::to_string(k) + " out of range for a dimension of size " + std::to_string(size));

@@ -266,12 +266,9 @@ int torch_allclose(lua_State* L) {
   bool equal_nan = false;
   if (!lua_isnoneornil(L, 3)) {
     check_option_keys(L, 3, {"rtol", "atol", "equal_nan"});
-    if (get_option(L, 3, "rtol") != LUA_TNIL) rtol = read_option(3, "rtol", [&] { return check_number(L, -1); });
-    lua_pop(L, 1);
-    if (get_option(L, 3, "atol") != LUA_TNIL) atol = read_option(3, "atol", [&] { return check_number(L, -1); });
-    lua_pop(L, 1);
-    if (get_option(L, 3, "equal_nan") != LUA_TNIL) equal_nan = lua_toboolean(L, -1);
-    lua_pop(L, 1);
+    if (auto v = option<double>(L, 3, "rtol")) rtol = *v;
+    if (auto v = option<double>(L, 3, "atol")) atol = *v;
+    if (auto v = option<bool>(L, 3, "equal_nan")) equal_nan = *v;
   }
   at::Tensor other = b.scalar_type() == a.scalar_type() ? b : b.to(a.scalar_type());
   lua_pushboolean(L, at::allclose(a, other, rtol, atol, equal_nan));
@@ -400,17 +397,11 @@ int torch_set_num_threads(lua_State* L) {
 int torch_set_printoptions(lua_State* L) {
   check_option_keys(L, 1, {"precision", "threshold", "edgeitems", "linewidth", "sci_mode"});
   PrintOptions& o = print_options();
-  if (get_option(L, 1, "precision") != LUA_TNIL) o.precision = static_cast<int>(read_option(1, "precision", [&] { return check_integer(L, -1); }));
-  lua_pop(L, 1);
-  if (get_option(L, 1, "threshold") != LUA_TNIL) o.threshold = read_option(1, "threshold", [&] { return check_integer(L, -1); });
-  lua_pop(L, 1);
-  if (get_option(L, 1, "edgeitems") != LUA_TNIL) o.edgeitems = read_option(1, "edgeitems", [&] { return check_integer(L, -1); });
-  lua_pop(L, 1);
-  if (get_option(L, 1, "linewidth") != LUA_TNIL) o.linewidth = static_cast<int>(read_option(1, "linewidth", [&] { return check_integer(L, -1); }));
-  lua_pop(L, 1);
-  int t = get_option(L, 1, "sci_mode");
-  if (t != LUA_TNIL) o.sci_mode = lua_toboolean(L, -1) ? 1 : 0;
-  lua_pop(L, 1);
+  if (auto v = option<int64_t>(L, 1, "precision")) o.precision = static_cast<int>(*v);
+  if (auto v = option<int64_t>(L, 1, "threshold")) o.threshold = *v;
+  if (auto v = option<int64_t>(L, 1, "edgeitems")) o.edgeitems = *v;
+  if (auto v = option<int64_t>(L, 1, "linewidth")) o.linewidth = static_cast<int>(*v);
+  if (auto v = option<bool>(L, 1, "sci_mode")) o.sci_mode = *v ? 1 : 0;
   return 0;
 }
 

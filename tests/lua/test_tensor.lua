@@ -189,4 +189,14 @@ test('torch.cpu: freed buffers of 1 MiB and more are reused, up to a limit; empt
   torch.cpu.set_cache_limit(before.limit)
 end)
 
+test('an option of the wrong kind is an error naming it, never read as true (every binding reads options one way)', function()
+  local x = torch.ones(2, 3)
+  raises(function() x:sum({dim = 1, keepdim = 'no'}) end, "bad argument #1 to 'sum' (option 'keepdim': true or false expected, got string)")
+  raises(function() x:std({unbiased = 0}) end, "option 'unbiased': true or false expected, got number)")
+  raises(function() x:to({dtype = 64}) end, "option 'dtype': string expected, got number)")
+  raises(function() torch.zeros(2, {requires_grad = 'yes'}) end, "option 'requires_grad': true or false expected, got string)")
+  raises(function() torch.set_printoptions({sci_mode = 1}) end, "option 'sci_mode': true or false expected, got number)")
+  eq(x:sum({dim = 1, keepdim = false}):size(), {3})
+end)
+
 H.done()
