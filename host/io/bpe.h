@@ -21,6 +21,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "host/io/corpus.h"
 
 namespace anatomy::io {
@@ -116,6 +118,18 @@ class BpeTokenizer : public Tokenizer {
   std::vector<DecodeStep> decoder_;  // SentencePiece-style only
   std::vector<int64_t> prefix_, suffix_;  // 1-based
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
+
+  // Reading tokenizer.json, part by part (bpe_json.cpp); `path` names the file in errors.
+  void read_model(const nlohmann::json& model, const std::string& path);
+  void read_normalizer(const nlohmann::json& normalizer, const std::string& path);
+  void read_vocab(const nlohmann::json& model, const std::string& path, size_t entries);
+  void read_pre_tokenizer(const nlohmann::json& pre_tokenizer, const std::string& path);
+  void read_decoder(const nlohmann::json& decoder, const std::string& path);
+  void read_added(const nlohmann::json& added_tokens, const std::string& path, size_t entries);
+  void read_post_processor(const nlohmann::json& post_processor, const std::string& path, size_t entries);
+  static Prepend metaspace_prepend(const nlohmann::json& p, const std::string& key);
+  /// The pre-tokenizer's split pattern, compiled (PCRE2); a pattern that does not compile names `where`.
+  void set_split(const std::string& pattern, const std::string& where);
 };
 
 }  // namespace anatomy::io
