@@ -12,7 +12,7 @@ local cfg = torch.config.parse({
   out = 'out',                        -- the folder holding NAME/results.json
   to = 'examples/RESULTS.md',         -- the file to write; charts go to its folder's results/
   names = 'residual_ablation,vibenet_autopsy,gated_residual,hyperconnections,layer_removal,funnel,stateful_gpt',
-  readme = 'README.md',               -- its Results summary (between the results markers) is rewritten; '' for none
+  summary = 'docs/results.md',        -- its Results summary (between the results markers) is rewritten; '' for none
   allow_other_data = false,           -- true: accept results that did not run on the claims' text
 }, arg, 'usage: anatomy scripts/results.lua [--key=value ...]')
 
@@ -93,24 +93,27 @@ local out = {
 }
 fs.write_atomic(cfg.to, table.concat(out, '\n'))
 
--- the README's summary: the same table, between its markers
-if cfg.readme ~= '' then
-  local readme = fs.read(cfg.readme)
-  local begin_at, begin_end = readme:find('<!%-%- results:begin[^\n]*%-%->\n')
-  local end_at = readme:find('<!%-%- results:end %-%->', begin_end or 1)
-  if not begin_at or not end_at then error(('%s has no results markers (<!-- results:begin ... --> and <!-- results:end -->)'):format(cfg.readme), 0) end
+-- the summary in docs/results.md: the same table, between its markers, its
+-- links relative to that page's folder
+if cfg.summary ~= '' then
+  local page = fs.read(cfg.summary)
+  local begin_at, begin_end = page:find('<!%-%- results:begin[^\n]*%-%->\n')
+  local end_at = page:find('<!%-%- results:end %-%->', begin_end or 1)
+  if not begin_at or not end_at then error(('%s has no results markers (<!-- results:begin ... --> and <!-- results:end -->)'):format(cfg.summary), 0) end
+  local up = ('../'):rep(select(2, cfg.summary:gsub('/', '')))  -- from the page's folder back to the top
+  local target = up .. cfg.to
   local linked = {}
   for i, row in ipairs(summary) do
     linked[i] = {}
     for c, v in ipairs(row) do linked[i][c] = v end
-    linked[i][1] = row[1]:gsub('%(#', '(' .. cfg.to:gsub('^.*/', 'examples/'):gsub('%%', '%%%%') .. '#')
+    linked[i][1] = row[1]:gsub('%(#', '(' .. up:gsub('%%', '%%%%') .. cfg.to:gsub('^.*/', 'examples/'):gsub('%%', '%%%%') .. '#')
   end
   local block = ('%s\n\nVerdicts per experiment, on %s (sha256 `%s`), %s, %s cores, LibTorch %s. '
     .. 'Each experiment\'s table and its provenance line are in %s.\n\n'):format(
     Results.markdown_table({'experiment', 'reproduced', 'differs', 'other rows', 'data', 'wall time', 'commit'}, linked),
     dataset.name, dataset.sha256:sub(1, 16), first.machine.cpu, tostring(first.machine.cores), first.libtorch,
-    '[' .. cfg.to .. '](' .. cfg.to .. ')')
-  fs.write_atomic(cfg.readme, readme:sub(1, begin_end) .. '\n' .. block .. readme:sub(end_at))
-  print(('updated the Results summary in %s'):format(cfg.readme))
+    '[' .. cfg.to .. '](' .. target .. ')')
+  fs.write_atomic(cfg.summary, page:sub(1, begin_end) .. '\n' .. block .. page:sub(end_at))
+  print(('updated the Results summary in %s'):format(cfg.summary))
 end
 print(('wrote %s (%d experiments, charts in %s)'):format(cfg.to, #docs, chart_dir))

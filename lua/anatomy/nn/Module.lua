@@ -3,7 +3,7 @@
 -- nn.Parameter(t)), in definition order; names are dotted paths with 1-based
 -- indices for numbered children (blocks.3.attn.weight), which are m[3].
 -- Assigning a field or m[i] again replaces the child in place.
--- The model protocol (README "Your own model"): forward(ids) -> logits is all
+-- The model protocol (docs/model.md, "Your own model"): forward(ids) -> logits is all
 -- a model needs; layers() gives the autopsy its rows, readout(h) the logit
 -- lens, context() the sequence length, and an attention block's
 -- keep_pattern(keep, grad) / pattern() its entropy and maps. Each has a

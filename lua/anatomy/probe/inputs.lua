@@ -3,9 +3,9 @@
 -- and each token's text for labels.
 local inputs = {}
 
--- inputs.to_ids(model, input, tokenizer, where) -> ids (B, T) int64 and the tokenizer used: ids (T) or (B, T) (a
--- tensor of another dtype is passed on as it is); text,
--- or a list of texts of one length in tokens, with opts.tokenizer or the
+-- probe.to_ids(model, input, tokenizer, where) -> ids (B, T) int64 and the
+-- tokenizer used. input: ids (T) or (B, T) (a tensor of another dtype is
+-- passed on as it is), a text, or a list of texts of one length in tokens, with opts.tokenizer or the
 -- model's own (models.from_pretrained sets model.tokenizer).
 function inputs.to_ids(model, input, tokenizer, where)
   tokenizer = tokenizer or rawget(model, 'tokenizer')

@@ -12,7 +12,8 @@ local function glob(p)
   return '^' .. p:gsub('[%^%$%(%)%%%.%[%]%+%-%?]', '%%%0'):gsub('%*', '.*') .. '$'
 end
 
--- A filter: nil (everything), a glob, or a list of globs.
+-- probe.matcher(filter) -> match(name): true when name passes the filter, nil (everything), a glob
+-- ('blocks.*') or a list of globs
 local function matcher(filter)
   if filter == nil then return function() return true end end
   if type(filter) == 'string' then filter = {filter} end
@@ -46,7 +47,7 @@ local function module_set(model)
   return names
 end
 
--- points.checkpoint_spelling(model, anatomy) -> the checkpoint's spelling of an
+-- probe.checkpoint_spelling(model, anatomy) -> the checkpoint's spelling of an
 -- anatomy name ('h.1.attn' -> 'transformer.h.0.attn' for a GPT-2; a Llama's
 -- 'blocks.1' -> 'model.layers.0'). The autopsy's rows carry it too.
 local function checkpoint_spelling(model, anatomy)
@@ -57,7 +58,7 @@ local function checkpoint_spelling(model, anatomy)
 end
 points.checkpoint_spelling = checkpoint_spelling
 
--- points.resolve_name(model, name[, level]) -> anatomy's name of a module given in either spelling
+-- probe.resolve_name(model, name[, level]) -> anatomy's name of a module given in either spelling
 -- (the rule above); a layer 0 in anatomy's spelling is an error at `level`.
 function points.resolve_name(model, name, level)
   if type(name) ~= 'string' or rawget(model, 'hf_config') == nil then return name end
@@ -152,7 +153,7 @@ local function locate(model, name, level)
 end
 points.locate = locate
 
--- points.canonical(model, name) -> anatomy's full name of a module output or
+-- probe.canonical(model, name) -> anatomy's full name of a module output or
 -- hook point given in either spelling ('transformer.h.0.attn.z' ->
 -- 'h.1.attn.z'), or nil and the reason when there is none.
 function points.canonical(model, name)
@@ -169,12 +170,12 @@ end
 local layouts = {q = {head = 3, pos = 2}, k = {head = 3, pos = 2}, v = {head = 3, pos = 2}, rot_q = {head = 3, pos = 2},
   rot_k = {head = 3, pos = 2}, z = {head = 3, pos = 2}, result = {head = 3, pos = 2}, scores = {head = 2, pos = 3},
   pattern = {head = 2, pos = 3}}
--- points.layout(name) -> {head = dim, pos = dim}: where heads and positions lie in the tensor at a hook point
+-- probe.layout(name) -> {head = dim, pos = dim}: where heads and positions lie in the tensor at a hook point
 function points.layout(name)
   return layouts[name:match('([^%.]+)$')] or {pos = 2}
 end
 
--- points.names(model) -> every probe point of a model, in order
+-- probe.names(model) -> every probe point of a model, in order
 -- (module outputs, each followed by the hook points its block declares)
 function points.names(model)
   local out = {}

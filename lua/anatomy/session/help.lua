@@ -210,6 +210,67 @@ function help.text(x)
   return ('%s: %s'):format(type(x), tostring(x))
 end
 
+-- The globals help() names, in its order.
+local function global_names()
+  local names = {}
+  for name in start:gmatch('\n  (%w+) ') do names[#names + 1] = name end
+  return names
+end
+
+-- The functions a table holds itself (not through a metatable) that are
+-- written in Lua, sorted: {{name, f}, ...}.
+local function own_functions(t)
+  local out = {}
+  for k, v in pairs(t) do
+    if type(k) == 'string' and not k:match('^_') and type(v) == 'function' and lua_source(v) then out[#out + 1] = {k, v} end
+  end
+  table.sort(out, function(a, b) return a[1] < b[1] end)
+  return out
+end
+
+-- help.reference() -> the reference as Markdown: every global help() names,
+-- its description there, and each function written in Lua that it and its
+-- tables hold, with the documentation help(f) prints. docs/reference.md is
+-- this text (scripts/reference.lua writes it; a test checks they agree).
+function help.reference()
+  local out = {'# Reference', '',
+    'Generated from the library\'s own documentation comments by `anatomy scripts/reference.lua`',
+    '(what `help(x)` prints in a session); a test fails when this file and `help` disagree.',
+    'Functions written in C (tensor operations, LibTorch\'s) take PyTorch\'s arguments: `help(torch.Tensor)`.', ''}
+  local descriptions = {}
+  for line in start:gmatch('[^\n]+') do
+    local name, text = line:match('^  (%w+)%s+(.*)$')
+    if name then descriptions[#descriptions + 1] = {name, text} end
+  end
+  local function section(title, t)
+    local fns = own_functions(t)
+    if #fns == 0 then return end
+    out[#out + 1] = '### ' .. title
+    out[#out + 1] = ''
+    for _, f in ipairs(fns) do
+      out[#out + 1] = ('- `%s.%s`: %s'):format(title, f[1], ((help.doc(f[2]) or 'undocumented'):gsub('\n', ' ')))
+    end
+    out[#out + 1] = ''
+  end
+  local globals = {}  -- a global's table under another (torch.nn is nn) has its own section
+  for _, name in ipairs(global_names()) do globals[_G[name]] = true end
+  for _, name in ipairs(global_names()) do
+    local g = _G[name]
+    out[#out + 1] = '## ' .. name
+    out[#out + 1] = ''
+    for _, d in ipairs(descriptions) do if d[1] == name then out[#out + 1] = d[2] .. '' end end
+    out[#out + 1] = ''
+    section(name, g)
+    local keys = {}
+    for k, v in pairs(g) do
+      if type(k) == 'string' and not k:match('^_') and type(v) == 'table' and not globals[v] then keys[#keys + 1] = k end
+    end
+    table.sort(keys)
+    for _, k in ipairs(keys) do section(name .. '.' .. k, g[k]) end
+  end
+  return table.concat(out, '\n')
+end
+
 -- help(x): prints the documentation of x (a function, class, model, table,
 -- tensor, or a name such as 'train.fit'); help() prints where to start.
 function help.help(x)
