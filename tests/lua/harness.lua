@@ -110,6 +110,37 @@ function H.raises(fn, expected)
   end
 end
 
+-- fn raises an error whose message contains `part` (for messages that go
+-- on with details a test does not pin)
+function H.raises_part(fn, part)
+  local ok, err = pcall(fn)
+  if ok then error('expected an error: ' .. part, 2) end
+  if not tostring(err):find(part, 1, true) then
+    error(('wrong error\n  got:      %s\n  expected: ...%s...'):format(tostring(err), part), 2)
+  end
+end
+
+-- bit-identical tensors: the largest difference is printed when it is not 0
+function H.identical(got, want, what)
+  local d = (got - want):abs():max():item()
+  if d ~= 0 then error(('%s: the output differs from the clean one by up to %.6g'):format(what, d), 2) end
+end
+
+-- A GPT-2 checkpoint folder written here: config.json and safetensors in
+-- GPT2LMHeadModel's names (extra: more config.json keys); returns its path.
+function H.gpt2_folder(extra)
+  local json, fs = require 'anatomy.io.json', require 'anatomy.io.fs'
+  local C, L, V, P = 8, 2, 11, 16
+  local t = H.gpt2_tensors('transformer.', {C = C, L = L, V = V, P = P})
+  local dir = H.tmpdir()
+  local cfg = {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C,
+    n_layer = L, n_head = 2, activation_function = 'gelu_new', layer_norm_epsilon = 1e-5}
+  for k, v in pairs(extra or {}) do cfg[k] = v end
+  fs.write_atomic(dir .. '/config.json', json.encode(cfg))
+  torch.save_safetensors(dir .. '/model.safetensors', t)
+  return dir
+end
+
 function H.done()
   print(('%d passed, %d failed'):format(H.passed, H.failed) .. (H.skipped > 0 and (', %d skipped'):format(H.skipped) or ''))
   os.exit(H.failed == 0 and 0 or 1, true)  -- true: close the state, freeing every tensor

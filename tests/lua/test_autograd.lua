@@ -112,4 +112,16 @@ test('detach, clone and requires_grad', function()
   raises(function() torch.zeros(2, {dtype = 'int64'}):requires_grad_() end, "calling 'requires_grad_' on bad self (only floating-point tensors can require gradients)")
 end)
 
+-- Misuse accepted silently: x.grad took a tensor of another shape, or x itself.
+test('x.grad takes a gradient of x\'s shape, dtype and device only', function()
+  local w = torch.randn(3):requires_grad_()
+  raises(function() w.grad = torch.randn(5) end, "bad argument #3 to '__newindex' (grad has shape 5, the tensor 3)")
+  raises(function() w.grad = w end, "bad argument #3 to '__newindex' (a tensor cannot be its own grad)")
+  raises(function() w.grad = torch.ones(3):double() end, "bad argument #3 to '__newindex' (grad is float64 on cpu, the tensor float32 on cpu)")
+  w.grad = torch.ones(3)
+  eq(w.grad:sum():item(), 3)
+  w.grad = nil
+  eq(w.grad, nil)
+end)
+
 H.done()

@@ -267,4 +267,29 @@ test('print, step by step, and LaTeX', function()
   eq(tex:find('\\frac{9}{4}', 1, true) ~= nil, true, 'ln2 var in LaTeX')
 end)
 
+-- An exact computation that grows without bound: squaring a rational in a
+-- loop doubles its size each time until GMP aborts on its allocation.
+test('an exact value growing past the size limit is an error, not an abort', function()
+  local R = torch._exact
+  raises(function() local q = R.new('3/2'); for _ = 1, 64 do q = q * q end end,
+    'the result would be an exact value of about 2.168e+07 bits, past the limit of 16777216 bits (numerator and denominator): the computation grows without bound')
+  local limit = ' bits, past the limit of 16777216 bits (numerator and denominator): the computation grows without bound'
+  raises(function() return (R.new('3/2') ^ 20000) ^ 65536 end, 'q ^ n would be an exact value of about 3.388e+09' .. limit)
+  raises(function() return R.exp_bounds(R.new(2) ^ 5000, 64) end, 'e^q would be an exact value of an astronomical number of' .. limit)
+  raises(function() return R.new(('9'):rep(6000000)) end, 'a fraction of 6000000 characters is past the limit of 16777216 bits an exact value may have)')
+  eq(tostring(R.new('3/2') * 2), '3')
+end)
+
+-- lua_api under UBSan: the fraction suggested for a number that is not an
+-- integer converted 1e308 to long long (undefined), and the convergents'
+-- products could leave its range.
+test('the fraction suggested for a number stays in range, and is nil when none comes close', function()
+  local R = torch._exact
+  eq(R.suggest(1e308), nil)
+  eq(R.suggest(1e-300), nil)
+  eq(R.suggest(0.1), '1/10')
+  eq(R.suggest(-2.5), '-5/2')
+  raises(function() return R.new(0.1) end, "bad argument #1 to 'exact.new' (expected an integer or a fraction written as a string, got 0.1 (write '1/10' for an exact fraction))")
+end)
+
 H.done()

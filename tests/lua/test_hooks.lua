@@ -28,6 +28,18 @@ local function ids(B, T, seed)
   return torch.randint(1, 14, {B, T})
 end
 
+-- A Lua block that publishes a hook point of its own through self:hook.
+local Mix = nn.block('trust.Mix', function(self, dim) self.fc = nn.Linear(dim, dim) end)
+Mix.hook_names = {'mid'}
+function Mix:forward(x) return x + self:hook('mid', self.fc(x)):tanh() end
+
+local function model()
+  torch.manual_seed(7)
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 2, seq = 8, ffn = 32}
+  m.mix = Mix(16)  -- a Lua block beside the built-in ones (not in the forward; run below by hand)
+  return m
+end
+
 test('hook points are listed with the module outputs', function()
   local names = table.concat(probe.names(tiny()), ' ')
   for _, n in ipairs{'blocks.1.resid_pre', 'blocks.1.attn.q', 'blocks.1.attn.scores', 'blocks.1.attn.pattern', 'blocks.1.attn.z',
@@ -205,7 +217,7 @@ test('bad interventions are clear errors and leave the model working', function(
     .. "blocks.2.ln1, blocks.2.mlp, blocks.2.ln2, ...; a block's hook points: probe.names(model))")
   raises(function() probe.ablate(m, 'blocks.1.mlp.post', {head = 1}) end,
     "probe.ablate: 'blocks.1.mlp.post' has no head dimension (heads: q, k, v, rot_q, rot_k, scores, pattern, z, result)")
-  -- the range is the block's: checked when attached (test_trust.lua)
+  -- the range is the block's: checked when attached (below)
   raises(function() probe.ablate(m, 'blocks.1.attn.z', {head = 5}) end,
     'probe.ablate: head must be an integer in 1..4 for blocks.1.attn.z (blocks.1.attn has 4 heads), got 5')
   raises(function() probe.ablate(m, 'blocks.1.attn.z', {kind = 'mean'}) end,
@@ -325,6 +337,171 @@ test("the autopsy keeps every head's map with its tokens: a:attention in the ter
   for _ in html:gmatch('<figcaption>blocks%.%d head %d</figcaption>') do maps = maps + 1 end
   eq(maps, 4, 'two layers x two heads')
   assert(html:find('<title>q -&gt; t: ', 1, true), 'each cell says query -> key: weight')
+end)
+
+test('probe.clear removes every intervention kind from every point kind: the output is bit-identical again', function()
+  local m = model()
+  local ids = torch.randint(1, 11, {3, 8})
+  local x = torch.randn(3, 8, 16)
+  local function run() return torch.no_grad(function() return m(ids) end), torch.no_grad(function() return m.mix(x) end) end
+  local clean, clean_mix = run()
+  local _, cache = probe.run_with_cache(m, torch.randint(1, 11, {3, 8}))
+  -- point kinds: a module output, a built-in block's hook point, a Lua block's self:hook point
+  local points = {{'blocks.1.mlp', nil}, {'blocks.1.attn.z', 1}, {'mix.mid', nil}}
+  local kinds = {
+    zero = function(p, h) return probe.ablate(m, p, {head = h}) end,
+    mean = function(p, h) return probe.ablate(m, p, {kind = 'mean', over = ids, head = h}) end,
+    resample = function(p, h) return probe.ablate(m, p, {kind = 'resample', over = ids, head = h, seed = 3}) end,
+    set = function(p, h) return probe.set(m, p, 0.5, {head = h}) end,
+    patch = function(p, h)
+      if p == 'mix.mid' then return probe.patch(m, p, torch.ones(3, 8, 16)) end
+      return probe.patch(m, p, cache, {head = h})
+    end,
+    replace = function(p) return probe.replace(m, p, function(t) return t * 3 end) end,
+    capture = function(p) local _, h = probe.attach_capture(m, {filter = p}); return h end,
+    idle = function(p) if not p:find('%.z$') and not p:find('%.mid$') then return probe.idle(m, p) end end,
+    skip = function(p) if p == 'blocks.1.mlp' then return probe.skip(m, p) end end,
+  }
+  local names = {}
+  for k in pairs(kinds) do names[#names + 1] = k end
+  table.sort(names)
+  for _, kind in ipairs(names) do
+    for _, pt in ipairs(points) do
+      if not (pt[1] == 'mix.mid' and (kind == 'mean' or kind == 'resample')) then  -- mix is not in m's forward: no reference
+        local h = kinds[kind](pt[1], pt[2])
+        if h then
+          local out, out_mix = run()
+          if kind ~= 'capture' and kind ~= 'idle' then
+            local changed = (pt[1] == 'mix.mid') and (out_mix - clean_mix):abs():max():item() or (out - clean):abs():max():item()
+            assert(changed > 0, kind .. ' on ' .. pt[1] .. ' changed nothing: the test would not see it stay')
+          end
+          probe.clear(m)
+          local after, after_mix = run()
+          H.identical(after, clean, kind .. ' on ' .. pt[1] .. ', after probe.clear')
+          H.identical(after_mix, clean_mix, kind .. ' on ' .. pt[1] .. ' (the Lua block), after probe.clear')
+          h:remove()  -- a handle whose probes were cleared removes nothing, harmlessly
+        end
+      end
+    end
+  end
+  for n, mod in m:named_modules() do
+    for _, f in ipairs{'_probes', '_probe', '_hooks', '_hook_entries', '_hooks_wanted'} do
+      eq(rawget(mod, f), nil, ("'%s' left on '%s'"):format(f, n))
+    end
+  end
+end)
+
+test('the example of the report: probe.clear after an ablation of one head', function()
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 32}
+  local ids = torch.randint(1, 11, {1, 8})
+  local ref = m(ids)
+  probe.ablate(m, 'blocks.1.attn.z', {head = 1})
+  probe.clear(m)
+  eq((m(ids) - ref):abs():max():item(), 0)
+end)
+
+test('patching.run leaves nothing attached, also when the metric raises', function()
+  torch.manual_seed(7)
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 2, seq = 8, ffn = 32}
+  local clean, corrupt = torch.randint(1, 11, {1, 8}), torch.randint(1, 11, {1, 8})
+  local before = torch.no_grad(function() return m(clean) end)
+  patching.run(m, clean, corrupt, function(logits) return logits[1][-1][1]:item() end, {over = 'attn.z', per = 'head'})
+  H.raises_part(function() patching.run(m, clean, corrupt, function() error('metric failed') end) end, 'metric failed')
+  H.identical(torch.no_grad(function() return m(clean) end), before, 'after patching')
+  for n, mod in m:named_modules() do eq(rawget(mod, '_hook_entries'), nil, n) eq(rawget(mod, '_probes'), nil, n) end
+end)
+
+test('head, position and kind are checked when the intervention is attached', function()
+  local m = models.gpt{vocab = 10, dim = 16, heads = 4, layers = 1, seq = 8, ffn = 32}
+  H.raises_part(function() probe.ablate(m, 'blocks.1.attn.z', {head = 5}) end,
+    'probe.ablate: head must be an integer in 1..4 for blocks.1.attn.z (blocks.1.attn has 4 heads), got 5')
+  H.raises_part(function() probe.set(m, 'blocks.1.attn.pattern', 0, {head = 5}) end, 'head must be an integer in 1..4')
+  H.raises_part(function() probe.patch(m, 'blocks.1.attn.q', torch.zeros(1, 8, 4, 4), {head = 9}) end, 'head must be an integer in 1..4')
+  H.raises_part(function() probe.ablate(m, 'blocks.1.mlp', {position = 9}) end,
+    'probe.ablate: position must be an integer in 1..8 (or -8..-1) for blocks.1.mlp (the model takes at most 8 positions), got 9')
+  H.raises_part(function() probe.ablate(m, 'blocks.1.attn.z', {position = -9}) end, 'position must be an integer in 1..8')
+  H.raises_part(function() probe.ablate(m, 'blocks.1.attn.z', {kind = 'average'}) end,
+    "probe.ablate: kind must be 'zero', 'mean' or 'resample', got 'average'")
+  H.raises_part(function() probe.ablate(m, 'blocks.1.attn.z', {head = 1.5}) end, 'head must be a positive integer, got 1.5')
+  -- nothing was attached by the refused calls
+  for n, mod in m:named_modules() do eq(rawget(mod, '_hook_entries'), nil, n) eq(rawget(mod, '_probes'), nil, n) end
+  -- a VibeNet's attention has one head; grouped keys have kv_heads
+  local v = models.vibenet{vocab = 10, dim = 8, layers = 1, seq = 8}
+  H.raises_part(function() probe.ablate(v, 'blocks.1.inner.attn.pattern', {head = 2}) end, 'head must be an integer in 1..1')
+  local a = nn.RoPEAttention(16, 4, {kv_heads = 2})
+  eq({a:num_heads('q'), a:num_heads('k'), a:num_heads('z')}, {4, 2, 4})
+end)
+
+test('a mean ablation over one example is refused: it would change nothing', function()
+  local m = model()
+  H.raises_part(function() probe.ablate(m, 'blocks.1.attn.z', {kind = 'mean', over = torch.randint(1, 11, {1, 8})}) end,
+    "probe.ablate: kind = 'mean' over a reference batch of one example would put that example's own activation back")
+  local _, one = probe.run_with_cache(m, torch.randint(1, 11, {1, 8}))
+  H.raises_part(function() probe.ablate(m, 'blocks.1.mlp', {kind = 'mean', over = one}) end, 'the mean of one example is the example')
+end)
+
+test("a checkpoint's names work in caches, over =, patching and layer arguments", function()
+  local dir = H.gpt2_folder()
+  local m = models.from_pretrained(dir)
+  local ids = torch.randint(1, 12, {4, 6})
+  local _, cache = probe.run_with_cache(m, ids)
+  eq(cache['transformer.h.0.attn.z'], cache['h.1.attn.z'], 'cache lookup in the checkpoint spelling')
+  eq(cache['transformer.h.1'], cache['h.2'])
+  local mean_mix = probe.ablate(m, 'transformer.h.0.attn.z', {kind = 'mean', over = cache})
+  local a = torch.no_grad(function() return m(ids) end)
+  mean_mix:remove()
+  local same = probe.ablate(m, 'h.1.attn.z', {kind = 'mean', over = cache})
+  local b = torch.no_grad(function() return m(ids) end)
+  same:remove()
+  H.identical(a, b, 'the mean ablation named either way')
+  eq(cache:heads('pattern', 'transformer.h.1'):size(), cache:heads('pattern', 'h.2'):size())
+  local p = probe.patch(m, 'transformer.h.1.mlp', cache)
+  p:remove()
+  -- the attribution holds each norm's scale while it reads out, and lets go after
+  local before = torch.no_grad(function() return m(ids) end)
+  probe.logit_attribution(m, ids, 3)
+  H.identical(torch.no_grad(function() return m(ids) end), before, 'after the attribution')
+  for n, mod in m:named_modules() do eq(rawget(mod, '_hook_entries'), nil, n) eq(rawget(mod, '_probes'), nil, n) end
+  -- the autopsy's layer arguments
+  local a = autopsy.run(m, {ids, torch.randint(1, 12, {4, 6})})
+  eq(a.rows[2].hf_name, 'transformer.h.0')
+  eq(tostring(a:attention('transformer.h.0', 1)), tostring(a:attention('h.1', 1)))
+  H.raises_part(function() a:attention('h.0', 1) end, "write 'h.1', or the checkpoint's own name 'transformer.h.0'")
+  os.execute("rm -rf '" .. dir .. "'")
+end)
+
+test("h.0 is no anatomy name: an error with both spellings, never the first layer twice", function()
+  local dir = H.gpt2_folder()
+  local m = models.from_pretrained(dir)
+  local msg = "'h.0.attn': anatomy counts layers from 1, so a layer 0 is no anatomy name: write 'h.1.attn', "
+    .. "or the checkpoint's own name 'transformer.h.0.attn'"
+  H.raises_part(function() probe.resolve_name(m, 'h.0.attn') end, msg)
+  H.raises_part(function() probe.ablate(m, 'h.0.attn.z', {head = 1}) end, "write 'h.1.attn.z', or the checkpoint's own name 'transformer.h.0.attn.z'")
+  H.raises_part(function() probe.skip(m, 'h.0') end, "write 'h.1', or the checkpoint's own name 'transformer.h.0'")
+  local _, cache = probe.run_with_cache(m, torch.randint(1, 12, {1, 4}))
+  H.raises_part(function() return cache['h.0.mlp'] end, "write 'h.1.mlp'")
+  eq(probe.resolve_name(m, 'h.1'), 'h.1')
+  eq(probe.resolve_name(m, 'transformer.h.0'), 'h.1')
+  eq(probe.resolve_name(m, 'transformer.h.1'), 'h.2')
+  os.execute("rm -rf '" .. dir .. "'")
+end)
+
+-- A hook that runs the model again from inside its forward: the recursion
+-- goes through the C++ blocks; it must end in an error (once, not a 44 KB
+-- message with the place repeated a level at a time), and the model must
+-- work once the hook is gone.
+test('a hook that calls its own model ends in one stack overflow error, and the model goes on', function()
+  local m = models.gpt{vocab = 7, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8}
+  local x = torch.tensor({{1, 2, 3}}, {dtype = 'int64'})
+  local h = probe.replace(m, 'blocks.1.attn.q', function(t) m(x); return t end)
+  raises(function() return m(x) end,
+    'in block 1 (models.GPTBlock) of nn.Repeat: stack overflow (the model was called again from inside its own forward, by the block or by a hook on it)')
+  h:remove()
+  local once = false
+  h = probe.replace(m, 'blocks.1', function(t) if not once then once = true; m(x) end; return t end)
+  eq(m(x):size(3), 7, 'a re-entrant call that ends is fine')
+  h:remove()
+  eq(m(x):size(3), 7)
 end)
 
 H.done()

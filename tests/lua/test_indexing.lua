@@ -107,4 +107,10 @@ test('masked_fill, where, tril, triu', function()
   raises(function() x:masked_fill(torch.ones(3, 3), 0) end, "bad argument #1 to 'masked_fill' (mask must be a bool tensor, got float32)")
 end)
 
+-- lua_api under UBSan (seed 55): an index entry past 2^63 (x[{2^64}]) was
+-- converted to int64 regardless.
+test('an index entry past 2^63 is an error', function()
+  raises(function() return torch.zeros(2, 2)[{2 ^ 64}] end, 'bad index entry 1 (integer expected, got 18446744073709551616.000000)')
+end)
+
 H.done()

@@ -179,4 +179,14 @@ test('clamp keeps integer tensors integer; flip, median and dropout follow PyTor
   raises(function() nn.functional.linear('x', x) end, "bad argument #1 to 'linear' (Tensor expected, got string)")
 end)
 
+-- A hardware trap pcall cannot catch: on integers, the smallest value modulo
+-- -1 overflows the division (SIGFPE; PyTorch 1.13 dies of it too).
+test('integer remainder of the smallest value by -1 is 0, and by 0 an error', function()
+  eq(torch.tensor({-2^63, 7, -7}, {dtype = 'int64'}):remainder(-1):tolist(), {0, 0, 0})
+  eq((torch.tensor({-2^31}, {dtype = 'int32'}) % -1):tolist(), {0})
+  eq((torch.tensor({-7, 7}, {dtype = 'int64'}) % torch.tensor({3, -1}, {dtype = 'int64'})):tolist(), {2, 0})
+  eq((torch.tensor({-7.5}) % -1):tolist(), {-0.5})
+  raises(function() return torch.tensor({5}, {dtype = 'int64'}) % 0 end, 'integer remainder by zero (a divisor is 0)')
+end)
+
 H.done()

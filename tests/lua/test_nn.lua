@@ -359,4 +359,58 @@ test('m:device(): where the parameters are, else the default device', function()
   if torch.cuda.is_available() then eq(nn.Linear(2, 3):to('cuda'):device(), 'cuda:0') end
 end)
 
+-- lua_api (seed 3): nn.sinkhorn with 2^53 iterations ran for ever.
+test('nn.sinkhorn takes a bounded number of iterations', function()
+  raises(function() nn.sinkhorn(torch.zeros(2, 2), 2 ^ 53) end, 'nn.sinkhorn: iters must be an integer in 0..100000, got 9.007199254741e+15')
+  raises(function() nn.sinkhorn({}, 3) end, 'nn.sinkhorn: logits must be a Tensor, got table')
+  local m = nn.sinkhorn(torch.zeros(2, 2), 3)
+  eq(m:sum(1):tolist(), {1, 1})
+end)
+
+-- Misuse accepted silently: m.weight = t on a built-in block was stored as a
+-- field while the C++ block went on using its own tensor.
+test('assigning a built-in block\'s parameter is an error that says how to change it; reading it still works', function()
+  local m = nn.Linear(3, 2)
+  local w = m.weight
+  raises(function() m.weight = torch.zeros(2, 3) end,
+    'nn.Linear.weight: the parameter of a built-in block cannot be replaced (its forward keeps using its own tensor); '
+    .. 'copy into it instead: torch.no_grad(function() m.weight:copy_(t) end), or m:load_state_dict{weight = t}')
+  eq(rawequal(m.weight, w), true)
+  torch.no_grad(function() m.weight:copy_(torch.zeros(2, 3)) end)
+  eq(m(torch.ones(1, 3)):sub(m.bias:view(1, 2)):abs():max():item(), 0, 'the forward uses the copied weight')
+  -- a subclass of a built-in block reads and guards its parameters the same way
+  local Sub = nn.class('Sub', nn.LayerNorm)
+  local s = Sub(4)
+  eq(s.weight:size(1), 4)
+  raises(function() s.bias = torch.zeros(4) end, 'Sub.bias: the parameter of a built-in block cannot be replaced (its forward keeps using its own tensor); '
+    .. 'copy into it instead: torch.no_grad(function() m.bias:copy_(t) end), or m:load_state_dict{bias = t}')
+  -- other fields are still free
+  m.note = 'mine'
+  eq(m.note, 'mine')
+end)
+
+-- A forward that calls its own module looped forever as tail calls that
+-- LuaJIT compiled, where Ctrl-C cannot reach.
+test('a module whose forward calls itself ends in a stack overflow error', function()
+  local Loop = nn.class('Loop', nn.Module)
+  function Loop:forward(x) return self(x) end
+  raises(function() return Loop()(torch.ones(2)) end, 'stack overflow')
+  local Two = nn.class('Two', nn.Module)
+  function Two:forward(x) return x, 2 end
+  local a, b = Two()(torch.ones(1))
+  eq(b, 2, 'a forward still returns all its values')
+end)
+
+-- A model containing itself: every walk over it (forward, parameters) recursed without end.
+test('a module cannot be added inside itself or its own children', function()
+  local s = nn.Sequential{nn.Linear(2, 2)}
+  raises(function() s:add(s) end, "nn.Sequential: cannot add nn.Sequential as '2': it is the module itself, and a model cannot contain itself")
+  local outer = nn.Sequential{s}
+  raises(function() s.back = outer end, "nn.Sequential: cannot add nn.Sequential as 'back': it contains this module, and a model cannot contain itself")
+  eq(#s:parameters(), 2)
+  local shared = nn.Linear(2, 2)
+  local twice = nn.Sequential{shared, shared}  -- the same module twice is no cycle
+  eq(twice(torch.ones(1, 2)):size(2), 2)
+end)
+
 H.done()

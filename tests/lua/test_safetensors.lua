@@ -59,4 +59,21 @@ test('safe_open reads the header, then one tensor at a time', function()
   raises(function() torch.safe_open(path) end, "cannot open '" .. path .. "': No such file or directory")
 end)
 
+-- A safetensors shape whose byte count wraps past 2^64 ([2^62 + 1] of F32 is
+-- 2^64 + 4 bytes, which wraps to 4) passed the reader's size check and
+-- reached LibTorch's raw "Storage size calculation overflowed".
+test('a safetensors shape of more than 2^63 bytes is refused by the reader', function()
+  local function craft(header, body)
+    local len = ''
+    for i = 0, 7 do len = len .. string.char(math.floor(#header / 256 ^ i) % 256) end
+    return H.tmpfile(len .. header .. body)
+  end
+  local path = craft('{"x":{"dtype":"F32","shape":[4611686018427387905],"data_offsets":[0,4]}}', '\0\0\0\0')
+  raises(function() return torch.load_safetensors(path) end,
+    ("'%s' is not a valid safetensors file: tensor 'x' has a shape too large to exist: [4611686018427387905] of F32 is more than 2^63 bytes"):format(path))
+  path = craft('{"x":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,4]}}', '\0\0\0\0')
+  raises(function() return torch.load_safetensors(path) end,
+    ("'%s' is not a valid safetensors file: tensor 'x' has a shape too large to exist: [18446744073709551615]"):format(path))
+end)
+
 H.done()

@@ -199,4 +199,109 @@ test('an option of the wrong kind is an error naming it, never read as true (eve
   eq(x:sum({dim = 1, keepdim = false}):size(), {3})
 end)
 
+test('a nil, NaN, fractional or negative size is an error naming the argument', function()
+  H.raises_part(function() torch.randn(nil, 3) end, "bad argument #1 to 'randn' (size expected, got nil (a size is missing))")
+  H.raises_part(function() torch.ones(2, nil, 3) end, "bad argument #2 to 'ones' (size expected, got nil (a size is missing))")
+  H.raises_part(function() torch.zeros(2, nil) end, "bad argument #2 to 'zeros' (size expected, got nil")
+  H.raises_part(function() torch.zeros(nil) end, "bad argument #1 to 'zeros' (size expected, got nil")
+  H.raises_part(function() torch.zeros({2, nil, 3}) end, "bad argument #1 to 'zeros' (the size list has a hole: entry 2 is nil but entry 3 is not)")
+  H.raises_part(function() torch.zeros(0 / 0) end, "bad argument #1 to 'zeros' (integer expected")
+  H.raises_part(function() torch.zeros(2.5) end, "bad argument #1 to 'zeros' (integer expected, got 2.5)")
+  H.raises_part(function() torch.zeros(-1) end, "sizes must be non-negative")
+  H.raises_part(function() torch.zeros({2, 0 / 0}) end, 'entry 2 is not')
+  local x = torch.ones(2, 3)
+  H.raises_part(function() x:view(nil, 6) end, "bad argument #1 to 'view' (size expected, got nil")
+  H.raises_part(function() x:view(6, nil) end, "bad argument #2 to 'view' (size expected, got nil")
+  H.raises_part(function() x:reshape(3, nil) end, "bad argument #2 to 'reshape' (size expected, got nil")
+  H.raises_part(function() x:expand(nil, 2, 3) end, "bad argument #1 to 'expand' (size expected, got nil")
+  H.raises_part(function() x:tile(2, nil, 2) end, "bad argument #2 to 'tile' (size expected, got nil")
+  H.raises_part(function() x:permute(2, nil) end, "bad argument #2 to 'permute' (size expected, got nil")
+  H.raises_part(function() x:view({3, nil, 2}) end, 'the size list has a hole')
+  H.raises_part(function() torch.tensor({1, nil, 3}) end, 'the nested table has a hole: entry 2 is nil but entry 3 is not')
+  H.raises_part(function() return x[{1, nil, 2}] end, 'bad index (the index table has a hole')
+  H.raises_part(function() torch.cat({x, nil, x}) end, 'entry 2 is nil')
+  -- a key no integer type holds (found by the Lua-API fuzzer under UBSan: the message cast it to long long)
+  H.raises_part(function() torch.tensor({1, 2, [1e308] = 3}) end, 'the nested table has a hole: entry 3 is nil but entry 1e+308 is not')
+  -- what still works
+  eq(torch.zeros(2, 3):size(), {2, 3})
+  eq(torch.zeros({2, 3}, {dtype = 'float64'}).dtype, 'float64')
+  eq(torch.zeros(2, 3, {dtype = 'int64'}).dtype, 'int64')
+  eq(x:view(-1):size(), {6})
+  eq(torch.zeros():dim(), 0)
+end)
+
+test('a size metatable function called with anything is an error, not a crash', function()
+  local tostring_size = getmetatable(torch.ones(2):size()).__tostring
+  for _, v in ipairs{4, -1, 'x', true, torch.ones(2)} do
+    H.raises_part(function() return tostring_size(v) end, 'table expected')
+  end
+  eq(tostring_size({2, 'a', {}}), '{2, string, table}')
+  eq(tostring(torch.ones(2, 3):size()), '{2, 3}')
+end)
+
+test("a metatable's C functions called by hand, with anything, again: errors, never a crash", function()
+  local samples = {torch.ones(2), exact.Q('3/2'), data.from_string(('abc '):rep(30)), torch.ones(2):size()}
+  for _, v in ipairs(samples) do
+    local mt = debug.getmetatable(v)
+    for key, f in pairs(mt) do
+      if type(f) == 'function' and key ~= '__gc' then
+        for _, junk in ipairs{4, -1, 'x', {}, true, exact.Q(2), torch.ones(1)} do pcall(f, junk) pcall(f, junk, junk) end
+      end
+    end
+    if mt.__gc then
+      for _, junk in ipairs{4, 'x', {}, torch.ones(1):size()} do mt.__gc(junk) end  -- nothing to free: nothing happens
+    end
+  end
+  -- a tensor freed by hand: a later use is an error, a second free and the collector do nothing
+  local t = torch.ones(3)
+  local gc = debug.getmetatable(t).__gc
+  gc(t)
+  gc(t)
+  H.raises_part(function() return t + 1 end, 'attempt to perform arithmetic')
+  H.raises_part(function() return torch.zeros(2):add(t) end, 'Tensor or number expected, got userdata')
+  local c = data.from_string(('abc '):rep(30))
+  debug.getmetatable(c._native).__gc(c._native)
+  H.raises_part(function() return c:tokens() end, "attempt to index field '_native'")
+  collectgarbage()
+  collectgarbage()
+  eq(torch.ones(2):sum():item(), 2, 'the session goes on')
+end)
+
+-- lua_api (seed 4): a table that contains itself, given to torch.tensor,
+-- recursed until the C stack overflowed (SIGSEGV: the session was gone).
+test('torch.tensor of a table that contains itself is an error', function()
+  local t = {}
+  t[1] = t
+  raises(function() torch.tensor(t) end, "bad argument #1 to 'tensor' (nested table deeper than 64 levels (a table that contains itself?))")
+  local deep = {}
+  local d = deep
+  for _ = 1, 100 do d[1] = {}; d = d[1] end
+  raises(function() torch.tensor(deep) end, "bad argument #1 to 'tensor' (nested table deeper than 64 levels (a table that contains itself?))")
+end)
+
+-- lua_api under UBSan (seeds 2-4): a number at or past 2^63 where an integer
+-- is expected was converted to int64 regardless (undefined; it wrapped).
+test('an integer argument past 2^63 is an error, not a wrapped value', function()
+  raises(function() torch.ones(2 ^ 64) end, "bad argument #1 to 'ones' (integer out of range (-2^63 .. 2^63 - 1), got 1.844674407371e+19)")
+  raises(function() torch.zeros(3, 3):triu(2 ^ 63) end, "bad argument #1 to 'triu' (integer out of range (-2^63 .. 2^63 - 1), got 9.2233720368548e+18)")
+  raises(function() torch.zeros({2 ^ 63}) end, "bad argument #1 to 'zeros' (sizes must be integers below 2^63 (entry 1 is not))")
+  eq(torch.zeros(3, 3):triu(2 ^ 62):size(), {3, 3})
+end)
+
+-- lua_api under UBSan (seed 15): reshape's element count overflowed int64.
+test('a reshape to more elements than int64 can count is an error', function()
+  raises(function() torch.zeros(3, 2):reshape(2 ^ 53, 1000000) end,
+    "bad argument #1 to 'reshape' (shape 9007199254740992x1000000 has more elements than an int64 can count)")
+end)
+
+-- lua_api, the long run (seed 1, call 534088; the minimizer cut it to that
+-- one call): chunking an empty tensor into 10^12 pieces asked for 8 TB of
+-- tensor handles at once; ASan's allocator aborted the process.
+test('chunks of an empty dimension are bounded; small counts behave as in PyTorch', function()
+  raises(function() return torch.zeros(0):chunk(1e12) end,
+    "bad argument #1 to 'chunk' (1000000000000 chunks of an empty dimension would be 1000000000000 empty tensors (at most 1048576))")
+  eq(#torch.zeros(0):chunk(7), 7)
+  eq(#torch.zeros(3):chunk(1e12), 3)
+end)
+
 H.done()

@@ -7,6 +7,8 @@ local sample_text = ('First Citizen: we are accounted poor citizens, the patrici
 
 local tmpfile = H.tmpfile
 
+local json = require 'anatomy.io.json'
+
 test('char and byte tokenizers round-trip, ids are 1-based', function()
   local path = tmpfile('héllo wörld\nline two ✓')
   local c = data.text(path)
@@ -353,6 +355,23 @@ test("the GPU's bookkeeping (losses read one step late, ids checked once) gives 
   raises(function() train.fit(small, c, {steps = 2, quiet = true, _gpu_paths = true}) end,
     ("train.fit: the corpus's token ids (1..%d) do not fit the model: bad argument #1 to 'forward' (token id %d is out of range 1..%d (ids are 1-based))")
       :format(c.vocab_size, c.vocab_size, c.vocab_size - 1))
+end)
+
+-- The metrics log a run killed mid-write leaves: its last line cut short.
+test('train.read_metrics skips a last line cut short and refuses a bad line elsewhere', function()
+  local path = os.tmpname()
+  local f = io.open(path, 'wb')
+  f:write('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.25}\n{"step": 3, "lo')
+  f:close()
+  local r = train.read_metrics(path)
+  eq(#r, 2)
+  eq(r[2].loss, 2.25)
+  f = io.open(path, 'wb')
+  f:write('{"step": 1}\nnot json\n{"step": 3}\n')
+  f:close()
+  raises(function() train.read_metrics(path) end, ('train.read_metrics: %s: line 2 is not a JSON object: json.decode: unexpected \'n\' at byte 1'):format(path))
+  os.remove(path)
+  raises(function() train.read_metrics(path) end, ('train.read_metrics: cannot open %s: No such file or directory'):format(path))
 end)
 
 H.done()

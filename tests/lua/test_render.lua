@@ -1,0 +1,30 @@
+-- Rendering (lua/anatomy/render/): chart axes, ticks and colour bars.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require 'harness'
+local test, eq, close, raises = H.test, H.eq, H.close, H.raises
+local json = require 'anatomy.io.json'
+local fs = require 'anatomy.io.fs'
+
+
+test('colour bars and axes get at least three readable ticks; zero and missing cells are drawn apart from small values', function()
+  local charts = require 'anatomy.render.charts'
+  for _, range in ipairs{{0.246, 0.254}, {0.2487, 0.2491}, {1, 1.001}, {0, 1}, {-3, 1e4}, {2.371, 2.378}} do
+    local ticks = charts.nice_ticks(range[1], range[2], 4)
+    assert(#ticks >= 3, ('%g..%g: %d ticks'):format(range[1], range[2], #ticks))
+    for _, t in ipairs(ticks) do assert(t >= range[1] - 1e-12 and t <= range[2] + 1e-12, 'tick ' .. t .. ' inside the range') end
+  end
+  local fig = charts.heatmap('entropy', {'blocks.1', 'blocks.2'}, {'head 1', 'head 2'}, {{0.246, 0.254}, {0.25, 0.2501}}, false, {})
+  local labels = {}
+  for t in fig:gmatch('class="ytick" dy="3">([^<]+)<') do labels[#labels + 1] = t end
+  assert(#labels >= 3, 'the colour bar has ' .. #labels .. ' tick labels: ' .. table.concat(labels, ', '))
+  local seen = {}
+  for _, l in ipairs(labels) do assert(not seen[l], 'two ticks read ' .. l); seen[l] = true end
+  local log = charts.heatmap('grad', {'a', 'b'}, {'1', '2'}, {{1e-3, 0}, {nil, 2e-3}}, true, {})
+  assert(log:find('class="zero"', 1, true) and log:find('<title>a, 2: 0</title>', 1, true), 'a zero cell on a log scale is marked')
+  assert(log:find('class="missing"', 1, true) and log:find('b, 1: no value', 1, true), 'a missing cell is marked')
+  assert(log:find('>no value</text>', 1, true) and log:find('class="cellkey"', 1, true), 'the key under the colour bar says so')
+  local plain = charts.heatmap('grad', {'a'}, {'1', '2'}, {{1e-3, 2e-3}}, true, {})
+  assert(not plain:find('cellkey', 1, true), 'no key when every cell has a colour')
+end)
+
+H.done()
