@@ -6,7 +6,7 @@
 --   anatomy bench/dist.lua [--rounds=5] [--steps=60] [--warmup=10] [--out=out/bench/DIST.md]
 local o = torch.config.parse({rounds = 5, steps = 60, warmup = 10, out = 'out/bench/DIST.md'}, arg)
 local here = arg[0]:gsub('[^/]*$', '')
-local json = require 'anatomy.io.json'
+local json = require('anatomy.io.json')
 
 local function capture(cmd)
   local f = assert(io.popen(cmd))

@@ -7,8 +7,8 @@
 -- 3. the full cache: probe.run_with_cache with every hook point and module
 --    output (every block on its explicit path; an attention's per-head
 --    result only on request, so not here), its time and memory.
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 local folder, out = arg[1], arg[2]
 local B, T, rounds = tonumber(arg[3] or 8), tonumber(arg[4] or 256), tonumber(arg[5] or 5)
 local model = models.from_pretrained(folder)

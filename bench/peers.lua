@@ -6,8 +6,8 @@
 -- autopsy.run on the same ids (logit lens, removal of every block, and the
 -- rest). Writes the times (each repeat's), the cache's memory and the
 -- autopsy's loss to OUT.json.
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 local folder, out = arg[1], arg[2]
 local B, T, repeats = tonumber(arg[3] or 8), tonumber(arg[4] or 256), tonumber(arg[5] or 3)
 local model = models.from_pretrained(folder)

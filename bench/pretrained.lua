@@ -2,8 +2,8 @@
 -- load a Hugging Face folder, time the load, forward passes and one autopsy.
 --   anatomy bench/pretrained.lua FOLDER OUT.json MODE [B T REPEATS]
 -- MODE: load (the load alone, for the peak-memory reading), forward, autopsy.
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 local folder, out, mode = arg[1], arg[2], arg[3]
 local B, T, repeats = tonumber(arg[4] or 8), tonumber(arg[5] or 256), tonumber(arg[6] or 3)
 local result = {mode = mode, threads = torch.get_num_threads(), libtorch = torch.__version__}

@@ -5,8 +5,8 @@
 --   anatomy examples/pretrained_autopsy.lua --model=FOLDER [--data=FILE] [--seq=128]
 --   anatomy examples/pretrained_autopsy.lua --smoke=true   (a tiny random GPT-2 made here)
 -- Every key below can be overridden with --key=value; --help lists them.
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 local cfg = torch.config.parse({
   model = '',              -- a Hugging Face model folder (config.json, safetensors, tokenizer)
   data = '',               -- a text file; empty: the King James Bible (Debian's bible-kjv)

@@ -4,7 +4,7 @@
 local cfg = torch.config.parse({
   out = 'docs/reference.md',  -- where the reference goes
 }, arg, 'usage: anatomy scripts/reference.lua [--out=FILE]')
-local fs = require 'anatomy.io.fs'
+local fs = require('anatomy.io.fs')
 for _, family in ipairs{'gpt2', 'llama', 'gpt_neox'} do require('anatomy.models.' .. family) end  -- loaded on first use
 fs.write_atomic(cfg.out, require('anatomy.session.help').reference() .. '\n')
 print('wrote ' .. cfg.out)

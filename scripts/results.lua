@@ -4,9 +4,9 @@
 -- RESULTS.md come only from those files.
 --   anatomy scripts/results.lua [--out=out] [--to=examples/RESULTS.md]
 -- (scripts/results --run runs the experiments first.)
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
-local Results = require 'anatomy.experiment.results'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
+local Results = require('anatomy.experiment.results')
 
 local cfg = torch.config.parse({
   out = 'out',                        -- the folder holding NAME/results.json

@@ -1,6 +1,6 @@
 -- anatomy: the `torch` table seen by scripts and the REPL. The native half
 -- (anatomy.core) holds tensors and kernels; this file completes it in Lua.
-local torch = require 'anatomy.core'
+local torch = require('anatomy.core')
 _G.torch = torch  -- the rest of the library refers to the global, as scripts do
 
 -- Versions, with PyTorch's names: torch.__version__ is LibTorch's;

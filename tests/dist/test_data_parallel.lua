@@ -4,7 +4,7 @@
 -- collectives themselves across 3 ranks (collectives.lua).
 --   anatomy test_data_parallel.lua ANATOMY_BINARY
 package.path = arg[0]:gsub('[^/]*$', '') .. '../lua/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 
 local exe = assert(arg[1], 'usage: test_data_parallel.lua ANATOMY_BINARY')
 local here = arg[0]:gsub('[^/]*$', '')

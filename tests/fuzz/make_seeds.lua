@@ -3,7 +3,7 @@
 -- OUT_DIR/<target>/ gets a few inputs each target must load.
 local out = assert(arg[1], 'usage: make_seeds.lua OUT_DIR')
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/../lua/?.lua;' .. package.path  -- tests/lua/spm_model.lua
-local json = require 'anatomy.io.json'
+local json = require('anatomy.io.json')
 local function dir(name) os.execute("mkdir -p '" .. out .. '/' .. name .. "'"); return out .. '/' .. name .. '/' end
 local function put(path, bytes) local f = assert(io.open(path, 'wb')); f:write(bytes); f:close() end
 local function slurp(path) local f = assert(io.open(path, 'rb')); local s = f:read('*a'); f:close(); return s end

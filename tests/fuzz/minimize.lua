@@ -9,7 +9,7 @@
 local cfg = torch.config.parse({seed = 0, calls = 0, exe = '', runs = 200}, arg)
 assert(cfg.seed ~= 0 and cfg.calls > 0 and cfg.exe ~= '', 'usage: minimize.lua --seed=S --calls=K --exe=PATH')
 local fuzzer = (arg[0]:match('^(.*)/') or '.') .. '/lua_api.lua'
-local fs = require 'anatomy.io.fs'
+local fs = require('anatomy.io.fs')
 local dir = os.tmpname()
 os.remove(dir)
 fs.mkdir(dir)

@@ -3,15 +3,7 @@
 -- type = 3}, trainer_spec = 2 {model_type = 3}).
 local M = {}
 
-function M.varint(n)
-  local out = {}
-  repeat
-    local b = n % 128
-    n = math.floor(n / 128)
-    out[#out + 1] = string.char(n > 0 and b + 128 or b)
-  until n == 0
-  return table.concat(out)
-end
+M.varint = require('anatomy.io.export').varint  -- the TensorBoard writer's protocol-buffer varint
 function M.field(number, bytes) return M.varint(number * 8 + 2) .. M.varint(#bytes) .. bytes end
 M.SP = '\226\150\129'  -- U+2581
 -- 0-based ids: 0 <unk>, 1 <s>, 2 </s>, 3 <0xC3>, 4 <0xA9>, 5 ▁, 6 h, 7 e, 8 l, 9 o, 10 ▁h, 11 ll, 12 he,

@@ -1,7 +1,7 @@
 -- Autograd from Lua: gradients against hand-derived values, grad modes,
 -- hooks, retain_grad, and the errors of misuse.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 test('backward fills .grad of leaves', function()

@@ -1,10 +1,10 @@
 -- The autopsy (lua/anatomy/autopsy/): its measures on a forward and backward,
 -- the verdicts and their thresholds, removal, the table, charts and records.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 
 
 -- A small gated VibeNet, trained a little, with batches to dissect it on.

@@ -1,7 +1,7 @@
 -- autopsy.compare: several autopsies side by side (terminal, HTML, JSON),
 -- on two small runs that differ in one thing (identity vs gated residual).
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, raises = H.test, H.eq, H.raises
 
 local c = data.from_string(('it was the best of times, it was the worst of times. '):rep(30))

@@ -2,7 +2,7 @@
 -- without a CUDA build) the calls must refuse with errors that say which; the
 -- GPU tests skip, naming what is missing. With one (scripts/gpu-check) they run.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 local gpu = torch.cuda.is_available()

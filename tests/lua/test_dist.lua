@@ -1,7 +1,7 @@
 -- dist in one process: the API outside a world, a world of one (a real
 -- TCPStore and Gloo group), and its errors. Several ranks:
 -- tests/dist/test_data_parallel.lua.
-local H = require 'harness'
+local H = require('harness')
 
 -- fn raises an error whose message contains `fragment`
 local function raises(fn, fragment)

@@ -3,9 +3,9 @@
 -- log of a run that is resumed. (The kill -9 test itself is
 -- tests/durability/test_kill9.py.)
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, raises = H.test, H.eq, H.raises
-local fs = require 'anatomy.io.fs'
+local fs = require('anatomy.io.fs')
 
 local tmpdir = H.tmpdir
 local function listing(dir)

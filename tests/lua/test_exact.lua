@@ -1,7 +1,7 @@
 -- The exact trace: rationals (GMP), named values, the reference example's
 -- every value, agreement with LibTorch's float64 forward, and the errors.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, raises = H.test, H.eq, H.raises
 local Q, S = exact.Q, exact.tostring
 

@@ -1,9 +1,9 @@
 -- Provenance records, the experiments' data rule (the claim's text, found and
 -- checked by SHA-256, or verdicts that say 'not comparable'), and sweeps.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, raises = H.test, H.eq, H.raises
-local json = require 'anatomy.io.json'
+local json = require('anatomy.io.json')
 
 local tmpfile = H.tmpfile
 

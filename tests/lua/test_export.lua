@@ -2,10 +2,10 @@
 -- autopsy (lua/anatomy/io/export.lua). TensorBoard's own reader reads them back
 -- in tests/parity/test_tensorboard_export.py.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, raises = H.test, H.eq, H.raises
-local export = require 'anatomy.io.export'
-local fs = require 'anatomy.io.fs'
+local export = require('anatomy.io.export')
+local fs = require('anatomy.io.fs')
 
 local tmpdir = H.tmpdir
 

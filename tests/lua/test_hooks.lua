@@ -2,7 +2,7 @@
 -- position), activation patching and direct logit attribution, each checked
 -- against the same quantity computed by hand from the block's parameters.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, raises = H.test, H.eq, H.raises
 
 local function close(a, b, tol, what)

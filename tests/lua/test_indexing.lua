@@ -1,7 +1,7 @@
 -- Indexing is 1-based, negative from the end, in Torch7's table form; index
 -- tensors given to and returned from LibTorch are 1-based too.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, raises = H.test, H.eq, H.raises
 
 local function m() return torch.arange(12):reshape(3, 4) end  -- rows {0..3}, {4..7}, {8..11}

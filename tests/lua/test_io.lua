@@ -1,10 +1,10 @@
 -- Files in and out (lua/anatomy/io/): JSON, provenance records, and every
 -- reader's refusal of what is not a regular file.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 
 
 test('published provenance names data by file name and a relative path, never an absolute one', function()

@@ -1,7 +1,7 @@
 -- Elementwise math with broadcasting, products, reductions over 1-based dims,
 -- comparisons and torch.linalg.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 test('operators broadcast between tensors and numbers', function()

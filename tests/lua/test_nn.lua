@@ -1,7 +1,7 @@
 -- The module protocol, built-in blocks, wrappers and models, checked through
 -- behaviour: names, values, gradients, errors and saved files.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 local function names(m)

@@ -4,10 +4,10 @@
 -- tensor, with nothing half-loaded returned. (Numbers against transformers:
 -- tests/parity/test_pretrained_parity.py.)
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, raises = H.test, H.eq, H.raises
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 
 local C, L, V, P = 8, 2, 11, 16
 local config = {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C, n_layer = L, n_head = 2,

@@ -1,6 +1,6 @@
 -- Probes and the autopsy: captures, gradients, interventions, verdicts.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 local function keys(t)

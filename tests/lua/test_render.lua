@@ -1,9 +1,9 @@
 -- Rendering (lua/anatomy/render/): chart axes, ticks and colour bars.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 
 
 test('colour bars and axes get at least three readable ticks; zero and missing cells are drawn apart from small values', function()

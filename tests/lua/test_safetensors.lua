@@ -1,6 +1,6 @@
 -- torch.save_safetensors / torch.load_safetensors from Lua.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 test('round trip with metadata and file order', function()

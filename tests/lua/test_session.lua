@@ -1,6 +1,6 @@
 -- The session layer (lua/anatomy/session/): help and the reference it writes.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq = H.test, H.eq
 
 test('docs/reference.md says what help says: it is help.reference(), regenerated', function()

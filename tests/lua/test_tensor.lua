@@ -1,6 +1,6 @@
 -- Tensors from Lua: creation, dtypes, shapes, views and conversions.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 test('torch.tensor infers shape, defaults to float32, keeps values', function()

@@ -2,9 +2,9 @@
 -- encodings worked out by hand (the parity test compares with Hugging Face's
 -- `tokenizers` where it is installed), and the refusals of what it does not do.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, raises = H.test, H.eq, H.raises
-local json = require 'anatomy.io.json'
+local json = require('anatomy.io.json')
 
 -- GPT-2's byte map: printable bytes stand for themselves, space is 'Ġ' (U+0120), newline 'Ċ' (U+010A).
 local function write_tokenizer(spec)
@@ -150,7 +150,7 @@ end)
 -- A SentencePiece model file written byte by byte (tests/lua/spm_model.lua:
 -- ModelProto.pieces = 1 {piece = 1, score = 2, type = 3}, trainer_spec = 2
 -- {model_type = 3}), read as transformers' LlamaTokenizer reads it.
-local spm = require 'spm_model'  -- the SentencePiece model written byte by byte (tests/lua/spm_model.lua)
+local spm = require('spm_model')  -- the SentencePiece model written byte by byte (tests/lua/spm_model.lua)
 local SP, spm_bytes = spm.SP, spm.bytes
 local function spm_folder(bytes, config)
   local dir = os.tmpname()

@@ -2,10 +2,10 @@
 -- it: script configs, option checks and where their errors point, threads,
 -- and the memory guard.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 
 
 test('errors point at the right place: unknown keys first with the closest name, train.fit names its option, options tables are their own argument', function()

@@ -1,13 +1,13 @@
 -- Data, training, checkpoints and sampling, on small texts made here.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
-local H = require 'harness'
+local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 local sample_text = ('First Citizen: we are accounted poor citizens, the patricians good. '):rep(40)
 
 local tmpfile = H.tmpfile
 
-local json = require 'anatomy.io.json'
+local json = require('anatomy.io.json')
 
 test('char and byte tokenizers round-trip, ids are 1-based', function()
   local path = tmpfile('héllo wörld\nline two ✓')

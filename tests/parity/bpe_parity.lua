@@ -1,8 +1,8 @@
 -- Encodes and decodes texts with data.tokenizer, for test_bpe_parity.py.
 -- arg: tokenizer path (file or folder), texts.json, ids.json (Hugging Face's
 -- ids, 0-based, to decode), out.json
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 local tok = data.tokenizer(arg[1])
 local texts = json.decode(fs.read(arg[2]))
 local hf_ids = json.decode(fs.read(arg[3]))

@@ -3,8 +3,8 @@
 -- logits, every hidden state (the embeddings, each block, the final norm's),
 -- every attention pattern, the loss and a greedy continuation. With arg[5] a
 -- dtype ('bfloat16'), the model is loaded in it and only the logits are written.
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 local model, tok = models.from_pretrained(arg[1], {dtype = arg[5]})
 if arg[5] then
   local ids = tok:encode(arg[2]):unsqueeze(1)

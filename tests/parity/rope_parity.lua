@@ -1,8 +1,8 @@
 -- nn.RoPEAttention and nn.SwiGLU on the weights and input test_rope_parity.py
 -- wrote; writes the outputs, the attention pattern and every gradient.
 --   anatomy rope_parity.lua CASES.json INPUT.safetensors OUTPUT.safetensors
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
 local cases = json.decode(fs.read(arg[1]))
 local w = torch.load_safetensors(arg[2])
 local out = {}

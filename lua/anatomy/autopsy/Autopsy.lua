@@ -1,15 +1,15 @@
 -- Autopsy: the result of autopsy.run, a value: printable as the per-layer
 -- table (format.lua), savable as JSON, renderable as an HTML report
 -- (report.lua). Its methods are all here; the work is in those files.
-local models = require 'anatomy.models'
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
-local format = require 'anatomy.render.format'
-local charts = require 'anatomy.render.charts'
-local figure = require 'anatomy.render.figure'
-local report = require 'anatomy.autopsy.report'
-local options = require 'anatomy.torch.options'
-local export = require 'anatomy.io.export'
+local models = require('anatomy.models')
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
+local format = require('anatomy.render.format')
+local charts = require('anatomy.render.charts')
+local figure = require('anatomy.render.figure')
+local report = require('anatomy.autopsy.report')
+local options = require('anatomy.torch.options')
+local export = require('anatomy.io.export')
 
 local Autopsy = {}
 Autopsy.__index = Autopsy

@@ -4,12 +4,12 @@
 -- the first run by more than 10% marked *), renders as one HTML report
 -- (each run's provenance, the loss curves and the depth profiles overlaid,
 -- the tables with the differing cells highlighted) and saves as JSON.
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
-local format = require 'anatomy.render.format'
-local page = require 'anatomy.render.page'
-local options = require 'anatomy.torch.options'
-local charts = require 'anatomy.render.charts'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
+local format = require('anatomy.render.format')
+local page = require('anatomy.render.page')
+local options = require('anatomy.torch.options')
+local charts = require('anatomy.render.charts')
 
 local fmt = format.number
 

@@ -3,9 +3,9 @@
 -- how activations grow, which blocks are passengers, what the logit lens
 -- reads at each depth and what removing a layer costs. The result prints as
 -- a table, saves as JSON and renders as an HTML report (report.lua).
-local measure = require 'anatomy.autopsy.measure'
-local verdicts = require 'anatomy.autopsy.verdicts'
-local format = require 'anatomy.render.format'
+local measure = require('anatomy.autopsy.measure')
+local verdicts = require('anatomy.autopsy.verdicts')
+local format = require('anatomy.render.format')
 
 local autopsy = {}
 

@@ -2,9 +2,9 @@
 -- model, every layer's input and output recorded (dissect), and the
 -- per-step snapshot that training's probe steps and autopsy.step share
 -- (gradient norms in one fused pass, activation statistics, attention).
-local dist = require 'anatomy.torch.dist'
-local probe = require 'anatomy.probe'
-local nn = require 'anatomy.nn'
+local dist = require('anatomy.torch.dist')
+local probe = require('anatomy.probe')
+local nn = require('anatomy.nn')
 local measure = {}
 
 -- Every measure autopsy.run takes (its opts.metrics picks some).

@@ -1,9 +1,9 @@
 -- The autopsy as one self-contained HTML file: the provenance line, the
 -- per-layer table and inline SVG charts (anatomy/render/charts.lua); no scripts, nothing
 -- fetched from the network.
-local svg = require 'anatomy.render.charts'
-local format = require 'anatomy.render.format'
-local page = require 'anatomy.render.page'
+local svg = require('anatomy.render.charts')
+local format = require('anatomy.render.format')
+local page = require('anatomy.render.page')
 local report = {}
 
 local esc = svg.esc

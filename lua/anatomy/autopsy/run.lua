@@ -5,14 +5,14 @@
 -- batch's forward and backward, every layer's numbers), maps (the attention
 -- maps of a probe text), rows (the Autopsy's rows from the averages) and
 -- removal (blocks skipped, alone and together).
-local probe = require 'anatomy.probe'
-local nn = require 'anatomy.nn'
-local measure = require 'anatomy.autopsy.measure'
-local verdicts = require 'anatomy.autopsy.verdicts'
-local Autopsy = require 'anatomy.autopsy.Autopsy'
-local provenance = require 'anatomy.io.provenance'
-local data = require 'anatomy.data'
-local inputs = require 'anatomy.probe.inputs'
+local probe = require('anatomy.probe')
+local nn = require('anatomy.nn')
+local measure = require('anatomy.autopsy.measure')
+local verdicts = require('anatomy.autopsy.verdicts')
+local Autopsy = require('anatomy.autopsy.Autopsy')
+local provenance = require('anatomy.io.provenance')
+local data = require('anatomy.data')
+local inputs = require('anatomy.probe.inputs')
 
 local function same_shape(a, b) return table.concat(a:size(), 'x') == table.concat(b:size(), 'x') end
 

@@ -16,7 +16,7 @@
 --   boundary   an input or output row holding at least `boundary` of the
 --              largest gradient while the median block holds under `boundary_middle`
 --   worker     a block that is none of these
-local measure = require 'anatomy.autopsy.measure'
+local measure = require('anatomy.autopsy.measure')
 
 local verdicts = {}
 

@@ -3,10 +3,10 @@
 -- hands out random windows as batches. Token ids are 1-based.
 local data = {}
 local native = torch._data
-local options = require 'anatomy.torch.options'
-local fs = require 'anatomy.io.fs'
-local json = require 'anatomy.io.json'
-local generate = require 'anatomy.data.generate'
+local options = require('anatomy.torch.options')
+local fs = require('anatomy.io.fs')
+local json = require('anatomy.io.json')
+local generate = require('anatomy.data.generate')
 
 local Corpus = {}
 Corpus.__index = Corpus

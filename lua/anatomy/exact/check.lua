@@ -1,6 +1,6 @@
 -- Checking an exact trace against LibTorch: the same forward pass in float64
 -- (exact.float_forward) and the largest difference over every value (trace:compare).
-local V = require 'anatomy.exact.value'
+local V = require('anatomy.exact.value')
 
 return function(exact, Trace, each_value, split_tokens)
   -- ---- the float forward, for checking ----------------------------------------------------------

@@ -12,7 +12,7 @@
 -- (exact/value.lua). The model: token embedding E, position table P, then
 -- post-norm blocks x = LN(x + attn(x)); x = LN(x + MLP(x)), then logits
 -- x·Eᵀ (tied) or x·U, and their argmax. Row-vector convention: Q = x·Wq.
-local V = require 'anatomy.exact.value'
+local V = require('anatomy.exact.value')
 
 local exact = {}
 exact.Q = V.Q
@@ -27,7 +27,7 @@ function exact.latex(v) return V.render(v, {latex = true}) end
 -- exact.register(v): 'exact' for a rational, 'named' for a named value.
 function exact.register(v) return V.is_named(v) and 'named' or 'exact' end
 
-local M = require 'anatomy.exact.model'
+local M = require('anatomy.exact.model')
 local fail, split_tokens, Model, const_vector = M.fail, M.split_tokens, M.Model, M.const_vector
 
 -- exact.model{vocab=, E=, P=, Wq=, Wk=, Wv=, ...}: see exact/model.lua

@@ -1,7 +1,7 @@
 -- exact.model: reading a tiny transformer's weights (integers and fraction
 -- strings) into exact values, with errors that name the weight, the entry and
 -- where an expected size comes from; and reading the tokens a trace runs on.
-local V = require 'anatomy.exact.value'
+local V = require('anatomy.exact.value')
 
 local M = {}
 

@@ -1,7 +1,7 @@
 -- Printing an exact trace: print(trace), trace:step() with the new values
 -- highlighted, and trace:latex(). Long atoms get names (S1 = √(...)) defined
 -- where they first appear.
-local V = require 'anatomy.exact.value'
+local V = require('anatomy.exact.value')
 
 return function(Trace, Step, each_value)
   -- ---- printing ------------------------------------------------------------------------------

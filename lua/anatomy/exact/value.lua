@@ -452,7 +452,7 @@ end
 
 -- ---- rendering (render.lua) ---------------------------------------------------
 
-local R = require 'anatomy.exact.render'
+local R = require('anatomy.exact.render')
 local render = R.render
 V.render = render
 V.atom_definition = R.atom_definition

@@ -2,9 +2,9 @@
 -- claims were made on (found, checked by its SHA-256, never silently
 -- replaced), the table that sets a published claim beside our measurement
 -- with a verdict, and sweeps over a grid of settings.
-local data = require 'anatomy.data'
-local provenance = require 'anatomy.io.provenance'
-local fs = require 'anatomy.io.fs'
+local data = require('anatomy.data')
+local provenance = require('anatomy.io.provenance')
+local fs = require('anatomy.io.fs')
 
 local experiment = {}
 

@@ -2,10 +2,10 @@
 -- row, the runs that produced them and their provenance record. Saved as
 -- results.json (the data) and results.md (the table); scripts/results
 -- collects every example's into examples/RESULTS.md.
-local autopsy = require 'anatomy.autopsy'
-local json = require 'anatomy.io.json'
-local provenance = require 'anatomy.io.provenance'
-local fs = require 'anatomy.io.fs'
+local autopsy = require('anatomy.autopsy')
+local json = require('anatomy.io.json')
+local provenance = require('anatomy.io.provenance')
+local fs = require('anatomy.io.fs')
 
 local Results = {}
 Results.__index = Results

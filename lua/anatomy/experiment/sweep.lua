@@ -2,11 +2,11 @@
 -- the table of what it measured: printable, as Markdown and JSON, with one
 -- chart per measured column (sklearn's ParameterGrid order: the first key
 -- varies slowest).
-local autopsy = require 'anatomy.autopsy'
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
-local results = require 'anatomy.experiment.results'
-local charts = require 'anatomy.render.charts'
+local autopsy = require('anatomy.autopsy')
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
+local results = require('anatomy.experiment.results')
+local charts = require('anatomy.render.charts')
 
 local Sweep = {}
 Sweep.__index = Sweep

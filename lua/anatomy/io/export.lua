@@ -2,10 +2,10 @@
 -- pandas.read_csv) and TensorBoard event files (tensorboard --logdir),
 -- written atomically. train.export_metrics and the autopsy's a:csv() and
 -- a:tensorboard() build on these.
-local fs = require 'anatomy.io.fs'
-local ffi = require 'ffi'
-local bit = require 'bit'
-local json = require 'anatomy.io.json'
+local fs = require('anatomy.io.fs')
+local ffi = require('ffi')
+local bit = require('bit')
+local json = require('anatomy.io.json')
 
 local export = {}
 
@@ -133,7 +133,9 @@ local function masked(s)
   return u32((rotated % 2 ^ 32 + 0xa282ead8) % 2 ^ 32)
 end
 
-local function varint(n)
+-- export.varint(n) -> the protocol-buffer varint of a non-negative integer
+-- n: seven bits a byte, lowest first, the high bit set on all but the last
+function export.varint(n)
   local out = {}
   repeat
     local b = n % 128
@@ -142,6 +144,7 @@ local function varint(n)
   until n == 0
   return table.concat(out)
 end
+local varint = export.varint
 
 assert(ffi.abi('le'), 'export: TensorBoard files are written on little-endian machines only')
 local function double_bytes(v) return ffi.string(ffi.new('double[1]', v), 8) end

@@ -3,10 +3,10 @@
 -- (LibTorch, commit) and the machine — so that a number can be checked and
 -- rerun. Every writer of results (examples, scripts, the autopsy's JSON and
 -- report) builds its record here.
-local nn = require 'anatomy.nn'
-local json = require 'anatomy.io.json'
-local data = require 'anatomy.data'
-local fs = require 'anatomy.io.fs'
+local nn = require('anatomy.nn')
+local json = require('anatomy.io.json')
+local data = require('anatomy.data')
+local fs = require('anatomy.io.fs')
 
 local provenance = {}
 local native = torch._data

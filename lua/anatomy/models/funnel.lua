@@ -2,8 +2,8 @@
 -- Progressive width: stage s runs attentions[s] parameter-free attention
 -- blocks (x + attn(norm(x))) at width widths[s], then a learned Linear down
 -- to widths[s + 1]. The head is VibeNet's: Linear(w, 3w), GELU, Linear(3w, vocab).
-local nn = require 'anatomy.nn'
-local models = require 'anatomy.models'
+local nn = require('anatomy.nn')
+local models = require('anatomy.models')
 
 local Stage = nn.block('models.FunnelStage', function(self, width, count, next_width)
   self.blocks = nn.Repeat(count, function() return nn.Residual(models.VibeBlock(width, false)) end)

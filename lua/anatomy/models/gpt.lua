@@ -5,8 +5,8 @@
 --   pre   x = x + attn(ln1(x)); x = x + mlp(ln2(x)); a final ln_f before the head
 -- With layers = 1, dim = 64, heads = 2, ffn = 128, norm = 'post' it is the
 -- one-layer model of the residual-ablation experiment.
-local nn = require 'anatomy.nn'
-local models = require 'anatomy.models'
+local nn = require('anatomy.nn')
+local models = require('anatomy.models')
 
 local GPTBlock = nn.block('models.GPTBlock', function(self, cfg)
   rawset(self, 'residual', cfg.residual ~= false)

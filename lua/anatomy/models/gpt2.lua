@@ -3,9 +3,9 @@
 -- attention with a fused qkv projection and an MLP; learned positions; the
 -- head tied to the token embedding unless the config unties it.
 -- Names follow Hugging Face's with layers counted from 1: h.1 is h.0.
-local nn = require 'anatomy.nn'
-local models = require 'anatomy.models'
-local pretrained = require 'anatomy.models.pretrained'
+local nn = require('anatomy.nn')
+local models = require('anatomy.models')
+local pretrained = require('anatomy.models.pretrained')
 
 local F = {}
 

@@ -5,9 +5,9 @@
 -- (use_parallel_residual); a final LayerNorm; an untied head (embed_out).
 -- Names follow Hugging Face's, except the stack: blocks.1 is
 -- gpt_neox.layers.0.
-local nn = require 'anatomy.nn'
-local models = require 'anatomy.models'
-local pretrained = require 'anatomy.models.pretrained'
+local nn = require('anatomy.nn')
+local models = require('anatomy.models')
+local pretrained = require('anatomy.models.pretrained')
 
 local F = {}
 

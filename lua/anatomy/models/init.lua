@@ -1,5 +1,5 @@
 -- models: the architectures anatomy dissects, written in Lua from nn blocks.
-local options = require 'anatomy.torch.options'
+local options = require('anatomy.torch.options')
 local models = {}
 package.loaded['anatomy.models'] = models
 

@@ -4,9 +4,9 @@
 -- (grouped-query, rotary positions) and nn.SwiGLU; a final RMSNorm; the head
 -- tied to the embedding or not. Names follow Hugging Face's, except the stack:
 -- blocks.1 is model.layers.0 (`layers` is the method every model has).
-local nn = require 'anatomy.nn'
-local models = require 'anatomy.models'
-local pretrained = require 'anatomy.models.pretrained'
+local nn = require('anatomy.nn')
+local models = require('anatomy.models')
+local pretrained = require('anatomy.models.pretrained')
 
 local F = {}
 

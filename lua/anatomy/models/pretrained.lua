@@ -8,12 +8,12 @@
 -- checkpoint is `h.1.attn` here (model.h[1]); a Llama's `model.layers.0` is
 -- `blocks.1` (every model has a layers() method). models.hf_name and
 -- models.anatomy_name translate a dotted name either way.
-local nn = require 'anatomy.nn'
-local data = require 'anatomy.data'
-local models = require 'anatomy.models'
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
-local options = require 'anatomy.torch.options'
+local nn = require('anatomy.nn')
+local data = require('anatomy.data')
+local models = require('anatomy.models')
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
+local options = require('anatomy.torch.options')
 
 local pretrained = {}
 models.pretrained = pretrained

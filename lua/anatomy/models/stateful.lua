@@ -5,8 +5,8 @@
 -- forward(ids, hidden) takes that previous pass's hidden states (B, T, C), or
 -- nil for a plain pass, and returns logits (B, T, V) and this pass's hidden
 -- states (B, T, C). step() runs it as an RNN, carrying h token to token.
-local nn = require 'anatomy.nn'
-local models = require 'anatomy.models'
+local nn = require('anatomy.nn')
+local models = require('anatomy.models')
 
 local Enrich = nn.block('models.Enrich', function(self, dim)
   self.q = nn.Linear(dim, dim, {bias = false})

@@ -7,8 +7,8 @@
 --   gate   gate(x) + gelu(ffn(attn(norm(x))))      (gate: Linear(dim, dim))
 --   hyper  hyper-connections (nn.HyperConnections, Sinkhorn) around attn(norm(x))
 -- B batch, T time, C channels (dim), V vocab.
-local nn = require 'anatomy.nn'
-local models = require 'anatomy.models'
+local nn = require('anatomy.nn')
+local models = require('anatomy.models')
 
 -- norm -> attention [-> ffn -> gelu]
 local VibeBlock = nn.block('models.VibeBlock', function(self, dim, with_ffn)

@@ -1,6 +1,6 @@
 -- nn.ExpandStreams(n): (..., C) -> (..., n, C), n copies of the stream: opens
 -- the widened residual stream that nn.HyperConnections blocks mix.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 local Expand = nn.class('nn.ExpandStreams', nn.Module)
 nn.ExpandStreams = Expand

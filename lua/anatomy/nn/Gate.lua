@@ -1,6 +1,6 @@
 -- nn.Gate(f, dim): gate(x) + f(x), the identity replaced by a learnable
 -- Linear(dim, dim) gate, so gradient to earlier layers passes through it.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 local Gate = nn.class('nn.Gate', nn.Module)
 nn.Gate = Gate

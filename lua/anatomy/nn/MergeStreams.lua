@@ -1,6 +1,6 @@
 -- nn.MergeStreams(): (..., n, C) -> (..., C), the sum of the streams: closes
 -- the widened residual stream that nn.ExpandStreams opened.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 local Merge = nn.class('nn.MergeStreams', nn.Module)
 nn.MergeStreams = Merge

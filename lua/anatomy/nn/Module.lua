@@ -9,7 +9,7 @@
 -- keep_pattern(keep, grad) / pattern() its entropy and maps. Each has a
 -- default (below, and nn.Sequential's readout); what is missing, the autopsy
 -- says under its table.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 local Module = nn.class('nn.Module')
 nn.Module = Module

@@ -2,7 +2,7 @@
 -- parameters register (as PyTorch's ModuleList); children are named 1, 2, ...
 -- and are list[i]. It has no forward: the block that holds it decides how
 -- to run them. nn.ModuleDict{name = m, ...}: the same by name (sorted).
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 local ModuleList = nn.class('nn.ModuleList', nn.Module)
 nn.ModuleList = ModuleList

@@ -1,7 +1,7 @@
 -- The built-in blocks: Lua classes over C++ LibTorch modules (host/nn/).
 -- Each holds its native block in self._native and exposes the block's
 -- parameters as its own (the same tensors), so it follows nn.Module exactly.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 local native = torch._native
 
 local Native = nn.class('nn.Native', nn.Module)

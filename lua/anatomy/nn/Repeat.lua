@@ -1,5 +1,5 @@
 -- nn.Repeat(n, factory): n blocks made by factory(i), run in order; named 1..n.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 local Repeat = nn.class('nn.Repeat', nn.Sequential)
 nn.Repeat = Repeat

@@ -1,6 +1,6 @@
 -- nn.Residual(f): x + f(x). The identity path is what carries gradient past f.
 -- nn.NoResidual(f): f(x) alone, the ablation that removes that path.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 local Residual = nn.class('nn.Residual', nn.Module)
 nn.Residual = Residual

@@ -2,7 +2,7 @@
 -- named 1, 2, ... Named children in order, as PyTorch's OrderedDict form:
 -- nn.Sequential{{'embed', m1}, {'blocks', m2}}. An error names the block it
 -- came from.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 local Sequential = nn.class('nn.Sequential', nn.Module)
 nn.Sequential = Sequential

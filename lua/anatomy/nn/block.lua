@@ -4,7 +4,7 @@
 --     self.gate = nn.Linear(dim, dim); self.inner = inner
 --   end)
 --   function Gate:forward(x) return self.gate(x) + self.inner(x) end
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 -- nn.block(name, init[, parent]) -> a class: init(self, ...) makes the children and parameters as
 -- fields; define Class:forward(x). The file's header has an example

@@ -1,7 +1,7 @@
 -- nn.class(name, parent): a minimal class system. Calling the class makes an
 -- instance and runs __init; instances are callable (m(x) runs the module) and
 -- print through their class's __tostring.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 
 local function pass(...) return ... end
 

@@ -1,8 +1,8 @@
 -- nn.functional: stateless functions over tensors, with PyTorch's names and
 -- arguments (torch.nn.functional), composed from LibTorch's tensor ops.
 -- Dimensions and ids are 1-based, as everywhere in anatomy.
-local nn = require 'anatomy.nn'
-local options = require 'anatomy.torch.options'
+local nn = require('anatomy.nn')
+local options = require('anatomy.torch.options')
 
 local F = {}
 nn.functional = F

@@ -2,8 +2,8 @@
 -- parameters, in two groups (with and without weight decay). Its state
 -- (moments and step counts) can be read and restored, for checkpoints that
 -- resume exactly.
-local options = require 'anatomy.torch.options'
-local Optimizer = require 'anatomy.optim.Optimizer'
+local options = require('anatomy.torch.options')
+local Optimizer = require('anatomy.optim.Optimizer')
 local AdamW = {}
 AdamW.__index = AdamW
 

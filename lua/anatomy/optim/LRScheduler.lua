@@ -3,7 +3,7 @@
 -- loop of your own. It takes the optimizer's current lr as the peak, sets
 -- the rate of step 1 at once, and each step() moves to the next step's rate
 -- (call it after opt:step(), as in PyTorch).
-local options = require 'anatomy.torch.options'
+local options = require('anatomy.torch.options')
 local LRScheduler = {}
 LRScheduler.__index = LRScheduler
 

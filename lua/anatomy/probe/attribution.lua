@@ -5,14 +5,14 @@
 -- readout of that part alone (less the readout of nothing, which is the
 -- norm's and the head's bias, a row of its own). The parts sum to the
 -- model's logit. probe.logit_attribution(model, input, target, opts).
-local points = require 'anatomy.probe.points'
-local hooks = require 'anatomy.probe.hooks'
-local inputs = require 'anatomy.probe.inputs'
-local Cache = require 'anatomy.probe.cache'
-local options = require 'anatomy.torch.options'
-local terminal = require 'anatomy.render.terminal'
-local charts = require 'anatomy.render.charts'
-local nn = require 'anatomy.nn'
+local points = require('anatomy.probe.points')
+local hooks = require('anatomy.probe.hooks')
+local inputs = require('anatomy.probe.inputs')
+local Cache = require('anatomy.probe.cache')
+local options = require('anatomy.torch.options')
+local terminal = require('anatomy.render.terminal')
+local charts = require('anatomy.render.charts')
+local nn = require('anatomy.nn')
 
 local attribution = {}
 

@@ -2,11 +2,11 @@
 -- published, by name (module outputs and hook points), with the ids and each
 -- token's text. cache['blocks.1.attn.pattern'] is a tensor; the methods below
 -- read across layers and heads.
-local points = require 'anatomy.probe.points'
-local hooks = require 'anatomy.probe.hooks'
-local inputs = require 'anatomy.probe.inputs'
-local options = require 'anatomy.torch.options'
-local figure = require 'anatomy.render.figure'
+local points = require('anatomy.probe.points')
+local hooks = require('anatomy.probe.hooks')
+local inputs = require('anatomy.probe.inputs')
+local options = require('anatomy.torch.options')
+local figure = require('anatomy.render.figure')
 local Cache = {}
 
 local methods = {}

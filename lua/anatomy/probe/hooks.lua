@@ -12,8 +12,8 @@
 -- path, only while an entry acts on a hook point. A module with no entry
 -- pays one branch per call and one table lookup per hook point; a built-in
 -- block with no hook entry keeps its fused path.
-local points = require 'anatomy.probe.points'
-local nn = require 'anatomy.nn'
+local points = require('anatomy.probe.points')
+local nn = require('anatomy.nn')
 local hooks = {}
 
 local function size_text(t) return table.concat(t:size(), 'x') end

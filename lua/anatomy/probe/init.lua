@@ -13,12 +13,12 @@
 --   interventions.lua  ablate, set, patch
 --   attribution.lua    direct logit attribution
 --   patching.lua       activation patching over layers, heads, positions
-local points = require 'anatomy.probe.points'
-local hooks = require 'anatomy.probe.hooks'
-local inputs = require 'anatomy.probe.inputs'
-local Cache = require 'anatomy.probe.cache'
-local interventions = require 'anatomy.probe.interventions'
-local attribution = require 'anatomy.probe.attribution'
+local points = require('anatomy.probe.points')
+local hooks = require('anatomy.probe.hooks')
+local inputs = require('anatomy.probe.inputs')
+local Cache = require('anatomy.probe.cache')
+local interventions = require('anatomy.probe.interventions')
+local attribution = require('anatomy.probe.attribution')
 
 local probe = {
   -- names (points.lua)

@@ -3,11 +3,11 @@
 -- resampled value, set, or patched from another run. Each is a replacement
 -- (probe.replace) and returns its handle; they compose. probe.ablate,
 -- probe.set, probe.patch.
-local points = require 'anatomy.probe.points'
-local hooks = require 'anatomy.probe.hooks'
-local inputs = require 'anatomy.probe.inputs'
-local Cache = require 'anatomy.probe.cache'
-local options = require 'anatomy.torch.options'
+local points = require('anatomy.probe.points')
+local hooks = require('anatomy.probe.hooks')
+local inputs = require('anatomy.probe.inputs')
+local Cache = require('anatomy.probe.cache')
+local options = require('anatomy.torch.options')
 local interventions = {}
 
 local function size_text(t) return table.concat(t:size(), 'x') end
@@ -105,6 +105,17 @@ local function check_batch_shape(t, ref, name, where)
   end
 end
 
+-- Attaches the replacement every intervention is: at each forward, a copy
+-- of the activation t whose selection (opts.head, opts.position) write(view,
+-- t, full) fills in place.
+local function replace_selection(model, name, opts, where, write)
+  return hooks.replace(model, name, function(t, full)
+    local out = t:clone()
+    write(selection(out, full, opts, where), t, full)
+    return out
+  end)
+end
+
 -- probe.ablate(model, name, {kind = 'zero'|'mean'|'resample', over, head,
 -- position, seed}) -> handle. zero: the selection becomes 0; mean: the
 -- reference batch's mean over its examples (over: ids or a cache); resample:
@@ -133,9 +144,7 @@ function interventions.ablate(model, name, opts)
     state = (state * 1103515245 + 12345) % 2147483648
     return math.floor(state / 2147483648 * n) + 1
   end
-  return hooks.replace(model, name, function(t, full)
-    local out = t:clone()
-    local view = selection(out, full, opts, where)
+  return replace_selection(model, name, opts, where, function(view, t, full)
     if kind == 'zero' then
       view:zero_()
     elseif kind == 'mean' then
@@ -148,7 +157,6 @@ function interventions.ablate(model, name, opts)
       local idx = torch.tensor(picks, {dtype = 'int64'})
       view:copy_(selection(ref:index_select(1, idx), full, opts, where))
     end
-    return out
   end)
 end
 
@@ -161,11 +169,8 @@ function interventions.set(model, name, value, opts)
     error(('probe.set: value must be a number or a Tensor, got %s'):format(type(value)), 2)
   end
   check_selection(model, name, opts, where)
-  return hooks.replace(model, name, function(t, full)
-    local out = t:clone()
-    local view = selection(out, full, opts, where)
+  return replace_selection(model, name, opts, where, function(view)
     if type(value) == 'number' then view:fill_(value) else view:copy_(value:expand(unpack(view:size()))) end
-    return out
   end)
 end
 
@@ -183,13 +188,11 @@ function interventions.patch(model, name, source, opts)
   elseif not torch.is_tensor(source) then
     error(('probe.patch: source must be a cache or a Tensor, got %s'):format(type(source)), 2)
   end
-  return hooks.replace(model, name, function(t, full)
+  return replace_selection(model, name, opts, where, function(view, t, full)
     if size_text(src) ~= size_text(t) then
       error(("probe.patch: '%s' is %s here but %s in the source"):format(full, size_text(t), size_text(src)), 0)
     end
-    local out = t:clone()
-    selection(out, full, opts, where):copy_(selection(src, full, opts, where))
-    return out
+    view:copy_(selection(src, full, opts, where))
   end)
 end
 

@@ -6,15 +6,15 @@
 --   local metric = patching.logit_diff(' Mary', ' John', {tokenizer = tok})
 --   local r = patching.run(model, clean, corrupt, metric, {over = 'attn.z', per = 'head'})
 --   print(r); r:report('out/patching.html')
-local points = require 'anatomy.probe.points'
-local inputs = require 'anatomy.probe.inputs'
-local Cache = require 'anatomy.probe.cache'
-local interventions = require 'anatomy.probe.interventions'
-local options = require 'anatomy.torch.options'
-local terminal = require 'anatomy.render.terminal'
-local charts = require 'anatomy.render.charts'
-local page = require 'anatomy.render.page'
-local fs = require 'anatomy.io.fs'
+local points = require('anatomy.probe.points')
+local inputs = require('anatomy.probe.inputs')
+local Cache = require('anatomy.probe.cache')
+local interventions = require('anatomy.probe.interventions')
+local options = require('anatomy.torch.options')
+local terminal = require('anatomy.render.terminal')
+local charts = require('anatomy.render.charts')
+local page = require('anatomy.render.page')
+local fs = require('anatomy.io.fs')
 
 local patching = {}
 

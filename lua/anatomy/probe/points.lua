@@ -3,8 +3,8 @@
 -- block publishes ('blocks.3.attn.pattern', 'blocks.3.resid_mid'). A model
 -- from models.from_pretrained also answers to its checkpoint's names. Globs
 -- ('blocks.*', '*.pattern') select several.
-local models = require 'anatomy.models'
-local nn = require 'anatomy.nn'
+local models = require('anatomy.models')
+local nn = require('anatomy.nn')
 local points = {}
 
 -- Turns a glob ('blocks.*', '*.pattern') into an anchored Lua pattern.

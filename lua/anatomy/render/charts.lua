@@ -2,8 +2,8 @@
 -- attention thumbnails, and standalone line charts for sweeps). Every chart
 -- carries data-points (how many values it draws), so a test can see that it
 -- has data. No scripts, nothing fetched.
-local format = require 'anatomy.render.format'
-local terminal = require 'anatomy.render.terminal'
+local format = require('anatomy.render.format')
+local terminal = require('anatomy.render.terminal')
 local charts = {}
 
 local palette = {'#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf'}
@@ -140,6 +140,27 @@ local function longest(labels)
   return n
 end
 
+-- The slots of a bar chart over pw pixels from L: for label i, its slot's
+-- left edge x and width bw; bar(i, v, x, bw) draws each finite value,
+-- tick(i, x, bw) each label. Returns how many values were drawn and the
+-- rows {label, value} of the table under the chart (the same data).
+local function each_bar(labels, values, L, pw, bar, tick)
+  local n = #labels
+  local bw = pw / math.max(n, 1)
+  local points, rows = 0, {}
+  for i = 1, n do
+    local v = values[i]
+    local x = L + (i - 1) * bw
+    if finite(v) then
+      points = points + 1
+      bar(i, v, x, bw)
+    end
+    rows[#rows + 1] = {labels[i], v}
+    tick(i, x, bw)
+  end
+  return points, rows
+end
+
 -- charts.bars(title, labels, values, opts): one bar per label. opts (or a
 -- note string): note, ylabel, xlabel, reference = {value, label} (a dashed
 -- line, e.g. the full model's loss), offset (the values are differences
@@ -159,29 +180,22 @@ function charts.bars(title, labels, values, opts)
   local parts = {}
   local y = y_axis(parts, lo, hi, L, T, pw, ph, opts.ylabel)
   local base = from_data and lo or math.max(lo, math.min(0, hi))
-  local bw = pw / math.max(n, 1)
-  local points, rows = 0, {}
-  for i = 1, n do
-    local v = values[i]
-    local x = L + (i - 1) * bw
-    if finite(v) then
-      points = points + 1
-      local y0, y1 = y(base), y(v)
-      parts[#parts + 1] = ('<rect x="%s" y="%s" width="%s" height="%s" fill="%s" data-value="%s"><title>%s: %s</title></rect>'):format(
-        num(x + bw * 0.12), num(math.min(y0, y1)), num(math.max(bw * 0.76, 1)), num(math.max(math.abs(y1 - y0), 0.5)), palette[1],
-        ('%.9g'):format(v), esc(labels[i]), format.number(v, 4))
-      if n <= 8 then
-        parts[#parts + 1] = ('<text x="%s" y="%s" class="value" text-anchor="middle">%s</text>'):format(num(x + bw / 2), num(math.min(y0, y1) - 3), format.number(v, 4))
-      end
+  local points, rows = each_bar(labels, values, L, pw, function(i, v, x, bw)
+    local y0, y1 = y(base), y(v)
+    parts[#parts + 1] = ('<rect x="%s" y="%s" width="%s" height="%s" fill="%s" data-value="%s"><title>%s: %s</title></rect>'):format(
+      num(x + bw * 0.12), num(math.min(y0, y1)), num(math.max(bw * 0.76, 1)), num(math.max(math.abs(y1 - y0), 0.5)), palette[1],
+      ('%.9g'):format(v), esc(labels[i]), format.number(v, 4))
+    if n <= 8 then
+      parts[#parts + 1] = ('<text x="%s" y="%s" class="value" text-anchor="middle">%s</text>'):format(num(x + bw / 2), num(math.min(y0, y1) - 3), format.number(v, 4))
     end
-    rows[#rows + 1] = {labels[i], v}
+  end, function(i, x, bw)
     if rotate then
       parts[#parts + 1] = ('<text transform="translate(%s,%d) rotate(-45)" class="xtick" text-anchor="end">%s</text>'):format(
         num(x + bw / 2 + 3), T + ph + 10, esc(labels[i]))
     else
       parts[#parts + 1] = ('<text x="%s" y="%d" class="xtick" text-anchor="middle">%s</text>'):format(num(x + bw / 2), T + ph + 14, esc(labels[i]))
     end
-  end
+  end)
   parts[#parts + 1] = ('<line x1="%d" y1="%s" x2="%d" y2="%s" class="axis"/>'):format(L, num(y(base)), L + pw, num(y(base)))
   if ref and finite(ref[1]) then
     parts[#parts + 1] = ('<line x1="%d" y1="%s" x2="%d" y2="%s" class="reference"/><text x="%d" y="%s" class="legend" text-anchor="start">%s</text>')
@@ -214,21 +228,14 @@ function charts.signed_bars(title, labels, values, opts)
   local H = T + ph + B
   local parts = {}
   local y = y_axis(parts, lo, hi, L, T, pw, ph, opts.ylabel or 'contribution')
-  local bw = pw / math.max(n, 1)
-  local points, rows = 0, {}
-  for i = 1, n do
-    local v = values[i]
-    local x = L + (i - 1) * bw
-    if finite(v) then
-      points = points + 1
-      local y1, y2 = y(math.max(v, 0)), y(math.min(v, 0))
-      parts[#parts + 1] = ('<rect x="%s" y="%s" width="%s" height="%s" fill="%s"><title>%s: %s</title></rect>'):format(
-        num(x + 1), num(y1), num(math.max(bw - 2, 1)), num(math.max(y2 - y1, 0.5)), v >= 0 and palette[1] or palette[2], esc(labels[i]), format.number(v, 4))
-    end
-    rows[#rows + 1] = {labels[i], v}
+  local points, rows = each_bar(labels, values, L, pw, function(i, v, x, bw)
+    local y1, y2 = y(math.max(v, 0)), y(math.min(v, 0))
+    parts[#parts + 1] = ('<rect x="%s" y="%s" width="%s" height="%s" fill="%s"><title>%s: %s</title></rect>'):format(
+      num(x + 1), num(y1), num(math.max(bw - 2, 1)), num(math.max(y2 - y1, 0.5)), v >= 0 and palette[1] or palette[2], esc(labels[i]), format.number(v, 4))
+  end, function(i, x, bw)
     parts[#parts + 1] = ('<text transform="translate(%s,%d) rotate(-60)" class="xtick" text-anchor="end">%s</text>'):format(
       num(x + bw / 2 + 3), T + ph + 10, esc(labels[i]))
-  end
+  end)
   parts[#parts + 1] = ('<line x1="%d" y1="%s" x2="%d" y2="%s" class="axis"/>'):format(L, num(y(0)), L + pw, num(y(0)))
   parts[#parts + 1] = ('<text x="%s" y="%d" class="xlabel" text-anchor="middle">%s</text>'):format(num(L + pw / 2), H - 4, esc(opts.xlabel or 'component'))
   parts[#parts + 1] = ('<g class="legend"><rect x="%d" y="%d" width="10" height="10" fill="%s"/><text x="%d" y="%d">positive</text>'

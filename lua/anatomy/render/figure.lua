@@ -1,10 +1,10 @@
 -- Figure: one chart as a value. It prints as its terminal form; in a
 -- notebook it shows as SVG (its _repr_mimebundle); fig:svg() is the SVG,
 -- standalone (the report's styles inside it), and fig:save(path) writes it.
-local page = require 'anatomy.render.page'
-local charts = require 'anatomy.render.charts'
-local terminal = require 'anatomy.render.terminal'
-local fs = require 'anatomy.io.fs'
+local page = require('anatomy.render.page')
+local charts = require('anatomy.render.charts')
+local terminal = require('anatomy.render.terminal')
+local fs = require('anatomy.io.fs')
 local Figure = {}
 Figure.__index = Figure
 

@@ -6,10 +6,10 @@
 -- is reported with its traceback while the session keeps its variables.
 -- Rich output: display(x), and any value with a _repr_mimebundle() method
 -- (an autopsy, its charts, a comparison) shows as HTML or SVG.
-local json = require 'anatomy.io.json'
-local repl = require 'anatomy.session.repl'
-local page = require 'anatomy.render.page'
-local help = require 'anatomy.session.help'
+local json = require('anatomy.io.json')
+local repl = require('anatomy.session.repl')
+local page = require('anatomy.render.page')
+local help = require('anatomy.session.help')
 local O = json.object  -- {} that must be a JSON object
 
 local kernel = {}

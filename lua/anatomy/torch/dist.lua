@@ -6,7 +6,7 @@
 -- torchrun or a SLURM script that sets MASTER_ADDR, MASTER_PORT, RANK,
 -- WORLD_SIZE (and LOCAL_RANK), `anatomy script.lua` joins the world at
 -- start-up. train.fit then trains data-parallel by itself.
-local options = require 'anatomy.torch.options'
+local options = require('anatomy.torch.options')
 local native = torch._dist
 
 local dist = {}

@@ -1,6 +1,6 @@
 -- The parts of torch.Tensor written in Lua: hook handles, and the torch.f(x, ...)
 -- function forms of tensor methods (torch.matmul(a, b) == a:matmul(b)).
-local torch = require 'anatomy.core'
+local torch = require('anatomy.core')
 local Tensor = torch.Tensor
 
 -- A handle returned by register_hook; handle:remove() detaches the hook.

@@ -4,16 +4,16 @@
 -- forward pass: autocast, the GPU's trusted ids), then for each step `step`
 -- (queue the work) and `report` (read the loss, evaluate, log, print,
 -- checkpoint), and `close`. Data parallelism is train/parallel.lua's.
-local nn = require 'anatomy.nn'
-local optim = require 'anatomy.optim'
-local fs = require 'anatomy.io.fs'
-local measure = require 'anatomy.autopsy.measure'
-local hooks = require 'anatomy.probe.hooks'
-local parallel = require 'anatomy.train.parallel'
-local checkpoint = require 'anatomy.train.checkpoint'
-local evaluate = require 'anatomy.train.evaluate'
-local train_log = require 'anatomy.train.log'
-local Run = require 'anatomy.train.Run'
+local nn = require('anatomy.nn')
+local optim = require('anatomy.optim')
+local fs = require('anatomy.io.fs')
+local measure = require('anatomy.autopsy.measure')
+local hooks = require('anatomy.probe.hooks')
+local parallel = require('anatomy.train.parallel')
+local checkpoint = require('anatomy.train.checkpoint')
+local evaluate = require('anatomy.train.evaluate')
+local train_log = require('anatomy.train.log')
+local Run = require('anatomy.train.Run')
 
 local Trainer = {}
 Trainer.__index = Trainer

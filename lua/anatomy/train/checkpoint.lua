@@ -1,7 +1,7 @@
 -- train.fit's checkpoints: the model, the optimizer's state, the random
 -- generator's state and the step in one safetensors file, written
 -- atomically, with the run's settings in its metadata.
-local nn = require 'anatomy.nn'
+local nn = require('anatomy.nn')
 local checkpoint = {}
 
 -- train.save_checkpoint(path, model, opt, step, metadata): model, optimizer

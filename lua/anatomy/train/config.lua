@@ -3,8 +3,8 @@
 -- it does. The check below runs when train.fit is called, so that a string
 -- lr is train.fit's error, not optim.AdamW's argument #3 later.
 -- print(train.options) lists them.
-local options = require 'anatomy.torch.options'
-local nn = require 'anatomy.nn'
+local options = require('anatomy.torch.options')
+local nn = require('anatomy.nn')
 
 -- {key, default, kind, what it does}; kind: 'count' (a positive integer),
 -- 'whole' (a non-negative integer), 'integer', 'positive', 'nonnegative',

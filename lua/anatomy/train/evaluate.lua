@@ -1,8 +1,8 @@
 -- train.evaluate: a model's mean cross-entropy on a corpus's validation
 -- split, or on a text, in windows laid end to end (deterministic, drawing
 -- nothing from the random generator).
-local nn = require 'anatomy.nn'
-local parallel = require 'anatomy.train.parallel'
+local nn = require('anatomy.nn')
+local parallel = require('anatomy.train.parallel')
 
 -- Windows of seq + 1 tokens laid end to end over ids, at most `limit` of
 -- them: deterministic, and drawing nothing from the random generator.

@@ -8,12 +8,12 @@
 --   checkpoint.lua  save and load
 --   Run.lua         what train.fit returns
 --   log.lua         the JSON-lines log, read back and exported
-local dist = require 'anatomy.torch.dist'
-local config = require 'anatomy.train.config'
-local Trainer = require 'anatomy.train.Trainer'
-local checkpoint = require 'anatomy.train.checkpoint'
-local Run = require 'anatomy.train.Run'
-local train_log = require 'anatomy.train.log'
+local dist = require('anatomy.torch.dist')
+local config = require('anatomy.train.config')
+local Trainer = require('anatomy.train.Trainer')
+local checkpoint = require('anatomy.train.checkpoint')
+local Run = require('anatomy.train.Run')
+local train_log = require('anatomy.train.log')
 
 local train = {
   evaluate = require 'anatomy.train.evaluate',

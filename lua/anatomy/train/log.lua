@@ -1,10 +1,10 @@
 -- train.log: the JSON-lines log train.fit writes ({log = path}), one record
 -- a step: reading it back (train.read_metrics), keeping it whole across a
 -- resume, and exporting it as CSV or TensorBoard scalars (train.export_metrics).
-local json = require 'anatomy.io.json'
-local fs = require 'anatomy.io.fs'
-local options = require 'anatomy.torch.options'
-local export = require 'anatomy.io.export'
+local json = require('anatomy.io.json')
+local fs = require('anatomy.io.fs')
+local options = require('anatomy.torch.options')
+local export = require('anatomy.io.export')
 local log = {}
 
 -- train.read_metrics(path) -> {record, ...}: the JSON-lines log train.fit

@@ -4,8 +4,8 @@
 -- produces them (host/dist/reducer.cpp), the loss and the evaluation are
 -- averaged over the ranks, and rank 0 alone prints, logs and checkpoints.
 -- With one rank every function here is the identity or does nothing.
-local dist = require 'anatomy.torch.dist'
-local options = require 'anatomy.torch.options'
+local dist = require('anatomy.torch.dist')
+local options = require('anatomy.torch.options')
 local parallel = {}
 
 -- parallel.setup(params, o) -> world, rank, reducer (nil with one rank):
