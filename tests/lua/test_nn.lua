@@ -413,4 +413,11 @@ test('a module cannot be added inside itself or its own children', function()
   eq(twice(torch.ones(1, 2)):size(2), 2)
 end)
 
+test('nn.format_count separates thousands of negative counts too (one implementation, render/format.lua)', function()
+  eq(nn.format_count(1611329), '1,611,329')
+  eq(nn.format_count(-123456), '-123,456')
+  eq(nn.format_count(999), '999')
+  eq(nn.format_count(-1000), '-1,000')
+end)
+
 H.done()

@@ -13,8 +13,9 @@ local Autopsy = require('anatomy.autopsy.Autopsy')
 local provenance = require('anatomy.io.provenance')
 local data = require('anatomy.data')
 local inputs = require('anatomy.probe.inputs')
+local format = require('anatomy.render.format')
 
-local function same_shape(a, b) return table.concat(a:size(), 'x') == table.concat(b:size(), 'x') end
+local function same_shape(a, b) return format.shape(a) == format.shape(b) end
 
 -- The state of one autopsy: its settings, the sums over batches and what the
 -- last batch showed.
@@ -79,7 +80,7 @@ local function lens(s, d, i, out, y, final_top)
     s.missing.lens_loss = s.missing.lens_loss or ('readout(h) failed: ' .. tostring(read):gsub('^[^\n]-:%d+: ', ''):match('[^\n]*'))
   else
     s.missing.lens_loss = s.missing.lens_loss or ('readout(h) gave %s, not logits over %d tokens'):format(
-      torch.is_tensor(read) and table.concat(read:size(), 'x') or type(read), d.logits:size(-1))
+      torch.is_tensor(read) and format.shape(read) or type(read), d.logits:size(-1))
   end
 end
 
@@ -249,10 +250,10 @@ local function rows(s)
   end
   for name, p in model:named_parameters() do
     local g = avg(s, 'grad:' .. name)
-    a.params[#a.params + 1] = {name = name, grad_norm = g, shape = table.concat(p:size(), 'x')}
+    a.params[#a.params + 1] = {name = name, grad_norm = g, shape = format.shape(p)}
     local r = weight_eranks[name]
     if r then
-      a.weights[#a.weights + 1] = {name = name, erank = r, ratio = r / math.min(p:size(1), p:size(2)), shape = table.concat(p:size(), 'x')}
+      a.weights[#a.weights + 1] = {name = name, erank = r, ratio = r / math.min(p:size(1), p:size(2)), shape = format.shape(p)}
     end
     local row = output_row
     for i, l in ipairs(layers) do if measure.starts_with(name, l[1] .. '.') then row = s.block_rows[i] end end

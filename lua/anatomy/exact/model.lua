@@ -2,6 +2,7 @@
 -- strings) into exact values, with errors that name the weight, the entry and
 -- where an expected size comes from; and reading the tokens a trace runs on.
 local V = require('anatomy.exact.value')
+local options = require('anatomy.torch.options')
 
 local M = {}
 
@@ -101,15 +102,8 @@ local BLOCK_KEYS = {'Wq', 'Wk', 'Wv', 'Wo', 'bq', 'bk', 'bv', 'bo', 'heads', 'sc
 local MODEL_KEYS = {'vocab', 'E', 'P', 'U', 'blocks'}
 
 local function check_keys(cfg, allowed, what)
-  local set = {}
-  for _, k in ipairs(allowed) do set[k] = true end
-  for k in pairs(cfg) do
-    if not set[k] then
-      local names = {}
-      for _, n in ipairs(allowed) do names[#names + 1] = n end
-      fail("exact.model: unknown key '%s' in %s (expected %s)", tostring(k), what, table.concat(names, ', '))
-    end
-  end
+  local k, names = options.unknown(cfg, allowed)
+  if k then fail("exact.model: unknown key '%s' in %s (expected %s)", k, what, names) end
 end
 
 local function norm_params(name, spec, shared, d)

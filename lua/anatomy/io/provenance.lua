@@ -4,6 +4,7 @@
 -- rerun. Every writer of results (examples, scripts, the autopsy's JSON and
 -- report) builds its record here.
 local nn = require('anatomy.nn')
+local format = require('anatomy.render.format')
 local json = require('anatomy.io.json')
 local data = require('anatomy.data')
 local fs = require('anatomy.io.fs')
@@ -166,14 +167,7 @@ function provenance.record(spec)
   return rec
 end
 
-local function count(n)
-  local s = tostring(math.floor(n))
-  repeat
-    local k
-    s, k = s:gsub('^(-?%d+)(%d%d%d)', '%1,%2')
-  until k == 0
-  return s
-end
+local count = format.count
 
 local function seconds(s)
   if s >= 90 then return ('%d min %d s'):format(math.floor(s / 60), math.floor(s % 60 + 0.5)) end

@@ -21,19 +21,14 @@ end
 function models.check_config(name, cfg, required, optional)
   local level = options.user_level()
   if type(cfg) ~= 'table' then error(('models.%s: expected a config table, got %s'):format(name, type(cfg)), level) end
-  local known, names = {}, {}
+  local known = {}
   for _, k in ipairs(required) do known[k] = true end
   for _, k in ipairs(optional) do known[k] = true end
-  for n in pairs(known) do names[#names + 1] = n end
-  table.sort(names)
-  local unknown = {}
-  for k in pairs(cfg) do if not known[k] then unknown[#unknown + 1] = tostring(k) end end
-  table.sort(unknown)
-  if #unknown > 0 then
-    local k = unknown[1]
+  local k, listed, names = options.unknown(cfg, known)
+  if k then
     local near = options.closest(k, names)
     error(("models.%s: unknown config key '%s'%s (expected %s)"):format(name, k, near and (", did you mean '" .. near .. "'?") or '',
-      table.concat(names, ', ')), level)
+      listed), level)
   end
   for _, k in ipairs(required) do
     if cfg[k] == nil then error(('models.%s: config needs %s'):format(name, k), level) end

@@ -14,6 +14,7 @@ local models = require('anatomy.models')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 local options = require('anatomy.torch.options')
+local format = require('anatomy.render.format')
 
 local pretrained = {}
 models.pretrained = pretrained
@@ -265,7 +266,7 @@ function models.from_pretrained(folder, opts)
   for name, p in model:named_parameters() do params[name] = p end
   local function check_shape(w, stored, shape)
     local p = params[w[1]]
-    if table.concat(shape, 'x') ~= table.concat(p:size(), 'x') then
+    if table.concat(shape, 'x') ~= format.shape(p) then
       local want = p:size()
       if w[3] == true then want = {want[2], want[1]} end
       error(('%s: %s has shape %s in the checkpoint, expected %s for %s%s'):format(where, w[2], table.concat(stored, 'x'),

@@ -19,6 +19,7 @@
 -- Use nn.ExpandStreams(n) before the first block and nn.MergeStreams() after
 -- the last to go between (..., C) and (..., n, C).
 local nn = require('anatomy.nn')
+local format = require('anatomy.render.format')
 
 local HC = nn.class('nn.HyperConnections', nn.Module)
 nn.HyperConnections = HC
@@ -73,7 +74,7 @@ end
 function HC:forward(x)
   if x:dim() < 2 or x:size(-2) ~= self.streams or x:size(-1) ~= self.dim then
     error(('nn.HyperConnections expects input of shape (..., %d, %d), got %s (use nn.ExpandStreams(%d) first)')
-      :format(self.streams, self.dim, table.concat(x:size(), 'x'), self.streams), 2)
+      :format(self.streams, self.dim, format.shape(x), self.streams), 2)
   end
   local res, pre, post = self:mixing()
   local h = pre:matmul(x):squeeze(-2)                       -- (..., C): f's input

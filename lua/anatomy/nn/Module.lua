@@ -10,6 +10,7 @@
 -- default (below, and nn.Sequential's readout); what is missing, the autopsy
 -- says under its table.
 local nn = require('anatomy.nn')
+local format = require('anatomy.render.format')
 
 local Module = nn.class('nn.Module')
 nn.Module = Module
@@ -365,9 +366,9 @@ function Module:load_state_dict(sd, opts)
       missing[#missing + 1] = name
     elseif not torch.is_tensor(v) then
       mismatched[#mismatched + 1] = ('%s (a %s, not a Tensor)'):format(name, type(v))
-    elseif table.concat(v:size(), 'x') ~= table.concat(p:size(), 'x') then
+    elseif format.shape(v) ~= format.shape(p) then
       mismatched[#mismatched + 1] = ('%s (%s in the state dict, %s in the model)'):format(
-        name, table.concat(v:size(), 'x'), table.concat(p:size(), 'x'))
+        name, format.shape(v), format.shape(p))
     end
   end
   local unexpected = {}
@@ -432,18 +433,15 @@ end
 -- What tostring shows inside the parentheses; classes override it.
 function Module:extra_repr() return '' end
 
--- nn.format_count(n) -> n with thousands separators ('1,611,329')
-local function count(n)
-  local s = tostring(math.floor(n))
-  return s:reverse():gsub('(%d%d%d)', '%1,'):reverse():gsub('^,', '')
-end
-nn.format_count = count
+-- nn.format_count(n) -> n with thousands separators ('1,611,329'; render/format.lua's)
+nn.format_count = format.count
+local count = format.count
 
 local function own_shapes(m)
   local parts = {}
   for _, name in ipairs(m._params) do
     local t = param_value(m, name)
-    if t then parts[#parts + 1] = name .. ' ' .. table.concat(t:size(), 'x') end
+    if t then parts[#parts + 1] = name .. ' ' .. format.shape(t) end
   end
   return table.concat(parts, ', ')
 end

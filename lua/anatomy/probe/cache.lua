@@ -7,6 +7,7 @@ local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')
 local options = require('anatomy.torch.options')
 local figure = require('anatomy.render.figure')
+local format = require('anatomy.render.format')
 local Cache = {}
 
 local methods = {}
@@ -155,13 +156,13 @@ end
 
 function Cache.__tostring(self)
   local lines = {('probe cache: %d activations, %.1f MiB, input %s'):format(#self._order, self:memory() / 2^20,
-    table.concat(self.ids:size(), 'x'))}
+    format.shape(self.ids))}
   for i, n in ipairs(self._order) do
     if i > 40 then
       lines[#lines + 1] = ('  ... and %d more (cache:names())'):format(#self._order - 40)
       break
     end
-    lines[#lines + 1] = ('  %-40s %s'):format(n, table.concat(self._tensors[n]:size(), 'x'))
+    lines[#lines + 1] = ('  %-40s %s'):format(n, format.shape(self._tensors[n]))
   end
   return table.concat(lines, '\n')
 end

@@ -14,9 +14,9 @@
 -- block with no hook entry keeps its fused path.
 local points = require('anatomy.probe.points')
 local nn = require('anatomy.nn')
+local format = require('anatomy.render.format')
 local hooks = {}
 
-local function size_text(t) return table.concat(t:size(), 'x') end
 
 -- A module's forward through its output entries: a skip returns the input;
 -- else forward, then replacements and records in the order they were attached.
@@ -51,8 +51,8 @@ local function dispatch(m, point, t)
           if not torch.is_tensor(r) then
             error(("probe: the replacement for '%s' is a %s, not a Tensor"):format(full, type(r)), 0)
           end
-          if size_text(r) ~= size_text(t) then
-            error(("probe: the replacement for '%s' has shape %s, expected %s"):format(full, size_text(r), size_text(t)), 0)
+          if format.shape(r) ~= format.shape(t) then
+            error(("probe: the replacement for '%s' has shape %s, expected %s"):format(full, format.shape(r), format.shape(t)), 0)
           end
           t = r
         end

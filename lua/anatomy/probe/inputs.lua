@@ -1,6 +1,7 @@
 -- What the probe layer takes as input: ids or texts turned into a batch of
 -- ids, one token named by id or text, a position counted from either end,
 -- and each token's text for labels.
+local format = require('anatomy.render.format')
 local inputs = {}
 
 -- probe.to_ids(model, input, tokenizer, where) -> ids (B, T) int64 and the
@@ -12,7 +13,7 @@ function inputs.to_ids(model, input, tokenizer, where)
   if torch.is_tensor(input) then
     if input.dtype ~= 'int64' then return input, tokenizer end  -- a model that takes vectors: as it is
     if input:dim() == 1 then input = input:unsqueeze(1) end
-    if input:dim() ~= 2 then error(('%s: ids must be (T) or (B, T), got %s'):format(where, table.concat(input:size(), 'x')), 3) end
+    if input:dim() ~= 2 then error(('%s: ids must be (T) or (B, T), got %s'):format(where, format.shape(input)), 3) end
     return input, tokenizer
   end
   local texts = type(input) == 'string' and {input} or input

@@ -8,9 +8,9 @@ local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')
 local Cache = require('anatomy.probe.cache')
 local options = require('anatomy.torch.options')
+local format = require('anatomy.render.format')
 local interventions = {}
 
-local function size_text(t) return table.concat(t:size(), 'x') end
 
 -- The part of t (a view) that opts.head and opts.position select (1-based;
 -- a negative position counts from the end); t itself when neither is given.
@@ -100,7 +100,7 @@ local function check_batch_shape(t, ref, name, where)
   for d = 2, t:dim() do
     if t:size(d) ~= ref:size(d) then
       error(("%s: '%s' is %s here but %s in the reference batch (only the batch size may differ)"):format(where, name,
-        size_text(t), size_text(ref)), 0)
+        format.shape(t), format.shape(ref)), 0)
     end
   end
 end
@@ -189,8 +189,8 @@ function interventions.patch(model, name, source, opts)
     error(('probe.patch: source must be a cache or a Tensor, got %s'):format(type(source)), 2)
   end
   return replace_selection(model, name, opts, where, function(view, t, full)
-    if size_text(src) ~= size_text(t) then
-      error(("probe.patch: '%s' is %s here but %s in the source"):format(full, size_text(t), size_text(src)), 0)
+    if format.shape(src) ~= format.shape(t) then
+      error(("probe.patch: '%s' is %s here but %s in the source"):format(full, format.shape(t), format.shape(src)), 0)
     end
     view:copy_(selection(src, full, opts, where))
   end)

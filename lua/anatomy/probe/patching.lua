@@ -15,6 +15,7 @@ local terminal = require('anatomy.render.terminal')
 local charts = require('anatomy.render.charts')
 local page = require('anatomy.render.page')
 local fs = require('anatomy.io.fs')
+local format = require('anatomy.render.format')
 
 local patching = {}
 
@@ -95,9 +96,9 @@ function patching.run(model, clean, corrupt, metric, opts)
   end
   local clean_ids = inputs.to_ids(model, clean, opts.tokenizer, where)
   local corrupt_ids, tok = inputs.to_ids(model, corrupt, opts.tokenizer, where)
-  if table.concat(clean_ids:size(), 'x') ~= table.concat(corrupt_ids:size(), 'x') then
-    error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, table.concat(clean_ids:size(), 'x'),
-      table.concat(corrupt_ids:size(), 'x')), 2)
+  if format.shape(clean_ids) ~= format.shape(corrupt_ids) then
+    error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, format.shape(clean_ids),
+      format.shape(corrupt_ids)), 2)
   end
   local layers, why = model:layers()
   if not layers then error(('%s: %s'):format(where, why), 2) end
@@ -145,12 +146,6 @@ function Result:normalized()
   local span = self.clean - self.corrupt
   if span == 0 then error('patching: clean and corrupt give the same metric; nothing to normalise by', 2) end
   return (self.grid - self.corrupt) / span
-end
-
-local function rows_of(t)
-  local out = t:tolist()
-  if type(out[1]) ~= 'table' then out = {out} end
-  return out
 end
 
 function Result:__tostring()

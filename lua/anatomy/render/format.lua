@@ -2,6 +2,20 @@
 -- table with its verdict note, the parameter table, and terminal bar charts.
 local format = {}
 
+-- format.shape(t) -> a tensor's shape as errors and tables write it ('2x3'; '' for a scalar)
+function format.shape(t) return table.concat(t:size(), 'x') end
+
+-- format.count(n) -> the whole number n with thousands separators
+-- ('1,611,329', '-12,000')
+function format.count(n)
+  local s = tostring(math.floor(n))
+  repeat
+    local k
+    s, k = s:gsub('^(-?%d+)(%d%d%d)', '%1,%2')
+  until k == 0
+  return s
+end
+
 -- format.number(v, digits) -> '-' for nil, 'nan', scientific for very large or small values
 local function fmt(v, digits)
   if v == nil then return '-' end

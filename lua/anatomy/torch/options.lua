@@ -2,27 +2,37 @@
 -- that a misspelt option is an error that lists the right ones.
 local options = {}
 
+-- options.unknown(t, allowed) -> the first key of t (in sorted order) that
+-- allowed does not name, and the allowed names, sorted, as a string
+-- ('a, b, c'); nil when every key is allowed. allowed: a list of names or a
+-- set {name = true}; names starting with _ are internal and not listed.
+-- Every "unknown option / key" error is made from it.
+function options.unknown(t, allowed)
+  local set = allowed
+  if allowed[1] then
+    set = {}
+    for _, k in ipairs(allowed) do set[k] = true end
+  end
+  local bad = {}
+  for k in pairs(t) do if not set[k] then bad[#bad + 1] = tostring(k) end end
+  if #bad == 0 then return nil end
+  table.sort(bad)
+  local names = {}
+  for n in pairs(set) do
+    if not tostring(n):match('^_') then names[#names + 1] = n end  -- _names are internal (tests)
+  end
+  table.sort(names)
+  return bad[1], table.concat(names, ', '), names
+end
+
 -- options.check(opts, allowed, where, level) -> opts (or {} for nil)
 -- allowed: a list of names, or a set {name = true}; level: error()'s level.
 function options.check(opts, allowed, where, level)
   level = (level or 2) + 1
   if opts == nil then return {} end
   if type(opts) ~= 'table' then error(('%s: options must be a table, got %s'):format(where, type(opts)), level) end
-  local set = allowed
-  if allowed[1] then
-    set = {}
-    for _, k in ipairs(allowed) do set[k] = true end
-  end
-  for k in pairs(opts) do
-    if not set[k] then
-      local names = {}
-      for n in pairs(set) do
-        if not tostring(n):match('^_') then names[#names + 1] = n end  -- _names are internal (tests)
-      end
-      table.sort(names)
-      error(("%s: unknown option '%s' (expected %s)"):format(where, tostring(k), table.concat(names, ', ')), level)
-    end
-  end
+  local k, names = options.unknown(opts, allowed)
+  if k then error(("%s: unknown option '%s' (expected %s)"):format(where, k, names), level) end
   return opts
 end
 
