@@ -253,9 +253,8 @@ int launch(int nproc, const std::vector<char*>& child_argv) {
   return code;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Memory settings that must precede the first allocation.
+void configure_process() {
 #ifdef __GLIBC__
   // Tensor buffers are freed in batches by Lua's collector rather than one at
   // a time. glibc would serve buffers above 128 KiB with mmap and trim freed
@@ -274,105 +273,116 @@ int main(int argc, char** argv) {
   // kernel's clear_page). THP_MEM_ALLOC_ENABLE=0 turns it off.
   setenv("THP_MEM_ALLOC_ENABLE", "1", /*overwrite=*/0);
   std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);  // progress lines show up promptly in logs and pipes
+}
+
+// What the command line asks for.
+struct CommandLine {
   anatomy::RuntimeOptions options;
   std::vector<Action> actions;
   bool interactive = false, version = false;
-  int script = 0;
+  int script = 0;  // argv index of the script, 0 for none
   long nproc = 0;
   std::string kernel_file, kernel_prefix;
   bool install_kernel = false, kernel_user = false;
   std::vector<int> nproc_at;  // where --nproc's words are: the ranks get the command line without them
+};
+
+CommandLine parse_command_line(int argc, char** argv) {
+  CommandLine c;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], v;
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
-      return 0;
+      std::exit(0);
     } else if (a == "-v" || a == "--version") {
-      version = true;
+      c.version = true;
     } else if (a == "-i") {
-      interactive = true;
+      c.interactive = true;
     } else if (a == "-e" || a == "-l") {
       if (i + 1 >= argc) usage_error("'" + a + "' needs an argument");
-      actions.push_back({a[1], argv[++i]});
+      c.actions.push_back({a[1], argv[++i]});
     } else if (take_value(argc, argv, i, "--device", v)) {
-      options.device = v;
+      c.options.device = v;
     } else if (take_value(argc, argv, i, "--threads", v)) {
-      options.threads = static_cast<int64_t>(parse_positive("--threads", v));
+      c.options.threads = static_cast<int64_t>(parse_positive("--threads", v));
     } else if (take_value(argc, argv, i, "--seed", v)) {
-      options.seed = static_cast<uint64_t>(parse_positive("--seed", v));
+      c.options.seed = static_cast<uint64_t>(parse_positive("--seed", v));
     } else if (take_value(argc, argv, i, "--kernel", v)) {
-      kernel_file = v;
+      c.kernel_file = v;
     } else if (a == "--install-kernel") {
-      install_kernel = true;
+      c.install_kernel = true;
     } else if (a == "--user") {
-      kernel_user = true;
+      c.kernel_user = true;
     } else if (take_value(argc, argv, i, "--prefix", v)) {
-      kernel_prefix = v;
+      c.kernel_prefix = v;
     } else if (take_value(argc, argv, i, "--nproc", v)) {
-      nproc = parse_positive("--nproc", v);
-      if (nproc < 1 || nproc > 1024) usage_error("--nproc expects 1..1024 ranks, got " + v);
-      if (std::strcmp(argv[i - 1], "--nproc") == 0) nproc_at.push_back(i - 1);  // "--nproc N"
-      nproc_at.push_back(i);
+      c.nproc = parse_positive("--nproc", v);
+      if (c.nproc < 1 || c.nproc > 1024) usage_error("--nproc expects 1..1024 ranks, got " + v);
+      if (std::strcmp(argv[i - 1], "--nproc") == 0) c.nproc_at.push_back(i - 1);  // "--nproc N"
+      c.nproc_at.push_back(i);
     } else if (a == "--") {
-      if (i + 1 < argc) script = i + 1;
+      if (i + 1 < argc) c.script = i + 1;
       break;
     } else if (a.size() > 1 && a[0] == '-') {
       usage_error("unknown option '" + a + "'");
     } else {
-      script = i;
+      c.script = i;
       break;
     }
   }
+  if (c.install_kernel && c.kernel_user && !c.kernel_prefix.empty()) usage_error("--install-kernel takes --user or --prefix, not both");
+  if ((c.kernel_user || !c.kernel_prefix.empty()) && !c.install_kernel) usage_error("--user and --prefix go with --install-kernel");
+  if (c.nproc > 0 && !c.script && c.actions.empty()) usage_error("--nproc runs a script (or -e code), not the REPL");
+  if (c.nproc > 0 && c.interactive) usage_error("--nproc cannot enter the REPL (-i): each rank would read the terminal");
+  return c;
+}
 
-  if (install_kernel) {
-    if (kernel_user && !kernel_prefix.empty()) usage_error("--install-kernel takes --user or --prefix, not both");
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) usage_error("--install-kernel: cannot find this executable's path");
-    self[n] = '\0';
-    try {
-      std::string dir = anatomy::install_kernelspec(self, kernel_user, kernel_prefix);
-      std::printf("installed the kernelspec 'anatomy' in %s\n", dir.c_str());
-      leave(0);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "anatomy: %s\n", e.what());
-      leave(1);
-    }
-  }
-  if ((kernel_user || !kernel_prefix.empty()) && !install_kernel) usage_error("--user and --prefix go with --install-kernel");
-  if (!kernel_file.empty()) {
-    int code = 1;
-    try {
-      anatomy::LuaState state(options);
-      code = anatomy::run_kernel(state, kernel_file);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "anatomy: %s\n", e.what());
-    }
-    leave(code);
-  }
-
-  if (nproc > 0) {
-    if (!script && actions.empty()) usage_error("--nproc runs a script (or -e code), not the REPL");
-    if (interactive) usage_error("--nproc cannot enter the REPL (-i): each rank would read the terminal");
-    std::vector<char*> child_argv;
-    for (int i = 0; i < argc; ++i) {
-      if (std::find(nproc_at.begin(), nproc_at.end(), i) == nproc_at.end()) child_argv.push_back(argv[i]);
-    }
-    child_argv.push_back(nullptr);
-    int code = 1;
-    try {
-      code = launch(static_cast<int>(nproc), child_argv);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "anatomy: %s\n", e.what());
-    }
-    leave(code);
-  }
-
-  int code = 1;
+// --install-kernel: the kernelspec that makes Jupyter find this executable.
+[[noreturn]] void install_kernel(const CommandLine& c) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) usage_error("--install-kernel: cannot find this executable's path");
+  self[n] = '\0';
   try {
-    code = run(options, actions, interactive, version, script, argc, argv);
+    std::string dir = anatomy::install_kernelspec(self, c.kernel_user, c.kernel_prefix);
+    std::printf("installed the kernelspec 'anatomy' in %s\n", dir.c_str());
+    leave(0);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "anatomy: %s\n", e.what());
+    leave(1);
   }
-  leave(code);
+}
+
+// The exit code of f(), or 1 with its exception's message.
+template <class F>
+int reported(F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "anatomy: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  configure_process();
+  CommandLine c = parse_command_line(argc, argv);
+  if (c.install_kernel) install_kernel(c);
+  if (!c.kernel_file.empty()) {
+    leave(reported([&] {
+      anatomy::LuaState state(c.options);
+      return anatomy::run_kernel(state, c.kernel_file);
+    }));
+  }
+  if (c.nproc > 0) {
+    std::vector<char*> child_argv;  // this command line without --nproc
+    for (int i = 0; i < argc; ++i) {
+      if (std::find(c.nproc_at.begin(), c.nproc_at.end(), i) == c.nproc_at.end()) child_argv.push_back(argv[i]);
+    }
+    child_argv.push_back(nullptr);
+    leave(reported([&] { return launch(static_cast<int>(c.nproc), child_argv); }));
+  }
+  leave(reported([&] { return run(c.options, c.actions, c.interactive, c.version, c.script, argc, argv); }));
 }
