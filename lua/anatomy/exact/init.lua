@@ -134,118 +134,111 @@ local Step = {}
 Step.__index = Step
 
 
--- exact.trace(model, tokens) -> Trace: every step of the forward pass.
--- tokens: 'a b' (space-separated), 'ab' (one character each), or a list of names or ids.
-function exact.trace(model, tokens)
-  if getmetatable(model) ~= Model then fail('exact.trace: expected an exact.model, got %s', type(model)) end
-  local list, ids = split_tokens(model, tokens)
-  local T = #list
-  local trace = setmetatable({model = model, tokens = list, ids = ids, steps = {}, cursor = 0}, Trace)
-  local block_no
-  local function record(name, formula, kind, values, extra)
-    local s = setmetatable({index = #trace.steps + 1, name = name, formula = formula, kind = kind,
-                            values = values, block = block_no}, Step)
-    for k, v in pairs(extra or {}) do s[k] = v end
-    trace.steps[#trace.steps + 1] = s
-    return s
+-- Adds a step to the trace: its name, formula, kind and values (in the
+-- block being traced, if any).
+function Trace:record(name, formula, kind, values, extra)
+  local s = setmetatable({index = #self.steps + 1, name = name, formula = formula, kind = kind,
+                          values = values, block = self.block}, Step)
+  for k, v in pairs(extra or {}) do s[k] = v end
+  self.steps[#self.steps + 1] = s
+  return s
+end
+
+-- One block's attention: Q, K, V, then per head the scores, the softmax and
+-- the weighted values, then the output projection. Returns a (T vectors).
+local function trace_attention(trace, blk, x, T)
+  local Qv, Kv, Vv = {}, {}, {}
+  for i = 1, T do
+    Qv[i] = vecmat(x[i], blk.Wq, blk.bq)
+    Kv[i] = vecmat(x[i], blk.Wk, blk.bk)
+    Vv[i] = vecmat(x[i], blk.Wv, blk.bv)
   end
-
-  record('tokens', 'the input', 'tokens', list)
-  local x = {}
-  local embed = {}
-  for i = 1, T do embed[i] = model.E[ids[i]] end
-  record('embed', 'E[token]', 'vectors', embed)
-  for i = 1, T do x[i] = vadd(embed[i], model.P[i]) end
-  record('+pos', 'x = E[token] + P[position]', 'vectors', x)
-
-  for b, blk in ipairs(model.blocks) do
-    block_no = #model.blocks > 1 and b or nil
-    local Qv, Kv, Vv = {}, {}, {}
+  trace:record('Q', 'Q = x·Wq' .. (blk.bq and ' + bq' or ''), 'vectors', Qv)
+  trace:record('K', 'K = x·Wk' .. (blk.bk and ' + bk' or ''), 'vectors', Kv)
+  trace:record('V', 'V = x·Wv' .. (blk.bv and ' + bv' or ''), 'vectors', Vv)
+  local dh, dvh = #blk.Wq[1] / blk.heads, #blk.Wv[1] / blk.heads
+  local attn = {}
+  for i = 1, T do attn[i] = {} end
+  for h = 1, blk.heads do
+    local head = blk.heads > 1 and h or nil
+    local scores, probs = {}, {}
+    local scale_text = V.is_rational(blk.scale) and blk.scale == V.ONE and '' or V.render(blk.scale) .. '·'
     for i = 1, T do
-      Qv[i] = vecmat(x[i], blk.Wq, blk.bq)
-      Kv[i] = vecmat(x[i], blk.Wk, blk.bk)
-      Vv[i] = vecmat(x[i], blk.Wv, blk.bv)
-    end
-    record('Q', 'Q = x·Wq' .. (blk.bq and ' + bq' or ''), 'vectors', Qv)
-    record('K', 'K = x·Wk' .. (blk.bk and ' + bk' or ''), 'vectors', Kv)
-    record('V', 'V = x·Wv' .. (blk.bv and ' + bv' or ''), 'vectors', Vv)
-    local dh, dvh = #blk.Wq[1] / blk.heads, #blk.Wv[1] / blk.heads
-    local attn = {}
-    for i = 1, T do attn[i] = {} end
-    for h = 1, blk.heads do
-      local head = blk.heads > 1 and h or nil
-      local scores, probs = {}, {}
-      local scale_text = V.is_rational(blk.scale) and blk.scale == V.ONE and '' or V.render(blk.scale) .. '·'
-      for i = 1, T do
-        scores[i] = {}
-        local last = blk.causal and i or T
-        for j = 1, last do
-          scores[i][j] = mul(blk.scale, dot(Qv[i], Kv[j], (h - 1) * dh + 1, h * dh))
-        end
-      end
-      record('scores', 'S[i][j] = ' .. scale_text .. 'Q[i]·K[j]' .. (blk.causal and ', j ≤ i' or ''), 'rows', scores, {head = head})
-      for i = 1, T do
-        local e, total = {}, V.ZERO
-        for j = 1, #scores[i] do
-          e[j] = V.exp(scores[i][j])
-          total = add(total, e[j])
-        end
-        probs[i] = {}
-        for j = 1, #scores[i] do probs[i][j] = div(e[j], total) end
-      end
-      record('softmax', 'A = e^S / Σⱼ e^S (per row)', 'rows', probs, {head = head})
-      for i = 1, T do
-        for c = 1, dvh do
-          local s = V.ZERO
-          for j = 1, #probs[i] do s = add(s, mul(probs[i][j], Vv[j][(h - 1) * dvh + c])) end
-          attn[i][(h - 1) * dvh + c] = s
-        end
+      scores[i] = {}
+      local last = blk.causal and i or T
+      for j = 1, last do
+        scores[i][j] = mul(blk.scale, dot(Qv[i], Kv[j], (h - 1) * dh + 1, h * dh))
       end
     end
-    record('attention', 'a = Σⱼ A[i][j]·V[j]', 'vectors', attn)
-    if blk.Wo then
-      local projected = {}
-      for i = 1, T do projected[i] = vecmat(attn[i], blk.Wo, blk.bo) end
-      attn = projected
-      record('attention.out', 'a = a·Wo' .. (blk.bo and ' + bo' or ''), 'vectors', attn)
-    end
-    local function residual_norm(res_name, res_formula, base, delta, ln, ln_name)
-      local r = {}
-      for i = 1, T do r[i] = vadd(base[i], delta[i]) end
-      record(res_name, res_formula, 'vectors', r)
-      local parts = {}
-      for i = 1, T do parts[i] = exact.layer_norm(r[i], ln.gamma, ln.beta, ln.eps) end
-      local function field(f) local t = {} for i = 1, T do t[i] = parts[i][f] end return t end
-      local notes = {}
-      for i = 1, T do notes[i] = parts[i].note end
-      record(ln_name .. '.mean', 'μ = mean(r)', 'scalars', field('mean'))
-      record(ln_name .. '.centered', 'c = r − μ', 'vectors', field('centered'))
-      record(ln_name .. '.var', 'σ² = mean(c²)', 'scalars', field('var'))
-      record(ln_name .. '.std', ln.eps:sign() == 0 and 'σ = √σ²' or 'σ = √(σ² + ε)', 'scalars', field('std'))
-      local plain = true
-      for i = 1, #ln.gamma do
-        if ln.gamma[i] ~= V.ONE or ln.beta[i]:sign() ~= 0 then plain = false end
+    trace:record('scores', 'S[i][j] = ' .. scale_text .. 'Q[i]·K[j]' .. (blk.causal and ', j ≤ i' or ''), 'rows', scores, {head = head})
+    for i = 1, T do
+      local e, total = {}, V.ZERO
+      for j = 1, #scores[i] do
+        e[j] = V.exp(scores[i][j])
+        total = add(total, e[j])
       end
-      record(ln_name .. '.out', plain and 'y = c/σ' or 'y = γ⊙c/σ + β', 'vectors', field('out'), {notes = notes})
-      return field('out')
+      probs[i] = {}
+      for j = 1, #scores[i] do probs[i][j] = div(e[j], total) end
     end
-    x = residual_norm('residual1', 'r = x + a', x, attn, blk.ln1, 'ln1')
-    if blk.W1 then
-      local hidden, act, out = {}, {}, {}
-      for i = 1, T do
-        hidden[i] = vecmat(x[i], blk.W1, blk.b1)
-        act[i] = {}
-        for j = 1, #hidden[i] do act[i][j] = blk.act == 'relu' and V.relu(hidden[i][j]) or hidden[i][j] end
-        out[i] = vecmat(act[i], blk.W2, blk.b2)
+    trace:record('softmax', 'A = e^S / Σⱼ e^S (per row)', 'rows', probs, {head = head})
+    for i = 1, T do
+      for c = 1, dvh do
+        local sum = V.ZERO
+        for j = 1, #probs[i] do sum = add(sum, mul(probs[i][j], Vv[j][(h - 1) * dvh + c])) end
+        attn[i][(h - 1) * dvh + c] = sum
       end
-      record('mlp.hidden', 'h = x·W1' .. (blk.b1 and ' + b1' or ''), 'vectors', hidden)
-      record('mlp.act', blk.act == 'relu' and 'ReLU(h)' or 'h (identity)', 'vectors', act)
-      record('mlp.out', 'm = ReLU(h)·W2' .. (blk.b2 and ' + b2' or ''), 'vectors', out)
-      x = residual_norm('residual2', 'r = x + m', x, out, blk.ln2, 'ln2')
     end
   end
-  block_no = nil
+  trace:record('attention', 'a = Σⱼ A[i][j]·V[j]', 'vectors', attn)
+  if blk.Wo then
+    local projected = {}
+    for i = 1, T do projected[i] = vecmat(attn[i], blk.Wo, blk.bo) end
+    attn = projected
+    trace:record('attention.out', 'a = a·Wo' .. (blk.bo and ' + bo' or ''), 'vectors', attn)
+  end
+  return attn
+end
 
+-- The residual r = base + delta, then the layer norm of r step by step.
+-- Returns the norm's output (T vectors).
+local function trace_residual_norm(trace, T, res_name, res_formula, base, delta, ln, ln_name)
+  local r = {}
+  for i = 1, T do r[i] = vadd(base[i], delta[i]) end
+  trace:record(res_name, res_formula, 'vectors', r)
+  local parts = {}
+  for i = 1, T do parts[i] = exact.layer_norm(r[i], ln.gamma, ln.beta, ln.eps) end
+  local function field(f) local t = {} for i = 1, T do t[i] = parts[i][f] end return t end
+  local notes = {}
+  for i = 1, T do notes[i] = parts[i].note end
+  trace:record(ln_name .. '.mean', 'μ = mean(r)', 'scalars', field('mean'))
+  trace:record(ln_name .. '.centered', 'c = r − μ', 'vectors', field('centered'))
+  trace:record(ln_name .. '.var', 'σ² = mean(c²)', 'scalars', field('var'))
+  trace:record(ln_name .. '.std', ln.eps:sign() == 0 and 'σ = √σ²' or 'σ = √(σ² + ε)', 'scalars', field('std'))
+  local plain = true
+  for i = 1, #ln.gamma do
+    if ln.gamma[i] ~= V.ONE or ln.beta[i]:sign() ~= 0 then plain = false end
+  end
+  trace:record(ln_name .. '.out', plain and 'y = c/σ' or 'y = γ⊙c/σ + β', 'vectors', field('out'), {notes = notes})
+  return field('out')
+end
+
+-- One block's MLP: hidden, activation, output (T vectors).
+local function trace_mlp(trace, blk, x, T)
+  local hidden, act, out = {}, {}, {}
+  for i = 1, T do
+    hidden[i] = vecmat(x[i], blk.W1, blk.b1)
+    act[i] = {}
+    for j = 1, #hidden[i] do act[i][j] = blk.act == 'relu' and V.relu(hidden[i][j]) or hidden[i][j] end
+    out[i] = vecmat(act[i], blk.W2, blk.b2)
+  end
+  trace:record('mlp.hidden', 'h = x·W1' .. (blk.b1 and ' + b1' or ''), 'vectors', hidden)
+  trace:record('mlp.act', blk.act == 'relu' and 'ReLU(h)' or 'h (identity)', 'vectors', act)
+  trace:record('mlp.out', 'm = ReLU(h)·W2' .. (blk.b2 and ' + b2' or ''), 'vectors', out)
+  return out
+end
+
+-- The logits (untied U, or tied to E), the certified argmax and the output tokens.
+local function trace_readout(trace, model, x, T)
   local logits = {}
   for i = 1, T do
     if model.U then
@@ -255,15 +248,41 @@ function exact.trace(model, tokens)
       for t = 1, #model.vocab do logits[i][t] = dot(x[i], model.E[t], 1, model.d) end
     end
   end
-  record('logits', model.U and 'z = x·U' or 'z[t] = x·E[t] (tied)', 'vectors', logits)
+  trace:record('logits', model.U and 'z = x·U' or 'z[t] = x·E[t] (tied)', 'vectors', logits)
   local choices, output = {}, {}
   for i = 1, T do
     choices[i] = exact.argmax(logits[i])
     output[i] = choices[i].index and model.vocab[choices[i].index] or '?'
   end
-  record('argmax', 'the largest logit (certified)', 'argmax', choices)
-  record('output', 'the predicted next token', 'tokens', output)
-  trace.output = output
+  trace:record('argmax', 'the largest logit (certified)', 'argmax', choices)
+  trace:record('output', 'the predicted next token', 'tokens', output)
+  return output
+end
+
+-- exact.trace(model, tokens) -> Trace: every step of the forward pass.
+-- tokens: 'a b' (space-separated), 'ab' (one character each), or a list of names or ids.
+function exact.trace(model, tokens)
+  if getmetatable(model) ~= Model then fail('exact.trace: expected an exact.model, got %s', type(model)) end
+  local list, ids = split_tokens(model, tokens)
+  local T = #list
+  local trace = setmetatable({model = model, tokens = list, ids = ids, steps = {}, cursor = 0}, Trace)
+  trace:record('tokens', 'the input', 'tokens', list)
+  local x = {}
+  local embed = {}
+  for i = 1, T do embed[i] = model.E[ids[i]] end
+  trace:record('embed', 'E[token]', 'vectors', embed)
+  for i = 1, T do x[i] = vadd(embed[i], model.P[i]) end
+  trace:record('+pos', 'x = E[token] + P[position]', 'vectors', x)
+  for b, blk in ipairs(model.blocks) do
+    trace.block = #model.blocks > 1 and b or nil
+    local attn = trace_attention(trace, blk, x, T)
+    x = trace_residual_norm(trace, T, 'residual1', 'r = x + a', x, attn, blk.ln1, 'ln1')
+    if blk.W1 then
+      x = trace_residual_norm(trace, T, 'residual2', 'r = x + m', x, trace_mlp(trace, blk, x, T), blk.ln2, 'ln2')
+    end
+  end
+  trace.block = nil
+  trace.output = trace_readout(trace, model, x, T)
   return trace
 end
 
