@@ -4,6 +4,7 @@
 -- to widths[s + 1]. The head is VibeNet's: Linear(w, 3w), GELU, Linear(3w, vocab).
 local nn = require('anatomy.nn')
 local models = require('anatomy.models')
+local vibenet = require('anatomy.models.vibenet')
 
 local Stage = nn.block('models.FunnelStage', function(self, width, count, next_width)
   self.blocks = nn.Repeat(count, function() return nn.Residual(models.VibeBlock(width, false)) end)
@@ -29,7 +30,7 @@ local Funnel = nn.block('models.Funnel', function(self, cfg)
   self.embed = nn.Embedding(cfg.vocab, widths[1], {positions = cfg.seq})
   self.stages = nn.Sequential()
   for s = 1, #widths do self.stages:add(Stage(widths[s], attentions[s], widths[s + 1])) end
-  models.vibe_head(self, widths[#widths], cfg.vocab)
+  vibenet.vibe_head(self, widths[#widths], cfg.vocab)
 end)
 models.Funnel = Funnel
 
@@ -58,6 +59,6 @@ function Funnel:extra_repr()
 end
 
 -- models.funnel{vocab, seq, widths, attentions} -> a Funnel: stages of decreasing width (funnel.lua's header)
-function models.funnel(cfg) return Funnel(cfg) end
+local function new(cfg) return Funnel(cfg) end
 
-return Funnel
+return {new = new, Funnel = Funnel}

@@ -80,6 +80,6 @@ end
 
 -- models.gpt{vocab, dim, heads, layers, seq, ffn, residual = true, norm = 'pre'|'post', activation} -> a GPT
 -- (token and position embedding, `layers` GPTBlocks, a final norm and the head)
-function models.gpt(cfg) return GPT(cfg) end
+local function new(cfg) return GPT(cfg) end
 
-return GPT
+return {new = new, GPT = GPT}

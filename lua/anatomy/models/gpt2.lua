@@ -91,18 +91,18 @@ function F.build(s) return GPT2(s) end
 function F.weights(s, tensors)
   local prefix = (tensors == nil or tensors['transformer.wte.weight'] ~= nil) and 'transformer.' or ''  -- nil: the layout save_pretrained writes
   local list = {{'wte.weight', prefix .. 'wte.weight'}, {'wpe.weight', prefix .. 'wpe.weight'}}
-  local function add(name, transposed) list[#list + 1] = {name, prefix .. models.hf_name(name), transposed} end
+  local function add(name, transposed) list[#list + 1] = {name, prefix .. pretrained.hf_name(name), transposed} end
   for i = 1, s.layers do
     local b = 'h.' .. i .. '.'
     add(b .. 'ln_1.weight'); add(b .. 'ln_1.bias'); add(b .. 'ln_2.weight'); add(b .. 'ln_2.bias')
-    list[#list + 1] = {b .. 'attn.qkv.weight', prefix .. models.hf_name(b) .. 'attn.c_attn.weight', true}
-    list[#list + 1] = {b .. 'attn.qkv.bias', prefix .. models.hf_name(b) .. 'attn.c_attn.bias'}
-    list[#list + 1] = {b .. 'attn.proj.weight', prefix .. models.hf_name(b) .. 'attn.c_proj.weight', true}
-    list[#list + 1] = {b .. 'attn.proj.bias', prefix .. models.hf_name(b) .. 'attn.c_proj.bias'}
-    list[#list + 1] = {b .. 'mlp.fc.weight', prefix .. models.hf_name(b) .. 'mlp.c_fc.weight', true}
-    list[#list + 1] = {b .. 'mlp.fc.bias', prefix .. models.hf_name(b) .. 'mlp.c_fc.bias'}
-    list[#list + 1] = {b .. 'mlp.proj.weight', prefix .. models.hf_name(b) .. 'mlp.c_proj.weight', true}
-    list[#list + 1] = {b .. 'mlp.proj.bias', prefix .. models.hf_name(b) .. 'mlp.c_proj.bias'}
+    list[#list + 1] = {b .. 'attn.qkv.weight', prefix .. pretrained.hf_name(b) .. 'attn.c_attn.weight', true}
+    list[#list + 1] = {b .. 'attn.qkv.bias', prefix .. pretrained.hf_name(b) .. 'attn.c_attn.bias'}
+    list[#list + 1] = {b .. 'attn.proj.weight', prefix .. pretrained.hf_name(b) .. 'attn.c_proj.weight', true}
+    list[#list + 1] = {b .. 'attn.proj.bias', prefix .. pretrained.hf_name(b) .. 'attn.c_proj.bias'}
+    list[#list + 1] = {b .. 'mlp.fc.weight', prefix .. pretrained.hf_name(b) .. 'mlp.c_fc.weight', true}
+    list[#list + 1] = {b .. 'mlp.fc.bias', prefix .. pretrained.hf_name(b) .. 'mlp.c_fc.bias'}
+    list[#list + 1] = {b .. 'mlp.proj.weight', prefix .. pretrained.hf_name(b) .. 'mlp.c_proj.weight', true}
+    list[#list + 1] = {b .. 'mlp.proj.bias', prefix .. pretrained.hf_name(b) .. 'mlp.c_proj.bias'}
   end
   add('ln_f.weight'); add('ln_f.bias')
   if not s.tied then list[#list + 1] = {'lm_head.weight', 'lm_head.weight'} end

@@ -3,11 +3,18 @@ local options = require('anatomy.torch.options')
 local models = {}
 package.loaded['anatomy.models'] = models
 
-require 'anatomy.models.vibenet'
-require 'anatomy.models.gpt'
-require 'anatomy.models.funnel'
-require 'anatomy.models.stateful'
-require 'anatomy.models.pretrained'  -- models.from_pretrained (Hugging Face folders)
+local vibenet = require('anatomy.models.vibenet')
+models.vibenet = vibenet.new
+models.vibe_head = vibenet.vibe_head
+models.gpt = require('anatomy.models.gpt').new
+models.funnel = require('anatomy.models.funnel').new
+models.stateful = require('anatomy.models.stateful').new
+-- Hugging Face folders: models.from_pretrained, and the translation of names
+local pretrained = require('anatomy.models.pretrained')
+models.pretrained = pretrained
+models.from_pretrained = pretrained.from_pretrained
+models.hf_name = pretrained.hf_name
+models.anatomy_name = pretrained.anatomy_name
 
 -- models.llama{vocab, dim, heads, layers, ffn, ...}: lua/anatomy/models/llama.lua
 function models.llama(cfg)

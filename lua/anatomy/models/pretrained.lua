@@ -17,7 +17,6 @@ local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
 
 local pretrained = {}
-models.pretrained = pretrained
 
 -- model_type -> the family's module (lua/anatomy/models/<family>.lua): each
 -- has check(config, where) -> its settings, build(settings) -> model, and
@@ -121,7 +120,7 @@ local function shift(name, by)
 end
 local function escape(s) return (s:gsub('%p', '%%%0')) end
 -- models.hf_name(name[, model]) -> Hugging Face's name ('h.1.attn' -> 'h.0.attn')
-function models.hf_name(name, model)
+function pretrained.hf_name(name, model)
   local stack = model and model.hf_stack
   if stack then
     local n, rest = name:match('^' .. escape(stack[1]) .. '%.(%d+)(.*)$')
@@ -131,7 +130,7 @@ function models.hf_name(name, model)
   return (shift(name, -1))
 end
 -- models.anatomy_name(hf[, model]) -> anatomy's name ('h.0.attn' -> 'h.1.attn')
-function models.anatomy_name(hf, model)
+function pretrained.anatomy_name(hf, model)
   local stack = model and model.hf_stack
   if stack then
     local n, rest = hf:match('^' .. escape(stack[2]) .. '%.(%d+)(.*)$')
@@ -225,7 +224,7 @@ end
 -- checked (present, placed, shaped) before the model is made, then read from
 -- its file and copied into its parameter one at a time: the weights are never
 -- held twice.
-function models.from_pretrained(folder, opts)
+function pretrained.from_pretrained(folder, opts)
   local where = 'models.from_pretrained'
   if type(folder) ~= 'string' then error(('%s: folder must be a string, got %s'):format(where, type(folder)), 2) end
   opts = options.check(opts, {dtype = true, device = true}, where, 2)

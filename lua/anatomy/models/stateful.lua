@@ -77,6 +77,6 @@ Stateful.extra_repr = models.GPT.extra_repr
 
 -- models.stateful{vocab, dim, heads, layers, seq, ffn, ...} -> a Stateful GPT that can carry its hidden states
 -- between passes (model:step; train.fit's recurrence)
-function models.stateful(cfg) return Stateful(cfg) end
+local function new(cfg) return Stateful(cfg) end
 
-return Stateful
+return {new = new, Stateful = Stateful}

@@ -31,7 +31,7 @@ end
 -- models.vibe_head(m, dim, vocab): VibeNet's output, the children expand
 -- (Linear(dim, 3 dim)), act (GELU) and head (Linear(3 dim, vocab)); the funnel
 -- ends the same way.
-function models.vibe_head(m, dim, vocab)
+local function vibe_head(m, dim, vocab)
   m.expand = nn.Linear(dim, 3 * dim)
   m.act = nn.GELU()
   m.head = nn.Linear(3 * dim, vocab)
@@ -57,7 +57,7 @@ local VibeNet = nn.block('models.VibeNet', function(self, cfg)
   if kind == 'hyper' then self.split = nn.ExpandStreams(cfg.streams or 4) end
   self.blocks = nn.Repeat(cfg.layers, factories[kind])
   if kind == 'hyper' then self.merge = nn.MergeStreams() end
-  models.vibe_head(self, dim, cfg.vocab)
+  vibe_head(self, dim, cfg.vocab)
 end)
 models.VibeNet = VibeNet
 
@@ -84,6 +84,6 @@ end
 
 -- models.vibenet{vocab, dim, layers, seq, block = 'plain'|'ffn'|'gate'|'hyper', streams, constraint} -> a VibeNet
 -- (the file's header says what each block is)
-function models.vibenet(cfg) return VibeNet(cfg) end
+local function new(cfg) return VibeNet(cfg) end
 
-return VibeNet
+return {new = new, VibeNet = VibeNet, vibe_head = vibe_head}
