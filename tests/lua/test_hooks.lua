@@ -269,8 +269,8 @@ test('activation patching: whole resid_pre restores the clean metric in every la
   local pos = patching.run(m, clean, corrupt, metric, {over = 'resid_post', per = 'position'})
   eq(pos.grid:size(), {2, 6})
   -- the last layer's resid_post at the last position is all the metric reads
-  assert(math.abs(pos.values[2][6] - pos.clean) < 1e-5)
-  assert(math.abs(pos.values[2][1] - pos.corrupt) < 1e-5)
+  assert(math.abs(pos.values[2][6] - pos.clean) < 1e-5, ('pos.values[2][6] vs pos.clean: difference %.3g, tolerance 1e-5'):format(math.abs(pos.values[2][6] - pos.clean)))
+  assert(math.abs(pos.values[2][1] - pos.corrupt) < 1e-5, ('pos.values[2][1] vs pos.corrupt: difference %.3g, tolerance 1e-5'):format(math.abs(pos.values[2][1] - pos.corrupt)))
   assert(tostring(heads):find('activation patching of attn.z per head', 1, true))
   local path = os.tmpname()
   heads:report(path)
@@ -291,10 +291,10 @@ test('direct logit attribution: the parts sum to the logit; post-norm is refused
   eq(r.rows[#r.rows][1], 'bias')
   local logits = torch.no_grad(function() return m(x) end)
   local want = logits:select(2, 6):select(2, 4):mean():item()
-  assert(math.abs(r.logit - want) < 1e-5)
+  assert(math.abs(r.logit - want) < 1e-5, ('r.logit vs want: difference %.3g, tolerance 1e-5'):format(math.abs(r.logit - want)))
   assert(math.abs(r.total - r.logit) < 1e-4, ('parts sum to %g, logit %g'):format(r.total, r.logit))
   local d = probe.logit_attribution(m, x, {4, 7}, {position = 3})
-  assert(math.abs(d.total - d.logit) < 1e-4)
+  assert(math.abs(d.total - d.logit) < 1e-4, ('d.total vs d.logit: difference %.3g, tolerance 1e-4'):format(math.abs(d.total - d.logit)))
   assert(tostring(d):find('logit[4] - logit[7]', 1, true))
   raises(function() probe.logit_attribution(tiny('post'), x, 4) end, 'direct logit attribution needs pre-norm residual blocks')
   -- drawn with its sign: a negative part is a red bar below the zero line
