@@ -3,14 +3,7 @@
 -- tests/dist/test_data_parallel.lua.
 local H = require('harness')
 
--- fn raises an error whose message contains `fragment`
-local function raises(fn, fragment)
-  local ok, err = pcall(fn)
-  if ok then error('expected an error: ' .. fragment, 2) end
-  if not tostring(err):find(fragment, 1, true) then
-    error(('wrong error\n  got:      %s\n  expected: ...%s...'):format(tostring(err), fragment), 2)
-  end
-end
+local raises = H.raises_part  -- the message contains the fragment
 
 H.test('outside a world: rank 0 of 1, and collectives say how to start one', function()
   H.eq(dist.is_available(), true)

@@ -30,9 +30,7 @@ test('char and byte tokenizers round-trip, ids are 1-based', function()
 end)
 
 test('sentencepiece trains on the text, caches its model and round-trips', function()
-  local dir = os.tmpname()
-  os.remove(dir)
-  os.execute("mkdir -p '" .. dir .. "'")
+  local dir = H.tmpdir()
   local path = dir .. '/corpus.txt'
   local f = assert(io.open(path, 'wb'))
   f:write(sample_text:rep(5), 'Second Citizen: would you proceed especially against Caius Marcius?\n')

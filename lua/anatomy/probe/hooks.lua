@@ -119,7 +119,6 @@ end
 
 local Handle = {}
 Handle.__index = Handle
-hooks.Handle = Handle
 
 -- hooks.handle(pairs) -> a handle over {{module, entry}, ...}
 function hooks.handle(attached) return setmetatable({attached = attached or {}}, Handle) end
