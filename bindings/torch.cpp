@@ -459,6 +459,7 @@ int luaopen_anatomy_core(lua_State* L) {
   register_random(L, torch);
   register_loss(L, torch);
   register_system(L, torch);
+  register_http(L, torch);
   register_linalg(L, torch);
   luaopen_anatomy_cuda(L);
   lua_setfield(L, -2, "cuda");

@@ -18,8 +18,8 @@ namespace anatomy::io {
 namespace {
 
 struct DigestContext {
-  DigestContext() : ctx(EVP_MD_CTX_new()) {
-    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) throw std::runtime_error("cannot start a SHA-256 digest");
+  explicit DigestContext(const EVP_MD* md = EVP_sha256()) : ctx(EVP_MD_CTX_new()) {
+    if (!ctx || EVP_DigestInit_ex(ctx, md, nullptr) != 1) throw std::runtime_error("cannot start a digest");
   }
   ~DigestContext() { EVP_MD_CTX_free(ctx); }
   DigestContext(const DigestContext&) = delete;
@@ -85,6 +85,26 @@ std::string read_whole_file(const std::string& path) {
     throw std::runtime_error("cannot read '" + path + "': " + std::to_string(n) + " of its " + std::to_string(out.size()) +
                              " bytes came" + (std::ferror(f.get()) ? std::string(" (") + std::strerror(errno) + ")" : ""));
   return out;
+}
+
+std::string file_digest(const std::string& path, const std::string& kind) {
+  if (kind != "sha256" && kind != "git-sha1")
+    throw std::runtime_error("digest kind must be 'sha256' or 'git-sha1', got '" + kind + "'");
+  check_regular_file(path);
+  std::unique_ptr<FILE, decltype(&std::fclose)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+  DigestContext d(kind == "sha256" ? EVP_sha256() : EVP_sha1());
+  if (kind == "git-sha1") {  // git hashes "blob <size>\0" and then the bytes
+    struct stat st {};
+    if (::fstat(fileno(f.get()), &st) != 0) throw std::runtime_error("cannot stat '" + path + "': " + std::strerror(errno));
+    std::string header = "blob " + std::to_string(static_cast<long long>(st.st_size));
+    d.update(header.data(), header.size() + 1);  // with its terminating NUL
+  }
+  std::vector<char> buffer(1 << 20);
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), f.get())) > 0) d.update(buffer.data(), n);
+  if (std::ferror(f.get())) throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
+  return d.hex();
 }
 
 FileInfo file_info(const std::string& path) {

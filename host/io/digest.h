@@ -34,6 +34,12 @@ void check_regular_file(const std::string& path);
 /// error naming the path and how many bytes came).
 std::string read_whole_file(const std::string& path);
 
+/// The digest of a regular file's bytes as lowercase hex: kind "sha256", or
+/// "git-sha1" (git's object id of the file as a blob: SHA-1 of "blob <size>\0"
+/// and the bytes, what the Hugging Face Hub sends as the ETag of a file kept
+/// in git rather than LFS). Throws std::runtime_error naming the path.
+std::string file_digest(const std::string& path, const std::string& kind);
+
 /// Path, size and SHA-256 of a regular file, read in 1 MiB pieces; throws
 /// std::runtime_error naming the path and the reason when it cannot be read.
 FileInfo file_info(const std::string& path);

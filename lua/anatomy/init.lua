@@ -85,6 +85,7 @@ probe = require 'anatomy.probe'
 patching = require 'anatomy.probe.patching'
 autopsy = require 'anatomy.autopsy'
 provenance = require 'anatomy.io.provenance'
+hub = require 'anatomy.io.hub'
 experiment = require 'anatomy.experiment'
 exact = require 'anatomy.exact'
 help = require('anatomy.session.help').help

@@ -6,6 +6,7 @@ local native = torch._data
 local options = require('anatomy.torch.options')
 local fs = require('anatomy.io.fs')
 local json = require('anatomy.io.json')
+local hub = require('anatomy.io.hub')
 local generate = require('anatomy.data.generate')
 
 local Corpus = {}
@@ -165,13 +166,25 @@ local function from_sentencepiece(folder, model)
     settings.add_prefix_space, settings.legacy)
 end
 
--- data.tokenizer(path) -> tok: path is a tokenizer.json, or a folder holding
--- tokenizer.json, GPT-2's vocab.json + merges.txt, or a SentencePiece
--- tokenizer.model (read as transformers' LlamaTokenizer reads it), first
--- found first.
-function data.tokenizer(path)
+-- data.tokenizer(path, {revision, token, cache_dir, local_files_only}) ->
+-- tok: path is a tokenizer.json, or a folder holding tokenizer.json, GPT-2's
+-- vocab.json + merges.txt, or a SentencePiece tokenizer.model (read as
+-- transformers' LlamaTokenizer reads it), first found first; or a Hub
+-- repository id whose tokenizer files are fetched (as models.from_pretrained).
+function data.tokenizer(path, opts)
   if type(path) ~= 'string' then error(('data.tokenizer: path must be a string, got %s'):format(type(path)), 2) end
+  opts = check_options(opts, {revision = true, token = true, cache_dir = true, local_files_only = true}, 'data.tokenizer')
   local native
+  local name = path
+  if not fs.exists(path) and not path:match('%.json$') and not path:match('%.model$') and hub.is_repo_id(path) then
+    local ok, snap = pcall(hub.fetch_tokenizer, path, {revision = opts.revision, token = opts.token,
+      cache_dir = opts.cache_dir, local_files_only = opts.local_files_only, where = 'data.tokenizer'})
+    if not ok then error(snap, 2) end
+    path = snap.folder
+  elseif next(opts) then
+    local k = next(opts)
+    error(("data.tokenizer: option '%s' is for a Hub repository id, and '%s' is a local path"):format(k, path), 2)
+  end
   if fs.is_dir(path) then
     local json_path, vocab, merges, model = path .. '/tokenizer.json', path .. '/vocab.json', path .. '/merges.txt',
       path .. '/tokenizer.model'
@@ -184,7 +197,7 @@ function data.tokenizer(path)
   else
     native = torch._data._bpe_from_json(path)
   end
-  return setmetatable({_native = native, vocab_size = native:vocab_size(), path = path}, Tokenizer)
+  return setmetatable({_native = native, vocab_size = native:vocab_size(), path = name}, Tokenizer)
 end
 
 -- tok:encode(text, {add_special_tokens = true}) -> int64 ids (1-based), with

@@ -13,6 +13,7 @@ local data = require('anatomy.data')
 local models = require('anatomy.models')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
+local hub = require('anatomy.io.hub')
 local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
 
@@ -188,6 +189,9 @@ local function open_weights(folder, where)
     return files
   end
   if not fs.exists(index) then
+    if hub.has_pickle(function(f) return fs.exists(folder .. '/' .. f) end) then
+      error(hub.pickle_refusal(where, ("'%s'"):format(folder)), 0)
+    end
     error(("%s: '%s' has neither model.safetensors nor model.safetensors.index.json"):format(where, folder), 0)
   end
   local ok, idx = pcall(json.decode, fs.read(index))
@@ -217,21 +221,56 @@ local function open_weights(folder, where)
   return files
 end
 
--- models.from_pretrained(folder, {dtype = 'float32'|'bfloat16'|'float16', device})
--- -> model, tokenizer (nil when the folder has none). The model is in eval
+-- Where a checkpoint is: a local folder as given, else a Hub repository id
+-- fetched into huggingface_hub's cache (io/hub.lua). Returns the folder and,
+-- for the Hub, the snapshot (its repo_id, revision and commit).
+function pretrained.locate(name, opts, where, fetch)
+  if type(name) ~= 'string' then error(('%s: name must be a folder or a Hub repository id, got %s'):format(where, type(name)), 3) end
+  local hub_only = {'revision', 'token', 'cache_dir', 'local_files_only'}
+  if fs.is_dir(name) then
+    for _, k in ipairs(hub_only) do
+      if opts[k] ~= nil then
+        error(("%s: option '%s' is for a Hub repository id, and '%s' is a local folder"):format(where, k, name), 3)
+      end
+    end
+    return name
+  end
+  if fs.exists(name) or name:sub(1, 1) == '/' or name:sub(1, 2) == './' or name:sub(1, 3) == '../' or not hub.is_repo_id(name) then
+    error(("%s: '%s' is not a folder%s"):format(where, name, hub.is_repo_id(name) and '' or ' (nor a Hub repository id)'), 3)
+  end
+  local ok, snap = pcall(fetch, name, {revision = opts.revision, token = opts.token, cache_dir = opts.cache_dir,
+    local_files_only = opts.local_files_only, where = where})
+  if not ok then error(snap, 3) end
+  return snap.folder, snap
+end
+
+-- models.from_pretrained(name, {revision = 'main', dtype = 'float32'|'bfloat16'|'float16',
+-- device, token, cache_dir, local_files_only}) -> model, tokenizer (nil when
+-- the checkpoint has none). name is a local folder, or a Hub repository id
+-- ('EleutherAI/pythia-70m') whose needed files are fetched into
+-- huggingface_hub's cache (HF_HUB_CACHE, HF_ENDPOINT, HF_HUB_OFFLINE and
+-- HF_TOKEN as Python reads them); revision is a branch, tag or commit. The model is in eval
 -- mode; its modules are the library's blocks; model.config is the
 -- family's settings and model.hf_config the config.json read. Every tensor is
 -- checked (present, placed, shaped) before the model is made, then read from
 -- its file and copied into its parameter one at a time: the weights are never
 -- held twice.
-function pretrained.from_pretrained(folder, opts)
+function pretrained.from_pretrained(name, opts)
   local where = 'models.from_pretrained'
-  if type(folder) ~= 'string' then error(('%s: folder must be a string, got %s'):format(where, type(folder)), 2) end
-  opts = options.check(opts, {dtype = true, device = true}, where, 2)
+  opts = options.check(opts, {dtype = true, device = true, revision = true, token = true, cache_dir = true,
+    local_files_only = true}, where, 2)
   if opts.dtype and opts.dtype ~= 'float32' and opts.dtype ~= 'bfloat16' and opts.dtype ~= 'float16' then
     error(("%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'"):format(where, tostring(opts.dtype)), 2)
   end
-  if not fs.is_dir(folder) then error(("%s: '%s' is not a folder"):format(where, folder), 2) end
+  for _, k in ipairs{'revision', 'cache_dir'} do
+    if opts[k] ~= nil and (type(opts[k]) ~= 'string' or opts[k] == '') then
+      error(("%s: %s must be a non-empty string, got %s"):format(where, k, tostring(opts[k])), 2)
+    end
+  end
+  if opts.local_files_only ~= nil and type(opts.local_files_only) ~= 'boolean' then
+    error(("%s: local_files_only must be true or false, got %s"):format(where, tostring(opts.local_files_only)), 2)
+  end
+  local folder, snap = pretrained.locate(name, opts, where, hub.fetch_model)
   local config_path = folder .. '/config.json'
   if not fs.exists(config_path) then error(("%s: '%s' has no config.json"):format(where, folder), 2) end
   local ok, config = pcall(json.decode, fs.read(config_path))
@@ -299,12 +338,16 @@ function pretrained.from_pretrained(folder, opts)
   if opts.device then model:to(opts.device) end
   rawset(model, 'hf_config', config)
   rawset(model, 'hf_folder', folder)
+  if snap then  -- where it came from, for provenance: the name, the revision asked, the commit it was
+    rawset(model, 'hf_source', {repo_id = snap.repo_id, revision = snap.revision, commit = snap.commit})
+  end
   rawset(model, 'hf_dropout', pretrained.dropout_settings(config))
   model:eval()
   local tok
   if fs.exists(folder .. '/tokenizer.json') or fs.exists(folder .. '/tokenizer.model')
       or (fs.exists(folder .. '/vocab.json') and fs.exists(folder .. '/merges.txt')) then
     tok = data.tokenizer(folder)
+    if snap then tok.path = name end
   end
   rawset(model, 'tokenizer', tok)  -- probe.run_with_cache and patching.run take text with it
   return model, tok

@@ -1,0 +1,175 @@
+// The Hub client's machine-level half (lua/anatomy/io/hub.lua is the rest):
+// one HTTP request through libcurl, and the file operations the cache needs
+// that Lua lacks: a symbolic link, a lock held while a blob is fetched, a
+// file's SHA-256 or git object id, its size.
+#include "bindings/parts.h"
+#include "bindings/common.h"
+#include "bindings/interrupt.h"
+#include "host/io/digest.h"
+#include "host/net/http.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace anatomy::lua {
+namespace {
+
+// torch._http{method = 'GET'|'HEAD', url, headers = {'Name: value', ...},
+// output = path, resume_from = n, progress = label, total = bytes,
+// connect_timeout = s, stall_timeout = s} -> {status, headers = {name = value}
+// (names in lower case), body, written, appended, error, cut}. Redirects are
+// returned, not followed. Ctrl-C stops the transfer ("interrupted").
+int torch_http(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  check_option_keys(L, 1, {"method", "url", "headers", "output", "resume_from", "progress", "total", "connect_timeout",
+                           "stall_timeout"});
+  net::HttpRequest request;
+  request.method = option<std::string>(L, 1, "method").value_or("GET");
+  auto url = option<std::string>(L, 1, "url");
+  if (!url) throw ArgError(1, "option 'url' is required");
+  request.url = *url;
+  lua_getfield(L, 1, "headers");
+  if (lua_istable(L, -1)) {
+    size_t n = check_list_length(L, lua_gettop(L), 1, "headers");
+    for (size_t i = 1; i <= n; ++i) {
+      lua_rawgeti(L, -1, static_cast<int>(i));
+      request.headers.push_back(check_string(L, -1));
+      lua_pop(L, 1);
+    }
+  } else if (!lua_isnil(L, -1)) {
+    throw ArgError(1, "option 'headers': a list of 'Name: value' strings expected, got " + type_name(L, -1));
+  }
+  lua_pop(L, 1);
+  request.output = option<std::string>(L, 1, "output").value_or("");
+  request.resume_from = option<int64_t>(L, 1, "resume_from").value_or(-1);
+  request.progress = option<std::string>(L, 1, "progress").value_or("");
+  request.total = option<int64_t>(L, 1, "total").value_or(-1);
+  request.connect_timeout = option<double>(L, 1, "connect_timeout").value_or(10);
+  request.stall_timeout = option<double>(L, 1, "stall_timeout").value_or(60);
+  request.cancelled = [] { return interrupt::pending != 0; };
+  net::HttpResponse r;
+  try {
+    r = net::http_request(request);
+  } catch (const std::runtime_error& e) {
+    throw CallError(e.what());
+  }
+  if (r.cancelled) interrupt::raise();
+  lua_createtable(L, 0, 8);
+  lua_pushinteger(L, static_cast<lua_Integer>(r.status));
+  lua_setfield(L, -2, "status");
+  lua_createtable(L, 0, static_cast<int>(r.headers.size()));
+  for (const auto& [name, value] : r.headers) {
+    lua_pushlstring(L, value.data(), value.size());
+    lua_setfield(L, -2, name.c_str());
+  }
+  lua_setfield(L, -2, "headers");
+  lua_pushlstring(L, r.body.data(), r.body.size());
+  lua_setfield(L, -2, "body");
+  lua_pushnumber(L, static_cast<lua_Number>(r.written));
+  lua_setfield(L, -2, "written");
+  lua_pushboolean(L, r.appended);
+  lua_setfield(L, -2, "appended");
+  lua_pushboolean(L, r.cut);
+  lua_setfield(L, -2, "cut");
+  if (!r.error.empty()) {
+    lua_pushstring(L, r.error.c_str());
+    lua_setfield(L, -2, "error");
+  }
+  return 1;
+}
+
+// torch._symlink(target, path): makes path a symbolic link to target
+// (replacing a link already there)
+int torch_symlink(lua_State* L) {
+  std::string target = check_string(L, 1), path = check_string(L, 2);
+  std::string temporary = path + ".tmp." + std::to_string(::getpid());
+  ::unlink(temporary.c_str());
+  if (::symlink(target.c_str(), temporary.c_str()) != 0 || ::rename(temporary.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(temporary.c_str());
+    throw CallError("cannot link '" + path + "' to '" + target + "': " + std::strerror(e));
+  }
+  return 0;
+}
+
+// torch._lock(path, {wait = label}) -> fd: an exclusive lock on path (made if
+// absent), waited for while another process holds it (a line on stderr says
+// so once, naming label); Ctrl-C stops the wait. torch._unlock(fd) frees it.
+int torch_lock(lua_State* L) {
+  std::string path = check_string(L, 1);
+  std::string label = lua_isstring(L, 2) ? lua_tostring(L, 2) : path;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw CallError("cannot open the lock '" + path + "': " + std::strerror(errno));
+  bool said = false;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) {
+      int e = errno;
+      ::close(fd);
+      throw CallError("cannot lock '" + path + "': " + std::strerror(e));
+    }
+    if (!said) {
+      std::fprintf(stderr, "anatomy: waiting for another process that is fetching %s\n", label.c_str());
+      said = true;
+    }
+    if (interrupt::pending) {
+      ::close(fd);
+      interrupt::raise();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+int torch_unlock(lua_State* L) {
+  int fd = static_cast<int>(check_integer(L, 1));
+  ::flock(fd, LOCK_UN);
+  ::close(fd);
+  return 0;
+}
+
+// torch._file_digest(path, 'sha256'|'git-sha1') -> lowercase hex
+int torch_file_digest(lua_State* L) {
+  try {
+    lua_pushstring(L, io::file_digest(check_string(L, 1), check_string(L, 2)).c_str());
+  } catch (const std::runtime_error& e) {
+    throw CallError(e.what());
+  }
+  return 1;
+}
+
+// torch._file_size(path) -> bytes, or nil when path does not exist
+int torch_file_size(lua_State* L) {
+  struct stat st {};
+  if (::stat(check_string(L, 1).c_str(), &st) != 0) lua_pushnil(L);
+  else lua_pushnumber(L, static_cast<lua_Number>(st.st_size));
+  return 1;
+}
+
+const luaL_Reg functions[] = {
+    {"_http", guarded<torch_http>},
+    {"_symlink", guarded<torch_symlink>},
+    {"_lock", guarded<torch_lock>},
+    {"_unlock", guarded<torch_unlock>},
+    {"_file_digest", guarded<torch_file_digest>},
+    {"_file_size", guarded<torch_file_size>},
+    {nullptr, nullptr},
+};
+
+}  // namespace
+
+/// Adds _http, _symlink, _lock, _unlock, _file_digest and _file_size to the torch table at index torch.
+void register_http(lua_State* L, int torch) {
+  lua_pushvalue(L, torch);
+  luaL_register(L, nullptr, functions);
+  lua_pop(L, 1);
+}
+
+}  // namespace anatomy::lua
