@@ -1,13 +1,15 @@
 // The Hub client's machine-level half (lua/anatomy/io/hub.lua is the rest):
-// one HTTP request through libcurl, and the file operations the cache needs
-// that Lua lacks: a symbolic link, a lock held while a blob is fetched, a
-// file's SHA-256 or git object id, its size.
+// one HTTP request through libcurl, and the file operations Lua lacks that
+// the cache and the checkpoint series need: a symbolic or hard link, a lock
+// held while a blob is fetched, a file's SHA-256 or git object id, its size,
+// a folder's entries.
 #include "bindings/parts.h"
 #include "bindings/common.h"
 #include "bindings/interrupt.h"
 #include "host/io/digest.h"
 #include "host/net/http.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -15,7 +17,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 namespace anatomy::lua {
@@ -153,7 +157,41 @@ int torch_file_size(lua_State* L) {
   return 1;
 }
 
+// torch._hardlink(path, link): link names path's file too (a checkpoint kept
+// by step costs no copy; a later rename over path leaves link as it was)
+int torch_hardlink(lua_State* L) {
+  std::string path = check_string(L, 1), link = check_string(L, 2);
+  ::unlink(link.c_str());
+  if (::link(path.c_str(), link.c_str()) != 0)
+    throw CallError("cannot link '" + link + "' to '" + path + "': " + std::strerror(errno));
+  return 0;
+}
+
+// torch._list_dir(path) -> the names in a folder, sorted, without . and ..
+int torch_list_dir(lua_State* L) {
+  std::string path = check_string(L, 1);
+  struct Close {
+    void operator()(DIR* d) const { ::closedir(d); }
+  };
+  std::unique_ptr<DIR, Close> dir(::opendir(path.c_str()));
+  if (!dir) throw CallError("cannot list '" + path + "': " + std::strerror(errno));
+  std::vector<std::string> names;
+  while (struct dirent* e = ::readdir(dir.get())) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  lua_createtable(L, static_cast<int>(names.size()), 0);
+  for (size_t i = 0; i < names.size(); ++i) {
+    lua_pushlstring(L, names[i].data(), names[i].size());
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+  return 1;
+}
+
 const luaL_Reg functions[] = {
+    {"_hardlink", guarded<torch_hardlink>},
+    {"_list_dir", guarded<torch_list_dir>},
     {"_http", guarded<torch_http>},
     {"_symlink", guarded<torch_symlink>},
     {"_lock", guarded<torch_lock>},
@@ -165,7 +203,7 @@ const luaL_Reg functions[] = {
 
 }  // namespace
 
-/// Adds _http, _symlink, _lock, _unlock, _file_digest and _file_size to the torch table at index torch.
+/// Adds _http, _symlink, _hardlink, _lock, _unlock, _file_digest, _file_size and _list_dir to the torch table at index torch.
 void register_http(lua_State* L, int torch) {
   lua_pushvalue(L, torch);
   luaL_register(L, nullptr, functions);

@@ -82,10 +82,11 @@ def build(hub, tmp):
     fast.save_pretrained(sharded)
     hub.repo("org/sharded").commit(read_folder(sharded), branches=["main"])
     pickled = os.path.join(tmp, "saved", "pickle")
-    last.save_pretrained(pickled, safe_serialization=False)
+    last.save_pretrained(pickled)
     fast.save_pretrained(pickled)
+    os.remove(os.path.join(pickled, "model.safetensors"))
+    torch.save(last.state_dict(), os.path.join(pickled, "pytorch_model.bin"))  # what older transformers wrote
     files = read_folder(pickled)
-    files = {k: v for k, v in files.items() if not k.endswith(".safetensors")}
     hub.repo("org/pickle").commit(files, branches=["main"])
     hub.repo("org/gated", gated=True).commit(read_folder(steps["step2"][0]), branches=["main"])
     tok_files = read_folder(steps["step2"][0])

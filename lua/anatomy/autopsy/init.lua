@@ -27,6 +27,10 @@ autopsy.step = measure.step
 -- printable, c:report(path) (one HTML report), c:json(path)
 autopsy.compare = require('anatomy.autopsy.compare').compare
 
+-- autopsy.series(source, {revisions, model, ...}, data, opts) -> the autopsy
+-- at each checkpoint of a run, and when each layer's verdict changed (series.lua)
+autopsy.series = require('anatomy.autopsy.series').series
+
 -- autopsy.format(v, digits): numbers as the autopsy's tables print them
 autopsy.format = format.number
 

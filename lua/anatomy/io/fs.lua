@@ -60,6 +60,13 @@ function fs.sync(path)
   if not ok then error((tostring(err):gsub('^torch%._sync_file: ', '')), 2) end
 end
 
+-- fs.list(dir) -> the names in dir, sorted; an error naming dir when it cannot be listed
+function fs.list(dir)
+  local ok, names = pcall(torch._list_dir, dir)
+  if not ok then error((tostring(names):gsub('^torch%._list_dir: ', '')), 2) end
+  return names
+end
+
 -- fs.remove_stale(path) -> n: removes path.tmp.<pid> files that writers
 -- killed before their rename left beside path (their process is gone)
 function fs.remove_stale(path) return torch._remove_stale_temporaries(path) end

@@ -136,7 +136,9 @@ end
 -- charts.lines(title, series, opts): series = {{name, xs, ys}, ...} drawn
 -- against a step axis (opts.xlabel, default 'step') with round ticks on both
 -- axes and a legend; every point carries its value on hover (up to 400 a
--- series), and the numbers are in a table under the chart.
+-- series), and the numbers are in a table under the chart. opts.marks =
+-- {{x = step, label = text}, ...}: dashed vertical lines at those x, their
+-- text on hover (several at one x share a line).
 function charts.lines(title, series, opts)
   if type(opts) ~= 'table' then opts = {note = opts} end
   local xs_all, ys_all = {}, {}
@@ -176,6 +178,17 @@ function charts.lines(title, series, opts)
   end
   parts[#parts + 1] = ('<line x1="%d" y1="%d" x2="%d" y2="%d" class="axis"/>'):format(L, T + ph, L + pw, T + ph)
   parts[#parts + 1] = ('<text x="%s" y="%d" class="xlabel" text-anchor="middle">%s</text>'):format(num(L + pw / 2), H - 4, esc(opts.xlabel or 'step'))
+  local at, order = {}, {}
+  for _, m in ipairs(opts.marks or {}) do
+    if finite(m.x) and m.x >= xlo and m.x <= xhi then
+      if not at[m.x] then at[m.x] = {}; order[#order + 1] = m.x end
+      at[m.x][#at[m.x] + 1] = m.label
+    end
+  end
+  for _, v in ipairs(order) do
+    parts[#parts + 1] = ('<line x1="%s" y1="%d" x2="%s" y2="%d" class="mark" stroke="#b45309" stroke-dasharray="4 3"><title>%s</title></line>')
+      :format(num(x(v)), T, num(x(v)), T + ph, esc(table.concat(at[v], '; ')))
+  end
   local points, legend = 0, {'<g class="legend">'}
   local rows, by_x = {}, {}
   for k, s in ipairs(series) do

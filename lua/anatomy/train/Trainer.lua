@@ -332,6 +332,9 @@ function Trainer:save(step, elapsed)
   -- the log first: once the checkpoint names a step, the log holds it
   if self.log then fs.sync(self.o.log) end
   checkpoint.save(self.o.checkpoint, self.model, self.opt, step, meta)
+  -- kept by step: a second name for the file just written, which the next
+  -- checkpoint's rename over the first name leaves as it is
+  if self.o.keep_checkpoints then torch._hardlink(self.o.checkpoint, checkpoint.at_step(self.o.checkpoint, step)) end
 end
 
 -- a step whose report needs the model as it is right after it

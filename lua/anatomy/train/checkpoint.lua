@@ -16,6 +16,13 @@ function checkpoint.save(path, model, opt, step, metadata)
   torch.save_safetensors(path, tensors, meta)
 end
 
+-- checkpoint.at_step(path, step) -> the name a kept checkpoint of that step
+-- has beside path: run.safetensors -> run.step100.safetensors
+function checkpoint.at_step(path, step)
+  local stem = path:match('^(.*)%.safetensors$')
+  return stem and ('%s.step%d.safetensors'):format(stem, step) or ('%s.step%d'):format(path, step)
+end
+
 -- train.load_checkpoint(path, model, opt) -> step, metadata
 function checkpoint.load(path, model, opt)
   local t, meta = torch.load_safetensors(path)

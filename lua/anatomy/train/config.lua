@@ -34,6 +34,7 @@ local settings = {
   -- checkpoints
   {'checkpoint', nil, nil, 'a file: the model, optimizer and generator state, written atomically'},
   {'checkpoint_every', nil, nil, 'steps between checkpoints (default: at the end only)'},
+  {'keep_checkpoints', nil, 'boolean', 'also keep each checkpoint as <checkpoint>.step<N>.safetensors (autopsy.series reads the folder)'},
   {'resume', true, 'boolean', 'continue from the checkpoint when it exists'},
   -- what the run measures and how it computes
   {'probe', nil, 'table', '{every = 50, filter, grad, fn(step, capture, record)}: captures during that step\'s own pass'},
@@ -98,6 +99,9 @@ local function check_rest(o, world_size, model)
   end
   if o.checkpoint_every ~= nil and not (type(o.checkpoint_every) == 'number' and o.checkpoint_every >= 1 and o.checkpoint_every % 1 == 0) then
     error(('train.fit: checkpoint_every must be a positive integer, got %s'):format(tostring(o.checkpoint_every)), 4)
+  end
+  if o.keep_checkpoints and not o.checkpoint then
+    error('train.fit: keep_checkpoints needs checkpoint (the file whose copies it keeps)', 4)
   end
   local dtype = o.dtype or 'float32'
   if dtype == 'float16' or dtype == 'fp16' or dtype == 'half' then
