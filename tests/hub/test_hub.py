@@ -292,6 +292,9 @@ def test_refusals_and_tokens():
     got, err = load(fresh_cache("cache_tokfile"), "org/gated")
     os.remove(os.path.join(home, "token"))
     check("the token file under HF_HOME is read", got is not None, err)
+    got, err = load(cache, "org/tiny", HF_ENDPOINT="http://127.0.0.1:1")
+    check("an unreachable endpoint is named, with the offline hint", got is None and "cannot reach http://127.0.0.1:1/api/models/org/tiny"
+          in err and "HF_HUB_OFFLINE=1" in err, err)
     rc, _, err = anatomy(cache, "load", "./no/such/folder", "-", os.path.join(TMP, "x.json"))
     check("a missing local path is not sent to the Hub", rc != 0 and "is not a folder" in err, err)
 

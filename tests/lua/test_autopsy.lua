@@ -272,4 +272,56 @@ test("train.fit's probe history and the autopsy's table measure act_std one way 
   assert(rel < 1e-6, 'one std convention')
 end)
 
+test("autopsy.series over train.fit's kept checkpoints equals autopsy.run at each, and tells the verdict changes", function()
+  local dir = H.tmpdir()
+  local corpus = data.from_string(string.rep('the quick brown fox jumps over the lazy dog. ', 60))
+  local function fresh()
+    torch.manual_seed(3)
+    return models.gpt{vocab = corpus.vocab_size, dim = 16, layers = 2, heads = 2, seq = 16, ffn = 32}
+  end
+  train.fit(fresh(), corpus, {steps = 6, batch = 4, lr = 3e-3, quiet = true, checkpoint = dir .. '/run.safetensors',
+    checkpoint_every = 2, keep_checkpoints = true})
+  eq(fs.list(dir), {'run.safetensors', 'run.step2.safetensors', 'run.step4.safetensors', 'run.step6.safetensors'}, 'kept by step')
+  local x, y = corpus:batch(2, 16, {split = 'val'})
+  local s = autopsy.series(dir, {model = fresh(), quiet = true}, {x, y}, {steps = 1})
+  eq(s.steps, {2, 4, 6}, 'steps from the file names, in order')
+  eq(s.labels, {'step2', 'step4', 'step6'}, 'labels')
+  for i, step in ipairs{2, 4, 6} do
+    local m = fresh()
+    train.load_checkpoint(dir .. ('/run.step%d.safetensors'):format(step), m)
+    torch.manual_seed(0)
+    local a = autopsy.run(m, {x, y}, {steps = 1})
+    eq(s.runs[i].loss, a.loss, 'step ' .. step .. ' loss')
+    for j, row in ipairs(a.rows) do
+      for _, k in ipairs{'grad_norm', 'erank', 'removal_loss', 'act_std'} do
+        if row[k] then eq(s.table[k][row.name][i], row[k], ('step %d %s %s'):format(step, row.name, k)) end
+      end
+      eq(s.verdicts[row.name][i], row.verdict, row.name .. ' verdict')
+    end
+  end
+  -- the story of a layer whose verdict changes, written from a series' verdicts
+  s.verdicts['blocks.1'] = {'worker', 'worker', 'passenger'}
+  s.steps = {2000, 8000, 16000}
+  eq(s:story('blocks.1'), 'blocks.1: worker until step 8000, passenger from step 16000', 'the story')
+  s.verdicts['blocks.1'] = {'worker', 'passenger', 'worker'}
+  eq(s:story('blocks.1'), 'blocks.1: worker until step 2000, passenger at step 8000, worker from step 16000', 'a passing change')
+  s.verdicts['blocks.1'] = {'worker', 'worker', 'worker'}
+  eq(s:story('blocks.1'), nil, 'no change, no story')
+  raises(function() s:story('blocks.9') end, "s:story: no layer 'blocks.9' in this series")
+end)
+
+test('autopsy.series refuses what cannot be a series, before loading anything', function()
+  local dir = H.tmpdir()
+  local batch = {torch.ones(1, 4):long(), torch.ones(1, 4):long()}
+  raises(function() autopsy.series(dir, {}, batch) end, ("autopsy.series: '%s' holds no checkpoints (subfolders with config.json, or train.fit's <name>.step<N>.safetensors)"):format(dir))
+  raises(function() autopsy.series(dir, {revisions = {'step1'}}, batch) end, ("autopsy.series: revisions are a Hub repository's; '%s' is a local folder"):format(dir))
+  raises(function() autopsy.series('org/name', {}, batch) end, "autopsy.series: a Hub repository needs opts.revisions, a list such as {'step1000', 'step2000'} (hub.list_repo_refs lists them)")
+  raises(function() autopsy.series('org/name', {revisions = {'a', 3}}, batch) end, 'autopsy.series: revisions[2] must be a branch, tag or commit name, got 3')
+  raises(function() autopsy.series('org/name', {revision = 'a'}, batch) end, "autopsy.series: unknown option 'revision' (expected cache_dir, dtype, local_files_only, model, quiet, revisions, seed, steps, token)")
+  raises(function() autopsy.series('org/name', {revisions = {'a'}}) end, 'autopsy.series: data (a corpus or {inputs, targets}) is required')
+  raises(function() autopsy.series('org/name', {revisions = {'a'}, seed = 0 / 0}, batch) end, 'autopsy.series: seed must be an integer, got nan')
+  fs.write_atomic(dir .. '/run.step5.safetensors', 'x')
+  raises(function() autopsy.series(dir, {}, batch) end, ("autopsy.series: '%s' holds anatomy checkpoints (run.step5.safetensors); give the model they were trained as opts.model"):format(dir))
+end)
+
 H.done()

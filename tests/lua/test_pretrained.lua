@@ -139,7 +139,7 @@ test('broken folders: each an error naming what is wrong', function()
     assert(tostring(err):find(c[3], 1, true), ('expected %q in %q'):format(c[3], tostring(err)))
     remove(dir)
   end
-  raises(function() models.from_pretrained('/no/such/folder') end, "models.from_pretrained: '/no/such/folder' is not a folder")
+  raises(function() models.from_pretrained('/no/such/folder') end, "models.from_pretrained: '/no/such/folder' is not a folder (nor a Hub repository id)")
   raises(function() models.from_pretrained('/tmp', {dtype = 'int8'}) end, "models.from_pretrained: dtype must be 'float32', 'bfloat16' or 'float16', got 'int8'")
   raises(function() models.from_pretrained('/tmp') end, "models.from_pretrained: '/tmp' has no config.json")
 end)
@@ -190,6 +190,67 @@ test("a checkpoint's dropout, which anatomy does not apply, is stated when the m
   os.execute("rm -rf '" .. dir .. "'")
   local quiet = models.from_pretrained(H.gpt2_folder())
   assert(not tostring(quiet):find('dropout', 1, true), 'no note without dropout')
+end)
+
+test("by name from huggingface_hub's cache alone (local_files_only): the snapshot's links read, what is missing named", function()
+  local fs = require('anatomy.io.fs')
+  local folder = H.gpt2_folder()
+  local cache = H.tmpdir()
+  local repo = cache .. '/models--org--tiny-gpt2'
+  local commit = ('0123456789abcdef'):rep(3):sub(1, 40)
+  -- the layout huggingface_hub writes: blobs, snapshots/<commit>/<file> as relative links, refs/main
+  fs.mkdir(repo .. '/blobs')
+  fs.mkdir(repo .. '/snapshots/' .. commit)
+  for i, f in ipairs{'config.json', 'model.safetensors'} do
+    fs.write_atomic(repo .. '/blobs/etag' .. i, fs.read(folder .. '/' .. f))
+    torch._symlink('../../blobs/etag' .. i, repo .. '/snapshots/' .. commit .. '/' .. f)
+  end
+  local where = "models.from_pretrained: local_files_only, and revision 'main' of 'org/tiny-gpt2' is not in the cache (no "
+    .. repo .. "/refs/main)"
+  H.raises(function() models.from_pretrained('org/tiny-gpt2', {local_files_only = true, cache_dir = cache}) end, where)
+  fs.write_atomic(repo .. '/refs/main', commit)
+  local by_name = models.from_pretrained('org/tiny-gpt2', {local_files_only = true, cache_dir = cache})
+  local by_folder = models.from_pretrained(folder)
+  local ids = torch.tensor({{1, 2, 3, 4}}):long()
+  H.identical(torch.no_grad(function() return by_name(ids) end), torch.no_grad(function() return by_folder(ids) end), 'logits')
+  H.eq(by_name.hf_source.commit, commit, 'the commit is kept for provenance')
+  H.eq(by_name.hf_folder, repo .. '/snapshots/' .. commit, 'the snapshot folder')
+  -- a commit by its id needs no ref
+  models.from_pretrained('org/tiny-gpt2', {revision = commit, local_files_only = true, cache_dir = cache})
+  os.remove(repo .. '/snapshots/' .. commit .. '/model.safetensors')
+  H.raises_part(function() models.from_pretrained('org/tiny-gpt2', {local_files_only = true, cache_dir = cache}) end,
+    "'org/tiny-gpt2' at revision 'main' (commit 0123456789ab) has neither model.safetensors nor model.safetensors.index.json in the cache")
+  H.raises_part(function() data.tokenizer('org/tiny-gpt2', {local_files_only = true, cache_dir = cache}) end,
+    'data.tokenizer: ' .. "'org/tiny-gpt2' at revision 'main' (commit 0123456789ab) has no tokenizer file")
+end)
+
+test('by name: options checked before anything is fetched, local paths never sent to the Hub', function()
+  local folder = H.gpt2_folder()
+  H.raises(function() models.from_pretrained(folder, {revision = 'step1'}) end,
+    ("models.from_pretrained: option 'revision' is for a Hub repository id, and '%s' is a local folder"):format(folder))
+  H.raises(function() models.from_pretrained('org/name', {revision = 3}) end, 'models.from_pretrained: revision must be a non-empty string, got 3')
+  H.raises(function() models.from_pretrained('org/name', {dtype = 'int8'}) end,
+    "models.from_pretrained: dtype must be 'float32', 'bfloat16' or 'float16', got 'int8'")
+  H.raises(function() models.from_pretrained('org/name', {local_files_only = 'yes'}) end,
+    'models.from_pretrained: local_files_only must be true or false, got yes')
+  H.raises(function() models.from_pretrained('./no/such/folder') end, "models.from_pretrained: './no/such/folder' is not a folder (nor a Hub repository id)")
+  H.raises(function() models.from_pretrained('/no/such') end, "models.from_pretrained: '/no/such' is not a folder (nor a Hub repository id)")
+  H.raises(function() models.from_pretrained('a/b/c') end, "models.from_pretrained: 'a/b/c' is not a folder (nor a Hub repository id)")
+  H.raises(function() models.from_pretrained(42) end, 'models.from_pretrained: name must be a folder or a Hub repository id, got number')
+  H.raises(function() data.tokenizer(folder, {revision = 'x'}) end,
+    ("data.tokenizer: option 'revision' is for a Hub repository id, and '%s' is a local path"):format(folder))
+  for name, ok in pairs{['EleutherAI/pythia-70m'] = true, gpt2 = true, ['meta-llama/Llama-3.2-1B'] = true, ['a--b/c'] = false,
+      ['a/../b'] = false, ['./x'] = false, ['/x/y'] = false, ['a/b/c'] = false, [''] = false, ['-a/b'] = false} do
+    H.eq(hub.is_repo_id(name), ok, name)
+  end
+end)
+
+test('a local folder with only pytorch_model.bin is refused: why, and how to convert', function()
+  local fs = require('anatomy.io.fs')
+  local dir = H.gpt2_folder()
+  os.remove(dir .. '/model.safetensors')
+  fs.write_atomic(dir .. '/pytorch_model.bin', 'pickle')
+  H.raises_part(function() models.from_pretrained(dir) end, 'has its weights only as pytorch_model.bin, a Python pickle; anatomy loads safetensors only')
 end)
 
 H.done()

@@ -180,7 +180,7 @@ test('options are checked', function()
   local c = data.from_string(sample_text)
   local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
   raises(function() train.fit(m, c, {stepz = 3}) end, "train.fit: unknown option 'stepz' (expected batch, betas, "
-    .. 'bucket_mb, checkpoint, checkpoint_every, clip, cuda_graph, decay, dtype, eval_batches, eval_every, log, log_every, lr, on_step, probe, quiet, '
+    .. 'bucket_mb, checkpoint, checkpoint_every, clip, cuda_graph, decay, dtype, eval_batches, eval_every, keep_checkpoints, log, log_every, lr, on_step, probe, quiet, '
     .. 'recurrence, resume, schedule, seconds, seed, seq, steps, warmup, weight_decay)')
   local empty = os.tmpname()
   raises(function() train.fit(m, c, {steps = 2, checkpoint = empty, quiet = true}) end,
@@ -370,6 +370,14 @@ test('train.read_metrics skips a last line cut short and refuses a bad line else
   raises(function() train.read_metrics(path) end, ('train.read_metrics: %s: line 2 is not a JSON object: json.decode: unexpected \'n\' at byte 1'):format(path))
   os.remove(path)
   raises(function() train.read_metrics(path) end, ('train.read_metrics: cannot open %s: No such file or directory'):format(path))
+end)
+
+test('keep_checkpoints needs a checkpoint, and is a boolean', function()
+  local corpus = data.from_string(string.rep('abcdefgh', 40))
+  local m = models.gpt{vocab = corpus.vocab_size, dim = 8, heads = 2, layers = 1, seq = 8, ffn = 16}
+  H.raises(function() train.fit(m, corpus, {steps = 1, keep_checkpoints = true, quiet = true}) end,
+    'train.fit: keep_checkpoints needs checkpoint (the file whose copies it keeps)')
+  H.raises_part(function() train.fit(m, corpus, {steps = 1, keep_checkpoints = 'yes', quiet = true}) end, 'keep_checkpoints')
 end)
 
 H.done()

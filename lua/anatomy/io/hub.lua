@@ -349,10 +349,11 @@ function hub.pickle_refusal(where, what)
     .. "request (revision = 'refs/pr/N')"):format(where, what)
 end
 
-local function has_pickle(has)
+-- hub.has_pickle(has) -> whether a checkpoint whose files `has(name)` tells
+-- keeps its weights as a pickle (pytorch_model.bin, or its shards' index)
+function hub.has_pickle(has)
   return has('pytorch_model.bin') or has('pytorch_model.bin.index.json')
 end
-hub.has_pickle = has_pickle
 
 local function describe(snap)
   return ("'%s' at revision '%s'%s"):format(snap.repo_id, snap.revision,
@@ -388,7 +389,7 @@ function hub.fetch_model(repo_id, opts)
     end
     table.sort(shards)
     for _, file in ipairs(shards) do snap:fetch(file) end
-  elseif has_pickle(has) then
+  elseif hub.has_pickle(has) then
     error(hub.pickle_refusal(where, describe(snap)), 0)
   else
     error(('%s: %s has neither model.safetensors nor model.safetensors.index.json%s'):format(where, describe(snap),

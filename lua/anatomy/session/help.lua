@@ -133,7 +133,9 @@ anatomy: LuaJIT over LibTorch. Globals, each with help(name):
   torch       tensors and autograd, PyTorch's names, 1-based dims and indices (help(torch.Tensor));
               torch.cuda (is_available, synchronize, memory counters, CUDAGraph), torch.autocast
   nn          modules: nn.Linear, nn.Sequential, nn.block, ... (help(nn.Module): the model protocol)
-  models      the seed architectures: models.gpt, models.vibenet, models.funnel, models.stateful, models.build
+  models      the seed architectures: models.gpt, models.vibenet, models.funnel, models.stateful, models.build;
+              models.from_pretrained('EleutherAI/pythia-70m') (a folder, or a Hub name at a revision)
+  hub         the Hugging Face Hub, into huggingface_hub's cache: hub.open, hub.hf_hub_download, hub.list_repo_refs
   data        corpora and tokenizers: data.text, data.default_text
   train       train.fit, train.evaluate, checkpoints
   dist        data-parallel training across processes (anatomy --nproc N): dist.all_reduce, ...
@@ -141,7 +143,7 @@ anatomy: LuaJIT over LibTorch. Globals, each with help(name):
   probe       probe.capture, probe.replace, probe.skip: hook points on every module;
               probe.run_with_cache, probe.ablate, probe.patch, probe.logit_attribution
   patching    activation patching: patching.run, patching.logit_diff
-  autopsy     autopsy.run: the per-layer table, JSON and HTML report
+  autopsy     autopsy.run: the per-layer table, JSON and HTML report; autopsy.series: across checkpoints
   experiment  claims against measurements, the data rule, sweeps
   provenance  the record every result carries
   exact       a tiny transformer in exact arithmetic
