@@ -103,6 +103,16 @@ int torch_symlink(lua_State* L) {
   return 0;
 }
 
+// torch._readlink(path) -> the target of a symbolic link, or nil when path is not one
+int torch_readlink(lua_State* L) {
+  std::string path = check_string(L, 1);
+  std::vector<char> buffer(4096);
+  ssize_t n = ::readlink(path.c_str(), buffer.data(), buffer.size());
+  if (n < 0 || static_cast<size_t>(n) >= buffer.size()) lua_pushnil(L);
+  else lua_pushlstring(L, buffer.data(), static_cast<size_t>(n));
+  return 1;
+}
+
 // torch._lock(path, {wait = label}) -> fd: an exclusive lock on path (made if
 // absent), waited for while another process holds it (a line on stderr says
 // so once, naming label); Ctrl-C stops the wait. torch._unlock(fd) frees it.
@@ -194,6 +204,7 @@ const luaL_Reg functions[] = {
     {"_list_dir", guarded<torch_list_dir>},
     {"_http", guarded<torch_http>},
     {"_symlink", guarded<torch_symlink>},
+    {"_readlink", guarded<torch_readlink>},
     {"_lock", guarded<torch_lock>},
     {"_unlock", guarded<torch_unlock>},
     {"_file_digest", guarded<torch_file_digest>},
@@ -203,7 +214,7 @@ const luaL_Reg functions[] = {
 
 }  // namespace
 
-/// Adds _http, _symlink, _hardlink, _lock, _unlock, _file_digest, _file_size and _list_dir to the torch table at index torch.
+/// Adds _http, _symlink, _readlink, _hardlink, _lock, _unlock, _file_digest, _file_size and _list_dir to the torch table at index torch.
 void register_http(lua_State* L, int torch) {
   lua_pushvalue(L, torch);
   luaL_register(L, nullptr, functions);

@@ -76,6 +76,8 @@ def build(hub, tmp):
             opt.zero_grad()
             loss.backward()
             opt.step()
+    # a branch that serves step1's files again (as some published series do)
+    repo.commit(repo.commits[commits["step1"]], branches=["step3"])
     last = steps["step2"][1]
     sharded = os.path.join(tmp, "saved", "sharded")
     last.save_pretrained(sharded, max_shard_size="20KB")

@@ -181,7 +181,7 @@ def test_tokenizer_and_download():
     rc, _, err = anatomy(cache, "refs", "org/tiny", out)
     refs = json.load(open(out)) if rc == 0 else {}
     names = sorted(b["name"] for b in refs.get("branches", []))
-    check("hub.list_repo_refs lists the branches and tags", names == ["main", "step0", "step1", "step2"] and
+    check("hub.list_repo_refs lists the branches and tags", names == ["main", "step0", "step1", "step2", "step3"] and
           refs["tags"][0]["commit"] == FX["commits"]["step1"], err or refs)
 
 
@@ -331,6 +331,8 @@ def test_series():
     rc, out, err = anatomy(cache, os.path.join(TMP, "series"), script="hub_series.lua")
     print("\n".join("      " + line for line in out.strip().splitlines()[-6:]))
     check("the series over three Hub revisions equals separate autopsy.run calls", rc == 0 and "series: ok" in out, err[-1500:])
+    check("a revision serving another's weights is named as one checkpoint measured twice",
+          rc == 0 and "step1 and step3 serve the same weights" in err and "duplicates: ok" in out, err[-1500:])
 
 
 hub = FakeHub()

@@ -104,7 +104,7 @@ local function checkpoints(source, o, where)
           for k, v in pairs(hf) do opts[k] = v end
           local m = models.from_pretrained(source, opts)
           local src = rawget(m, 'hf_source')
-          if src then list[i].origin.commit = src.commit end
+          if src then list[i].origin.commit, list[i].origin.weights = src.commit, src.weights end
           return m
         end}
     end
@@ -165,6 +165,10 @@ local function series(source, o, data, aopts)
     collectgarbage()
   end
   self:tabulate()
+  for _, d in ipairs(self.duplicates) do
+    io.stderr:write(('anatomy: autopsy.series: %s and %s serve the same weights (%s): their columns are one checkpoint measured twice\n')
+      :format(self.labels[d[1]], self.labels[d[2]], self.origins[d[1]].weights))
+  end
   return self
 end
 
@@ -187,6 +191,15 @@ function Series:tabulate()
       end
     end
     if any then self.table[m] = t end
+  end
+  -- checkpoints whose weights are the same files (the Hub's content hashes):
+  -- a revision that serves another's weights is no new point of the run
+  self.duplicates = {}
+  for i = 2, #self.runs do
+    for j = 1, i - 1 do
+      local w = self.origins[i].weights
+      if w and w == self.origins[j].weights then self.duplicates[#self.duplicates + 1] = {j, i}; break end
+    end
   end
   for _, layer in ipairs(names) do self.verdicts[layer] = {} end
   for i, a in ipairs(self.runs) do
@@ -212,6 +225,15 @@ end
 
 local function step_text(self, i)
   return self.numbered and ('step ' .. step_number(self.steps[i])) or self.labels[i]
+end
+
+-- s:smoke() -> whether the autopsies are a smoke run's (--smoke=true): their
+-- verdicts then mean nothing, nor do their changes
+function Series:smoke()
+  for _, layer in ipairs(self.layers) do
+    for _, v in pairs(self.verdicts[layer]) do if v == 'smoke run: not meaningful' then return true end end
+  end
+  return false
 end
 
 -- s:story(layer) -> "blocks.3: worker until step 8000, passenger from step
@@ -249,10 +271,16 @@ function Series:__tostring()
   for i, a in ipairs(self.runs) do losses[i] = fmt(a.loss, 4) end
   out[#out + 1] = '  loss: ' .. table.concat(losses, ', ')
   local stories = self:stories()
-  out[#out + 1] = #stories == 0 and '  no layer changed its verdict' or '  verdict changes:'
+  for _, d in ipairs(self.duplicates) do
+    out[#out + 1] = ('  warning: %s and %s serve the same weights (%s): one checkpoint measured twice'):format(
+      self.labels[d[1]], self.labels[d[2]], self.origins[d[1]].weights)
+  end
+  out[#out + 1] = self:smoke() and '  verdicts: a smoke run\'s, not meaningful (no change is read from them)'
+    or #stories == 0 and '  no layer changed its verdict' or '  verdict changes:'
   for _, s in ipairs(stories) do out[#out + 1] = '    ' .. s end
   local width = 7
   for _, l in ipairs(self.layers) do width = math.max(width, #l) end
+  for _, m in ipairs(self:measures()) do width = math.max(width, #m) end
   for _, m in ipairs(self:measures()) do
     out[#out + 1] = ''
     local head = {('%-' .. width .. 's'):format(m)}
@@ -277,7 +305,7 @@ function Series:data()
   local runs = {}
   for i, a in ipairs(self.runs) do runs[i] = {label = self.labels[i], step = self.steps[i], origin = self.origins[i], autopsy = a:data()} end
   return {source = self.source, labels = self.labels, steps = self.steps, layers = self.layers, table = self.table,
-    verdicts = self.verdicts, changes = self.changes, stories = self:stories(), runs = runs}
+    verdicts = self.verdicts, changes = self.changes, stories = self:stories(), duplicates = self.duplicates, runs = runs}
 end
 
 function Series:json(path)
@@ -294,8 +322,14 @@ function Series:html()
   local parts = {}
   local stories = self:stories()
   parts[#parts + 1] = ('<p>%d checkpoints of %s: %s</p>'):format(#self.runs, esc(self.source), esc(table.concat(self.labels, ', ')))
+  for _, d in ipairs(self.duplicates) do
+    parts[#parts + 1] = ('<p class="warning">%s and %s serve the same weights (%s): their columns are one checkpoint measured twice.</p>')
+      :format(esc(self.labels[d[1]]), esc(self.labels[d[2]]), esc(self.origins[d[1]].weights))
+  end
   parts[#parts + 1] = '<h2>Verdict changes</h2>'
-  if #stories == 0 then
+  if self:smoke() then
+    parts[#parts + 1] = '<p>A smoke run (--smoke=true): its verdicts, and so their changes, are not meaningful.</p>'
+  elseif #stories == 0 then
     parts[#parts + 1] = '<p>No layer changed its verdict across these checkpoints.</p>'
   else
     local items = {}

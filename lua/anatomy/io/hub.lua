@@ -389,6 +389,7 @@ function hub.fetch_model(repo_id, opts)
     end
     table.sort(shards)
     for _, file in ipairs(shards) do snap:fetch(file) end
+    snap.weight_files = shards
   elseif hub.has_pickle(has) then
     error(hub.pickle_refusal(where, describe(snap)), 0)
   else
@@ -398,6 +399,15 @@ function hub.fetch_model(repo_id, opts)
   for _, f in ipairs(hub.tokenizer_files) do
     if has(f) then snap:fetch(f) end
   end
+  -- the weights' identity: the blobs (content hashes) their links name, so
+  -- that two revisions serving the same weights can be told apart from two
+  -- that differ (a checkpoint series says so)
+  local blobs = {}
+  for _, f in ipairs(snap.weight_files or {'model.safetensors'}) do
+    local target = torch._readlink(snap.folder .. '/' .. f)
+    blobs[#blobs + 1] = target and target:match('([^/]+)$') or f
+  end
+  snap.weights_id = table.concat(blobs, ',')
   return snap
 end
 

@@ -339,7 +339,7 @@ function pretrained.from_pretrained(name, opts)
   rawset(model, 'hf_config', config)
   rawset(model, 'hf_folder', folder)
   if snap then  -- where it came from, for provenance: the name, the revision asked, the commit it was
-    rawset(model, 'hf_source', {repo_id = snap.repo_id, revision = snap.revision, commit = snap.commit})
+    rawset(model, 'hf_source', {repo_id = snap.repo_id, revision = snap.revision, commit = snap.commit, weights = snap.weights_id})
   end
   rawset(model, 'hf_dropout', pretrained.dropout_settings(config))
   model:eval()

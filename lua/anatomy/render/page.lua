@@ -29,6 +29,7 @@ figcaption { font-weight: bold; margin-bottom: 4px; } .axis { stroke: #999; } .g
 td.differs { background: #fde2c4; font-weight: bold; } table.compare { margin: 0 16px 16px 0; align-self: flex-start; }
 details.numbers { font-size: 11px; } details.numbers table { font-size: 11px; } .prompt code { white-space: pre-wrap; }
 .label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
+.warning { color: #b45309; font-weight: bold; }
 .wide { overflow-x: auto; max-width: 100%; }
 dl.note { display: grid; grid-template-columns: max-content 1fr; gap: 0 12px; max-width: 900px; }
 dl.note dt { font-family: monospace; } dl.note dd { margin: 0; }
