@@ -1,14 +1,17 @@
--- The autopsy of a published model: load a Hugging Face folder (GPT-2,
--- Pythia, Llama, Mistral, Qwen2) with models.from_pretrained, read a text
--- with the model's own tokenizer, and run the same autopsy as on a model
--- trained here (logit lens, layer removal, attention), with its report.
---   anatomy examples/pretrained_autopsy.lua --model=FOLDER [--data=FILE] [--seq=128]
+-- The autopsy of a published model: load a Hugging Face checkpoint (GPT-2,
+-- Pythia, Llama, Mistral, Qwen2) by Hub name or folder with
+-- models.from_pretrained, read a text with the model's own tokenizer, and run
+-- the same autopsy as on a model trained here (logit lens, layer removal,
+-- attention), with its report.
+--   anatomy examples/pretrained_autopsy.lua --model=EleutherAI/pythia-70m [--revision=step1000] [--data=FILE] [--seq=128]
+--   anatomy examples/pretrained_autopsy.lua --model=FOLDER [--data=FILE]
 --   anatomy examples/pretrained_autopsy.lua --smoke=true   (a tiny random GPT-2 made here)
 -- Every key below can be overridden with --key=value; --help lists them.
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 local cfg = torch.config.parse({
-  model = '',              -- a Hugging Face model folder (config.json, safetensors, tokenizer)
+  model = '',              -- a Hub repository id, or a Hugging Face model folder (config.json, safetensors, tokenizer)
+  revision = '',           -- with a Hub name: a branch, tag or commit (empty: main)
   data = '',               -- a text file; empty: the King James Bible (Debian's bible-kjv)
   seq = 128, batch = 8,    -- the windows the autopsy measures on
   batches = 1,             -- how many batches it averages over
@@ -17,7 +20,7 @@ local cfg = torch.config.parse({
   seed = 1337,
   smoke = false,           -- a tiny random GPT-2 written here, for a quick check
   out = 'out/pretrained_autopsy',
-}, arg, 'usage: anatomy examples/pretrained_autopsy.lua --model=FOLDER [--key=value ...]')
+}, arg, 'usage: anatomy examples/pretrained_autopsy.lua --model=NAME_OR_FOLDER [--key=value ...]')
 
 -- A GPT-2 folder with random weights and a byte-level tokenizer of the 256
 -- bytes (no merges): the files a Hugging Face checkpoint has, at toy size.
@@ -64,11 +67,11 @@ if cfg.smoke then
   folder = tiny_gpt2(cfg.out .. '/tiny-gpt2')
   cfg.seq = math.min(cfg.seq, 32)
 elseif folder == '' then
-  error('examples/pretrained_autopsy.lua: name a Hugging Face model folder with --model=FOLDER (or --smoke=true)', 0)
+  error('examples/pretrained_autopsy.lua: name a checkpoint with --model=ORG/NAME or --model=FOLDER (or --smoke=true)', 0)
 end
 
 torch.manual_seed(cfg.seed)
-local model, tok = models.from_pretrained(folder, {dtype = cfg.dtype})
+local model, tok = models.from_pretrained(folder, {dtype = cfg.dtype, revision = cfg.revision ~= '' and cfg.revision or nil})
 if not tok then error(("examples/pretrained_autopsy.lua: '%s' has no tokenizer.json (or vocab.json and merges.txt)"):format(folder), 0) end
 print(model)
 print(('%s: %s parameters, tokenizer of %d tokens'):format(nn.typename(model), nn.format_count(model:num_parameters()), tok.vocab_size))

@@ -34,6 +34,8 @@ for i, r in ipairs(revisions) do
   end
   assert(s.runs[i].loss == a.loss, ('%s: loss %s vs %s'):format(r, s.runs[i].loss, a.loss))
   assert(s.origins[i].commit and #s.origins[i].commit == 40, 'the commit of each revision is kept')
+  assert(provenance.line(s.runs[i].provenance):find("from org/tiny at " .. r .. " (commit " .. s.origins[i].commit:sub(1, 12) .. ")", 1, true),
+    "the provenance names the repository, the revision and the commit")
 end
 print(('series: %d numbers compared against separate autopsy.run calls, largest difference %g'):format(compared, largest))
 assert(largest == 0, 'the series must equal separate runs exactly')

@@ -106,12 +106,22 @@ local function plain(t)
   return out
 end
 
--- provenance.model(model) -> {class, config, parameters, dtype, device}
+-- provenance.model(model) -> {class, config, parameters, dtype, device,
+-- source}: source, for a checkpoint loaded by Hub name, is {repo_id,
+-- revision, commit, weights} (the weights' content hashes)
 function provenance.model(model)
   local first
   for _, p in model:named_parameters() do first = p break end
   return {class = nn.typename(model), config = plain(rawget(model, 'config')), parameters = model:num_parameters(),
-    dtype = first and first.dtype or nil, device = first and first.device or nil}
+    dtype = first and first.dtype or nil, device = first and first.device or nil,
+    source = rawget(model, 'hf_source') and plain(rawget(model, 'hf_source')) or nil}
+end
+
+-- 'org/name at step1000 (commit 0123456789ab)' for a checkpoint loaded by name
+local function source_text(src)
+  if type(src) ~= 'table' or not src.repo_id then return '' end
+  return (' from %s at %s%s'):format(src.repo_id, tostring(src.revision),
+    src.commit and src.commit ~= src.revision and (' (commit ' .. src.commit:sub(1, 12) .. ')') or '')
 end
 
 -- ' on each of N ranks' for a data-parallel run's training record
@@ -188,7 +198,8 @@ function provenance.line(rec)
   for _, r in ipairs(rec.runs or {}) do models[#models + 1] = r end
   for _, m in ipairs(models) do
     local t = m.training or {}
-    local what = (m.label and (m.label .. ': ') or '') .. (m.model and (m.model.class .. ' ' .. count(m.model.parameters) .. ' parameters') or '')
+    local what = (m.label and (m.label .. ': ') or '') .. (m.model and (m.model.class .. ' ' .. count(m.model.parameters) .. ' parameters'
+      .. source_text(m.model.source)) or '')
     if t.steps_run then
       what = what .. (', %d steps of batch %d x %d%s, lr %s'):format(t.steps_run, t.batch or 0, t.seq or 0, ranks_text(t), tostring(t.lr))
     end
@@ -223,7 +234,8 @@ function provenance.fields(rec)
     local label = m.label and ('model (' .. m.label .. ')') or 'model'
     if m.model then
       local cfg = config_text(m.model.config)
-      out[#out + 1] = {label, ('%s, %s parameters%s'):format(m.model.class, count(m.model.parameters), cfg ~= '' and ('; ' .. cfg) or '')}
+      out[#out + 1] = {label, ('%s, %s parameters%s%s'):format(m.model.class, count(m.model.parameters), source_text(m.model.source),
+        cfg ~= '' and ('; ' .. cfg) or '')}
     end
     local t = m.training
     if t and t.steps_run then
