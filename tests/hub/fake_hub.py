@@ -155,6 +155,23 @@ class FakeHub:
             return self.resolve(h, path, head)
         self.error(h, 404, None, "Not Found", head)
 
+    def lookup(self, h, repo_id, rev, head):
+        """(repo, commit) for a request, or None after answering it with the
+        Hub's refusal: 401 for an unknown repository (as the Hub answers an
+        anonymous request), the gate's 401/403, 404 for an unknown revision.
+        rev None: the repository alone (commit None)."""
+        repo = self.repos.get(repo_id)
+        if repo is None:
+            self.error(h, 401 if not h.headers.get("Authorization") else 404, "RepositoryNotFound", "Repository not found", head)
+            return None
+        if not self.authorized(h, repo, head):
+            return None
+        sha = repo.resolve(rev) if rev is not None else None
+        if rev is not None and sha is None:
+            self.error(h, 404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
+            return None
+        return repo, sha
+
     def api(self, h, rest, head):
         if "/tree/" in rest:  # huggingface_hub's snapshot_download lists files this way
             repo_id, rev = rest.split("/tree/", 1)
@@ -166,33 +183,24 @@ class FakeHub:
             rev = urllib.parse.unquote(rev)
         else:
             repo_id, rev = rest, "main"
-        repo = self.repos.get(repo_id)
-        if repo is None:
-            return self.error(h, 401 if not h.headers.get("Authorization") else 404, "RepositoryNotFound",
-                              "Repository not found", head)
-        if not self.authorized(h, repo, head):
+        found = self.lookup(h, repo_id, rev, head)
+        if found is None:
             return
+        repo, sha = found
         if rev is None:
             body = {"branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": s} for n, s in sorted(repo.branches.items())],
                     "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": s} for n, s in sorted(repo.tags.items())],
                     "converts": []}
         else:
-            sha = repo.resolve(rev)
-            if sha is None:
-                return self.error(h, 404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
             body = {"_id": "x", "id": repo_id, "modelId": repo_id, "sha": sha, "private": False, "gated": repo.gated,
                     "disabled": False, "tags": [], "siblings": [{"rfilename": f} for f in sorted(repo.commits[sha])]}
         self.send(h, 200, json.dumps(body).encode(), {"Content-Type": "application/json"}, head)
 
     def tree(self, h, repo_id, rev, head):
-        repo = self.repos.get(repo_id)
-        if repo is None:
-            return self.error(h, 401, "RepositoryNotFound", "Repository not found", head)
-        if not self.authorized(h, repo, head):
+        found = self.lookup(h, repo_id, rev, head)
+        if found is None:
             return
-        sha = repo.resolve(rev)
-        if sha is None:
-            return self.error(h, 404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
+        repo, sha = found
         entries, folders = [], set()
         for name, data in sorted(repo.commits[sha].items()):
             parts = name.split("/")
@@ -209,14 +217,10 @@ class FakeHub:
         repo_id, rest = path[1:].split("/resolve/", 1)
         rev, _, filename = rest.partition("/")
         rev, filename = urllib.parse.unquote(rev), urllib.parse.unquote(filename)
-        repo = self.repos.get(repo_id)
-        if repo is None:
-            return self.error(h, 401, "RepositoryNotFound", "Repository not found", head)
-        if not self.authorized(h, repo, head):
+        found = self.lookup(h, repo_id, rev, head)
+        if found is None:
             return
-        sha = repo.resolve(rev)
-        if sha is None:
-            return self.error(h, 404, "RevisionNotFound", f"Invalid rev id: {rev}", head)
+        repo, sha = found
         data = repo.commits[sha].get(filename)
         if data is None:
             return self.error(h, 404, "EntryNotFound", f"{filename} does not exist", head)

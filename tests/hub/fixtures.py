@@ -12,6 +12,7 @@ revisions, for test_hub.py.
 Each revision's model is kept (`models[rev]`) with the folder it was saved to.
 """
 import os
+import sys
 
 import torch
 import transformers
@@ -24,15 +25,10 @@ TEXT = "the quick brown fox jumps over the lazy dog. " * 20
 
 
 def tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([TEXT, "hello world, and more words to merge"], trainer)
-    return tok
+    """GPT-2's byte-level BPE, trained on the parity tests' corpus."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
+    from test_bpe_parity import gpt2_like
+    return gpt2_like()
 
 
 def read_folder(folder):

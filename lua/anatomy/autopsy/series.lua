@@ -40,15 +40,10 @@ end
 -- Loads an anatomy checkpoint's weights into model (its optimizer and
 -- generator state are not needed); returns its step.
 local function load_weights(path, model, where)
-  local t, meta = torch.load_safetensors(path)
-  if meta.format ~= 'anatomy-checkpoint' then error(("%s: '%s' is not an anatomy checkpoint (train.fit writes them)"):format(where, path), 0) end
+  local ok, tensors_or_why, meta, sd = pcall(checkpoint.read, path)
+  if not ok then error(('%s: %s'):format(where, tostring(tensors_or_why):gsub('^[^\n]-:%d+: ', '')), 0) end
   if meta.class and meta.class ~= nn.typename(model) then
     error(("%s: '%s' holds a %s, and opts.model is a %s"):format(where, path, meta.class, nn.typename(model)), 0)
-  end
-  local sd = {}
-  for name, v in pairs(t) do
-    local n = name:match('^model%.(.*)$')
-    if n then sd[n] = v end
   end
   model:load_state_dict(sd)
   return tonumber(meta.step)

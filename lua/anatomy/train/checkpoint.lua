@@ -23,8 +23,10 @@ function checkpoint.at_step(path, step)
   return stem and ('%s.step%d.safetensors'):format(stem, step) or ('%s.step%d'):format(path, step)
 end
 
--- train.load_checkpoint(path, model, opt) -> step, metadata
-function checkpoint.load(path, model, opt)
+-- checkpoint.read(path) -> the file's tensors, its metadata and the model's
+-- state dict (the tensors named model.*, without the prefix); an error when
+-- the file is not an anatomy checkpoint
+function checkpoint.read(path)
   local t, meta = torch.load_safetensors(path)
   if meta.format ~= 'anatomy-checkpoint' then error(("'%s' is not an anatomy checkpoint"):format(path), 2) end
   local sd = {}
@@ -32,6 +34,12 @@ function checkpoint.load(path, model, opt)
     local n = name:match('^model%.(.*)$')
     if n then sd[n] = v end
   end
+  return t, meta, sd
+end
+
+-- train.load_checkpoint(path, model, opt) -> step, metadata
+function checkpoint.load(path, model, opt)
+  local t, meta, sd = checkpoint.read(path)
   model:load_state_dict(sd)
   if opt then opt:load_state_tensors(t, 'optim.') end
   torch.set_rng_state(t.rng)
