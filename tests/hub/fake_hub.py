@@ -8,8 +8,9 @@ huggingface_hub) ask of the Hub:
                                             an LFS file (*.safetensors, *.bin, *.model):
                                             302 to the "CDN" with X-Linked-Etag = SHA-256,
                                             X-Linked-Size; X-Repo-Commit on both
-  GET  /lfs/{sha256}                        the CDN: another host name (localhost, where the
-                                            endpoint is 127.0.0.1), Range requests answered 206
+  GET  /bridge/{sha256}                     the CDN: another host name (localhost, where the
+                                            endpoint is 127.0.0.1), which redirects once more to
+  GET  /lfs/{sha256}                        the bytes; Range requests answered 206
 Errors as the Hub words them: 404 with X-Error-Code RepositoryNotFound,
 RevisionNotFound or EntryNotFound; 401 for a gated repository without a
 valid token, 403 for a token without access.
@@ -149,6 +150,8 @@ class FakeHub:
                              "range": h.headers.get("Range"), "token": h.headers.get("Authorization") is not None})
         if path.startswith("/api/models/"):
             return self.api(h, path[len("/api/models/"):], head)
+        if path.startswith("/bridge/"):  # a storage bridge: one more redirect, to the bytes
+            return self.send(h, 302, b"", {"Location": f"{self.cdn}/lfs/{path[len('/bridge/'):]}"}, head)
         if path.startswith("/lfs/"):
             return self.lfs(h, path[len("/lfs/"):], head)
         if "/resolve/" in path:
@@ -229,7 +232,7 @@ class FakeHub:
             digest = hashlib.sha256(data).hexdigest()
             self.blobs[digest] = data
             common.update({"X-Linked-Etag": f'"{digest}"', "X-Linked-Size": str(len(data)), "ETag": f'"{git_blob_id(data)[:20]}"',
-                           "Location": f"{self.cdn}/lfs/{digest}?repo={urllib.parse.quote(repo_id)}"})
+                           "Location": f"{self.cdn}/bridge/{digest}?repo={urllib.parse.quote(repo_id)}"})
             return self.send(h, 302, b"", common, head)
         common.update({"ETag": f'"{git_blob_id(data)}"', "Content-Type": "application/octet-stream"})
         self.send(h, 200, data, common, head)

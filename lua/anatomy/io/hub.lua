@@ -131,15 +131,19 @@ local function refusal(session, r, what)
   return ('%s: the Hub answered %d%s'):format(what, r.status, message ~= '' and (' (' .. message .. ')') or '')
 end
 
--- One request; relative redirects (a renamed repository) are followed, an
--- absolute one (a CDN) is returned to the caller.
+-- One request; relative redirects (a renamed repository) are followed, and
+-- with req.follow absolute ones too (a download's storage hosts); otherwise
+-- an absolute one (the CDN an LFS file is on) is returned to the caller. The
+-- token goes with each hop only when it is to the endpoint (headers_for).
 local function request(session, req)
+  local follow = req.follow
+  req.follow = nil
   for _ = 1, 6 do
     req.headers = headers_for(req.url, session)
     local r = torch._http(req)
     local location = r.headers.location
-    if r.status >= 300 and r.status < 400 and location and location:sub(1, 1) == '/' then
-      req.url = host_of(req.url) .. location
+    if r.status >= 300 and r.status < 400 and location and (location:sub(1, 1) == '/' or follow) then
+      req.url = location:sub(1, 1) == '/' and (host_of(req.url) .. location) or location
     else
       r.url = req.url
       return r
@@ -266,7 +270,7 @@ local function fetch_blob(session, url, etag, size, blob, label)
         r = {status = 200, headers = {}}
       else
         r = request(session, {method = 'GET', url = url, output = part, resume_from = have > 0 and have or nil,
-          progress = label, total = size})
+          progress = label, total = size, follow = true})
       end
       if not r.error and r.status >= 200 and r.status < 300 then break end
       if r.status == 416 and size and (torch._file_size(part) or 0) == size then break end
