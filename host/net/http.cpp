@@ -37,6 +37,7 @@ std::string size_text(double bytes) {
 }
 
 struct Transfer {
+  Transfer(const HttpRequest* request, HttpResponse* response, CURL* curl) : request(request), response(response), curl(curl) {}
   const HttpRequest* request;
   HttpResponse* response;
   CURL* curl;
@@ -147,7 +148,7 @@ HttpResponse http_request(const HttpRequest& request) {
   HttpResponse response;
   std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), &curl_easy_cleanup);
   if (!curl) throw std::runtime_error("libcurl could not start a request");
-  Transfer t{&request, &response, curl.get()};
+  Transfer t(&request, &response, curl.get());
   struct curl_slist* list = nullptr;
   for (const auto& h : request.headers) list = curl_slist_append(list, h.c_str());
   std::string range;
