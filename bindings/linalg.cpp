@@ -1,4 +1,4 @@
-// torch.linalg: singular values and norms, with PyTorch's argument names.
+// torch.linalg: singular values (and vectors) and norms, with PyTorch's argument names.
 #include <ATen/ATen.h>
 
 #include "bindings/parts.h"
@@ -13,6 +13,19 @@ int linalg_svdvals(lua_State* L) {
   if (a.dim() < 2) throw ArgError(1, "svdvals needs a matrix (or a batch of them), got shape " + shape_string(a.sizes()));
   push_tensor(L, at::linalg_svdvals(a));
   return 1;
+}
+
+// linalg.svd(A, full_matrices = true) -> U, S, Vh (A = U diag(S) Vh), as
+// torch.linalg.svd; S in descending order
+int linalg_svd(lua_State* L) {
+  at::Tensor& a = check_tensor(L, 1);
+  if (a.dim() < 2) throw ArgError(1, "svd needs a matrix (or a batch of them), got shape " + shape_string(a.sizes()));
+  bool full = opt_boolean(L, 2, true);
+  auto [u, s, vh] = at::linalg_svd(a, full);
+  push_tensor(L, u);
+  push_tensor(L, s);
+  push_tensor(L, vh);
+  return 3;
 }
 
 // linalg.norm(A, ord = nil, dim = nil, keepdim = false); ord may be a number,
@@ -42,6 +55,7 @@ int linalg_norm(lua_State* L) {
 
 const luaL_Reg functions[] = {
     {"svdvals", guarded<linalg_svdvals>},
+    {"svd", guarded<linalg_svd>},
     {"norm", guarded<linalg_norm>},
     {nullptr, nullptr},
 };

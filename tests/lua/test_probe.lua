@@ -112,4 +112,130 @@ test('batched ranks and norms agree with the one-at-a-time kernels', function()
   raises(function() torch.metrics.eranks({torch.randn(3)}) end, "bad argument #1 to 'metrics.eranks' (effective_ranks: matrix 1 is not 2-D)")
 end)
 
+-- A small char GPT trained on "the X is good." / "the X is bad." (two thirds
+-- good), and the contrast of the two endings at the subjects 1..8.
+local function sentiment()
+  torch.manual_seed(1)
+  local subjects = {'cake', 'song', 'film', 'book', 'road', 'idea', 'game', 'meal', 'view', 'room', 'trip', 'plan'}
+  local parts = {}
+  for i = 1, 400 do
+    parts[#parts + 1] = ('the %s is %s. '):format(subjects[(i * 7) % #subjects + 1], (i * 13) % 3 == 0 and 'bad' or 'good')
+  end
+  local corpus = data.from_string(table.concat(parts))
+  local m = models.gpt{vocab = corpus.vocab_size, dim = 32, heads = 2, layers = 2, seq = 32, ffn = 64}
+  train.fit(m, corpus, {steps = 150, batch = 16, lr = 3e-3, quiet = true})
+  local pos, neg = {}, {}
+  for i = 1, 8 do pos[i] = ('the %s is good'):format(subjects[i]); neg[i] = ('the %s is bad'):format(subjects[i]) end
+  return m, corpus, pos, neg
+end
+
+test('steer: a held-out logit difference moves monotonically with the coefficient; remove and probe.clear undo it', function()
+  local m, corpus, pos, neg = sentiment()
+  local v = steer.vector(m, pos, neg, {tokenizer = corpus})
+  H.eq(v.layers, {'blocks.1', 'blocks.2'}, 'every layer by default')
+  -- held out: prompts whose vector was not read (subjects 9..12)
+  local held = {'the view is ', 'the room is ', 'the trip is ', 'the plan is '}
+  local g, b = corpus:encode('g')[1]:item(), corpus:encode('b')[1]:item()
+  local function metric()
+    local total = 0
+    for _, p in ipairs(held) do
+      local logits = torch.no_grad(function() return m(corpus:encode(p):unsqueeze(1)) end)[1]
+      total = total + logits[logits:size(1)][g]:item() - logits[logits:size(1)][b]:item()
+    end
+    return total / #held
+  end
+  local base = metric()
+  local last, seen = -math.huge, {}
+  for _, c in ipairs{-2, -1, -0.5, 0, 0.5, 1, 2} do
+    local h = steer.apply(m, v, {coefficient = c})
+    local value = metric()
+    h:remove()
+    seen[#seen + 1] = ('%g: %.4f'):format(c, value)
+    assert(value > last, 'monotonic in the coefficient: ' .. table.concat(seen, ', '))
+    last = value
+  end
+  print('  logit(g) - logit(b) by coefficient: ' .. table.concat(seen, ', '))
+  H.close(metric(), base, 0, 'removed: the model is as before')
+  steer.apply(m, v, {coefficient = 2})
+  assert(metric() > base + 0.1, 'applied')
+  probe.clear(m)
+  H.close(metric(), base, 0, 'probe.clear removes a steering vector')
+end)
+
+test('steer: through generate at every step, at chosen positions and layers, in any combination', function()
+  local m, corpus, pos, neg = sentiment()
+  local v = steer.vector(m, pos, neg, {tokenizer = corpus})
+  local prompt = corpus:encode('the view is ')
+  local plain = corpus:decode(m:generate(prompt, {max_new = 6, temperature = 0}))
+  local h = steer.apply(m, v, {coefficient = -3})
+  local ids_steered = m:generate(prompt, {max_new = 6, temperature = 0})
+  -- every generated token is the steered model's greedy choice at its step,
+  -- and at least one is not the unsteered model's: the vector acts at every step
+  local n, T0, differs = ids_steered:size(1), prompt:size(1), 0
+  local function choice(context)
+    local logits = torch.no_grad(function() return m(context:unsqueeze(1)) end)[1]
+    return logits[logits:size(1)]:argmax():item()
+  end
+  for t = T0 + 1, n do H.eq(choice(ids_steered:narrow(1, 1, t - 1)), ids_steered[t]:item(), 'steered step ' .. t) end
+  h:remove()
+  for t = T0 + 1, n do if choice(ids_steered:narrow(1, 1, t - 1)) ~= ids_steered[t]:item() then differs = differs + 1 end end
+  print(('  greedy: %q; steered by -3: %q (%d of %d steps choose otherwise unsteered)'):format(plain,
+    corpus:decode(ids_steered), differs, n - T0))
+  assert(plain:find('the view is good', 1, true), 'unsteered, the model says good')
+  assert(differs > 0, 'the steering changed a choice')
+  H.eq(corpus:decode(m:generate(prompt, {max_new = 6, temperature = 0})), plain, 'removed: generation as before')
+  -- positions: only the last one moves; the others are as unsteered
+  local ids = prompt:unsqueeze(1)
+  local _, c0 = probe.run_with_cache(m, ids, {filter = {'blocks.1.resid_post'}})
+  local h2 = steer.apply(m, v, {coefficient = 1, positions = -1, layers = {1}})
+  local _, c1 = probe.run_with_cache(m, ids, {filter = {'blocks.1.resid_post'}})
+  h2:remove()
+  local diff = c1['blocks.1.resid_post'] - c0['blocks.1.resid_post']
+  local T = ids:size(2)
+  H.close(diff[1]:narrow(1, 1, T - 1):abs():max():item(), 0, 0, 'positions before the last untouched')
+  H.close((diff[1][T] - v.vectors['blocks.1']):abs():max():item(), 0, 1e-6, 'the last position moved by v')
+  -- two applications add up
+  local a, b2 = steer.apply(m, v, {coefficient = 0.5}), steer.apply(m, v, {coefficient = 0.5})
+  local twice = torch.no_grad(function() return m(ids) end)
+  a:remove(); b2:remove()
+  local once = steer.apply(m, v, {coefficient = 1})
+  H.close((torch.no_grad(function() return m(ids) end) - twice):abs():max():item(), 0, 1e-5, 'two halves are one whole')
+  once:remove()
+end)
+
+test('steer: pca is the principal direction of the paired differences, oriented along their mean', function()
+  local m, corpus, pos, neg = sentiment()
+  local v = steer.vector(m, pos, neg, {tokenizer = corpus, method = 'pca', layers = {'blocks.2'}, reduce = 'last'})
+  H.eq(v.layers, {'blocks.2'}, 'the chosen layer')
+  local mean = steer.vector(m, pos, neg, {tokenizer = corpus, layers = 2, reduce = 'last'})
+  local d, mdir = v.vectors['blocks.2'], mean.vectors['blocks.2']
+  assert((d * mdir):sum():item() > 0, 'oriented along the mean difference')
+  -- its length is the mean difference's projection on it
+  H.close(d:norm():item(), (mdir * d / d:norm()):sum():item(), 1e-4, 'scaled to the mean along it')
+end)
+
+test('steer: bad arguments are errors that name them, before anything runs', function()
+  local m = models.gpt{vocab = 10, dim = 8, heads = 2, layers = 2, seq = 8, ffn = 16}
+  local a, b = {torch.tensor({1, 2}):long()}, {torch.tensor({3, 4}):long()}
+  H.raises(function() steer.vector(m, a, b, {method = 'svd'}) end, "steer.vector: method must be 'mean' or 'pca', got svd")
+  H.raises(function() steer.vector(m, a, b, {layers = {3}}) end, 'steer.vector: layer must be in 1..2, got 3')
+  H.raises(function() steer.vector(m, a, b, {layers = {'blocks.9'}}) end, "steer.vector: no layer 'blocks.9' (layers: blocks.1, blocks.2)")
+  H.raises_part(function() steer.vector(m, a, b, {point = 'nope'}) end, "steer.vector: layer blocks.1 has no 'nope'")
+  H.raises(function() steer.vector(m, {}, b) end, 'steer.vector: positive must be a list of texts (or of token ids) or a (B, T) ids tensor, got an empty list')
+  H.raises(function() steer.vector(m, a, b, {method = 'pca'}) end, 'steer.vector: pca needs at least two pairs, got 1')
+  H.raises(function() steer.vector(m, {a[1], a[1]}, b, {method = 'pca'}) end, 'steer.vector: pca pairs the examples: positive has 2, negative 1')
+  H.raises(function() steer.vector(m, a, b, {reduce = 'max'}) end, "steer.vector: reduce must be 'mean' or 'last', got max")
+  local v = steer.vector(m, a, b)
+  H.raises(function() steer.apply(m, {}, {}) end, 'steer.apply: the vector must be a steer.Vector (steer.vector makes one), got table')
+  H.raises(function() steer.apply(m, v, {coefficient = 0 / 0}) end, 'steer.apply: coefficient must be a finite number, got nan')
+  H.raises(function() steer.apply(m, v, {positions = {1, 0}}) end, 'steer.apply: positions[2] must be a non-zero integer, got 0')
+  H.raises(function() steer.apply(m, v, {coef = 1}) end, "steer.apply: unknown option 'coef' (expected coefficient, layers, positions)")
+  local only = steer.vector(m, a, b, {layers = {1}})
+  H.raises(function() steer.apply(m, only, {layers = {2}}) end, 'steer.apply: the vector has no direction for layer blocks.2 (it has: blocks.1)')
+  local h = steer.apply(m, v, {positions = 9})
+  H.raises_part(function() m(torch.tensor({{1, 2, 3}}):long()) end, 'steer.apply: position must be an integer in 1..3 (or -3..-1) for blocks.1.resid_post, got 9')
+  h:remove()
+  m(torch.tensor({{1, 2, 3}}):long())  -- the session goes on
+end)
+
 H.done()
