@@ -17,7 +17,10 @@
 --   3. activation patching of each head's output (attn.z) from a clean run
 --      (r r) into a corrupted one (r' r): those heads restore the logit of
 --      the right next token;
---   4. direct logit attribution: their outputs push that logit up.
+--   4. direct logit attribution: their outputs push that logit up;
+--   5. path patching from the previous-token heads into the induction heads:
+--      their clean output restores the right logit through the induction
+--      heads' keys (K-composition), far more than through queries or values.
 --   anatomy examples/circuits.lua [--steps=1500] [--smoke=true] [--out=out/circuits]
 local cfg = experiment.config({vocab = 64, seq = 48, min_run = 8, max_run = 20, eval_run = 16, dim = 64, heads = 4, layers = 2,
   ffn = 128, steps = 1500, batch = 32, lr = 3e-3, seed = 1, eval_batch = 64, out = 'out/circuits'},
@@ -142,6 +145,21 @@ local circuit = {}
 for _, hd in ipairs(induction) do circuit[#circuit + 1] = hd end
 for _, hd in ipairs(previous) do if not hd.is_induction then circuit[#circuit + 1] = hd end end
 
+-- 5. path patching: the previous-token heads' clean output into the induction
+-- heads only, through their queries, keys or values (everything else frozen
+-- at the corrupt run): K-composition is the path through k
+local paths = {}
+if #previous > 0 and #induction > 0 then
+  local senders, receivers = {}, {}
+  for i, hd in ipairs(previous) do senders[i] = {hd.layer, hd.head} end
+  for i, hd in ipairs(induction) do receivers[i] = {hd.layer, hd.head} end
+  for _, via in ipairs{'q', 'k', 'v'} do
+    local p = patching.path(model, input, corrupt:narrow(2, 1, T), right_logit, {sender = senders, receivers = receivers, via = via})
+    paths[via] = p:normalized()
+    print(p)
+  end
+end
+
 -- '%.3f' of a value, or 'none' where the set of heads it came from is empty
 local function shown(f, v) return v ~= v and 'none' or f:format(v) end
 
@@ -161,9 +179,12 @@ r:add('patching an induction head\'s output restores more of the right logit tha
 r:add('the induction heads write the right logit directly more than any other head', 'the induction heads',
   ('induction >= %s, others <= %s'):format(shown('%+.2f', extreme(induction, 'dla')), shown('%+.2f', extreme(others_i, 'dla', true))),
   #induction > 0 and extreme(induction, 'dla') > extreme(others_i, 'dla', true) and 'reproduced' or 'differs')
+r:add('the previous-token heads reach the induction heads through their keys (K-composition): path patching via k restores more than via q or v',
+  'via k', paths.k and ('k %.2f, q %.2f, v %.2f'):format(paths.k, paths.q, paths.v) or 'none',
+  paths.k and paths.k > paths.q and paths.k > paths.v and 'reproduced' or 'differs')
 r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d..%d random tokens of %d, repeated, then filler); '
   .. 'models.llama with dim %d, %d heads, ffn %d; measured on %d fresh sequences with runs of %d (DLA averaged over the first %d, '
-  .. 'at the second copy\'s last input position). Patching: share of the way from the corrupt run (r\' r) to the clean one.'):format(
+  .. 'at the second copy\'s last input position). Patching and path patching: share of the way from the corrupt run (r\' r) to the clean one.'):format(
   cfg.steps, cfg.lr, cfg.batch, T, cfg.min_run, cfg.max_run, V, cfg.dim, cfg.heads, cfg.ffn, cfg.eval_batch, n, n_dla))
 local per_head = {}
 for i, hd in ipairs(heads) do

@@ -238,4 +238,37 @@ test('steer: bad arguments are errors that name them, before anything runs', fun
   m(torch.tensor({{1, 2, 3}}):long())  -- the session goes on
 end)
 
+test('patching.path: arguments checked and named; a path from a head to itself or backwards refused', function()
+  torch.manual_seed(2)
+  local m = models.gpt{vocab = 10, dim = 8, heads = 2, layers = 3, seq = 8, ffn = 16}
+  local clean, corrupt = torch.tensor({{1, 2, 3, 4}}):long(), torch.tensor({{5, 6, 7, 8}}):long()
+  local metric = patching.logit_diff(2, 3)
+  local function path(o) return patching.path(m, clean, corrupt, metric, o) end
+  H.raises(function() path{receivers = {{2, 1}}, via = 'k'} end, 'patching.path: sender is required: a head as {layer, head}, or a list of them')
+  H.raises(function() path{sender = {1, 1}, via = 'k'} end, 'patching.path: receivers are required')
+  H.raises(function() path{sender = {1, 1}, receivers = {{2, 1}}, via = 'o'} end, "patching.path: via must be 'q', 'k', 'v' or 'resid', got o")
+  H.raises(function() path{sender = {4, 1}, receivers = {{2, 1}}, via = 'k'} end, 'patching.path: sender: layer must be in 1..3, got 4')
+  H.raises(function() path{sender = {1, 0}, receivers = {{2, 1}}, via = 'k'} end, 'patching.path: sender: head must be a positive integer, got 0')
+  H.raises(function() path{sender = {1, 3}, receivers = {{2, 1}}, via = 'k'} end, 'patching.path: sender head must be in 1..2 for blocks.1, got 3')
+  H.raises(function() path{sender = {2, 1}, receivers = {{2, 2}}, via = 'k'} end,
+    'patching.path: the sender blocks.2 head 1 is not before the receivers (the first is in blocks.2): no path runs from it to them')
+  H.raises(function() path{sender = {1, 1}, receivers = {'blocks.9'}, via = 'resid'} end,
+    'patching.path: receivers[1] must be a layer (1..3 or a name) when via is resid, got blocks.9')
+  H.raises(function() patching.path(m, clean, torch.tensor({{1, 2}}):long(), metric, {sender = {1, 1}, receivers = {{2, 1}}, via = 'k'}) end,
+    'patching.path: clean is 1x4 tokens and corrupt 1x2; they must have one shape')
+  -- the two runs and the path: clean and corrupt as the plain forwards; the hooks are gone afterwards
+  local r = path{sender = {1, 1}, receivers = {{2, 1}, {3, 2}}, via = 'k'}
+  H.close(r.clean, metric(torch.no_grad(function() return m(clean) end)), 1e-5, 'clean metric (the cached run takes the hook points\' path)')
+  H.close(r.corrupt, metric(torch.no_grad(function() return m(corrupt) end)), 1e-5, 'corrupt metric')
+  local n = 0
+  for _, mod in m:named_modules() do for _ in pairs(rawget(mod, '_probes') or {}) do n = n + 1 end end
+  H.eq(n, 0, 'nothing left attached')
+  assert(tostring(r):find('path patching: blocks.1 head 1 -> blocks.2 head 1, blocks.3 head 2 via k', 1, true), tostring(r))
+  -- every head of every layer as sender into the last layer's input: the sender's whole effect through the stream
+  local all = {}
+  for l = 1, 2 do for h = 1, 2 do all[#all + 1] = {l, h} end end
+  local whole = path{sender = all, receivers = {3}, via = 'resid'}
+  assert(whole.value ~= whole.corrupt, 'the senders move the metric')
+end)
+
 H.done()

@@ -10,6 +10,7 @@ local points = require('anatomy.probe.points')
 local inputs = require('anatomy.probe.inputs')
 local Cache = require('anatomy.probe.cache')
 local interventions = require('anatomy.probe.interventions')
+local hooks = require('anatomy.probe.hooks')
 local options = require('anatomy.torch.options')
 local terminal = require('anatomy.render.terminal')
 local charts = require('anatomy.render.charts')
@@ -138,6 +139,181 @@ function patching.run(model, clean, corrupt, metric, opts)
   end
   return setmetatable({grid = torch.tensor(grid), values = grid, rows = rows, points = names, cols = cols, over = over, per = per,
     clean = clean_metric, corrupt = corrupt_metric}, Result)
+end
+
+-- A head given as {layer, head}: layer a number (1..L) or a layer's name,
+-- head 1..H. Returns the layer's name and the head.
+local function head_of(model, layers, spec, what, where)
+  if type(spec) ~= 'table' or spec[1] == nil or spec[2] == nil then
+    error(('%s: %s must be a head as {layer, head}, got %s'):format(where, what, type(spec) == 'table' and 'a table without both' or type(spec)), 0)
+  end
+  local layer, head = spec[1], spec[2]
+  local name
+  if type(layer) == 'number' then
+    if layer % 1 ~= 0 or layer < 1 or layer > #layers then
+      error(('%s: %s: layer must be in 1..%d, got %s'):format(where, what, #layers, tostring(layer)), 0)
+    end
+    name = layers[layer][1]
+  else
+    local resolved = points.resolve_name(model, layer, 1)
+    for _, l in ipairs(layers) do if l[1] == resolved then name = l[1] end end
+    if not name then error(("%s: %s: no layer '%s'"):format(where, what, tostring(layer)), 0) end
+  end
+  if type(head) ~= 'number' or head % 1 ~= 0 or head < 1 then
+    error(('%s: %s: head must be a positive integer, got %s'):format(where, what, tostring(head)), 0)
+  end
+  return name, head
+end
+
+-- A list of heads: {layer, head} or a list of them.
+local function head_list(model, layers, spec, what, where)
+  if type(spec) == 'table' and type(spec[1]) == 'table' then
+    local out = {}
+    for i, s in ipairs(spec) do
+      local name, head = head_of(model, layers, s, ('%s[%d]'):format(what, i), where)
+      out[i] = {name, head}
+    end
+    return out
+  end
+  local name, head = head_of(model, layers, spec, what, where)
+  return {{name, head}}
+end
+
+local PathResult = {}
+PathResult.__index = PathResult
+patching.PathResult = PathResult
+
+-- patching.path(model, clean, corrupt, metric, {sender = {layer, head} or a
+-- list, receivers = {{layer, head}, ...} (via q, k, v) or layers (via
+-- resid), via = 'q'|'k'|'v'|'resid', tokenizer}) -> result: path patching.
+-- The sender heads' clean output reaches the receivers along one path only:
+--   1. the clean and corrupt runs are cached (every attention's z);
+--   2. the corrupt input runs with the senders' z from the clean run and
+--      every other head's z frozen at its corrupt value (the MLPs
+--      recomputed), and the receivers' inputs are recorded there: each
+--      receiver head's q, k or v (via), or each receiver layer's resid_pre;
+--   3. the corrupt input runs with only those receiver inputs patched in
+--      from step 2; result.value is the metric of that run.
+-- result.clean and result.corrupt are the metric of the two runs,
+-- result:normalized() the share of the way from corrupt (0) to clean (1).
+function patching.path(model, clean, corrupt, metric, opts)
+  local where = 'patching.path'
+  opts = options.check(opts, {'sender', 'receivers', 'via', 'tokenizer'}, where, 2)
+  if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> number, got %s'):format(where, type(metric)), 2) end
+  local via = opts.via or 'resid'
+  if via ~= 'q' and via ~= 'k' and via ~= 'v' and via ~= 'resid' then
+    error(("%s: via must be 'q', 'k', 'v' or 'resid', got %s"):format(where, tostring(via)), 2)
+  end
+  local layers, why = model:layers()
+  if not layers then error(('%s: %s'):format(where, why), 2) end
+  local index = {}
+  for i, l in ipairs(layers) do index[l[1]] = i end
+  if opts.sender == nil then error(('%s: sender is required: a head as {layer, head}, or a list of them'):format(where), 2) end
+  if opts.receivers == nil then error(('%s: receivers are required'):format(where), 2) end
+  local ok, senders = pcall(head_list, model, layers, opts.sender, 'sender', where)
+  if not ok then error(senders, 2) end
+  local receivers = {}
+  if via == 'resid' then
+    local list = type(opts.receivers) == 'table' and opts.receivers or {opts.receivers}
+    for i, l in ipairs(list) do
+      local name
+      if type(l) == 'number' and l % 1 == 0 and l >= 1 and l <= #layers then name = layers[l][1]
+      elseif type(l) == 'string' then name = points.resolve_name(model, l, 2) end
+      if not name or not index[name] then
+        error(('%s: receivers[%d] must be a layer (1..%d or a name) when via is resid, got %s'):format(where, i, #layers, tostring(l)), 2)
+      end
+      receivers[i] = {name}
+    end
+  else
+    ok, receivers = pcall(head_list, model, layers, opts.receivers, 'receivers', where)
+    if not ok then error(receivers, 2) end
+  end
+  local first_receiver = math.huge
+  for _, r in ipairs(receivers) do first_receiver = math.min(first_receiver, index[r[1]]) end
+  for _, s in ipairs(senders) do
+    if index[s[1]] >= first_receiver then
+      error(('%s: the sender %s head %d is not before the receivers (the first is in %s): no path runs from it to them'):format(
+        where, s[1], s[2], layers[first_receiver][1]), 2)
+    end
+  end
+  local clean_ids = inputs.to_ids(model, clean, opts.tokenizer, where)
+  local corrupt_ids = inputs.to_ids(model, corrupt, opts.tokenizer, where)
+  if format.shape(clean_ids) ~= format.shape(corrupt_ids) then
+    error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, format.shape(clean_ids),
+      format.shape(corrupt_ids)), 2)
+  end
+  -- every layer's z, and where each receiver reads
+  local z_names, receiver_names = {}, {}
+  for i, l in ipairs(layers) do
+    local found, name = pcall(patching.point, model, l[1], 'attn.z')
+    if not found then error(('%s: %s'):format(where, name), 2) end
+    z_names[i] = name
+  end
+  for i, r in ipairs(receivers) do
+    local found, name = pcall(patching.point, model, r[1], via == 'resid' and 'resid_pre' or ('attn.' .. via))
+    if not found then error(('%s: %s'):format(where, name), 2) end
+    receiver_names[i] = name
+  end
+  local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = z_names})
+  local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = z_names})
+  local layout = points.layout(z_names[1])
+  for _, s in ipairs(senders) do
+    local H = clean_cache[z_names[index[s[1]]]]:size(layout.head)
+    if s[2] > H then error(('%s: sender head must be in 1..%d for %s, got %d'):format(where, H, s[1], s[2]), 2) end
+  end
+  -- step 2: the senders from clean, every other head frozen at corrupt
+  local by_layer = {}
+  for _, s in ipairs(senders) do
+    by_layer[index[s[1]]] = by_layer[index[s[1]]] or {}
+    table.insert(by_layer[index[s[1]]], s[2])
+  end
+  local handles = {}
+  for i, name in ipairs(z_names) do
+    local frozen, from_clean = corrupt_cache[name], clean_cache[name]
+    local heads = by_layer[i]
+    handles[#handles + 1] = hooks.replace(model, name, function()
+      local out = frozen:clone()
+      for _, h in ipairs(heads or {}) do out:narrow(layout.head, h, 1):copy_(from_clean:narrow(layout.head, h, 1)) end
+      return out
+    end)
+  end
+  local step2_ok, step2_out_or_error, step2 = pcall(Cache.run_with_cache, model, corrupt_ids, {filter = receiver_names})
+  for _, h in ipairs(handles) do h:remove() end
+  if not step2_ok then error(step2_out_or_error, 0) end
+  -- step 3: the receivers' inputs from step 2, nothing else
+  handles = {}
+  for i, r in ipairs(receivers) do
+    local key = via ~= 'resid' and {head = r[2]} or nil
+    local patched_ok, handle = pcall(interventions.patch, model, receiver_names[i], step2, key)
+    if not patched_ok then
+      for _, h in ipairs(handles) do h:remove() end
+      error(('%s: receivers[%d]: %s'):format(where, i, tostring(handle):gsub('^[^\n]-:%d+: ', '')), 2)
+    end
+    handles[#handles + 1] = handle
+  end
+  local run_ok, out = pcall(function() return torch.no_grad(function() return model(corrupt_ids) end) end)
+  for _, h in ipairs(handles) do h:remove() end
+  if not run_ok then error(out, 0) end
+  local describe = {}
+  for i, s in ipairs(senders) do describe[i] = ('%s head %d'):format(s[1], s[2]) end
+  local into = {}
+  for i, r in ipairs(receivers) do into[i] = r[2] and ('%s head %d'):format(r[1], r[2]) or r[1] end
+  return setmetatable({value = as_number(metric(out), where), clean = as_number(metric(clean_out), where),
+    corrupt = as_number(metric(corrupt_out), where), senders = describe, receivers = into, via = via}, PathResult)
+end
+
+-- result:normalized() -> (value - corrupt) / (clean - corrupt)
+function PathResult:normalized()
+  local span = self.clean - self.corrupt
+  if span == 0 then error('patching.path: clean and corrupt give the same metric; nothing to normalise by', 2) end
+  return (self.value - self.corrupt) / span
+end
+
+function PathResult:__tostring()
+  local span = self.clean - self.corrupt
+  return ('path patching: %s -> %s via %s: metric %.4g (clean %.4g, corrupt %.4g%s)'):format(table.concat(self.senders, ', '),
+    table.concat(self.receivers, ', '), self.via, self.value, self.clean, self.corrupt,
+    span ~= 0 and (', normalized %.3f'):format((self.value - self.corrupt) / span) or '')
 end
 
 -- result:normalized() -> (grid - corrupt) / (clean - corrupt): 0 where the

@@ -142,7 +142,7 @@ anatomy: LuaJIT over LibTorch. Globals, each with help(name):
   optim       optim.AdamW, optim.Adam, optim.SGD, optim.lr_scheduler
   probe       probe.capture, probe.replace, probe.skip: hook points on every module;
               probe.run_with_cache, probe.ablate, probe.patch, probe.logit_attribution
-  patching    activation patching: patching.run, patching.logit_diff
+  patching    activation patching: patching.run, patching.path (path patching), patching.logit_diff
   steer       steering vectors: steer.vector (from contrasting texts), steer.apply (added while the model runs)
   autopsy     autopsy.run: the per-layer table, JSON and HTML report; autopsy.series: across checkpoints
   experiment  claims against measurements, the data rule, sweeps
