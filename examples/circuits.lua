@@ -147,14 +147,20 @@ for _, hd in ipairs(previous) do if not hd.is_induction then circuit[#circuit + 
 
 -- 5. path patching: the previous-token heads' clean output into the induction
 -- heads only, through their queries, keys or values (everything else frozen
--- at the corrupt run): K-composition is the path through k
+-- at the corrupt run): K-composition is the path through k. The corruption
+-- here breaks what the previous-token heads say and nothing else the
+-- induction heads need: every other token of the first copy is replaced
+-- (positions 1, 3, 5, ...), so the token after each replaced one is still
+-- there to be copied, but its key no longer says which token preceded it.
 local paths = {}
+local broken = x:clone()
+for i = 1, n, 2 do broken:narrow(2, i, 1):copy_(torch.randint(1, V + 1, {cfg.eval_batch, 1})) end
 if #previous > 0 and #induction > 0 then
   local senders, receivers = {}, {}
   for i, hd in ipairs(previous) do senders[i] = {hd.layer, hd.head} end
   for i, hd in ipairs(induction) do receivers[i] = {hd.layer, hd.head} end
   for _, via in ipairs{'q', 'k', 'v'} do
-    local p = patching.path(model, input, corrupt:narrow(2, 1, T), right_logit, {sender = senders, receivers = receivers, via = via})
+    local p = patching.path(model, input, broken:narrow(2, 1, T), right_logit, {sender = senders, receivers = receivers, via = via})
     paths[via] = p:normalized()
     print(p)
   end
@@ -184,7 +190,8 @@ r:add('the previous-token heads reach the induction heads through their keys (K-
   paths.k and paths.k > paths.q and paths.k > paths.v and 'reproduced' or 'differs')
 r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d..%d random tokens of %d, repeated, then filler); '
   .. 'models.llama with dim %d, %d heads, ffn %d; measured on %d fresh sequences with runs of %d (DLA averaged over the first %d, '
-  .. 'at the second copy\'s last input position). Patching and path patching: share of the way from the corrupt run (r\' r) to the clean one.'):format(
+  .. 'at the second copy\'s last input position). Patching: share of the way from the corrupt run (r\' r) to the clean one; path patching: '
+  .. 'the same share, from a run whose first copy has every other token (positions 1, 3, 5, ...) replaced.'):format(
   cfg.steps, cfg.lr, cfg.batch, T, cfg.min_run, cfg.max_run, V, cfg.dim, cfg.heads, cfg.ffn, cfg.eval_batch, n, n_dla))
 local per_head = {}
 for i, hd in ipairs(heads) do
