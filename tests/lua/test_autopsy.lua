@@ -324,4 +324,27 @@ test('autopsy.series refuses what cannot be a series, before loading anything', 
   raises(function() autopsy.series(dir, {}, batch) end, ("autopsy.series: '%s' holds anatomy checkpoints (run.step5.safetensors); give the model they were trained as opts.model"):format(dir))
 end)
 
+test("a pretrained model's autopsy refuses a corpus read with another tokenizer (its ids would be other tokens)", function()
+  local folder = H.gpt2_folder()  -- 11 tokens
+  local vocab = {}
+  for i, ch in ipairs{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k'} do vocab[ch] = i - 1 end
+  fs.write_atomic(folder .. '/tokenizer.json', json.encode({version = '1.0', added_tokens = {}, normalizer = json.null,
+    post_processor = json.null, decoder = {type = 'ByteLevel'},
+    pre_tokenizer = {type = 'ByteLevel', add_prefix_space = false, trim_offsets = true, use_regex = true},
+    model = {type = 'BPE', dropout = json.null, vocab = vocab, merges = {}}}))
+  local model, tok = models.from_pretrained(folder)
+  local text = H.tmpfile(('abcdefghijk'):rep(40))
+  local chars = data.text(text)
+  H.raises(function() autopsy.run(model, chars, {batch = 2, seq = 8}) end,
+    ("autopsy.run: the corpus %s was read with a char tokenizer of 11 tokens, and the model reads with its own tokenizer (%s, 11 tokens): "
+    .. "its ids would be other tokens; read the text with data.text(path, {tokenizer = model.tokenizer})"):format(text, folder))
+  local other = data.tokenizer(folder)
+  other.path = 'elsewhere'
+  H.raises_part(function() autopsy.run(model, data.text(text, {tokenizer = other}), {batch = 2, seq = 8}) end,
+    "was read with the tokenizer of 'elsewhere' (11 tokens)")
+  local a = autopsy.run(model, data.text(text, {tokenizer = tok}), {batch = 2, seq = 8})
+  assert(a.loss == a.loss, 'read with the model\'s own tokenizer, it runs')
+  autopsy.run(model, data.text(text, {tokenizer = data.tokenizer(folder)}), {batch = 2, seq = 8})  -- the same tokenizer read again
+end)
+
 H.done()

@@ -345,8 +345,24 @@ end
 -- whose attention maps the report shows (with a corpus to encode it).
 -- config: the calling script's settings, kept in the provenance record
 -- (a.provenance: data, model, training, software, machine; see provenance.lua).
+-- A corpus whose ids are not the model's tokens gives numbers that look
+-- fine and mean nothing: a model with its own tokenizer (a pretrained
+-- checkpoint) takes only a corpus read with that tokenizer.
+local function check_tokens(model, source)
+  local mine = rawget(model, 'tokenizer')
+  if not mine or getmetatable(source) ~= data.Corpus then return end
+  local theirs = rawget(source, 'read_with')
+  if theirs and (theirs == mine or (theirs.path == mine.path and theirs.vocab_size == mine.vocab_size)) then return end
+  error(("autopsy.run: the corpus %s was read with %s, and the model reads with its own tokenizer (%s, %d tokens): its ids "
+    .. "would be other tokens; read the text with data.text(path, {tokenizer = model.tokenizer})"):format(tostring(source.source),
+    theirs and ("the tokenizer of '%s' (%d tokens)"):format(tostring(theirs.path), theirs.vocab_size)
+      or ('a %s tokenizer of %d tokens'):format(tostring(source.tokenizer), source.vocab_size),
+    tostring(mine.path), mine.vocab_size), 3)
+end
+
 local function run(model, source, opts)
   opts = opts or {}
+  check_tokens(model, source)
   -- this autopsy's own start (or its training run's): several in one script each keep their own date and wall time
   local started, started_utc = torch._now(), os.date('!%Y-%m-%dT%H:%M:%SZ')
   if type(opts.history) == 'table' and opts.history.started then started, started_utc = opts.history.started, opts.history.started_utc end

@@ -28,9 +28,11 @@ end
 -- without the template's special tokens).
 function data.text(path, opts)
   opts = check_options(opts, {tokenizer = true, vocab_size = true, type = true, model = true, split = true}, 'data.text')
-  local tok = opts.tokenizer
-  if getmetatable(tok) == data.Tokenizer then tok = tok._native end
-  return wrap(native.text(path, tok or 'char', opts.split, opts.vocab_size, opts.type, opts.model), path)
+  local tok, given = opts.tokenizer, nil
+  if getmetatable(tok) == data.Tokenizer then tok, given = tok._native, tok end
+  local c = wrap(native.text(path, tok or 'char', opts.split, opts.vocab_size, opts.type, opts.model), path)
+  c.read_with = given  -- the pretrained tokenizer its ids are from (autopsy.run checks it is the model's)
+  return c
 end
 
 -- data.from_string(text, {tokenizer = 'char'|'byte', split = 0.9}): a corpus from text in memory
