@@ -337,14 +337,6 @@ local function removal(s, a)
   end
 end
 
--- autopsy.run(model, batch_or_corpus, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text})
--- batch_or_corpus: a corpus (batches from its val split) or {inputs, targets}.
--- steps: batches to average over. k: how many lowest-influence blocks the
--- removal sweep drops together (default: half). history: a train.fit run
--- whose losses and probe history go into the report. probe_text: a sentence
--- whose attention maps the report shows (with a corpus to encode it).
--- config: the calling script's settings, kept in the provenance record
--- (a.provenance: data, model, training, software, machine; see provenance.lua).
 -- A corpus whose ids are not the model's tokens gives numbers that look
 -- fine and mean nothing: a model with its own tokenizer (a pretrained
 -- checkpoint) takes only a corpus read with that tokenizer.
@@ -360,6 +352,14 @@ local function check_tokens(model, source)
     tostring(mine.path), mine.vocab_size), 3)
 end
 
+-- autopsy.run(model, batch_or_corpus, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text})
+-- batch_or_corpus: a corpus (batches from its val split) or {inputs, targets}.
+-- steps: batches to average over. k: how many lowest-influence blocks the
+-- removal sweep drops together (default: half). history: a train.fit run
+-- whose losses and probe history go into the report. probe_text: a sentence
+-- whose attention maps the report shows (with a corpus to encode it).
+-- config: the calling script's settings, kept in the provenance record
+-- (a.provenance: data, model, training, software, machine; see provenance.lua).
 local function run(model, source, opts)
   opts = opts or {}
   check_tokens(model, source)
