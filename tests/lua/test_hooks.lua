@@ -504,4 +504,31 @@ test('a hook that calls its own model ends in one stack overflow error, and the 
   eq(m(x):size(3), 7)
 end)
 
+test("TransformerLens's hook names, layers from 0, name the same points on a built-in GPT; a name with no counterpart says so", function()
+  torch.manual_seed(0)
+  local m = models.gpt{vocab = 10, dim = 8, heads = 2, layers = 2, seq = 8, ffn = 16, norm = 'pre'}
+  local expect = {['blocks.0.attn.hook_z'] = 'blocks.1.attn.z', ['blocks.1.hook_resid_pre'] = 'blocks.2.resid_pre',
+    ['blocks.0.hook_resid_mid'] = 'blocks.1.resid_mid', ['blocks.1.attn.hook_attn_scores'] = 'blocks.2.attn.scores',
+    ['blocks.0.ln1.hook_scale'] = 'blocks.1.ln1.scale', ['blocks.1.ln2.hook_normalized'] = 'blocks.2.ln2.normalized',
+    ['blocks.0.mlp.hook_pre'] = 'blocks.1.mlp.pre', ['blocks.1.hook_mlp_out'] = 'blocks.2.mlp',
+    ['blocks.0.hook_attn_out'] = 'blocks.1.attn', ['blocks.1.hook_out'] = 'blocks.2'}
+  for tl, anatomy in pairs(expect) do eq(probe.canonical(m, tl), anatomy, tl) end
+  local _, cache = probe.run_with_cache(m, torch.tensor({{1, 2, 3}}):long())
+  for tl, anatomy in pairs(expect) do assert(cache[tl] ~= nil and rawequal(cache[tl], cache[anatomy]), 'cache[' .. tl .. '] is cache[' .. anatomy .. ']') end
+  -- interventions take them too: zeroing head 1 through either name gives one output
+  local ids = torch.tensor({{1, 2, 3}}):long()
+  local h = probe.ablate(m, 'blocks.0.attn.hook_z', {head = 1})
+  local a = torch.no_grad(function() return m(ids) end)
+  h:remove()
+  h = probe.ablate(m, 'blocks.1.attn.z', {head = 1})
+  H.identical(a, torch.no_grad(function() return m(ids) end), 'ablation by either name')
+  h:remove()
+  raises(function() probe.canonical(m, 'blocks.2.hook_resid_post') end,
+    "'blocks.2.hook_resid_post' (a TransformerLens name): TransformerLens counts layers from 0, so blocks.2 is layer 3, and the model has 2")
+  raises(function() probe.ablate(m, 'blocks.0.attn.hook_qkv', {head = 1}) end,
+    "'blocks.0.attn.hook_qkv' (a TransformerLens name): anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)")
+  raises(function() probe.canonical(m, 'hook_pos_embed') end,
+    "'hook_pos_embed' (a TransformerLens name): the model has no positional embedding child (its positions are rotary, or inside another block)")
+end)
+
 H.done()

@@ -13,7 +13,8 @@ local Cache = {}
 local methods = {}
 Cache.__typename = 'probe.Cache'
 Cache.methods = methods  -- what help(cache) lists
--- cache[name]: the tensor published at name, in anatomy's spelling or, for
+-- cache[name]: the tensor published at name, in anatomy's spelling,
+-- TransformerLens's (cache['blocks.0.attn.hook_z'], layers from 0) or, for
 -- a model from models.from_pretrained, the checkpoint's
 -- (cache['transformer.h.0.attn.z'] is cache['h.1.attn.z']).
 Cache.__index = function(self, key)
@@ -23,7 +24,10 @@ Cache.__index = function(self, key)
   local t = tensors[key]
   if t == nil and type(key) == 'string' then
     local model = rawget(self, '_model')
-    if model and rawget(model, 'hf_config') then
+    local tl = model and points.from_transformer_lens(model, key, 1)  -- 'blocks.0.attn.hook_z'
+    if tl then
+      t = tensors[tl]
+    elseif model and rawget(model, 'hf_config') then
       local name = points.canonical(model, key)
       if name then t = tensors[name] end
     end

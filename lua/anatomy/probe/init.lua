@@ -6,7 +6,7 @@
 -- (their m:hook_points()). Probes record activations (and their gradients),
 -- replace them (ablation, patching, a set value; one head or one position),
 -- or skip a block (removal). Its parts, each in its own file:
---   points.lua         names: globs, checkpoint spellings, where a name lives
+--   points.lua         names: globs, checkpoint and TransformerLens spellings, where a name lives
 --   hooks.lua          the one attach mechanism, handles, capture, clear
 --   inputs.lua         ids from texts, token ids, positions from either end
 --   cache.lua          run_with_cache and the Cache it returns
@@ -26,6 +26,7 @@ local probe = {
   matcher = points.matcher,
   resolve_name = points.resolve_name,
   canonical = points.canonical,
+  from_transformer_lens = points.from_transformer_lens,
   checkpoint_spelling = points.checkpoint_spelling,
   layout = points.layout,
   -- attaching and removing (hooks.lua)

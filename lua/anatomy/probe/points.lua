@@ -58,9 +58,104 @@ local function checkpoint_spelling(model, anatomy)
 end
 points.checkpoint_spelling = checkpoint_spelling
 
+-- TransformerLens's hook names, with its own 0-based layer numbers, are
+-- accepted for every model with layers: 'blocks.0.attn.hook_z' is the first
+-- layer's attention's z ('h.1.attn.z' on a GPT-2, 'blocks.1.self_attn.z' on a
+-- Llama). A name with 'hook_' in it is TransformerLens's (no anatomy name
+-- has it), so the two numberings never meet in one name.
+local tl_block = {hook_resid_pre = 'resid_pre', hook_resid_mid = 'resid_mid', hook_resid_post = 'resid_post'}
+local tl_attn = {hook_q = 'q', hook_k = 'k', hook_v = 'v', hook_z = 'z', hook_pattern = 'pattern', hook_attn_scores = 'scores',
+  hook_result = 'result', hook_rot_q = 'rot_q', hook_rot_k = 'rot_k'}
+local tl_mlp = {hook_pre = 'pre', hook_post = 'post'}
+local tl_norm = {hook_scale = 'scale', hook_normalized = 'normalized'}
+points.transformer_lens = {block = tl_block, attn = tl_attn, mlp = tl_mlp, norm = tl_norm}
+
+-- The children of a block (or the model) in their order: {{name, module}, ...}
+local function children(m)
+  local out = {}
+  for n, c in m:named_children() do out[#out + 1] = {n, c} end
+  return out
+end
+
+local function has_point(m, point)
+  for _, p in ipairs(m:hook_points()) do if p == point then return true end end
+  return false
+end
+
+-- The child of a layer that plays a role: its attention (publishes z), its
+-- MLP (publishes post), its first or second norm (publish normalized).
+local function role_child(block, role)
+  local norms = 0
+  for _, c in ipairs(children(block)) do
+    if role == 'attn' and has_point(c[2], 'z') then return c[1] end
+    if role == 'mlp' and has_point(c[2], 'post') then return c[1] end
+    if has_point(c[2], 'normalized') then
+      norms = norms + 1
+      if (role == 'ln1' and norms == 1) or (role == 'ln2' and norms == 2) then return c[1] end
+    end
+  end
+  return nil
+end
+
+-- probe.from_transformer_lens(model, name) -> anatomy's name for a
+-- TransformerLens hook name, nil when name is not one; an error naming what
+-- is missing when the model has no counterpart.
+function points.from_transformer_lens(model, name, level)
+  level = (level or 1) + 1
+  if type(name) ~= 'string' or not name:find('hook_', 1, true) then return nil end
+  local function fail(why) error(("'%s' (a TransformerLens name): %s"):format(name, why), level + 1) end
+  local i, rest = name:match('^blocks%.(%d+)%.(.+)$')
+  if i then
+    local layers, why = model:layers()
+    if not layers then fail(why) end
+    i = tonumber(i)
+    if i >= #layers then fail(('TransformerLens counts layers from 0, so blocks.%d is layer %d, and the model has %d'):format(i, i + 1, #layers)) end
+    local path, block = layers[i + 1][1], layers[i + 1][2]
+    if tl_block[rest] then return path .. '.' .. tl_block[rest] end
+    if rest == 'hook_out' then return path end  -- the bridge's wrapper of the block: its output
+    if rest == 'hook_attn_out' or rest == 'hook_mlp_out' then
+      local role = rest == 'hook_attn_out' and 'attn' or 'mlp'
+      local child = role_child(block, role)
+      if not child then fail(('%s has no %s'):format(path, role == 'attn' and 'attention (a child publishing z)' or 'MLP (a child publishing post)')) end
+      return path .. '.' .. child
+    end
+    local sub, hook = rest:match('^(%w+)%.(hook_[%w_]+)$')
+    local map = sub == 'attn' and tl_attn or sub == 'mlp' and tl_mlp or (sub == 'ln1' or sub == 'ln2') and tl_norm or nil
+    if not map or not (map[hook] or hook == 'hook_out') then fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)') end
+    local child = role_child(block, sub)
+    if not child then fail(('%s has no %s'):format(path, sub)) end
+    if hook == 'hook_out' then return path .. '.' .. child end  -- the bridge's wrapper: the module's output
+    return path .. '.' .. child .. '.' .. map[hook]
+  end
+  local final = name:match('^ln_final%.(hook_[%w_]+)$')
+  if final then
+    local norm = rawget(model, 'final_norm') or model.final_norm
+    if type(norm) ~= 'string' then fail('the model names no final norm (model.final_norm)') end
+    if final == 'hook_out' then return norm end
+    if not tl_norm[final] then fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)') end
+    return norm .. '.' .. tl_norm[final]
+  end
+  if name == 'embed.hook_out' then name = 'hook_embed' end
+  if name == 'hook_embed' or name == 'hook_pos_embed' then
+    local embeddings = {}
+    for _, c in ipairs(children(model)) do
+      if nn.typename(c[2]) == 'nn.Embedding' then embeddings[#embeddings + 1] = c[1] end
+    end
+    local want = name == 'hook_embed' and 1 or 2
+    if not embeddings[want] or (want == 1 and #embeddings > 2) then
+      fail(want == 1 and 'the model has no token embedding child (nn.Embedding)' or
+        'the model has no positional embedding child (its positions are rotary, or inside another block)')
+    end
+    return embeddings[want]
+  end
+  fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)')
+end
+
 -- probe.resolve_name(model, name[, level]) -> anatomy's name of a module given in either spelling
 -- (the rule above); a layer 0 in anatomy's spelling is an error at `level`.
 function points.resolve_name(model, name, level)
+  local tl = points.from_transformer_lens(model, name, (level or 1) + 1)
+  if tl then return tl end
   if type(name) ~= 'string' or rawget(model, 'hf_config') == nil then return name end
   local names = module_set(model)
   if names[name] then return name end
@@ -125,6 +220,7 @@ end
 -- (transformer.h.0.attn.q) are translated like module names.
 local function locate(model, name, level)
   if type(name) ~= 'string' then error(('a probe point name must be a string, got %s'):format(type(name)), level + 1) end
+  name = points.from_transformer_lens(model, name, level + 1) or name
   local exact = points.resolve_name(model, name, level + 1)
   for n, m in model:named_modules() do
     if n == exact then return m, n, nil end
