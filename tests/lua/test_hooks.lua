@@ -531,4 +531,30 @@ test("TransformerLens's hook names, layers from 0, name the same points on a bui
     "'hook_pos_embed' (a TransformerLens name): the model has no positional embedding child (its positions are rotary, or inside another block)")
 end)
 
+test("the cache's TransformerLens methods: the decomposition sums to the stream, the labels count from 1, bad layers are named", function()
+  torch.manual_seed(0)
+  local m = models.gpt{vocab = 10, dim = 8, heads = 2, layers = 2, seq = 8, ffn = 16, norm = 'pre'}
+  local ids = torch.tensor({{1, 2, 3, 4}, {5, 6, 7, 8}}):long()
+  local _, cache = probe.run_with_cache(m, ids, {filter = {'*', '*.result'}})
+  local acc, labels = cache:accumulated_resid()
+  eq(labels, {'1_pre', '2_pre', 'final_post'}, 'accumulated labels')
+  H.identical(acc[3], cache['blocks.2.resid_post'], 'final_post is the last resid_post')
+  -- the built-in GPT adds its positions inside 'embed': the decomposition is that, then each layer's outputs
+  local parts, names = cache:decompose_resid()
+  eq(names, {'embed', '1_attn_out', '1_mlp_out', '2_attn_out', '2_mlp_out'}, 'decomposition labels')
+  H.close(parts:sum(1), cache['blocks.2.resid_post'], 1e-5, 'the parts sum to the stream')
+  local heads, hl = cache:stack_head_results({layer = 2})
+  eq(hl, {'L1H1', 'L1H2'}, 'the heads before layer 2')
+  local bias
+  for name, p in m:named_parameters() do if name == 'blocks.1.attn.proj.bias' then bias = p end end
+  H.close(heads:sum(1) + bias, cache['blocks.1.attn'], 1e-5, "the heads sum to the attention's output, with its bias")
+  raises(function() cache:accumulated_resid({layer = 4}) end,
+    "cache:accumulated_resid: layer must be in 1..3 (the input of that layer; 3 or nil: the final norm's), got 4")
+  raises(function() cache:apply_ln_to_stack(acc, {layer = 1, recompute = true}) end,
+    'cache:apply_ln_to_stack: recompute applies the final norm; give no layer (or 3)')
+  local _, bare = probe.run_with_cache(m, ids)
+  raises(function() bare:stack_head_results() end,
+    "cache:stack_head_results: the cache has no 'blocks.1.attn.result' (blocks.0.attn.hook_result): run probe.run_with_cache without a filter, or with it in the filter")
+end)
+
 H.done()

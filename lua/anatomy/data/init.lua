@@ -199,7 +199,37 @@ function data.tokenizer(path, opts)
   else
     native = torch._data._bpe_from_json(path)
   end
-  return setmetatable({_native = native, vocab_size = native:vocab_size(), path = name}, Tokenizer)
+  local tok = setmetatable({_native = native, vocab_size = native:vocab_size(), path = name}, Tokenizer)
+  -- the BOS token tokenizer_config.json names (to_str_tokens' prepend_bos), when it is in the vocabulary
+  local folder = fs.is_dir(path) and path or fs.dirname(path)
+  local config = folder and folder .. '/tokenizer_config.json'
+  if config and fs.exists(config) then
+    local ok, c = pcall(json.decode, fs.read(config))
+    local bos = ok and type(c) == 'table' and c.bos_token
+    if type(bos) == 'table' then bos = bos.content end
+    if type(bos) == 'string' and native:token_to_id(bos) then tok.bos_token = bos end
+  end
+  return tok
+end
+
+-- tok:to_str_tokens(text_or_ids, {prepend_bos = false}) -> each token's
+-- text, decoded alone ({'The', ' quick', ...}), as TransformerLens's
+-- to_str_tokens; prepend_bos puts tokenizer_config.json's bos_token first
+-- (TransformerLens does by default; anatomy's encode adds what the
+-- tokenizer's own template adds, nothing more).
+function Tokenizer:to_str_tokens(input, opts)
+  opts = check_options(opts, {prepend_bos = true}, 'to_str_tokens')
+  local ids
+  if type(input) == 'string' then ids = self:encode(input)
+  elseif torch.is_tensor(input) then ids = input:reshape(-1)
+  else error(('to_str_tokens: the input must be a text or token ids, got %s'):format(type(input)), 2) end
+  local out = {}
+  if opts.prepend_bos then
+    if not self.bos_token then error(("to_str_tokens: prepend_bos: the tokenizer %s names no bos_token"):format(tostring(self.path)), 2) end
+    out[1] = self.bos_token
+  end
+  for i = 1, ids:numel() do out[#out + 1] = self:decode(ids:narrow(1, i, 1)) end
+  return out
 end
 
 -- tok:encode(text, {add_special_tokens = true}) -> int64 ids (1-based), with

@@ -72,8 +72,12 @@ function GPT2:embed(ids)
   if T > self.config.positions then
     error(('models.GPT2: %d tokens exceed the %d learned positions'):format(T, self.config.positions), 2)
   end
-  return self.wte(ids) + self.wpe.weight:narrow(1, 1, T)
+  local tokens = self.wte(ids)
+  -- the position rows, published as the model's hook point pos_embed
+  -- (TransformerLens's hook_pos_embed), (B, T, C) as the token part is
+  return tokens + self:hook('pos_embed', self.wpe.weight:narrow(1, 1, T):expand(unpack(tokens:size())))
 end
+GPT2.hook_names = {'pos_embed'}
 pretrained.decoder(GPT2, {embed = 'wte', stack = 'h', norm = 'ln_f', head = 'lm_head'})
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)

@@ -3,6 +3,7 @@
 -- token's text. cache['blocks.1.attn.pattern'] is a tensor; the methods below
 -- read across layers and heads.
 local points = require('anatomy.probe.points')
+local nn = require('anatomy.nn')
 local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')
 local options = require('anatomy.torch.options')
@@ -124,6 +125,150 @@ local function layer_name(self, layer, where)
   local resolved = points.resolve_name(self._model, layer, 3)  -- the checkpoint's spelling too
   for _, n in ipairs(names) do if n == resolved then return n end end
   error(("%s: no layer '%s' (layers: %s)"):format(where, tostring(layer), table.concat(names, ', ')), 3)
+end
+
+-- What TransformerLens users reach for first, with anatomy's layer numbers
+-- (from 1) and TransformerLens's meanings. Each reads the cache by the
+-- TransformerLens names (points.from_transformer_lens), so it works for every
+-- model those names map on; a name the run did not record is an error that
+-- says which.
+local function need(self, tl, where)
+  local name = points.from_transformer_lens(self._model, tl, 2)
+  local t = self._tensors[name]
+  if t == nil then
+    error(("%s: the cache has no '%s' (%s): run probe.run_with_cache without a filter, or with it in the filter"):format(
+      where, name, tl), 3)
+  end
+  return t
+end
+
+local function layer_count(self, where)
+  local layers, why = self._model:layers()
+  if not layers then error(('%s: %s'):format(where, why), 3) end
+  return #layers
+end
+
+-- The layer argument of the methods below: nil (the stream before the
+-- final norm, after every layer) or 1..L+1 (the input of that layer; L + 1
+-- is the final norm's input too).
+local function upto(self, layer, where)
+  local L = layer_count(self, where)
+  if layer == nil then return L + 1, L end
+  if type(layer) ~= 'number' or layer % 1 ~= 0 or layer < 1 or layer > L + 1 then
+    error(('%s: layer must be in 1..%d (the input of that layer; %d or nil: the final norm\'s), got %s'):format(
+      where, L + 1, L + 1, tostring(layer)), 3)
+  end
+  return layer, L
+end
+
+-- cache:apply_ln_to_stack(stack, {layer, mlp_input = false, recompute = false})
+-- -> stack (N, B, T, C) as the norm before `layer` sees it: centred (a
+-- LayerNorm; not an RMSNorm) and divided by that norm's scale cached in this
+-- run (layer's first norm, its second with mlp_input; the final norm for
+-- nil), so each component's share of the normalized input adds up; with
+-- recompute, the final norm itself (its weight and bias, its statistics from
+-- each component), as TransformerLens's logit lens. Layers count from 1.
+function methods:apply_ln_to_stack(stack, opts)
+  local where = 'cache:apply_ln_to_stack'
+  opts = options.check(opts, {'layer', 'mlp_input', 'recompute'}, where, 2)
+  if not torch.is_tensor(stack) or stack:dim() < 2 then
+    error(('%s: stack must be a tensor (N, ..., C), got %s'):format(where, torch.is_tensor(stack) and format.shape(stack) or type(stack)), 2)
+  end
+  local layer, L = upto(self, opts.layer, where)
+  local final = layer == L + 1
+  if opts.mlp_input and final then error(('%s: mlp_input names a layer\'s second norm; the final norm has none'):format(where), 2) end
+  local model = self._model
+  local prefix = final and 'ln_final' or ('blocks.%d.%s'):format(layer - 1, opts.mlp_input and 'ln2' or 'ln1')
+  local norm_name = points.from_transformer_lens(model, prefix .. '.hook_out', 1)
+  local norm = points.module(model, norm_name)
+  if opts.recompute then
+    if not final then error(('%s: recompute applies the final norm; give no layer (or %d)'):format(where, L + 1), 2) end
+    local out = {}
+    torch.no_grad(function() for i = 1, stack:size(1) do out[i] = norm(stack[i]) end end)
+    return torch.stack(out, 1)
+  end
+  if nn.typename(norm) == 'nn.LayerNorm' then stack = stack - stack:mean(-1, true) end
+  return stack / need(self, prefix .. '.hook_scale', where)
+end
+
+-- cache:accumulated_resid({layer, incl_mid = false, mlp_input = false,
+-- apply_ln = false}) -> stack (N, B, T, C), labels: the residual stream as
+-- each layer before `layer` reads it (resid_pre; with incl_mid each
+-- resid_mid too; with mlp_input also `layer`'s resid_mid), and with no
+-- layer the final one after the last layer ('final_post'). apply_ln: the
+-- final norm recomputed on each (no layer, the logit lens), or `layer`'s
+-- norm with this run's scale. Labels: '1_pre', '1_mid', ..., 'final_post'.
+function methods:accumulated_resid(opts)
+  local where = 'cache:accumulated_resid'
+  opts = options.check(opts, {'layer', 'incl_mid', 'mlp_input', 'apply_ln'}, where, 2)
+  local layer, L = upto(self, opts.layer, where)
+  local list, labels = {}, {}
+  for l = 1, layer do
+    if l == L + 1 then
+      list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_resid_post'):format(L - 1), where), 'final_post'
+    else
+      list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_resid_pre'):format(l - 1), where), l .. '_pre'
+      if (opts.incl_mid and l < layer) or (opts.mlp_input and l == layer) then
+        list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_resid_mid'):format(l - 1), where), l .. '_mid'
+      end
+    end
+  end
+  local stack = torch.stack(list, 1)
+  if opts.apply_ln then
+    stack = self:apply_ln_to_stack(stack, {layer = layer, mlp_input = opts.mlp_input, recompute = layer == L + 1})
+  end
+  return stack, labels
+end
+
+-- cache:decompose_resid({layer, mlp_input = false, apply_ln = false,
+-- incl_embeds = true}) -> stack (N, B, T, C), labels: the residual stream
+-- before `layer` (nil: after every layer) as the sum of its parts: the token
+-- embedding ('embed'), the position embedding where the model adds one
+-- ('pos_embed'), and each earlier layer's attention and MLP outputs
+-- ('1_attn_out', '1_mlp_out', ...; with mlp_input also `layer`'s attention).
+-- apply_ln: divided by `layer`'s norm scale (the final norm's for nil).
+function methods:decompose_resid(opts)
+  local where = 'cache:decompose_resid'
+  opts = options.check(opts, {'layer', 'mlp_input', 'apply_ln', 'incl_embeds'}, where, 2)
+  local layer, L = upto(self, opts.layer, where)
+  local list, labels = {}, {}
+  if opts.incl_embeds ~= false then
+    list[1], labels[1] = need(self, 'hook_embed', where), 'embed'
+    local ok, pos = pcall(points.from_transformer_lens, self._model, 'hook_pos_embed', 1)
+    if ok and pos and self._tensors[pos] ~= nil then list[2], labels[2] = self._tensors[pos], 'pos_embed' end
+  end
+  for l = 1, layer - 1 do
+    list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_attn_out'):format(l - 1), where), l .. '_attn_out'
+    list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_mlp_out'):format(l - 1), where), l .. '_mlp_out'
+  end
+  if opts.mlp_input then
+    if layer == L + 1 then error(('%s: mlp_input names a layer; the final norm has no MLP before it'):format(where), 2) end
+    list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_attn_out'):format(layer - 1), where), layer .. '_attn_out'
+  end
+  local stack = torch.stack(list, 1)
+  if opts.apply_ln then stack = self:apply_ln_to_stack(stack, {layer = layer, mlp_input = opts.mlp_input}) end
+  return stack, labels
+end
+
+-- cache:stack_head_results({layer, apply_ln = false}) -> stack (N, B, T, C),
+-- labels: each head's output written to the residual stream (its z through
+-- its part of the output projection; the cache's `result`, which
+-- run_with_cache records with '*.result' in its filter), for every head of
+-- the layers before `layer` (nil: all), in order; labels 'L1H1', 'L1H2', ...
+-- The attention's output bias is in no head. apply_ln as decompose_resid.
+function methods:stack_head_results(opts)
+  local where = 'cache:stack_head_results'
+  opts = options.check(opts, {'layer', 'apply_ln'}, where, 2)
+  local layer = upto(self, opts.layer, where)
+  local list, labels = {}, {}
+  for l = 1, layer - 1 do
+    local r = need(self, ('blocks.%d.attn.hook_result'):format(l - 1), where)  -- (B, T, H, C)
+    for h = 1, r:size(3) do list[#list + 1], labels[#labels + 1] = r:select(3, h), ('L%dH%d'):format(l, h) end
+  end
+  if #list == 0 then error(('%s: no layer before layer %d'):format(where, layer), 2) end
+  local stack = torch.stack(list, 1)
+  if opts.apply_ln then stack = self:apply_ln_to_stack(stack, {layer = layer}) end
+  return stack, labels
 end
 
 -- cache:heads(point, layer) -> point in that layer (its number or name) with

@@ -12,13 +12,16 @@
 --   cache.lua          run_with_cache and the Cache it returns
 --   interventions.lua  ablate, set, patch
 --   attribution.lua    direct logit attribution
---   patching.lua       activation patching over layers, heads, positions
+--   patching.lua       activation patching over layers, heads, positions; path patching
+--   prompt.lua         test_prompt: a prompt's answer, its rank and probability
+--   steer.lua          steering vectors
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')
 local Cache = require('anatomy.probe.cache')
 local interventions = require('anatomy.probe.interventions')
 local attribution = require('anatomy.probe.attribution')
+local prompt = require('anatomy.probe.prompt')
 
 local probe = {
   -- names (points.lua)
@@ -49,6 +52,8 @@ local probe = {
   patch = interventions.patch,
   -- attribution (attribution.lua)
   logit_attribution = attribution.run,
+  -- a prompt and its answer (prompt.lua)
+  test_prompt = prompt.test_prompt,
 }
 
 return probe

@@ -136,6 +136,7 @@ function points.from_transformer_lens(model, name, level)
     return norm .. '.' .. tl_norm[final]
   end
   if name == 'embed.hook_out' then name = 'hook_embed' end
+  if name == 'hook_pos_embed' and has_point(model, 'pos_embed') then return 'pos_embed' end  -- GPT-2 adds wpe's rows itself
   if name == 'hook_embed' or name == 'hook_pos_embed' then
     local embeddings = {}
     for _, c in ipairs(children(model)) do

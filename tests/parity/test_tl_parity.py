@@ -1,0 +1,206 @@
+"""TransformerLens 4.3 itself against anatomy, on a tiny GPT-2 written by
+`transformers` and booted in TransformerLens's TransformerBridge (eager
+attention, weights as the checkpoint has them), on the same ids.
+
+1. Hook names: every tensor TransformerLens caches under a name anatomy maps
+   (blocks.{i}.hook_resid_pre/mid/post, attn.hook_q/k/v/z/pattern/
+   attn_scores, hook_attn_out, hook_mlp_out, mlp.hook_pre/post,
+   ln1/ln2/ln_final.hook_scale/normalized, the submodules' hook_out,
+   hook_embed, hook_pos_embed; layers from 0, as TransformerLens counts) is
+   looked up in anatomy's cache by that very name and compared. The bridge's
+   hook_in names and the projections' wrappers have no counterpart; they are
+   listed.
+2. What TransformerLens users reach for first:
+   cache:accumulated_resid  (the final norm recomputed on each: the logit lens;
+                             a layer's norm with the cached scale; incl_mid; mlp_input)
+   cache:decompose_resid    (embed, pos_embed, each layer's attn_out and mlp_out;
+                             with apply_ln; mlp_input)
+   cache:stack_head_results (each head's result; with apply_ln)
+   tok:to_str_tokens, probe.test_prompt (rank, logit, probability of each
+   answer token, from TransformerLens's own printout).
+   anatomy's layers count from 1: TransformerLens's layer=1 is anatomy's
+   layer = 2, its label '0_pre' anatomy's '1_pre', its rank 0 anatomy's rank 1.
+Tolerance (float32): |anatomy - TL| <= 1e-5 + 1e-4 |TL| (masked scores: -inf,
+or TL's large negative fill, masked on both sides); test_prompt's numbers as
+TransformerLens prints them (logit to 0.01, probability to 0.01%).
+Needs transformers and transformer-lens (the PyPI build's venv); exits 77 without.
+Usage: test_tl_parity.py ANATOMY_EXECUTABLE
+"""
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformer_lens.utilities import test_prompt
+    from test_bpe_parity import gpt2_like
+except ImportError as e:
+    print(f"skip: {e}; the PyPI build's venv has transformers and transformer-lens (scripts/test)")
+    sys.exit(77)
+
+import safetensors_io
+
+transformers.logging.set_verbosity_error()
+transformers.logging.disable_progress_bar()
+TEXT, ANSWER = "the quick brown", "fox"
+
+
+# the names every model with layers maps (the docs' table), each of which must be found
+MAPPED = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z",
+          "attn.hook_pattern", "attn.hook_attn_scores", "hook_attn_out", "hook_mlp_out", "mlp.hook_pre", "mlp.hook_post",
+          "ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized"]
+
+
+
+def check_names(exe, here, tmp, folder, cfg, bridge):
+    """Part 1: every TransformerLens hook name anatomy maps, looked up in its cache by that name."""
+    ids = torch.randint(0, cfg.vocab_size, (2, 7))
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(ids)
+    names = sorted(cache.keys())
+    ids_path, names_path, out = (os.path.join(tmp, f) for f in ("names_ids.safetensors", "names.txt", "names_out.safetensors"))
+    safetensors_io.save(ids_path, {"ids": ids + 1})
+    open(names_path, "w").write("\n".join(names) + "\n")
+    p = subprocess.run([exe, "--threads=1", os.path.join(here, "tl_names_parity.lua"), folder, ids_path, names_path, out],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        print(p.stdout + p.stderr)
+        return 0, ["hook names: anatomy failed"]
+    got, meta = safetensors_io.load(out)
+    missing = meta.get("missing", "").split()
+    failed, passed, worst = [], 0, 0.0
+    for name in names:
+        if name not in got:
+            continue
+        a, w = got[name].double(), cache[name].detach().double()
+        if a.shape != w.shape:
+            failed.append(f"{name}: shape {tuple(a.shape)} in anatomy, {tuple(w.shape)} in TransformerLens")
+            continue
+        masked = (w < -1e4) | torch.isinf(w)
+        if not torch.equal(masked, (a < -1e4) | torch.isinf(a)):
+            failed.append(f"{name}: masked in one and not the other")
+            continue
+        d = (a - w).abs().masked_fill(masked, 0)
+        excess = (d - 1e-5 - 1e-4 * w.abs().masked_fill(masked, 0)).max().item()
+        worst = max(worst, d.max().item())
+        if excess > 0:
+            failed.append(f"{name}: largest difference {d.max().item():.3g}")
+        else:
+            passed += 1
+    L = 2
+    for i in range(L):
+        for suffix in MAPPED:
+            name = f"blocks.{i}.{suffix}"
+            if name in cache and name not in got:
+                failed.append(f"{name}: TransformerLens caches it and anatomy does not map it")
+    for name in ("ln_final.hook_scale", "ln_final.hook_normalized", "hook_embed"):
+        if name in cache and name not in got:
+            failed.append(f"{name}: TransformerLens caches it and anatomy does not map it")
+    print(f"{passed} TransformerLens names found in anatomy's cache and equal (largest difference {worst:.3g}); "
+          f"not mapped ({len(missing)}): {' '.join(missing)}")
+    return passed, failed + ([] if passed else ["hook names: nothing compared"])
+
+
+
+def anatomy_label(label):
+    """TransformerLens's '0_pre', 'L0H1' -> anatomy's '1_pre', 'L1H2'."""
+    m = re.match(r"^L(\d+)H(\d+)$", label)
+    if m:
+        return f"L{int(m.group(1)) + 1}H{int(m.group(2)) + 1}"
+    m = re.match(r"^(\d+)_(.*)$", label)
+    return f"{int(m.group(1)) + 1}_{m.group(2)}" if m else label
+
+
+def main():
+    exe = sys.argv[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = gpt2_like()
+        torch.manual_seed(0)
+        cfg = GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
+        folder = os.path.join(tmp, "gpt2")
+        GPT2LMHeadModel(cfg).eval().save_pretrained(folder)
+        PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>").save_pretrained(folder)
+        eager = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+        bridge = TransformerBridge.boot_transformers(folder, hf_model=eager, device="cpu")
+        names_passed, names_failed = check_names(exe, here, tmp, folder, cfg, bridge)
+        ids = torch.randint(0, cfg.vocab_size, (2, 7))
+        with torch.no_grad():
+            _, cache = bridge.run_with_cache(ids)
+            want = {
+                "accumulated_final_ln": cache.accumulated_resid(apply_ln=True, return_labels=True),
+                "accumulated_2_mid_ln": cache.accumulated_resid(layer=1, incl_mid=True, apply_ln=True, return_labels=True),
+                "accumulated_2_mlp_input": cache.accumulated_resid(layer=1, mlp_input=True, return_labels=True),
+                "decompose": cache.decompose_resid(return_labels=True),
+                "decompose_ln": cache.decompose_resid(apply_ln=True, return_labels=True),
+                "decompose_2_mlp_ln": cache.decompose_resid(layer=1, mlp_input=True, apply_ln=True, return_labels=True),
+                "heads": cache.stack_head_results(return_labels=True),
+                "heads_ln": cache.stack_head_results(apply_ln=True, return_labels=True),
+            }
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                test_prompt(TEXT, ANSWER, bridge, prepend_bos=False, top_k=3)
+            str_tokens = bridge.to_str_tokens(TEXT, prepend_bos=False)
+        ids_path, out = os.path.join(tmp, "ids.safetensors"), os.path.join(tmp, "out.safetensors")
+        safetensors_io.save(ids_path, {"ids": ids + 1})
+        p = subprocess.run([exe, "--threads=1", os.path.join(here, "tl_cache_parity.lua"), folder, ids_path, TEXT, ANSWER, out],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            print(p.stdout + p.stderr)
+            print("0 passed, 1 failed")
+            return 1
+        got, meta = safetensors_io.load(out)
+    labels = json.loads(meta["labels"])
+    failed, passed, worst = list(names_failed), names_passed, 0.0
+    for name, (w, w_labels) in want.items():
+        a, w = got[name].double(), w.detach().double()
+        expected_labels = [anatomy_label(l) for l in w_labels]
+        if labels[name] != expected_labels:
+            failed.append(f"{name}: labels {labels[name]}, TransformerLens's {w_labels}")
+            continue
+        if a.shape != w.shape:
+            failed.append(f"{name}: shape {tuple(a.shape)}, TransformerLens's {tuple(w.shape)}")
+            continue
+        d = (a - w).abs()
+        worst = max(worst, d.max().item())
+        if (d - 1e-5 - 1e-4 * w.abs()).max().item() > 0:
+            failed.append(f"{name}: largest difference {d.max().item():.3g}")
+        else:
+            passed += 1
+            print(f"ok    {name} {tuple(a.shape)} {' '.join(expected_labels)}")
+    if json.loads(meta["str_tokens"]) == str_tokens:
+        passed += 1
+        print(f"ok    to_str_tokens: {str_tokens}")
+    else:
+        failed.append(f"to_str_tokens: {json.loads(meta['str_tokens'])} vs {str_tokens}")
+    tl = re.findall(r"Rank: (\d+)\s+Logit:\s*(-?[\d.]+) Prob:\s*([\d.]+)% Token: \|([^|]*)\|", printed.getvalue())
+    ours = json.loads(meta["ranks"])
+    if len(tl) != len(ours) or not tl:
+        failed.append(f"test_prompt: {len(ours)} answer tokens, TransformerLens printed {len(tl)}:\n{printed.getvalue()}")
+    else:
+        for (rank, logit, prob, token), (o_token, o_rank, o_logit, o_prob) in zip(tl, ours):
+            ok = (o_token == token and o_rank == int(rank) + 1 and abs(o_logit - float(logit)) <= 0.0051
+                  and abs(100 * o_prob - float(prob)) <= 0.0051)
+            print(f"{'ok  ' if ok else 'FAIL'}  test_prompt |{token}|: rank {o_rank} (TL {rank}), logit {o_logit:.4f} (TL {logit}), "
+                  f"prob {100 * o_prob:.4f}% (TL {prob}%)")
+            if ok:
+                passed += 1
+            else:
+                failed.append(f"test_prompt |{token}|")
+    for f in failed:
+        print("FAIL", f)
+    print(f"largest difference of the stacks: {worst:.3g}")
+    print(f"{passed} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
