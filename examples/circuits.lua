@@ -20,7 +20,9 @@
 --   4. direct logit attribution: their outputs push that logit up;
 --   5. path patching from the previous-token heads into the induction heads:
 --      their clean output restores the right logit through the induction
---      heads' keys (K-composition), far more than through queries or values.
+--      heads' keys (K-composition), far more than through queries or values;
+--   6. attribution patching (AtP*) estimates the per-head patching grid of 3
+--      from one backward: its ranking of the heads matches the exact one.
 --   anatomy examples/circuits.lua [--steps=1500] [--smoke=true] [--out=out/circuits]
 local cfg = experiment.config({vocab = 64, seq = 48, min_run = 8, max_run = 20, eval_run = 16, dim = 64, heads = 4, layers = 2,
   ffn = 128, steps = 1500, batch = 32, lr = 3e-3, seed = 1, eval_batch = 64, out = 'out/circuits'},
@@ -98,6 +100,10 @@ local function right_logit(l)
   return l:narrow(2, n + 1, n - 1):gather(3, targets):mean():item()
 end
 local patched = patching.run(model, input, corrupt:narrow(2, 1, T), right_logit, {over = 'attn.z', per = 'head'})
+-- 6. the same grid by attribution patching: two forwards and one backward (the metric as a tensor, for its gradient)
+local function right_logit_tensor(l) return l:narrow(2, n + 1, n - 1):gather(3, targets):mean() end
+local estimated = patching.attribute(model, input, corrupt:narrow(2, 1, T), right_logit_tensor, {over = 'attn.z', per = 'head', method = 'atp*'})
+print('\n' .. tostring(estimated))
 print('\n' .. tostring(patched))
 local normalized = patched:normalized():tolist()
 for _, hd in ipairs(heads) do hd.patching = normalized[hd.layer][hd.head] end
@@ -166,6 +172,46 @@ if #previous > 0 and #induction > 0 then
   end
 end
 
+-- Spearman's rank correlation of two lists (ranks by value, ties averaged)
+local function ranks(v)
+  local idx = {}
+  for i = 1, #v do idx[i] = i end
+  table.sort(idx, function(a, b) return v[a] < v[b] end)
+  local r, i = {}, 1
+  while i <= #idx do
+    local j = i
+    while j < #idx and v[idx[j + 1]] == v[idx[i]] do j = j + 1 end
+    for k = i, j do r[idx[k]] = (i + j) / 2 end
+    i = j + 1
+  end
+  return r
+end
+local function spearman(a, b)
+  local ra, rb = ranks(a), ranks(b)
+  local n, ma, mb = #a, 0, 0
+  for i = 1, n do ma, mb = ma + ra[i] / n, mb + rb[i] / n end
+  local sab, saa, sbb = 0, 0, 0
+  for i = 1, n do sab, saa, sbb = sab + (ra[i] - ma) * (rb[i] - mb), saa + (ra[i] - ma) ^ 2, sbb + (rb[i] - mb) ^ 2 end
+  return sab / math.sqrt(saa * sbb)
+end
+local exact_cells, estimated_cells, head_names = {}, {}, {}
+local est = estimated:normalized():tolist()
+for _, hd in ipairs(heads) do
+  exact_cells[#exact_cells + 1], estimated_cells[#estimated_cells + 1] = hd.patching, est[hd.layer][hd.head]
+  head_names[#head_names + 1] = hd.name
+  hd.atp = est[hd.layer][hd.head]
+end
+local function top3(v)
+  local idx = {}
+  for i = 1, #v do idx[i] = i end
+  table.sort(idx, function(a, b) return v[a] > v[b] end)
+  local out = {}
+  for i = 1, math.min(3, #idx) do out[i] = head_names[idx[i]] end
+  table.sort(out)
+  return table.concat(out, ', ')
+end
+local rho = spearman(exact_cells, estimated_cells)
+
 -- '%.3f' of a value, or 'none' where the set of heads it came from is empty
 local function shown(f, v) return v ~= v and 'none' or f:format(v) end
 
@@ -188,6 +234,9 @@ r:add('the induction heads write the right logit directly more than any other he
 r:add('the previous-token heads reach the induction heads through their keys (K-composition): path patching via k restores more than via q or v',
   'via k', paths.k and ('k %.2f, q %.2f, v %.2f'):format(paths.k, paths.q, paths.v) or 'none',
   paths.k and paths.k > paths.q and paths.k > paths.v and 'reproduced' or 'differs')
+r:add('attribution patching (AtP*) ranks the heads as exact patching does: Spearman >= 0.9 and the same top three heads',
+  'Spearman >= 0.9, same top 3', ('Spearman %.3f; top 3: exact %s, AtP* %s'):format(rho, top3(exact_cells), top3(estimated_cells)),
+  rho >= 0.9 and top3(exact_cells) == top3(estimated_cells) and 'reproduced' or 'differs')
 r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d..%d random tokens of %d, repeated, then filler); '
   .. 'models.llama with dim %d, %d heads, ffn %d; measured on %d fresh sequences with runs of %d (DLA averaged over the first %d, '
   .. 'at the second copy\'s last input position). Patching: share of the way from the corrupt run (r\' r) to the clean one; path patching: '
@@ -196,11 +245,11 @@ r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d.
 local per_head = {}
 for i, hd in ipairs(heads) do
   per_head[i] = {hd.name, ('%.3f'):format(hd.induction), ('%.3f'):format(hd.previous), ('%.3f'):format(hd.ablated_loss),
-    ('%.3f'):format(hd.patching), ('%+.3f'):format(hd.dla)}
+    ('%.3f'):format(hd.patching), ('%.3f'):format(hd.atp), ('%+.3f'):format(hd.dla)}
 end
 r:note('Per head: induction and previous-token scores (mean attention), the loss on the second copy with the head zero-ablated, '
-  .. 'patching (share restored), direct logit attribution:\n\n' .. require('anatomy.experiment.results').markdown_table(
-  {'head', 'induction', 'previous token', 'loss ablated', 'patching', 'DLA'}, per_head))
+  .. 'patching (share restored), its AtP* estimate, direct logit attribution:\n\n' .. require('anatomy.experiment.results').markdown_table(
+  {'head', 'induction', 'previous token', 'loss ablated', 'patching', 'AtP*', 'DLA'}, per_head))
 print('\n' .. tostring(r))
 patched:report(cfg.out .. '/patching.html')
 r:save(cfg.out, {config = cfg})
