@@ -273,7 +273,7 @@ function patching.attribute(model, clean, corrupt, metric, opts)
   model:eval()
   -- the backwards below reach the parameters too: their gradients are put back as they were
   local saved = {}
-  for _, p in ipairs(model:parameters()) do saved[#saved + 1] = {p, p.grad} end
+  for _, p in ipairs(model:parameters()) do saved[#saved + 1] = {p, p.grad and p.grad:clone()} end  -- backward adds into the same tensor
   local ok, result = pcall(function()
     local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = filter})
     local clean_metric = as_number(metric(clean_out), where)

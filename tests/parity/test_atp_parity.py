@@ -1,0 +1,164 @@
+"""Attribution patching: patching.attribute against the same definitions
+written here in PyTorch, on the same weights (the hook parity test's GPT,
+three layers) and the same clean and corrupt ids, the metric being the mean
+over the batch of logit[3] - logit[5] at the last position. Each cell is
+corrupt + (its contribution):
+  atp:  (clean - corrupt activation) . d metric / d activation on the corrupt
+        run, summed over the cell (a position of resid_pre, a head of attn.z,
+        a neuron of mlp.post);
+  atp*: for attn.k per head and attn.q per position, the pattern recomputed
+        from the corrupt q and k with the cell's clean k or q (scaled by
+        1/sqrt(d), causally masked), (pattern' - pattern) . d metric / d pattern;
+  ig:   per layer, resid_pre moved from corrupt to clean in 4 midpoint steps
+        (that layer alone), the gradients averaged, then as atp.
+Tolerance: |anatomy - pytorch| <= 1e-4.
+Usage: test_atp_parity.py ANATOMY_EXECUTABLE
+"""
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+import safetensors_io
+import test_hook_parity as gpt
+
+gpt.L = 3  # the reference GPT's layer count, read when it is built
+
+
+def metric(logits):
+    return (logits[:, -1, 3] - logits[:, -1, 5]).mean()
+
+
+def run(model, ids, points, grad=False, replace=None):
+    """Runs ids; returns the metric and {name: activation} at points (a name ->
+    HookPoint map); with grad, each activation keeps its gradient; replace:
+    {name: fn(out) -> new out}."""
+    acts, handles = {}, []
+    for name, hp in points.items():
+        def hook(m, inp, out, name=name):
+            if replace and name in replace:
+                out = replace[name](out)
+            if grad and out.requires_grad:
+                out.retain_grad()
+            acts[name] = out
+            return out
+        handles.append(hp.register_forward_hook(hook))
+    try:
+        with torch.set_grad_enabled(grad):
+            m = metric(model(ids))
+    finally:
+        for h in handles:
+            h.remove()
+    return m, acts
+
+
+def reduce(contrib, per, head_dim=2):
+    if per == "layer":
+        return [contrib.sum().item()]
+    d = {"head": head_dim, "position": 1, "neuron": contrib.dim() - 1}[per]
+    return contrib.transpose(0, d).reshape(contrib.shape[d], -1).sum(1).tolist()
+
+
+def atp(model, clean, corrupt, point, per):
+    pts = {l: point(blk) for l, blk in enumerate(model.blocks)}
+    _, c = run(model, clean, pts)
+    m, a = run(model, corrupt, pts, grad=True)
+    m.backward()
+    return [[m.item() + v for v in reduce((c[l] - a[l]).detach() * a[l].grad, per)] for l in pts]
+
+
+def atp_star(model, clean, corrupt, which, per):
+    grid = []
+    for l, blk in enumerate(model.blocks):
+        pts = {"q": blk.attn.hook_q, "k": blk.attn.hook_k, "scores": blk.attn.hook_scores, "pattern": blk.attn.hook_pattern}
+        _, c = run(model, clean, pts)
+        model.zero_grad()
+        m, a = run(model, corrupt, pts, grad=True)
+        m.backward()
+        q, k, p, gp = a["q"].detach(), a["k"].detach(), a["pattern"].detach(), a["pattern"].grad
+        t, d_head = q.shape[1], q.shape[3]
+        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        delta = (c[which] - a[which]).detach()
+        dim = 2 if per == "head" else 1
+        row = []
+        for cell in range(delta.shape[dim]):
+            d = torch.zeros_like(delta)
+            d.narrow(dim, cell, 1).copy_(delta.narrow(dim, cell, 1))
+            qq, kk = (q + d, k) if which == "q" else (q, k + d)
+            s = torch.einsum("bqhd,bkhd->bhqk", qq, kk) / math.sqrt(d_head)
+            s = s.masked_fill(mask, float("-inf"))
+            row.append(m.item() + ((s.softmax(-1) - p) * gp).sum().item())
+        grid.append(row)
+    return grid
+
+
+def ig(model, clean, corrupt, steps):
+    grid = []
+    for l, blk in enumerate(model.blocks):
+        pts = {"x": blk.hook_resid_pre}
+        _, c = run(model, clean, pts)
+        m0, a = run(model, corrupt, pts)
+        delta, base = (c["x"] - a["x"]).detach(), a["x"].detach()
+        total = torch.zeros_like(base)
+        for k in range(steps):
+            alpha = (k + 0.5) / steps
+            leaf = (base + alpha * delta).requires_grad_(True)
+            m, _ = run(model, corrupt, pts, grad=True, replace={"x": lambda out: leaf})
+            m.backward()
+            total += leaf.grad
+        grid.append([m0.item() + (delta * total / steps).sum().item()])
+    return grid
+
+
+def main():
+    exe = sys.argv[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    torch.manual_seed(3)
+    model = gpt.GPT()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_((1.0 if n.endswith(("ln1.weight", "ln2.weight", "ln_f.weight")) else 0.0) + 0.3 * torch.randn(p.shape))
+    clean, corrupt = torch.randint(0, gpt.V, (gpt.B, gpt.T)), torch.randint(0, gpt.V, (gpt.B, gpt.T))
+    want = {
+        "atp_resid_pre_position": atp(model, clean, corrupt, lambda b: b.hook_resid_pre, "position"),
+        "atp_z_head": atp(model, clean, corrupt, lambda b: b.attn.hook_z, "head"),
+        "atp_mlp_post_neuron": atp(model, clean, corrupt, lambda b: b.mlp.hook_post, "neuron"),
+        "atpstar_k_head": atp_star(model, clean, corrupt, "k", "head"),
+        "atpstar_q_position": atp_star(model, clean, corrupt, "q", "position"),
+        "ig_resid_pre_layer": ig(model, clean, corrupt, 4),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = os.path.join(tmp, "in.safetensors"), os.path.join(tmp, "out.safetensors")
+        tensors = gpt.state_dict(model)
+        tensors["input.clean"], tensors["input.corrupt"] = clean + 1, corrupt + 1
+        safetensors_io.save(inp, tensors)
+        proc = subprocess.run([exe, "--threads=1", os.path.join(here, "atp_parity.lua"), inp, out], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print("FAIL  anatomy failed\n%s%s" % (proc.stdout, proc.stderr))
+            print("0 passed, 1 failed")
+            return 1
+        got, _ = safetensors_io.load(out)
+    failed, worst = [], 0.0
+    for name, w in want.items():
+        w = torch.tensor(w, dtype=torch.float64)
+        g = got[name]
+        if g.shape != w.shape:
+            failed.append(f"{name}: shape {tuple(g.shape)} vs {tuple(w.shape)}")
+            print(f"FAIL  {name}: shape {tuple(g.shape)} vs {tuple(w.shape)}")
+            continue
+        d = (g - w).abs().max().item()
+        worst = max(worst, d)
+        spread = (w - w.mean()).abs().max().item()
+        print(f"{'ok  ' if d <= 1e-4 else 'FAIL'}  {name} {tuple(w.shape)}: largest difference {d:.3g} (cells spread over {spread:.3g})")
+        if d > 1e-4:
+            failed.append(name)
+    print(f"largest difference {worst:.3g}")
+    print(f"{len(want) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
