@@ -1,8 +1,18 @@
-"""Attribution patching: patching.attribute against the same definitions
-written here in PyTorch, on the same weights (the hook parity test's GPT,
-three layers) and the same clean and corrupt ids, the metric being the mean
-over the batch of logit[3] - logit[5] at the last position. Each cell is
-corrupt + (its contribution):
+"""Causal tools against the same definitions written here in PyTorch, on the
+same weights (the hook parity test's GPT, three layers) and the same clean
+and corrupt ids; the metric is the mean over the batch of logit[3] - logit[5]
+at the last position.
+
+Path patching (patching.path):
+  1. cache every attention's z in the clean and the corrupt run;
+  2. run the corrupt ids with the senders' z from the clean run and every
+     other head's z frozen at its corrupt value, recording the receivers'
+     inputs (a head's q, k or v, or a layer's resid_pre);
+  3. run the corrupt ids with only those inputs patched in.
+  Five settings (senders in one or two layers, receivers via q, k, v and the
+  residual stream), and the clean and corrupt metrics.
+
+Attribution patching (patching.attribute), each cell corrupt + its contribution:
   atp:  (clean - corrupt activation) . d metric / d activation on the corrupt
         run, summed over the cell (a position of resid_pre, a head of attn.z,
         a neuron of mlp.post);
@@ -12,7 +22,7 @@ corrupt + (its contribution):
   ig:   per layer, resid_pre moved from corrupt to clean in 4 midpoint steps
         (that layer alone), the gradients averaged, then as atp.
 Tolerance: |anatomy - pytorch| <= 1e-4.
-Usage: test_atp_parity.py ANATOMY_EXECUTABLE
+Usage: test_causal_parity.py ANATOMY_EXECUTABLE
 """
 import math
 import os
@@ -26,6 +36,13 @@ import safetensors_io
 import test_hook_parity as gpt
 
 gpt.L = 3  # the reference GPT's layer count, read when it is built
+SETTINGS = [  # (senders, receivers, via); layers and heads 1-based, as anatomy counts
+    ([(1, 2)], [(2, 1), (3, 3)], "q"),
+    ([(1, 2)], [(2, 1), (3, 3)], "k"),
+    ([(1, 2)], [(2, 1), (3, 3)], "v"),
+    ([(1, 1), (2, 4)], [(3, 2)], "k"),
+    ([(1, 3)], [(2,), (3,)], "resid"),
+]
 
 
 def metric(logits):
@@ -113,6 +130,51 @@ def ig(model, clean, corrupt, steps):
     return grid
 
 
+def path_patch(model, clean, corrupt, senders, receivers, via):
+    _, c_clean = gpt.capture(model, clean)
+    _, c_corrupt = gpt.capture(model, corrupt)
+    handles = []
+    for layer, blk in enumerate(model.blocks, start=1):
+        name = f"blocks.{layer}.attn.z"
+
+        def freeze(m, inp, out, name=name, layer=layer):
+            z = c_corrupt[name].clone()
+            for sl, sh in senders:
+                if sl == layer:
+                    z[:, :, sh - 1] = c_clean[name][:, :, sh - 1]
+            return z
+        handles.append(blk.attn.hook_z.register_forward_hook(freeze))
+    recorded = {}
+
+    def point(r):
+        blk = model.blocks[r[0] - 1]
+        return blk.hook_resid_pre if via == "resid" else getattr(blk.attn, "hook_" + via)
+    for r in receivers:
+        def record(m, inp, out, r=r):
+            recorded[r] = out.detach().clone()
+        handles.append(point(r).register_forward_hook(record))
+    with torch.no_grad():
+        model(corrupt)
+    for h in handles:
+        h.remove()
+    handles = []
+    for r in receivers:
+        def patch(m, inp, out, r=r):
+            out = out.clone()
+            if via == "resid":
+                out[:] = recorded[r]
+            else:
+                out[:, :, r[1] - 1] = recorded[r][:, :, r[1] - 1]
+            return out
+        handles.append(point(r).register_forward_hook(patch))
+    with torch.no_grad():
+        value = metric(model(corrupt)).item()
+    for h in handles:
+        h.remove()
+    return value
+
+
+
 def main():
     exe = sys.argv[1]
     here = os.path.dirname(os.path.abspath(__file__))
@@ -122,7 +184,11 @@ def main():
         for n, p in model.named_parameters():
             p.copy_((1.0 if n.endswith(("ln1.weight", "ln2.weight", "ln_f.weight")) else 0.0) + 0.3 * torch.randn(p.shape))
     clean, corrupt = torch.randint(0, gpt.V, (gpt.B, gpt.T)), torch.randint(0, gpt.V, (gpt.B, gpt.T))
+    with torch.no_grad():
+        paths = [path_patch(model, clean, corrupt, *s) for s in SETTINGS]
+        paths += [metric(model(clean)).item(), metric(model(corrupt)).item()]
     want = {
+        "path": [paths],
         "atp_resid_pre_position": atp(model, clean, corrupt, lambda b: b.hook_resid_pre, "position"),
         "atp_z_head": atp(model, clean, corrupt, lambda b: b.attn.hook_z, "head"),
         "atp_mlp_post_neuron": atp(model, clean, corrupt, lambda b: b.mlp.hook_post, "neuron"),
@@ -135,18 +201,19 @@ def main():
         tensors = gpt.state_dict(model)
         tensors["input.clean"], tensors["input.corrupt"] = clean + 1, corrupt + 1
         safetensors_io.save(inp, tensors)
-        proc = subprocess.run([exe, "--threads=1", os.path.join(here, "atp_parity.lua"), inp, out], capture_output=True, text=True)
+        proc = subprocess.run([exe, "--threads=1", os.path.join(here, "causal_parity.lua"), inp, out], capture_output=True, text=True)
         if proc.returncode != 0:
             print("FAIL  anatomy failed\n%s%s" % (proc.stdout, proc.stderr))
             print("0 passed, 1 failed")
             return 1
         got, _ = safetensors_io.load(out)
+    got["path"] = got["path"].reshape(1, -1)
     failed, worst = [], 0.0
     for name, w in want.items():
         w = torch.tensor(w, dtype=torch.float64)
         g = got[name]
         if g.shape != w.shape:
-            failed.append(f"{name}: shape {tuple(g.shape)} vs {tuple(w.shape)}")
+            failed.append(name)
             print(f"FAIL  {name}: shape {tuple(g.shape)} vs {tuple(w.shape)}")
             continue
         d = (g - w).abs().max().item()
@@ -155,7 +222,10 @@ def main():
         print(f"{'ok  ' if d <= 1e-4 else 'FAIL'}  {name} {tuple(w.shape)}: largest difference {d:.3g} (cells spread over {spread:.3g})")
         if d > 1e-4:
             failed.append(name)
-    print(f"largest difference {worst:.3g}")
+    moved = sum(abs(v - paths[-1]) > 1e-3 for v in paths[:len(SETTINGS)])
+    print(f"largest difference {worst:.3g}; {moved} of {len(SETTINGS)} paths move the metric off the corrupt run's")
+    if moved == 0:
+        failed.append("no path moves the metric: the path comparison would be vacuous")
     print(f"{len(want) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 

@@ -1,0 +1,45 @@
+-- The anatomy side of test_causal_parity.py: loads the weights it wrote into
+-- a pre-norm models.gpt of three layers and runs patching.path and
+-- patching.attribute in each of the settings listed, writing the results:
+--   anatomy causal_parity.lua INPUT.safetensors OUTPUT.safetensors
+local input, output = arg[1], arg[2]
+local w = torch.load_safetensors(input)
+local model = models.gpt{vocab = 17, dim = 16, heads = 4, layers = 3, seq = 8, ffn = 32, norm = 'pre', activation = 'gelu'}
+local state = {}
+for name, t in pairs(w) do
+  if not name:find('^input%.') then state[name] = t end
+end
+model:load_state_dict(state)
+model:eval()
+local metric = patching.logit_diff(4, 6)  -- tokens 3 and 5 in PyTorch's 0-based ids
+local clean, corrupt = w['input.clean'], w['input.corrupt']
+local out = {}
+-- path patching
+local paths = {
+  {sender = {1, 2}, receivers = {{2, 1}, {3, 3}}, via = 'q'},
+  {sender = {1, 2}, receivers = {{2, 1}, {3, 3}}, via = 'k'},
+  {sender = {1, 2}, receivers = {{2, 1}, {3, 3}}, via = 'v'},
+  {sender = {{1, 1}, {2, 4}}, receivers = {{3, 2}}, via = 'k'},
+  {sender = {1, 3}, receivers = {2, 3}, via = 'resid'},
+}
+local values, last = {}, nil
+for i, s in ipairs(paths) do
+  last = patching.path(model, clean, corrupt, metric, s)
+  values[i] = last.value
+end
+values[#values + 1] = last.clean
+values[#values + 1] = last.corrupt
+out.path = torch.tensor(values, {dtype = 'float64'})
+-- attribution patching
+local settings = {
+  {'atp_resid_pre_position', {over = 'resid_pre', per = 'position'}},
+  {'atp_z_head', {over = 'attn.z', per = 'head'}},
+  {'atp_mlp_post_neuron', {over = 'mlp.post', per = 'neuron'}},
+  {'atpstar_k_head', {over = 'attn.k', per = 'head', method = 'atp*'}},
+  {'atpstar_q_position', {over = 'attn.q', per = 'position', method = 'atp*'}},
+  {'ig_resid_pre_layer', {over = 'resid_pre', per = 'layer', method = 'ig', steps = 4}},
+}
+for _, s in ipairs(settings) do
+  out[s[1]] = patching.attribute(model, clean, corrupt, metric, s[2]).grid:double()
+end
+torch.save_safetensors(output, out)
