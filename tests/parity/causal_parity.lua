@@ -3,14 +3,8 @@
 -- patching.attribute in each of the settings listed, writing the results:
 --   anatomy causal_parity.lua INPUT.safetensors OUTPUT.safetensors
 local input, output = arg[1], arg[2]
-local w = torch.load_safetensors(input)
-local model = models.gpt{vocab = 17, dim = 16, heads = 4, layers = 3, seq = 8, ffn = 32, norm = 'pre', activation = 'gelu'}
-local state = {}
-for name, t in pairs(w) do
-  if not name:find('^input%.') then state[name] = t end
-end
-model:load_state_dict(state)
-model:eval()
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local model, w = require('parity_gpt').load(input, 3)
 local metric = patching.logit_diff(4, 6)  -- tokens 3 and 5 in PyTorch's 0-based ids
 local clean, corrupt = w['input.clean'], w['input.corrupt']
 local out = {}

@@ -3,14 +3,8 @@
 -- output and hook point), then the two interventions, and writes it all:
 --   anatomy hook_parity.lua INPUT.safetensors OUTPUT.safetensors
 local input, output = arg[1], arg[2]
-local w = torch.load_safetensors(input)
-local model = models.gpt{vocab = 17, dim = 16, heads = 4, layers = 2, seq = 8, ffn = 32, norm = 'pre', activation = 'gelu'}
-local state = {}
-for name, t in pairs(w) do
-  if not name:find('^input%.') then state[name] = t end
-end
-model:load_state_dict(state)
-model:eval()
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local model, w = require('parity_gpt').load(input, 2)
 local ids, other = w['input.ids'], w['input.other']
 local logits, cache = probe.run_with_cache(model, ids, {filter = {'*', '*.result'}})  -- each head's result too
 local out = {logits = logits}
