@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <new>
+#include <set>
 #include <thread>
 
 namespace anatomy::lua {
@@ -113,12 +115,35 @@ int torch_readlink(lua_State* L) {
   return 1;
 }
 
-// torch._lock(path, {wait = label}) -> fd: an exclusive lock on path (made if
+// torch._lock(path, label) -> lock: an exclusive flock on path (made if
 // absent), waited for while another process holds it (a line on stderr says
-// so once, naming label); Ctrl-C stops the wait. torch._unlock(fd) frees it.
+// so once, naming label); Ctrl-C stops the wait. lock:release() frees it, as
+// does the collector. A path this process already holds is an error, not a
+// wait: flock locks of two opens of one file exclude each other even within
+// one process, so a second lock here would wait for ever.
+struct FileLock {
+  int fd = -1;
+  std::string path;
+};
+constexpr const char* kLockType = "anatomy.FileLock";
+
+std::set<std::string>& held_locks() {
+  static std::set<std::string> held;
+  return held;
+}
+
+void release(FileLock* lock) {
+  if (lock->fd < 0) return;
+  ::flock(lock->fd, LOCK_UN);
+  ::close(lock->fd);
+  lock->fd = -1;
+  held_locks().erase(lock->path);
+}
+
 int torch_lock(lua_State* L) {
   std::string path = check_string(L, 1);
   std::string label = lua_isstring(L, 2) ? lua_tostring(L, 2) : path;
+  if (held_locks().count(path)) throw CallError("this process already holds the lock '" + path + "'");
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) throw CallError("cannot open the lock '" + path + "': " + std::strerror(errno));
   bool said = false;
@@ -138,14 +163,25 @@ int torch_lock(lua_State* L) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  lua_pushinteger(L, fd);
+  auto* lock = static_cast<FileLock*>(lua_newuserdata(L, sizeof(FileLock)));
+  new (lock) FileLock{fd, path};
+  held_locks().insert(path);
+  luaL_getmetatable(L, kLockType);
+  lua_setmetatable(L, -2);
   return 1;
 }
 
-int torch_unlock(lua_State* L) {
-  int fd = static_cast<int>(check_integer(L, 1));
-  ::flock(fd, LOCK_UN);
-  ::close(fd);
+// lock:release(): frees the lock (again is harmless)
+int lock_release(lua_State* L) {
+  auto* lock = static_cast<FileLock*>(luaL_checkudata(L, 1, kLockType));
+  release(lock);
+  return 0;
+}
+
+int lock_gc(lua_State* L) {
+  auto* lock = static_cast<FileLock*>(luaL_checkudata(L, 1, kLockType));
+  release(lock);
+  lock->~FileLock();
   return 0;
 }
 
@@ -206,7 +242,6 @@ const luaL_Reg functions[] = {
     {"_symlink", guarded<torch_symlink>},
     {"_readlink", guarded<torch_readlink>},
     {"_lock", guarded<torch_lock>},
-    {"_unlock", guarded<torch_unlock>},
     {"_file_digest", guarded<torch_file_digest>},
     {"_file_size", guarded<torch_file_size>},
     {nullptr, nullptr},
@@ -214,8 +249,16 @@ const luaL_Reg functions[] = {
 
 }  // namespace
 
-/// Adds _http, _symlink, _readlink, _hardlink, _lock, _unlock, _file_digest, _file_size and _list_dir to the torch table at index torch.
+/// Adds _http, _symlink, _readlink, _hardlink, _lock (its lock userdata, anatomy.FileLock), _file_digest, _file_size and _list_dir to the torch table at index torch.
 void register_http(lua_State* L, int torch) {
+  luaL_newmetatable(L, kLockType);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, guarded<lock_release>);
+  lua_setfield(L, -2, "release");
+  lua_pushcfunction(L, guarded<lock_gc>);
+  lua_setfield(L, -2, "__gc");
+  lua_pop(L, 1);
   lua_pushvalue(L, torch);
   luaL_register(L, nullptr, functions);
   lua_pop(L, 1);

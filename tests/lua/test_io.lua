@@ -68,4 +68,19 @@ test('json.decode takes DEL as the ordinary character it is, and an unterminated
   raises(function() json.decode('"a\1b"') end, 'json.decode: control character in a string at byte 3')
 end)
 
+test('a file lock is a handle: released by release() or the collector; a second lock of one path in one process is an error, not a wait', function()
+  local dir = H.tmpdir()
+  local path = dir .. '/blob.lock'
+  local lock = torch._lock(path, 'a blob')
+  H.raises(function() torch._lock(path, 'a blob') end, "this process already holds the lock '" .. path .. "'")
+  lock:release()
+  lock:release()  -- again is harmless
+  local again = torch._lock(path)
+  again = nil
+  collectgarbage()
+  collectgarbage()
+  torch._lock(path):release()  -- the collector let the last one go
+  H.raises_part(function() torch._lock(dir .. '/no/such/folder/x.lock') end, "cannot open the lock '" .. dir .. "/no/such/folder/x.lock'")
+end)
+
 H.done()

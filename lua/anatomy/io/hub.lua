@@ -257,7 +257,7 @@ local function fetch_blob(session, url, etag, size, blob, label)
   local locks = session.cache_dir .. '/.locks/models--' .. session.repo_id:gsub('/', '--')
   fs.mkdir(locks)
   fs.mkdir(fs.dirname(blob))
-  local fd = torch._lock(locks .. '/' .. etag .. '.lock', label)
+  local lock = torch._lock(locks .. '/' .. etag .. '.lock', label)
   local ok, err = pcall(function()
     if fs.exists(blob) then return end  -- another process fetched it while we waited
     local part = blob .. '.incomplete'
@@ -287,7 +287,7 @@ local function fetch_blob(session, url, etag, size, blob, label)
     local renamed, why = os.rename(part, blob)
     if not renamed then error(('%s: cannot move %s into place: %s'):format(session.where, part, tostring(why)), 0) end
   end)
-  torch._unlock(fd)
+  lock:release()
   if not ok then error(err, 0) end
 end
 
