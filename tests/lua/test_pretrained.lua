@@ -205,9 +205,9 @@ test("by name from huggingface_hub's cache alone (local_files_only): the snapsho
     fs.write_atomic(repo .. '/blobs/etag' .. i, fs.read(folder .. '/' .. f))
     torch._symlink('../../blobs/etag' .. i, repo .. '/snapshots/' .. commit .. '/' .. f)
   end
-  local where = "models.from_pretrained: local_files_only, and revision 'main' of 'org/tiny-gpt2' is not in the cache (no "
-    .. repo .. "/refs/main)"
-  H.raises(function() models.from_pretrained('org/tiny-gpt2', {local_files_only = true, cache_dir = cache}) end, where)
+  -- (the reason reads HF_HUB_OFFLINE=1 where the environment says so, as the test suite's does)
+  local where = "and revision 'main' of 'org/tiny-gpt2' is not in the cache (no " .. repo .. "/refs/main)"
+  H.raises_part(function() models.from_pretrained('org/tiny-gpt2', {local_files_only = true, cache_dir = cache}) end, where)
   fs.write_atomic(repo .. '/refs/main', commit)
   local by_name = models.from_pretrained('org/tiny-gpt2', {local_files_only = true, cache_dir = cache})
   local by_folder = models.from_pretrained(folder)
