@@ -68,6 +68,32 @@ function patching.point(model, layer, over)
   error(err, 0)
 end
 
+-- The clean and corrupt ids of a patching call, of one shape (an error at
+-- the caller's caller otherwise).
+local function id_pair(model, clean, corrupt, tokenizer, where)
+  local clean_ids = inputs.to_ids(model, clean, tokenizer, where)
+  local corrupt_ids = inputs.to_ids(model, corrupt, tokenizer, where)
+  if format.shape(clean_ids) ~= format.shape(corrupt_ids) then
+    error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, format.shape(clean_ids),
+      format.shape(corrupt_ids)), 3)
+  end
+  return clean_ids, corrupt_ids
+end
+
+-- The point `over` names in every layer of model:layers(): names, and the
+-- layers' names (the grid's rows).
+local function layer_points(model, over, where)
+  local layers, why = model:layers()
+  if not layers then error(('%s: %s'):format(where, why), 3) end
+  local names, rows = {}, {}
+  for i, l in ipairs(layers) do
+    local ok, name = pcall(patching.point, model, l[1], over)
+    if not ok then error(('%s: %s'):format(where, name), 3) end
+    names[i], rows[i] = name, l[1]
+  end
+  return names, rows
+end
+
 local Result = {}
 Result.__index = Result
 patching.Result = Result
@@ -96,20 +122,8 @@ function patching.run(model, clean, corrupt, metric, opts)
   if per ~= 'layer' and per ~= 'head' and per ~= 'position' then
     error(("%s: per must be 'layer', 'head' or 'position', got '%s'"):format(where, tostring(per)), 2)
   end
-  local clean_ids = inputs.to_ids(model, clean, opts.tokenizer, where)
-  local corrupt_ids, tok = inputs.to_ids(model, corrupt, opts.tokenizer, where)
-  if format.shape(clean_ids) ~= format.shape(corrupt_ids) then
-    error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, format.shape(clean_ids),
-      format.shape(corrupt_ids)), 2)
-  end
-  local layers, why = model:layers()
-  if not layers then error(('%s: %s'):format(where, why), 2) end
-  local names, rows = {}, {}
-  for i, l in ipairs(layers) do
-    local ok, name = pcall(patching.point, model, l[1], over)
-    if not ok then error(('%s: %s'):format(where, name), 2) end
-    names[i], rows[i] = name, l[1]
-  end
+  local clean_ids, corrupt_ids = id_pair(model, clean, corrupt, opts.tokenizer, where)
+  local names, rows = layer_points(model, over, where)
   local clean_out, cache = Cache.run_with_cache(model, clean_ids, {filter = names})
   local function run_corrupt() return torch.no_grad(function() return model(corrupt_ids) end) end
   local clean_metric = as_number(metric(clean_out), where)
@@ -238,20 +252,8 @@ function patching.attribute(model, clean, corrupt, metric, opts)
   end
   local steps = opts.steps or 8
   if type(steps) ~= 'number' or steps % 1 ~= 0 or steps < 1 then error(('%s: steps must be a positive integer, got %s'):format(where, tostring(steps)), 2) end
-  local clean_ids = inputs.to_ids(model, clean, opts.tokenizer, where)
-  local corrupt_ids = inputs.to_ids(model, corrupt, opts.tokenizer, where)
-  if format.shape(clean_ids) ~= format.shape(corrupt_ids) then
-    error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, format.shape(clean_ids),
-      format.shape(corrupt_ids)), 2)
-  end
-  local layers, why = model:layers()
-  if not layers then error(('%s: %s'):format(where, why), 2) end
-  local names, rows = {}, {}
-  for i, l in ipairs(layers) do
-    local ok, name = pcall(patching.point, model, l[1], over)
-    if not ok then error(('%s: %s'):format(where, name), 2) end
-    names[i], rows[i] = name, l[1]
-  end
+  local clean_ids, corrupt_ids = id_pair(model, clean, corrupt, opts.tokenizer, where)
+  local names, rows = layer_points(model, over, where)
   local layout = points.layout(names[1])
   if per == 'head' and not layout.head then
     error(("%s: per = 'head' needs a point with heads (attn.q, k, v, z, result, pattern, scores), got '%s'"):format(where, over), 2)
@@ -437,12 +439,7 @@ function patching.path(model, clean, corrupt, metric, opts)
         where, s[1], s[2], layers[first_receiver][1]), 2)
     end
   end
-  local clean_ids = inputs.to_ids(model, clean, opts.tokenizer, where)
-  local corrupt_ids = inputs.to_ids(model, corrupt, opts.tokenizer, where)
-  if format.shape(clean_ids) ~= format.shape(corrupt_ids) then
-    error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, format.shape(clean_ids),
-      format.shape(corrupt_ids)), 2)
-  end
+  local clean_ids, corrupt_ids = id_pair(model, clean, corrupt, opts.tokenizer, where)
   -- every layer's z, and where each receiver reads
   local z_names, receiver_names = {}, {}
   for i, l in ipairs(layers) do
