@@ -1,0 +1,191 @@
+-- attribute: patching estimated from gradients. patching.attribute gives
+-- patching.run's grid from two forwards and one backward (AtP), with
+-- AtP*'s fix for queries and keys, or from integrated gradients.
+local points = require('anatomy.probe.points')
+local Cache = require('anatomy.probe.cache')
+local hooks = require('anatomy.probe.hooks')
+local runs = require('anatomy.probe.runs')
+local options = require('anatomy.torch.options')
+local terminal = require('anatomy.render.terminal')
+
+local attribute = {}
+
+-- The contribution (B, T, ...) summed to the grid's columns: one number
+-- ('layer'), one a head, a position or a neuron (the last dimension).
+local function reduce_to(contrib, per, layout)
+  local d
+  if per == 'layer' then return {contrib:sum():item()} end
+  if per == 'head' then d = layout.head elseif per == 'position' then d = layout.pos else d = contrib:dim() end
+  local t = contrib
+  for dim = t:dim(), 1, -1 do if dim ~= d then t = t:sum(dim) end end
+  return t:reshape(-1):tolist()
+end
+
+-- AtP*'s fix for a query or a key: the attention pattern recomputed with the
+-- cell's clean query or key (the softmax is far from linear), then the
+-- linear term from the pattern on: sum((pattern' - pattern) * d metric / d
+-- pattern). `name` is the layer's q or k point; the attention's scores,
+-- pattern and (rotated, where it rotates) q and k come from the caches. The
+-- scores are first rebuilt from q and k and checked against the cached ones:
+-- an attention that scores otherwise is refused, not guessed at.
+local function qk_fix(name, clean_cache, corrupt_cache, grad_pattern, per, layout, where)
+  local attn, which = name:match('^(.*)%.([qk])$')
+  local function get(cache, point)
+    local rot = cache[attn .. '.rot_' .. point]
+    return rot or cache[attn .. '.' .. point]
+  end
+  local q, k = get(corrupt_cache, 'q'):double(), get(corrupt_cache, 'k'):double()     -- (B, T, H, D), (B, T, KV, D)
+  local scores, pattern = corrupt_cache[attn .. '.scores']:double(), corrupt_cache[attn .. '.pattern']:double()
+  local H, KV, D = q:size(3), k:size(3), q:size(4)
+  local group = torch.tensor((function() local t = {} for h = 1, H do t[h] = math.floor((h - 1) / (H / KV)) + 1 end return t end)(), {dtype = 'int64'})
+  local scale = 1 / math.sqrt(D)
+  local function scores_of(qq, kk)  -- (B, H, T, T)
+    return torch.matmul(qq:transpose(2, 3), kk:index_select(3, group):transpose(2, 3):transpose(3, 4)) * scale
+  end
+  local rebuilt = scores_of(q, k)
+  local finite = torch.isfinite(scores)
+  local err = (rebuilt - scores):abs():masked_fill(finite:logical_not(), 0):max():item()
+  if err > 1e-3 * (1 + scores:masked_fill(finite:logical_not(), 0):abs():max():item()) then
+    error(("%s: AtP*'s fix rebuilds the scores of %s from its q and k as q k^T / sqrt(%d), which differs here by %.3g; "
+      .. "use method = 'atp' for this attention"):format(where, attn, D, err), 0)
+  end
+  local clean_side = get(clean_cache, which):double()
+  local base = which == 'q' and q or k
+  local delta = clean_side - base
+  local dim = per == 'head' and 3 or per == 'position' and 2 or nil
+  local n = dim and base:size(dim) or 1
+  local out = {}
+  for c = 1, n do
+    local d = delta
+    if dim then d = torch.zeros_like(delta); d:narrow(dim, c, 1):copy_(delta:narrow(dim, c, 1)) end
+    local patched = which == 'q' and scores_of(q + d, k) or scores_of(q, k + d)
+    patched = patched:masked_fill(finite:logical_not(), -math.huge)
+    out[c] = ((patched:softmax(-1) - pattern) * grad_pattern:double()):sum():item()
+  end
+  return out
+end
+
+-- patching.attribute(model, clean, corrupt, metric, {over = 'resid_pre',
+-- per = 'layer'|'head'|'position'|'neuron', method = 'atp'|'atp*'|'ig',
+-- steps = 8, tokenizer}) -> result, as patching.run's (grid, normalized,
+-- print, report), estimated from gradients instead of one run per cell:
+--   atp: attribution patching. From the clean run, the corrupt run and one
+--        backward of metric on the corrupt run, each cell is
+--        corrupt + (clean - corrupt activation) . d metric / d activation,
+--        summed over the cell (a head, a position, a neuron, the layer);
+--   atp*: for a query or key point (attn.q, attn.k), the attention pattern
+--        recomputed with the cell's clean query or key and the linear term
+--        taken from the pattern on (Kramar et al., 2024); elsewhere atp;
+--   ig:  integrated gradients: the same product with the gradient averaged
+--        over `steps` runs in which that layer's activation goes from the
+--        corrupt one to the clean one (midpoints), every other layer left
+--        as the corrupt input makes it: exact where the metric is linear in
+--        the activation, and in its sum over a layer's cells (completeness).
+-- metric(logits) must return a one-element tensor (patching.logit_diff
+-- does). per = 'neuron' reads the activation's last dimension (mlp.post).
+function attribute.attribute(model, clean, corrupt, metric, opts)
+  local where = 'patching.attribute'
+  opts = options.check(opts, {'over', 'per', 'method', 'steps', 'tokenizer'}, where, 2)
+  if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> a one-element tensor, got %s'):format(where, type(metric)), 2) end
+  local over, per, method = opts.over or 'resid_pre', opts.per or 'layer', opts.method or 'atp'
+  if per ~= 'layer' and per ~= 'head' and per ~= 'position' and per ~= 'neuron' then
+    error(("%s: per must be 'layer', 'head', 'position' or 'neuron', got '%s'"):format(where, tostring(per)), 2)
+  end
+  if method ~= 'atp' and method ~= 'atp*' and method ~= 'ig' then
+    error(("%s: method must be 'atp', 'atp*' or 'ig', got '%s'"):format(where, tostring(method)), 2)
+  end
+  local steps = opts.steps or 8
+  if type(steps) ~= 'number' or steps % 1 ~= 0 or steps < 1 then error(('%s: steps must be a positive integer, got %s'):format(where, tostring(steps)), 2) end
+  local clean_ids, corrupt_ids = runs.id_pair(model, clean, corrupt, opts.tokenizer, where)
+  local names, rows = runs.layer_points(model, over, where)
+  local layout = points.layout(names[1])
+  if per == 'head' and not layout.head then
+    error(("%s: per = 'head' needs a point with heads (attn.q, k, v, z, result, pattern, scores), got '%s'"):format(where, over), 2)
+  end
+  -- AtP*: a query or key point is scored through its attention's pattern
+  local fixed = method == 'atp*' and (over:match('%.q$') or over:match('%.k$') or over == 'q' or over == 'k') and true or false
+  if fixed and per == 'neuron' then error(("%s: per = 'neuron' has no meaning for a query or key"):format(where), 2) end
+  local extra = {}
+  if fixed then
+    for _, name in ipairs(names) do
+      local attn = name:match('^(.*)%.[qk]$')
+      for _, p in ipairs{'q', 'k', 'rot_q', 'rot_k', 'scores', 'pattern'} do extra[#extra + 1] = attn .. '.' .. p end
+    end
+  end
+  local filter = {}
+  for _, n in ipairs(names) do filter[#filter + 1] = n end
+  for _, n in ipairs(extra) do filter[#filter + 1] = n end
+  local was_training = model.training
+  model:eval()
+  -- the backwards below reach the parameters too: their gradients are put back as they were
+  local saved = {}
+  for _, p in ipairs(model:parameters()) do saved[#saved + 1] = {p, p.grad and p.grad:clone()} end  -- backward adds into the same tensor
+  local ok, result = pcall(function()
+    local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = filter})
+    local clean_metric = runs.as_number(metric(clean_out), where)
+    local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = filter, grad = true})
+    local m = runs.as_scalar(metric(corrupt_out), where)
+    local corrupt_metric = m:item()
+    local grads = {}
+    if method ~= 'ig' then
+      m:backward()
+      for _, name in ipairs(names) do
+        grads[name] = corrupt_cache.grads[name]
+        if grads[name] == nil then error(("%s: no gradient reached '%s' (does the metric depend on it?)"):format(where, name), 0) end
+      end
+    else
+      for _, name in ipairs(names) do
+        local delta = clean_cache[name] - corrupt_cache[name]
+        local base = corrupt_cache[name]
+        local sum
+        for k = 1, steps do
+          local alpha = (k - 0.5) / steps
+          local at
+          local handle = hooks.replace(model, name, function()
+            at = (base + delta * alpha):detach():requires_grad_(true)
+            return at
+          end)
+          local run_ok, err = pcall(function()
+            local out = model(corrupt_ids)
+            runs.as_scalar(metric(out), where):backward()
+            sum = sum and sum + at.grad or at.grad
+          end)
+          handle:remove()
+          if not run_ok then error(err, 0) end
+        end
+        grads[name] = sum / steps
+      end
+    end
+    local grid, cols = {}, nil
+    for i, name in ipairs(names) do
+      local values
+      if fixed then
+        local attn = name:match('^(.*)%.[qk]$')
+        local gp = corrupt_cache.grads[attn .. '.pattern']
+        if gp == nil then error(("%s: no gradient reached '%s.pattern'"):format(where, attn), 0) end
+        values = qk_fix(name, clean_cache, corrupt_cache, gp, per, layout, where)
+      else
+        values = reduce_to((clean_cache[name] - corrupt_cache[name]):double() * grads[name]:double(), per, layout)
+      end
+      grid[i] = {}
+      for c, v in ipairs(values) do grid[i][c] = corrupt_metric + v end
+      if not cols then
+        cols = {}
+        if per == 'layer' then cols[1] = 'all'
+        elseif per == 'head' then for h = 1, #values do cols[h] = 'head ' .. h end
+        elseif per == 'position' then
+          local tokens = clean_cache.tokens[1]
+          for t = 1, #values do cols[t] = ('%d %s'):format(t, terminal.token_label(tokens[t] or '', 8)) end
+        else for n = 1, #values do cols[n] = 'neuron ' .. n end end
+      end
+    end
+    return setmetatable({grid = torch.tensor(grid), values = grid, rows = rows, points = names, cols = cols, over = over, per = per,
+      clean = clean_metric, corrupt = corrupt_metric, method = method, steps = method == 'ig' and steps or nil}, runs.Result)
+  end)
+  model:train(was_training)
+  for _, pg in ipairs(saved) do pg[1].grad = pg[2] end
+  if not ok then error(result, 0) end
+  return result
+end
+
+return attribute

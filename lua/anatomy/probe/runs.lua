@@ -1,0 +1,127 @@
+-- runs: what the patching calls share (patching.lua, attribute.lua,
+-- edges.lua): the clean and corrupt ids, the point a name means in each
+-- layer, the metric read as a number or as a tensor that carries the
+-- gradient, and the grid of results with its print, chart and page.
+local points = require('anatomy.probe.points')
+local inputs = require('anatomy.probe.inputs')
+local terminal = require('anatomy.render.terminal')
+local charts = require('anatomy.render.charts')
+local page = require('anatomy.render.page')
+local fs = require('anatomy.io.fs')
+local format = require('anatomy.render.format')
+
+local runs = {}
+
+-- The hook point `over` names in layer `layer`: '<layer>.<over>' when that is
+-- a probe point; else, for 'attn.*' or 'mlp.*', the layer's attention (the
+-- child with a 'z' hook point) or MLP (with 'post') under its own name, so
+-- 'attn.z' reaches Llama's self_attn and GPT-NeoX's attention too.
+function runs.point(model, layer, over)
+  local name = layer .. '.' .. over
+  if pcall(points.locate, model, name, 1) then return name end
+  local role, rest = over:match('^(%w+)%.(.+)$')
+  local mod
+  for n, m in model:named_modules() do if n == layer then mod = m end end
+  if mod and (role == 'attn' or role == 'mlp') then
+    for child_name, child in mod:named_children() do
+      for _, p in ipairs(child:hook_points()) do
+        if (role == 'attn' and p == 'z') or (role == 'mlp' and p == 'post') then
+          local candidate = layer .. '.' .. child_name .. '.' .. rest
+          if pcall(points.locate, model, candidate, 1) then return candidate end
+        end
+      end
+    end
+  end
+  local _, err = pcall(points.locate, model, name, 1)
+  error(err, 0)
+end
+
+-- runs.id_pair(model, clean, corrupt, tokenizer, where) -> the clean and corrupt ids of a patching call, of one shape (an error at
+-- the caller's caller otherwise).
+function runs.id_pair(model, clean, corrupt, tokenizer, where)
+  local clean_ids = inputs.to_ids(model, clean, tokenizer, where)
+  local corrupt_ids = inputs.to_ids(model, corrupt, tokenizer, where)
+  if format.shape(clean_ids) ~= format.shape(corrupt_ids) then
+    error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, format.shape(clean_ids),
+      format.shape(corrupt_ids)), 3)
+  end
+  return clean_ids, corrupt_ids
+end
+
+-- runs.layer_points(model, over, where) -> the point `over` names in every layer of model:layers(): names, and the
+-- layers' names (the grid's rows).
+function runs.layer_points(model, over, where)
+  local layers, why = model:layers()
+  if not layers then error(('%s: %s'):format(where, why), 3) end
+  local names, rows = {}, {}
+  for i, l in ipairs(layers) do
+    local ok, name = pcall(runs.point, model, l[1], over)
+    if not ok then error(('%s: %s'):format(where, name), 3) end
+    names[i], rows[i] = name, l[1]
+  end
+  return names, rows
+end
+
+function runs.as_number(v, where)
+  if torch.is_tensor(v) then
+    if v:numel() ~= 1 then error(('%s: the metric returned a tensor of %d values; it must return one number'):format(where, v:numel()), 0) end
+    v = v:item()
+  end
+  if type(v) ~= 'number' then error(('%s: the metric returned a %s; it must return a number'):format(where, type(v)), 0) end
+  return v
+end
+
+-- The metric of a run as a scalar tensor that can carry a gradient (a
+-- number is refused: attribution needs the graph).
+function runs.as_scalar(v, where)
+  if not torch.is_tensor(v) or v:numel() ~= 1 then
+    error(('%s: the metric must return a one-element tensor that carries the gradient (patching.logit_diff does; '
+      .. 'a number, :item(), has none), got %s'):format(where, torch.is_tensor(v) and format.shape(v) or type(v)), 0)
+  end
+  return v:reshape({})
+end
+
+local Result = {}
+Result.__index = Result
+runs.Result = Result
+
+-- result:normalized() -> (grid - corrupt) / (clean - corrupt): 0 where the
+-- patch changes nothing, 1 where it restores the clean metric.
+function Result:normalized()
+  local span = self.clean - self.corrupt
+  if span == 0 then error('patching: clean and corrupt give the same metric; nothing to normalise by', 2) end
+  return (self.grid - self.corrupt) / span
+end
+
+function Result:__tostring()
+  local title = ('activation patching of %s per %s: the metric with each part patched from clean into corrupt (clean %.4g, corrupt %.4g)'):format(
+    self.over, self.per, self.clean, self.corrupt)
+  return terminal.heatmap(title, self.rows, self.cols, self.values)
+end
+
+-- result:svg() -> the grid as a labelled heatmap (charts.heatmap)
+function Result:svg()
+  local note = ('metric: clean %.4g, corrupt %.4g; each cell: the metric with that part of %s patched from the clean run'):format(
+    self.clean, self.corrupt, self.over)
+  return charts.heatmap(('Activation patching: %s per %s'):format(self.over, self.per), self.rows, self.cols,
+    self.values, false, note)
+end
+
+-- result:report(path) -> path: a self-contained HTML page with the heatmap
+-- and the grid as a table (written atomically)
+function Result:report(path)
+  local esc = charts.esc
+  local head = {'<tr><th>layer</th>'}
+  for _, c in ipairs(self.cols) do head[#head + 1] = '<th>' .. esc(c) .. '</th>' end
+  local body = {}
+  for i, r in ipairs(self.rows) do
+    local tds = {'<tr><td>' .. esc(r) .. '</td>'}
+    for _, v in ipairs(self.values[i]) do tds[#tds + 1] = ('<td>%.4g</td>'):format(v) end
+    body[#body + 1] = table.concat(tds) .. '</tr>'
+  end
+  local html = page.new('Activation patching', self:svg() ..
+    '<table><thead>' .. table.concat(head) .. '</tr></thead><tbody>' .. table.concat(body) .. '</tbody></table>')
+  return fs.write_atomic(path, html)
+end
+
+return runs
