@@ -271,6 +271,65 @@ test('patching.path: arguments checked and named; a path from a head to itself o
   assert(whole.value ~= whole.corrupt, 'the senders move the metric')
 end)
 
+test('patching.edges: every edge once, the logits\' edges sum to AtP of the last residual, prune, draw, refusals', function()
+  torch.manual_seed(4)
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 2, seq = 8, ffn = 32, norm = 'pre'}
+  local clean, corrupt = torch.tensor({{1, 2, 3, 4, 5}, {5, 4, 3, 2, 1}}):long(), torch.tensor({{6, 2, 7, 4, 8}, {9, 4, 7, 2, 6}}):long()
+  local metric = patching.logit_diff(2, 3)
+  local p1 = m:parameters()[1]
+  p1.grad = torch.ones_like(p1)
+  local g = patching.edges(m, clean, corrupt, metric)
+  H.identical(p1.grad, torch.ones_like(p1), "the parameters' gradients")
+  -- layer 1: 6 inputs (q, k, v of 2 heads) from the embedding, its MLP from 3; layer 2: 6 inputs from 4, the MLP from 6; logits from 7
+  eq(#g.edges, 6 + 3 + 24 + 6 + 7, 'every edge once')
+  for i = 2, #g.edges do assert(math.abs(g.edges[i - 1].score) >= math.abs(g.edges[i].score), 'largest |score| first') end
+  -- the edges into the logits add up to attribution patching of the last resid_post (another code path)
+  local sum = 0
+  for _, e in ipairs(g.edges) do if e.to == 'logits' then sum = sum + e.score end end
+  local atp = patching.attribute(m, clean, corrupt, metric, {over = 'resid_post'})
+  close(sum, atp.grid[2][1]:item() - atp.corrupt, 1e-5, 'the logits\' edges against AtP of blocks.2.resid_post')
+  close(g.corrupt, atp.corrupt, 1e-6, 'the corrupt metric')
+  close(g:score('embed', 'blocks.1 head 2', 'k'), g:score('embed', 'blocks.1 head 2', 'k'), 0)
+  raises(function() g:score('blocks.2 mlp', 'blocks.1 mlp') end, 'graph:score: no edge blocks.2 mlp -> blocks.1 mlp')
+  -- pruning keeps the largest and only what reaches the logits
+  local top = g:prune{top = 6}
+  assert(#top.edges <= 6 and #top.edges >= 1, 'at most the 6 largest')
+  local feeds = {logits = true}
+  for _, e in ipairs(top.edges) do feeds[e.from] = true end
+  for _, e in ipairs(top.edges) do assert(feeds[e.to], e.to .. ' feeds nothing kept') end
+  eq(#g:prune{threshold = math.huge}.edges, 0)
+  eq(#g:prune{threshold = 0}.edges, #g.edges, 'every edge reaches the logits in the whole graph')
+  raises(function() g:prune{} end, 'graph:prune: give one of top or threshold')
+  raises(function() g:prune{top = 0} end, 'graph:prune: top must be a positive integer, got 0')
+  raises(function() g:prune{threshold = 0 / 0} end, 'graph:prune: threshold must be a number >= 0, got nan')
+  -- drawn from the same edges as the table under it
+  local svg = top:svg()
+  eq(tonumber(svg:match('data%-points="(%d+)"')), #top.edges)
+  eq(select(2, svg:gsub('class="edge"', '')), #top.edges)
+  -- eap-ig runs, and the arguments are named
+  local ig = patching.edges(m, clean, corrupt, metric, {method = 'eap-ig', steps = 3})
+  eq(#ig.edges, #g.edges)
+  raises(function() patching.edges(m, clean, corrupt, metric, {method = 'atp'}) end, "patching.edges: method must be 'eap' or 'eap-ig', got 'atp'")
+  raises(function() patching.edges(m, clean, corrupt, metric, {steps = 4}) end, "patching.edges: steps is for method = 'eap-ig'")
+  H.raises_part(function() patching.edges(m, clean, corrupt, function(l) return metric(l):item() end) end,
+    'patching.edges: the metric must return a one-element tensor')
+  -- a post-norm block's residual stream is not the sum of the outputs: refused, not estimated
+  local post = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 2, seq = 8, ffn = 32, norm = 'post'}
+  H.raises_part(function() patching.edges(post, clean, corrupt, metric) end, 'edge attribution needs a residual stream that is their sum')
+  -- grouped-query attention: keys and values per key/value head, pruned through the query heads that read them
+  local gqa = models.llama{vocab = 10, dim = 16, heads = 4, kv_heads = 2, layers = 2, ffn = 32, seq = 8}
+  local gg = patching.edges(gqa, clean, corrupt, metric)
+  local kv = 0
+  for _, n in ipairs(gg.nodes) do if n.kind == 'kv' then kv = kv + 1 eq(#n.group, 2) end end
+  eq(kv, 4, 'two key/value heads a layer')
+  close(gg:score('embed', 'blocks.2 kv head 1', 'v'), gg:score('embed', 'blocks.2 kv head 1', 'v'), 0)
+  eq(#gg:prune{threshold = 0}.edges, #gg.edges, 'an edge into a key/value head reaches the logits through its query heads')
+  local n = 0
+  for _, mod in m:named_modules() do for _ in pairs(rawget(mod, '_probes') or {}) do n = n + 1 end end
+  for _, mod in gqa:named_modules() do for _ in pairs(rawget(mod, '_probes') or {}) do n = n + 1 end end
+  eq(n, 0, 'nothing left attached')
+end)
+
 test('patching.attribute: atp, atp* and ig near exact patching, the parameters\' gradients untouched, arguments named', function()
   torch.manual_seed(2)
   local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 3, seq = 8, ffn = 32}

@@ -1,6 +1,7 @@
 -- The anatomy side of test_causal_parity.py: loads the weights it wrote into
--- a pre-norm models.gpt of three layers and runs patching.path and
--- patching.attribute in each of the settings listed, writing the results:
+-- a pre-norm models.gpt of three layers and runs patching.path,
+-- patching.attribute and patching.edges in each of the settings listed,
+-- writing the results:
 --   anatomy causal_parity.lua INPUT.safetensors OUTPUT.safetensors
 local input, output = arg[1], arg[2]
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
@@ -35,5 +36,18 @@ local settings = {
 }
 for _, s in ipairs(settings) do
   out[s[1]] = patching.attribute(model, clean, corrupt, metric, s[2]).grid:double()
+end
+-- edge attribution: every edge test_causal_parity.py lists (edges.txt beside the output), in its order
+local keys = {}
+for line in io.lines(output:match('^(.*)/') .. '/edges.txt') do
+  local from, to, via = line:match('^(.-)\t(.-)\t(.*)$')
+  keys[#keys + 1] = {from, to, via ~= '' and via or nil}
+end
+for name, opts in pairs{eap = {}, eap_ig = {method = 'eap-ig', steps = 4}} do
+  local g = patching.edges(model, clean, corrupt, metric, opts)
+  if #g.edges ~= #keys then error(('%s: %d edges, the reference has %d'):format(name, #g.edges, #keys)) end
+  local scores = {}
+  for i, k in ipairs(keys) do scores[i] = g:score(k[1], k[2], k[3]) end
+  out[name] = torch.tensor(scores, {dtype = 'float64'})
 end
 torch.save_safetensors(output, out)

@@ -21,6 +21,14 @@ Attribution patching (patching.attribute), each cell corrupt + its contribution:
         1/sqrt(d), causally masked), (pattern' - pattern) . d metric / d pattern;
   ig:   per layer, resid_pre moved from corrupt to clean in 4 midpoint steps
         (that layer alone), the gradients averaged, then as atp.
+Edge attribution (patching.edges), written here the split-input way
+(TransformerLens's use_split_qkv_input): every head's query, key and value
+and every MLP reads its own copy of the residual stream, so the gradient at
+each copy is the metric's gradient along that input alone; each edge is
+(clean - corrupt output of u) . that gradient, summed over batch and
+positions (eap: on the corrupt run; eap-ig: averaged over 4 runs whose
+embedding goes from corrupt to clean, midpoints). Every edge of the graph
+is compared.
 Tolerance: |anatomy - pytorch| <= 1e-4.
 Usage: test_causal_parity.py ANATOMY_EXECUTABLE
 """
@@ -31,6 +39,7 @@ import sys
 import tempfile
 
 import torch
+import torch.nn.functional as F
 
 import safetensors_io
 import test_hook_parity as gpt
@@ -130,6 +139,76 @@ def ig(model, clean, corrupt, steps):
     return grid
 
 
+def split_forward(model, ids, embed=None):
+    """The GPT's forward with split inputs. Returns the metric, the upstream
+    outputs {name: (B, T, C)} and the downstream input copies {(to, via): tensor}
+    (each kept with retain_grad)."""
+    x = model.embed_weight[ids] + model.embed_pos[: ids.shape[1]] if embed is None else embed
+    ups, downs = {"embed": x}, {}
+    d = gpt.C // gpt.H
+    for l, blk in enumerate(model.blocks, start=1):
+        copies = x.unsqueeze(2).repeat(1, 1, 3 * gpt.H, 1)
+        if copies.requires_grad:
+            copies.retain_grad()
+        a = blk.attn
+        w, bias = a.qkv.weight.view(3, gpt.H, d, gpt.C), a.qkv.bias.view(3, gpt.H, d)
+        heads = []
+        for r, role in enumerate("qkv"):
+            for h in range(gpt.H):
+                downs[(f"blocks.{l} head {h + 1}", role)] = (copies, r * gpt.H + h)
+                heads.append(F.linear(blk.ln1(copies[:, :, r * gpt.H + h]), w[r, h], bias[r, h]))
+        q, k, v = (torch.stack(heads[r * gpt.H:(r + 1) * gpt.H], 2) for r in range(3))
+        t = ids.shape[1]
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        z = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v)
+        result = torch.einsum("bqhd,chd->bqhc", z, a.proj.weight.view(gpt.C, gpt.H, d))
+        for h in range(gpt.H):
+            ups[f"blocks.{l} head {h + 1}"] = result[:, :, h]
+        x = x + result.sum(2) + a.proj.bias
+        mlp_in = x.clone()
+        if mlp_in.requires_grad:
+            mlp_in.retain_grad()
+        downs[(f"blocks.{l} mlp", None)] = (mlp_in, None)
+        out = blk.mlp(blk.ln2(mlp_in))
+        ups[f"blocks.{l} mlp"] = out
+        x = x + out
+    final = x.clone()
+    if final.requires_grad:
+        final.retain_grad()
+    downs[("logits", None)] = (final, None)
+    return metric(model.head(model.ln_f(final))), ups, downs
+
+
+def eap(model, clean, corrupt, steps=None):
+    """{(from, to, via): score} for every edge, in anatomy's order of nodes."""
+    with torch.no_grad():
+        _, up_clean, _ = split_forward(model, clean)
+        _, up_corrupt, _ = split_forward(model, corrupt)
+    alphas = [0.0] if steps is None else [(k + 0.5) / steps for k in range(steps)]
+    grads = {}
+    for alpha in alphas:
+        embed = None if alpha == 0 else (up_corrupt["embed"] + alpha * (up_clean["embed"] - up_corrupt["embed"])).requires_grad_(True)
+        model.zero_grad()
+        m, _, downs = split_forward(model, corrupt, embed)
+        m.backward()
+        for key, (t, slot) in downs.items():
+            g = t.grad if slot is None else t.grad[:, :, slot]
+            grads[key] = grads.get(key, 0) + g / len(alphas)
+    order = list(up_clean)  # embed, then each layer's heads and MLP
+    stage = {name: i for i, name in enumerate(order)}
+    scores = {}
+    for (to, via), g in grads.items():
+        if to == "logits":
+            last = len(order)
+        else:
+            layer = int(to.split()[0].split(".")[1])
+            last = stage[f"blocks.{layer} head 1"] if via else stage[f"blocks.{layer} mlp"]
+        for name in order[:last]:
+            scores[(name, to, via)] = ((up_clean[name] - up_corrupt[name]) * g).sum().item()
+    return scores
+
+
 def path_patch(model, clean, corrupt, senders, receivers, via):
     _, c_clean = gpt.capture(model, clean)
     _, c_corrupt = gpt.capture(model, corrupt)
@@ -196,11 +275,18 @@ def main():
         "atpstar_q_position": atp_star(model, clean, corrupt, "q", "position"),
         "ig_resid_pre_layer": ig(model, clean, corrupt, 4),
     }
+    edge_keys = None
+    for name, steps in (("eap", None), ("eap_ig", 4)):
+        scores = eap(model, clean, corrupt, steps)
+        edge_keys = edge_keys or sorted(scores, key=lambda k: (k[0], k[1], k[2] or ""))
+        want[name] = [[scores[k] for k in edge_keys]]
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = os.path.join(tmp, "in.safetensors"), os.path.join(tmp, "out.safetensors")
         tensors = gpt.state_dict(model)
         tensors["input.clean"], tensors["input.corrupt"] = clean + 1, corrupt + 1
         safetensors_io.save(inp, tensors)
+        with open(os.path.join(tmp, "edges.txt"), "w") as f:
+            f.writelines(f"{a}\t{b}\t{c or ''}\n" for a, b, c in edge_keys)
         proc = subprocess.run([exe, "--threads=1", os.path.join(here, "causal_parity.lua"), inp, out], capture_output=True, text=True)
         if proc.returncode != 0:
             print("FAIL  anatomy failed\n%s%s" % (proc.stdout, proc.stderr))
@@ -208,6 +294,8 @@ def main():
             return 1
         got, _ = safetensors_io.load(out)
     got["path"] = got["path"].reshape(1, -1)
+    for name in ("eap", "eap_ig"):
+        got[name] = got[name].reshape(1, -1)
     failed, worst = [], 0.0
     for name, w in want.items():
         w = torch.tensor(w, dtype=torch.float64)

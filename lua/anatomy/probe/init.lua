@@ -15,6 +15,7 @@
 --   patching.lua       activation patching over layers, heads, positions; path patching
 --   runs.lua           what the patching calls share: id pairs, points per layer, metrics, the grid Result
 --   attribute.lua      patching estimated from gradients: AtP, AtP*, integrated gradients
+--   edges.lua          edge attribution (EAP, EAP-IG): a graph of scored edges between components
 --   prompt.lua         test_prompt: a prompt's answer, its rank and probability
 --   steer.lua          steering vectors
 local points = require('anatomy.probe.points')

@@ -264,5 +264,6 @@ end
 
 -- the estimates from gradients: attribution patching (attribute.lua) and edge attribution (edges.lua)
 patching.attribute = require('anatomy.probe.attribute').attribute
+patching.edges = require('anatomy.probe.edges').edges
 
 return patching

@@ -1,11 +1,12 @@
 -- charts: inline SVG charts for the HTML reports (bars, signed bars, lines,
 -- standalone line charts for sweeps; heatmaps and attention thumbnails from
--- render/heatmap.lua, the parts they share from render/svg.lua). Every chart
+-- render/heatmap.lua, component graphs from render/graph.lua, the parts they share from render/svg.lua). Every chart
 -- carries data-points (how many values it draws), so a test can see that it
 -- has data. No scripts, nothing fetched.
 local format = require('anatomy.render.format')
 local svg = require('anatomy.render.svg')
 local heatmap = require('anatomy.render.heatmap')
+local graph = require('anatomy.render.graph')
 local charts = {}
 
 local palette = svg.palette
@@ -27,6 +28,8 @@ charts.nice_ticks = svg.nice_ticks
 -- charts.heatmap and charts.attention_map: render/heatmap.lua
 charts.heatmap = heatmap.heatmap
 charts.attention_map = heatmap.attention_map
+-- charts.graph: render/graph.lua (components by layer and the edges between them)
+charts.graph = graph.graph
 
 -- The slots of a bar chart over pw pixels from L: for label i, its slot's
 -- left edge x and width bw; bar(i, v, x, bw) draws each finite value,
