@@ -346,6 +346,10 @@ test('patching.attribute: atp, atp* and ig near exact patching, the parameters\'
   local e, a, s = (exact.grid - exact.corrupt):abs(), (atp.grid - exact.grid):abs(), (star.grid - exact.grid):abs()
   print(('  attn.k per head: |atp - exact| %.3g, |atp* - exact| %.3g (cells up to %.3g)'):format(a:max():item(), s:max():item(), e:max():item()))
   assert(s:sum():item() < a:sum():item(), 'the fix brings the estimate closer to exact patching')
+  -- an estimate is titled as one, in print and in the chart
+  H.raises_part(function() error(tostring(star)) end, 'attribution patching (atp*) of attn.k per head: the metric estimated')
+  assert(star:svg():find('Attribution patching (atp*): attn.k per head', 1, true), 'the chart says estimate')
+  assert(tostring(exact):find('^activation patching of attn.k'), 'exact patching keeps its title')
   -- ig over a whole layer is exact up to its steps' quadrature (completeness)
   local whole = patching.run(m, clean, corrupt, metric, {over = 'resid_pre'})
   local ig = patching.attribute(m, clean, corrupt, metric, {over = 'resid_pre', method = 'ig', steps = 32})

@@ -93,17 +93,27 @@ function Result:normalized()
   return (self.grid - self.corrupt) / span
 end
 
+-- What the grid holds: activation patching's measured metric, or the
+-- estimate of it (patching.attribute's method, with its steps).
+local function kind(r)
+  if not r.method then return 'activation patching', 'the metric with each part patched from clean into corrupt',
+    'the metric with that part of %s patched from the clean run' end
+  local m = r.method .. (r.steps and (', %d steps'):format(r.steps) or '')
+  return ('attribution patching (%s)'):format(m), 'the metric estimated with each part patched from clean into corrupt',
+    'the metric estimated from gradients with that part of %s patched from the clean run'
+end
+
 function Result:__tostring()
-  local title = ('activation patching of %s per %s: the metric with each part patched from clean into corrupt (clean %.4g, corrupt %.4g)'):format(
-    self.over, self.per, self.clean, self.corrupt)
+  local name, what = kind(self)
+  local title = ('%s of %s per %s: %s (clean %.4g, corrupt %.4g)'):format(name, self.over, self.per, what, self.clean, self.corrupt)
   return terminal.heatmap(title, self.rows, self.cols, self.values)
 end
 
 -- result:svg() -> the grid as a labelled heatmap (charts.heatmap)
 function Result:svg()
-  local note = ('metric: clean %.4g, corrupt %.4g; each cell: the metric with that part of %s patched from the clean run'):format(
-    self.clean, self.corrupt, self.over)
-  return charts.heatmap(('Activation patching: %s per %s'):format(self.over, self.per), self.rows, self.cols,
+  local name, _, cell = kind(self)
+  local note = ('metric: clean %.4g, corrupt %.4g; each cell: ' .. cell):format(self.clean, self.corrupt, self.over)
+  return charts.heatmap(('%s: %s per %s'):format(name:gsub('^%l', string.upper), self.over, self.per), self.rows, self.cols,
     self.values, false, note)
 end
 
@@ -119,7 +129,7 @@ function Result:report(path)
     for _, v in ipairs(self.values[i]) do tds[#tds + 1] = ('<td>%.4g</td>'):format(v) end
     body[#body + 1] = table.concat(tds) .. '</tr>'
   end
-  local html = page.new('Activation patching', self:svg() ..
+  local html = page.new((kind(self):gsub('^%l', string.upper)), self:svg() ..
     '<table><thead>' .. table.concat(head) .. '</tr></thead><tbody>' .. table.concat(body) .. '</tbody></table>')
   return fs.write_atomic(path, html)
 end
