@@ -291,7 +291,7 @@ r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d.
   .. 'replaced, with the log-probability of the right token as the metric. On the r\' r corruption (right logit) AtP* against exact patching '
   .. 'has Spearman %.3f, top 3 %s vs %s: the previous-token heads there restore nothing, and the order of near-zero cells is noise. '
   .. 'AtP* gets the order of the circuit\'s heads, not their size: its estimate is %.2f to %.2f of the exact share (linear in the '
-  .. 'gradient at the corrupt run, where the induction heads\' softmax barely moves). '
+  .. 'output of each head, from the gradient at the corrupt run). '
   .. 'Edge scores in brackets: plain EAP (the gradient on the corrupt run alone), which sees the same edges far weaker (the induction heads\' '
   .. 'softmax is saturated there).'):format(
   cfg.steps, cfg.lr, cfg.batch, T, cfg.min_run, cfg.max_run, V, cfg.dim, cfg.heads, cfg.ffn, cfg.eval_batch, n, n_dla,
@@ -306,8 +306,25 @@ r:note('Per head: induction and previous-token scores (mean attention), the loss
   {'head', 'induction', 'previous token', 'loss ablated', "patching r' r", "AtP* r' r", 'patching every other', 'AtP* every other', 'DLA'}, per_head))
 print('\n' .. tostring(r))
 patched:report(cfg.out .. '/patching.html')
--- the grids side by side (one colour scale each) and the pruned edge graph, on one page
+-- the two grids as shares restored (one colour scale each) and the pruned edge graph: on one page, and each as an SVG file
 local page = require('anatomy.render.page')
-require('anatomy.io.fs').write_atomic(cfg.out .. '/attribution.html', page.new('Attribution patching and edge attribution',
-  exact:svg() .. estimated:svg() .. graph:prune{top = 20}:svg()))
+local charts = require('anatomy.render.charts')
+local Figure = require('anatomy.render.figure')
+local function share_map(title, result)
+  local note = ('share of the way from the corrupt run (0) to the clean one (1); clean %.4g, corrupt %.4g'):format(result.clean, result.corrupt)
+  return Figure.new(title, charts.heatmap(title, result.rows, result.cols, result:normalized():tolist(), false, {note = note, value = 'share'}),
+    tostring(result))
+end
+local pruned = graph:prune{top = 20}
+local figures = {
+  share_map('Exact patching of attn.z per head (every other first-copy token replaced)', exact),
+  share_map('AtP* estimate of the same grid (two forwards, one backward)', estimated),
+  Figure.new('Edge attribution (EAP-IG, 8 steps), the 20 largest edges', pruned:svg(), tostring(pruned)),
+}
+local html = {}
+for i, f in ipairs(figures) do
+  html[i] = f.html_figure
+  f:save(cfg.out .. '/' .. ({'patching_exact.svg', 'patching_atp.svg', 'edges.svg'})[i])
+end
+require('anatomy.io.fs').write_atomic(cfg.out .. '/attribution.html', page.new('Attribution patching and edge attribution', table.concat(html)))
 r:save(cfg.out, {config = cfg})
