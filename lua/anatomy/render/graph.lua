@@ -80,11 +80,11 @@ function graph.graph(title, nodes, edges, opts)
     if p then
       local _, text = place(n, layers)
       parts[#parts + 1] = ('<rect x="%s" y="%s" width="%d" height="%d" rx="4" fill="#fff" stroke="#444" class="node"><title>%s</title></rect>'
-        .. '<text x="%s" y="%s" text-anchor="middle" class="nodelabel">%s</text>'):format(num(p.x - BOX_W / 2), num(p.y - BOX_H), BOX_W, BOX_H,
+        .. '<text x="%s" y="%s" text-anchor="middle" font-size="12" class="nodelabel">%s</text>'):format(num(p.x - BOX_W / 2), num(p.y - BOX_H), BOX_W, BOX_H,
         esc(n.name), num(p.x), num(p.y - BOX_H / 2 + 4), esc(text))
       if p.head then
         for via, dx in pairs(PORT) do
-          parts[#parts + 1] = ('<text x="%s" y="%s" text-anchor="middle" class="port">%s</text>'):format(num(p.x + dx), num(p.y + 10), via)
+          parts[#parts + 1] = ('<text x="%s" y="%s" text-anchor="middle" font-size="9" fill="#555" class="port">%s</text>'):format(num(p.x + dx), num(p.y + 10), via)
         end
       end
     end
