@@ -226,6 +226,18 @@ int module_keep_pattern(lua_State* L) {
   return 0;
 }
 
+// m:takes_cache() -> whether the block takes part in incremental decoding;
+// m:set_cache(on): starts (true) or drops (false) its key/value cache
+int module_takes_cache(lua_State* L) {
+  lua_pushboolean(L, check_native(L, 1)->takes_cache());
+  return 1;
+}
+
+int module_set_cache(lua_State* L) {
+  check_native(L, 1)->set_cache(lua_toboolean(L, 2));
+  return 0;
+}
+
 int module_pattern(lua_State* L) {
   push_tensor(L, check_native(L, 1)->pattern);
   return 1;
@@ -249,6 +261,8 @@ const luaL_Reg module_methods[] = {
     {"keep_pattern", guarded<module_keep_pattern>},
     {"hook_points", guarded<module_hook_points>},
     {"pattern", guarded<module_pattern>},
+    {"takes_cache", guarded<module_takes_cache>},
+    {"set_cache", guarded<module_set_cache>},
     {"to", guarded<module_to>},
     {nullptr, nullptr},
 };

@@ -63,6 +63,32 @@ const at::Tensor& cached_causal_mask(at::Tensor& cache, int64_t T, const at::Dev
   return cache;
 }
 
+// Incremental decoding: k and v (B, heads, T, D) become the cache's keys and
+// values followed by theirs, which the cache then holds.
+void append_to_cache(at::Tensor& past_k, at::Tensor& past_v, at::Tensor& k, at::Tensor& v) {
+  if (past_k.defined()) {
+    if (past_k.size(0) != k.size(0))
+      throw InputError("the key/value cache holds a batch of " + std::to_string(past_k.size(0)) + ", this input has " +
+                       std::to_string(k.size(0)) + " (start a new cache)");
+    k = at::cat({past_k, k}, 2);
+    v = at::cat({past_v, v}, 2);
+  }
+  past_k = k, past_v = v;
+}
+
+// Which of Tk keys each of the last T of Tk positions attends to: key j from
+// query i when j <= Tk - T + i (and, with a window, Tk - T + i - j < window).
+// Undefined when every query sees every key (one new position, no window).
+at::Tensor cached_allowed(int64_t T, int64_t Tk, bool causal, int64_t window, const at::Device& device) {
+  if ((!causal || T == 1) && window <= 0) return at::Tensor();
+  at::Tensor i = at::arange(Tk - T, Tk, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(1);
+  at::Tensor j = at::arange(Tk, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
+  at::Tensor allowed = at::ones({T, Tk}, at::TensorOptions().dtype(at::kBool).device(device));
+  if (causal) allowed = allowed & j.le(i);
+  if (window > 0) allowed = allowed & (i - j).lt(window);
+  return allowed;
+}
+
 }  // namespace
 
 
@@ -112,12 +138,13 @@ at::Tensor Embedding::forward(const at::Tensor& ids) {
   at::Tensor x = at::embedding(weight, ids - 1);
   if (pos_weight.defined()) {
     if (ids.dim() < 1) throw InputError("Embedding with positions expects ids of shape (B, T) or (T)");
-    int64_t T = ids.size(-1);
-    if (T > positions)
-      throw InputError("sequence length " + std::to_string(T) + " exceeds the " + std::to_string(positions) +
+    int64_t T = ids.size(-1), first = caching ? past : 0;
+    if (first + T > positions)
+      throw InputError("sequence length " + std::to_string(first + T) + " exceeds the " + std::to_string(positions) +
                        " learned positions");
-    x = x + pos_weight.narrow(0, 0, T);
+    x = x + pos_weight.narrow(0, first, T);
   }
+  if (caching) past += ids.dim() >= 1 ? ids.size(-1) : 0;
   return x;
 }
 
@@ -226,6 +253,7 @@ at::Tensor Attention::forward(const at::Tensor& x) {
   require_btc(x, dim, "Attention");
   const int64_t B = x.size(0), T = x.size(1), C = dim, H = heads, D = C / H;
   auto parts = qkv->forward(x).split(C, -1);  // q, k, v: (B, T, C)
+  if (caching) return forward_cached(parts[0], parts[1], parts[2]);
   if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
     auto split_heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
     at::Tensor y = compat::fused_attention(split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), at::Tensor(), causal);
@@ -239,6 +267,29 @@ at::Tensor Attention::forward(const at::Tensor& x) {
   // copy would be 25 MiB more of fresh memory per layer
   at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
   if (causal) att.masked_fill_(cached_causal_mask(mask_, T, x.device()), -std::numeric_limits<double>::infinity());
+  att = at_hook("scores", att);
+  att = at_hook("pattern", at::softmax(att, -1));
+  if (keep_pattern) pattern = pattern_grad ? att : att.detach();
+  at::Tensor z = at::matmul(att, v).transpose(1, 2);  // (B, T, H, D)
+  if (!hook) return proj->forward(z.reshape({B, T, C}));
+  return project_heads(*proj, at_hook("z", z), hook, wants("result"));
+}
+
+// forward while caching: x's positions follow the cached ones; q, k, v
+// (B, T, C) through their hooks for these positions only; scores and pattern
+// (B, H, T, past + T).
+at::Tensor Attention::forward_cached(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
+  const int64_t B = q_in.size(0), T = q_in.size(1), C = dim, H = heads, D = C / H;
+  auto heads_of = [&](const char* name, const at::Tensor& t) { return at_hook(name, t.view({B, T, H, D})).transpose(1, 2); };
+  at::Tensor q = heads_of("q", q_in), k = heads_of("k", k_in), v = heads_of("v", v_in);
+  append_to_cache(past_k, past_v, k, v);
+  at::Tensor allowed = cached_allowed(T, k.size(2), causal, 0, q.device());
+  if (!keep_pattern && !hook) {
+    at::Tensor y = compat::fused_attention(q, k, v, allowed, false);
+    if (y.defined()) return proj->forward(y.transpose(1, 2).reshape({B, T, C}));
+  }
+  at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
+  if (allowed.defined()) att.masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   att = at_hook("scores", att);
   att = at_hook("pattern", at::softmax(att, -1));
   if (keep_pattern) pattern = pattern_grad ? att : att.detach();
@@ -297,18 +348,22 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   at::Tensor qh = at_hook("q", q->forward(x).view({B, T, H, D})).transpose(1, 2);
   at::Tensor kh = at_hook("k", k->forward(x).view({B, T, KV, D})).transpose(1, 2);
   at::Tensor vh = at_hook("v", v->forward(x).view({B, T, KV, D})).transpose(1, 2);
-  if (!cos_.defined() || cos_.size(0) != T || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
+  // while caching, these positions follow the cached ones
+  const int64_t first = caching && past_k.defined() ? past_k.size(2) : 0;
+  at::Tensor cos = cos_, sin = sin_;
+  if (first > 0 || !cos_.defined() || cos_.size(0) != T || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
     // angles in float32 as transformers computes them, then cast to x's dtype
-    at::Tensor pos = at::arange(T, at::TensorOptions().dtype(at::kFloat));
+    at::Tensor pos = at::arange(first, first + T, at::TensorOptions().dtype(at::kFloat));
     at::Tensor freqs = at::outer(pos, inv_freq.to(at::kFloat));  // (T, R/2)
     at::Tensor emb = at::cat({freqs, freqs}, -1);                 // (T, R)
-    cos_ = emb.cos().to(x.device(), x.scalar_type());
-    sin_ = emb.sin().to(x.device(), x.scalar_type());
+    cos = emb.cos().to(x.device(), x.scalar_type());
+    sin = emb.sin().to(x.device(), x.scalar_type());
+    if (first == 0) cos_ = cos, sin_ = sin;
   }
   auto rotate = [&](const at::Tensor& t) {
     at::Tensor r = R == D ? t : t.narrow(-1, 0, R);
     at::Tensor half1 = r.narrow(-1, 0, R / 2), half2 = r.narrow(-1, R / 2, R / 2);
-    at::Tensor rotated = r * cos_ + at::cat({-half2, half1}, -1) * sin_;
+    at::Tensor rotated = r * cos + at::cat({-half2, half1}, -1) * sin;
     return R == D ? rotated : at::cat({rotated, t.narrow(-1, R, D - R)}, -1);
   };
   qh = rotate(qh);
@@ -316,6 +371,11 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   if (hook) {
     qh = at_hook("rot_q", qh.transpose(1, 2)).transpose(1, 2);
     kh = at_hook("rot_k", kh.transpose(1, 2)).transpose(1, 2);
+  }
+  at::Tensor allowed_cached;
+  if (caching) {
+    append_to_cache(past_k, past_v, kh, vh);
+    allowed_cached = cached_allowed(T, kh.size(2), options.causal(), options.sliding_window(), x.device());
   }
   if (KV != H) {
     kh = kh.repeat_interleave(H / KV, 1);
@@ -332,17 +392,19 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
     }
   };
   if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
-    at::Tensor allowed;
-    if (options.sliding_window() > 0) {
+    at::Tensor allowed = allowed_cached;
+    if (!caching && options.sliding_window() > 0) {
       make_mask();
       allowed = mask_.logical_not();
     }
-    at::Tensor y = compat::fused_attention(qh, kh, vh, allowed, options.causal());
+    at::Tensor y = compat::fused_attention(qh, kh, vh, allowed, options.causal() && !caching);
     if (y.defined()) return o->forward(y.transpose(1, 2).reshape({B, T, H * D}));
   }
-  // (B, H, T, T), scaled and masked in place (as in Attention::forward)
+  // (B, H, T, T) (while caching (B, H, T, past + T)), scaled and masked in place (as in Attention::forward)
   at::Tensor att = at::matmul(qh, kh.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
-  if (options.causal() || options.sliding_window() > 0) {
+  if (caching) {
+    if (allowed_cached.defined()) att.masked_fill_(allowed_cached.logical_not(), -std::numeric_limits<double>::infinity());
+  } else if (options.causal() || options.sliding_window() > 0) {
     make_mask();
     att.masked_fill_(mask_, -std::numeric_limits<double>::infinity());
   }

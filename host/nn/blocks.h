@@ -146,6 +146,14 @@ class Native : public torch::nn::Module {
   /// The block's hook points, in the order forward reaches them.
   virtual std::vector<std::string> hook_points() const { return {}; }
 
+  /// Incremental decoding (generation with a key/value cache). A block that
+  /// takes part overrides both: set_cache(true) starts an empty cache,
+  /// set_cache(false) drops it; while it is on, forward(x) reads x as the
+  /// positions after those it has already seen (attention keeps their keys
+  /// and values and attends to them too; a position table goes on counting).
+  virtual bool takes_cache() const { return false; }
+  virtual void set_cache(bool on) { (void)on; }
+
  protected:
   /// t through the hook (t itself when none is set).
   at::Tensor at_hook(const char* name, const at::Tensor& t) const { return hook ? hook(name, t) : t; }
@@ -171,8 +179,14 @@ class Embedding : public Native {
   at::Tensor forward(const at::Tensor& ids) override;
   std::string kind() const override { return "Embedding"; }
   std::string describe() const override;
+  bool takes_cache() const override { return true; }
+  void set_cache(bool on) override { caching = on, past = 0; }
   int64_t num_embeddings, embedding_dim, positions;
   at::Tensor weight, pos_weight;
+
+ private:
+  bool caching = false;
+  int64_t past = 0;  // positions seen while caching
 };
 
 /// LayerNorm over the last dimension with learnable weight and bias.
@@ -233,12 +247,17 @@ class Attention : public Native {
   std::string kind() const override { return "Attention"; }
   std::string describe() const override;
   std::vector<std::string> hook_points() const override { return {"q", "k", "v", "scores", "pattern", "z", "result"}; }
+  bool takes_cache() const override { return true; }
+  void set_cache(bool on) override { caching = on, past_k = at::Tensor(), past_v = at::Tensor(); }
   int64_t dim, heads;
   bool causal;
   std::shared_ptr<Linear> qkv, proj;
 
  private:
+  at::Tensor forward_cached(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
   at::Tensor mask_;  // the causal mask for the last length seen
+  bool caching = false;
+  at::Tensor past_k, past_v;  // (B, H, past, D) while caching
 };
 
 /// Parameter-free attention: softmax(mask(x xᵀ / √C)) x. One head.
@@ -266,6 +285,8 @@ class RoPEAttention : public Native {
   std::string kind() const override { return "RoPEAttention"; }
   std::string describe() const override;
   std::vector<std::string> hook_points() const override { return {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"}; }
+  bool takes_cache() const override { return true; }
+  void set_cache(bool on) override { caching = on, past_k = at::Tensor(), past_v = at::Tensor(); }
   RoPEAttentionOptions options;
   int64_t head_dim, rotary_dim;
   std::shared_ptr<Linear> q, k, v, o;
@@ -274,6 +295,8 @@ class RoPEAttention : public Native {
 
  private:
   at::Tensor cos_, sin_, mask_;  // for the last length, device and dtype seen
+  bool caching = false;
+  at::Tensor past_k, past_v;  // (B, kv_heads, past, D), rotated, while caching
 };
 
 /// SwiGLU MLP (Llama): down(silu(gate(x)) * up(x)).

@@ -2,6 +2,8 @@
 -- that maps token ids (B, T) to logits (B, T, V) (model:generate in
 -- nn/Module.lua), and sample(corpus, model, prompt, opts) for text in and
 -- text out (corpus:sample in data.lua).
+local options = require('anatomy.torch.options')
+local nn = require('anatomy.nn')
 local generate = {}
 
 -- The next-token distribution's sample from logits (B, V).
@@ -15,38 +17,107 @@ local function draw(logits, temperature, top_k)
   return logits:softmax(-1):multinomial(1)               -- (B, 1), 1-based ids
 end
 
--- generate.generate(model, ids, {max_new = 200, temperature = 1.0, top_k = nil, seed = nil})
+-- The option values generate takes, checked when given.
+local function check_options(opts, where)
+  opts = options.check(opts, {'max_new', 'temperature', 'top_k', 'seed', 'kv_cache', 'return_cache'}, where, 4)
+  local function integer(key, low)
+    local v = opts[key]
+    if v ~= nil and (type(v) ~= 'number' or v % 1 ~= 0 or v < low) then
+      error(('%s: %s must be an integer >= %d, got %s'):format(where, key, low, tostring(v)), 4)
+    end
+  end
+  integer('max_new', 0)
+  integer('top_k', 1)
+  local t = opts.temperature
+  if t ~= nil and (type(t) ~= 'number' or t ~= t or t < 0 or t == math.huge) then
+    error(('%s: temperature must be a finite number >= 0, got %s'):format(where, tostring(t)), 4)
+  end
+  if opts.kv_cache ~= nil and type(opts.kv_cache) ~= 'boolean' then
+    error(('%s: kv_cache must be true or false, got %s'):format(where, tostring(opts.kv_cache)), 4)
+  end
+  local rc = opts.return_cache
+  if rc ~= nil and type(rc) ~= 'boolean' and type(rc) ~= 'table' and type(rc) ~= 'string' then
+    error(('%s: return_cache must be true, a glob or a list of globs, got %s'):format(where, type(rc)), 4)
+  end
+  return opts
+end
+
+-- (Errors name the caller of model:generate, through which this is called.)
+-- generate.generate(model, ids, {max_new = 200, temperature = 1.0, top_k =
+-- nil, seed = nil, kv_cache, return_cache}) -> ids[, steps]
 -- ids: (B, T) or (T) int64 prompt; returns the prompt followed by max_new
 -- sampled tokens. The context is cropped to the model's seq (its position
 -- table). temperature = 0 picks the most likely token.
+-- kv_cache: the model reads only each step's new token, its attention
+-- keeping the keys and values of the positions before (model:kv_cacheable();
+-- unset: used when the model can, true: an error when it cannot, false:
+-- the whole context every step). Past the model's seq the context is
+-- cropped, and the cache dropped (cropping moves every position).
+-- Probes and interventions act at every step: on the new position alone
+-- with the cache, on the whole context without. return_cache = true (or
+-- globs, as run_with_cache's filter): also each step's activations, a list
+-- of caches (steps[1]: the prompt's positions; with the cache each later
+-- step holds its one new position).
 function generate.generate(self, ids, opts)
-  opts = opts or {}
+  local where = 'generate'
+  opts = check_options(opts, where)
   local squeeze = ids:dim() == 1
   if squeeze then ids = ids:unsqueeze(1) end
   -- the prompt goes where the model is (a corpus encodes on the CPU)
   if ids.device ~= self:device() then ids = ids:to(self:device()) end
   if opts.seed then torch.manual_seed(opts.seed) end
-  local seq = self:context() or ids:size(2)
+  local seq = self:context() or math.huge
+  local stateful = rawget(self, 'step') ~= nil or self.step ~= nil
+  local cached = false
+  if not stateful and opts.kv_cache ~= false then
+    local ok, why = self:kv_cacheable()
+    if opts.kv_cache == true and not ok then error(('%s: kv_cache = true, but %s'):format(where, why), 3) end
+    cached = ok
+  elseif stateful and opts.kv_cache == true then
+    error(('%s: kv_cache = true, but %s runs as an RNN (its state is its cache)'):format(where, nn.typename(self)), 3)
+  end
+  local filter = opts.return_cache
+  if filter == true then filter = nil end
+  local steps = opts.return_cache and opts.return_cache ~= false and {} or nil
+  local Cache = steps and require('anatomy.probe.cache')  -- here, not at the top: probe's cache reaches data through render/page
   local was_training = self.training
   self:eval()
-  local stateful = rawget(self, 'step') ~= nil or self.step ~= nil
-  local state
-  torch.no_grad(function()
+  local state, fed = nil, 0  -- fed: the positions the cache holds
+  if cached then self:kv_cache(true) end
+  local ok, err = pcall(torch.no_grad, function()
     for _ = 1, opts.max_new or 200 do
-      local context = ids:size(2) > seq and ids:narrow(2, ids:size(2) - seq + 1, seq) or ids
+      if cached and ids:size(2) > seq then  -- cropping from here on: every position moves, the cache cannot follow
+        self:kv_cache(false)
+        cached = false
+      end
+      local context
+      if cached then context = ids:narrow(2, fed + 1, ids:size(2) - fed)
+      else context = ids:size(2) > seq and ids:narrow(2, ids:size(2) - seq + 1, seq) or ids end
       local last
       if stateful then
         last, state = self:step(context, state)
       else
-        local logits = self(context)                       -- (B, T, V)
+        local logits
+        if steps then
+          local step_cache
+          logits, step_cache = Cache.run_with_cache(self, context, {filter = filter})
+          steps[#steps + 1] = step_cache
+        else
+          logits = self(context)                             -- (B, T, V)
+        end
         last = logits:select(2, logits:size(2))
       end
+      if cached then fed = ids:size(2) end
       local next_id = draw(last, opts.temperature or 1.0, opts.top_k)
       ids = torch.cat({ids, next_id:long()}, 2)
     end
   end)
+  if cached then self:kv_cache(false) end
   self:train(was_training)
-  return squeeze and ids:squeeze(1) or ids
+  if not ok then error(err, 0) end
+  ids = squeeze and ids:squeeze(1) or ids
+  if steps then return ids, steps end
+  return ids
 end
 
 -- generate.sample(corpus, model, prompt, opts) -> the prompt and its continuation, as text

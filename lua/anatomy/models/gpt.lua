@@ -58,6 +58,8 @@ local GPT = nn.block('models.GPT', function(self, cfg)
   self.head = nn.Linear(cfg.dim, cfg.vocab)
 end)
 models.GPT = GPT
+-- cached generation: the attention keeps its keys and values, the embedding counts the positions
+GPT.incremental = true
 
 -- ids (B, T) int64, 1-based -> logits (B, T, V)
 function GPT:forward(ids)

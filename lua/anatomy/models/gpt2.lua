@@ -67,17 +67,24 @@ models.GPT2 = GPT2
 GPT2.hf_prefix = 'transformer.'
 
 -- The hidden state the first block reads: token plus position embeddings.
+-- While caching (model:kv_cache), the positions go on from those already seen.
 function GPT2:embed(ids)
   local T = ids:size(-1)
-  if T > self.config.positions then
-    error(('models.GPT2: %d tokens exceed the %d learned positions'):format(T, self.config.positions), 2)
+  local first = rawget(self, '_past') or 0
+  if first + T > self.config.positions then
+    error(('models.GPT2: %d tokens exceed the %d learned positions'):format(first + T, self.config.positions), 2)
   end
   local tokens = self.wte(ids)
+  if rawget(self, '_past') then rawset(self, '_past', first + T) end
   -- the position rows, published as the model's hook point pos_embed
   -- (TransformerLens's hook_pos_embed), (B, T, C) as the token part is
-  return tokens + self:hook('pos_embed', self.wpe.weight:narrow(1, 1, T):expand(unpack(tokens:size())))
+  return tokens + self:hook('pos_embed', self.wpe.weight:narrow(1, first + 1, T):expand(unpack(tokens:size())))
 end
 GPT2.hook_names = {'pos_embed'}
+-- cached generation: the attention keeps its keys and values, the position count is here
+GPT2.incremental = true
+-- m:set_cache(on): starts (true) or stops (false) counting the positions embed has seen (model:kv_cache)
+function GPT2:set_cache(on) rawset(self, '_past', on and 0 or nil) end
 pretrained.decoder(GPT2, {embed = 'wte', stack = 'h', norm = 'ln_f', head = 'lm_head'})
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)

@@ -71,6 +71,8 @@ end)
 models.GPTNeoX = GPTNeoX
 
 pretrained.decoder(GPTNeoX, {embed = 'embed_in', stack = 'blocks', norm = 'final_layer_norm', head = 'embed_out'})
+-- cached generation: the rotary attention keeps its keys and values and counts the positions
+GPTNeoX.incremental = true
 GPTNeoX.hf_stack = {'blocks', 'gpt_neox.layers'}
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)

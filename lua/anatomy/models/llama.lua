@@ -74,6 +74,8 @@ end)
 models.Llama = Llama
 
 pretrained.decoder(Llama, {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'})
+-- cached generation: the rotary attention keeps its keys and values and counts the positions
+Llama.incremental = true
 Llama.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)

@@ -234,12 +234,48 @@ function Module:layers()
   return out
 end
 
--- m:generate(ids, {max_new = 200, temperature = 1.0, top_k, seed}) -> the
--- prompt ids followed by sampled ones, for a module from ids (B, T) to logits
--- (B, T, V); a stateful model runs as an RNN (lua/anatomy/data/generate.lua).
+-- m:generate(ids, {max_new = 200, temperature = 1.0, top_k, seed, kv_cache,
+-- return_cache}) -> the prompt ids followed by sampled ones (and, with
+-- return_cache, each step's activations), for a module from ids (B, T) to
+-- logits (B, T, V); a stateful model runs as an RNN
+-- (lua/anatomy/data/generate.lua).
 function Module:generate(ids, opts)
-  local out = require('anatomy.data.generate').generate(self, ids, opts)  -- lazy: data and models build on nn
-  return out
+  local out, steps = require('anatomy.data.generate').generate(self, ids, opts)  -- lazy: data and models build on nn
+  return out, steps
+end
+
+-- m:kv_cacheable() -> true, or false and why not: whether generation can
+-- feed the model only its new tokens under a key/value cache. The model's
+-- class declares that its forward reads positions only through blocks that
+-- take part (Class.incremental = true: models.gpt, GPT-2, Llama, GPT-NeoX),
+-- and every attention in it (a module publishing a 'pattern' hook point or
+-- with keep_pattern) takes part: a built-in one that keeps a cache, or a Lua block with
+-- set_cache(on) (docs/model.md, "Cached generation").
+function Module:kv_cacheable()
+  if not self.incremental then
+    return false, ('%s does not declare incremental decoding (its class sets incremental = true when its forward can take '
+      .. 'only the new tokens)'):format(nn.typename(self))
+  end
+  for name, m in self:named_modules() do
+    local attention = type(m.keep_pattern) == 'function'
+    for _, p in ipairs(m:hook_points()) do attention = attention or p == 'pattern' end
+    if attention then
+      if type(m.set_cache) ~= 'function' then
+        return false, ('%s (%s) is an attention without set_cache(on)'):format(nn.typename(m), name)
+      end
+      if m.takes_cache and not m:takes_cache() then return false, ('%s (%s) keeps no key/value cache'):format(nn.typename(m), name) end
+    end
+  end
+  return true
+end
+
+-- m:kv_cache(on): every block of the model that takes part in cached
+-- generation starts (true) or drops (false) its cache; while on, the model
+-- reads each input as the positions after those it has seen.
+function Module:kv_cache(on)
+  for _, m in self:named_modules() do
+    if type(m.set_cache) == 'function' and (not m.takes_cache or m:takes_cache()) then m:set_cache(on and true or false) end
+  end
 end
 
 -- m:context() -> the longest sequence the model takes: config.seq when it

@@ -40,6 +40,14 @@ function Native:forward(x)
 end
 -- m:hook_points() -> the names of the hook points the built-in block publishes (from C++)
 function Native:hook_points() return self._native:hook_points() end
+-- m:set_cache(on): the built-in block's part in cached generation (model:kv_cache); a
+-- block that keeps no cache (nn.VibeAttention) is an error
+function Native:set_cache(on)
+  if not self._native:takes_cache() then error(('%s keeps no key/value cache'):format(nn.typename(self)), 2) end
+  self._native:set_cache(on)
+end
+-- m:takes_cache() -> whether the built-in block takes part in cached generation (from C++)
+function Native:takes_cache() return self._native:takes_cache() end
 -- The block's settings as print(model) shows them (from C++)
 function Native:extra_repr() return self._native:describe() end
 function Native:_set_training(mode) self._native:train(mode) end
