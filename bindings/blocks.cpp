@@ -238,6 +238,26 @@ int module_set_cache(lua_State* L) {
   return 0;
 }
 
+// m:takes_mask() -> whether the block reads a padding mask; m:set_mask(mask
+// or nil): mask (B, T) bool or int64, true (1) at real tokens
+int module_takes_mask(lua_State* L) {
+  lua_pushboolean(L, check_native(L, 1)->takes_mask());
+  return 1;
+}
+
+int module_set_mask(lua_State* L) {
+  NativePtr& b = check_native(L, 1);
+  if (lua_isnoneornil(L, 2)) {
+    b->set_mask(at::Tensor());
+    return 0;
+  }
+  const at::Tensor& mask = check_tensor(L, 2);
+  if (mask.dim() != 2 || (mask.scalar_type() != at::kBool && mask.scalar_type() != at::kLong))
+    throw ArgError(2, "the attention mask must be (B, T) bool or int64");
+  b->set_mask(mask.to(at::kBool));
+  return 0;
+}
+
 int module_pattern(lua_State* L) {
   push_tensor(L, check_native(L, 1)->pattern);
   return 1;
@@ -263,6 +283,8 @@ const luaL_Reg module_methods[] = {
     {"pattern", guarded<module_pattern>},
     {"takes_cache", guarded<module_takes_cache>},
     {"set_cache", guarded<module_set_cache>},
+    {"takes_mask", guarded<module_takes_mask>},
+    {"set_mask", guarded<module_set_mask>},
     {"to", guarded<module_to>},
     {nullptr, nullptr},
 };

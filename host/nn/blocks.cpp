@@ -89,6 +89,36 @@ at::Tensor cached_allowed(int64_t T, int64_t Tk, bool causal, int64_t window, co
   return allowed;
 }
 
+// The padding mask a block was given, against the positions it covers
+// (B, Tk): x's, and while caching the cached ones before them.
+void check_mask(const at::Tensor& mask, int64_t B, int64_t Tk, const char* what) {
+  if (mask.dim() != 2 || mask.size(0) != B || mask.size(1) != Tk)
+    throw InputError(std::string(what) + ": the attention mask is " + shape_string(mask.sizes()) + ", the input needs (" +
+                     std::to_string(B) + ", " + std::to_string(Tk) + ")");
+}
+
+// Position ids (B, T) of the last T of the mask's positions: how many real
+// tokens come before each (padding counts none, so left padding moves none).
+at::Tensor positions_of(const at::Tensor& mask, int64_t T) {
+  at::Tensor p = (mask.to(at::kLong).cumsum(1) - 1).clamp_min(0);
+  return p.narrow(1, p.size(1) - T, T);
+}
+
+// Which keys (B, 1, T, Tk) each of the last T of Tk positions attends to
+// under a padding mask: causally (and within the window) as without one,
+// never to a padded key, and always to itself: a padded query would see
+// nothing else, and a softmax over nothing is NaN (a padded position's
+// output is read by no real one, and no metric reads it).
+at::Tensor padded_allowed(const at::Tensor& mask, int64_t T, bool causal, int64_t window) {
+  const int64_t B = mask.size(0), Tk = mask.size(1);
+  auto opts = at::TensorOptions().dtype(at::kLong).device(mask.device());
+  at::Tensor i = at::arange(Tk - T, Tk, opts).unsqueeze(1), j = at::arange(Tk, opts).unsqueeze(0);
+  at::Tensor allowed = mask.to(at::kBool).view({B, 1, 1, Tk}).expand({B, 1, T, Tk});
+  if (causal) allowed = allowed & j.le(i);
+  if (window > 0) allowed = allowed & (i - j).lt(window);
+  return allowed | j.eq(i);
+}
+
 }  // namespace
 
 
@@ -142,7 +172,13 @@ at::Tensor Embedding::forward(const at::Tensor& ids) {
     if (first + T > positions)
       throw InputError("sequence length " + std::to_string(first + T) + " exceeds the " + std::to_string(positions) +
                        " learned positions");
-    x = x + pos_weight.narrow(0, first, T);
+    if (pad_mask.defined()) {  // each example's positions count its real tokens
+      if (ids.dim() != 2) throw InputError("Embedding with a padding mask expects ids of shape (B, T)");
+      check_mask(pad_mask, ids.size(0), first + T, "Embedding");
+      x = x + at::embedding(pos_weight, positions_of(pad_mask, T).to(ids.device()));
+    } else {
+      x = x + pos_weight.narrow(0, first, T);
+    }
   }
   if (caching) past += ids.dim() >= 1 ? ids.size(-1) : 0;
   return x;
@@ -253,7 +289,7 @@ at::Tensor Attention::forward(const at::Tensor& x) {
   require_btc(x, dim, "Attention");
   const int64_t B = x.size(0), T = x.size(1), C = dim, H = heads, D = C / H;
   auto parts = qkv->forward(x).split(C, -1);  // q, k, v: (B, T, C)
-  if (caching) return forward_cached(parts[0], parts[1], parts[2]);
+  if (caching || pad_mask.defined()) return forward_general(parts[0], parts[1], parts[2]);
   if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
     auto split_heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
     at::Tensor y = compat::fused_attention(split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), at::Tensor(), causal);
@@ -275,15 +311,21 @@ at::Tensor Attention::forward(const at::Tensor& x) {
   return project_heads(*proj, at_hook("z", z), hook, wants("result"));
 }
 
-// forward while caching: x's positions follow the cached ones; q, k, v
-// (B, T, C) through their hooks for these positions only; scores and pattern
-// (B, H, T, past + T).
-at::Tensor Attention::forward_cached(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
+// forward while caching or under a padding mask: x's positions follow the
+// cached ones; q, k, v (B, T, C) through their hooks for these positions
+// only; scores and pattern (B, H, T, past + T); no padded key attended to.
+at::Tensor Attention::forward_general(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
   const int64_t B = q_in.size(0), T = q_in.size(1), C = dim, H = heads, D = C / H;
   auto heads_of = [&](const char* name, const at::Tensor& t) { return at_hook(name, t.view({B, T, H, D})).transpose(1, 2); };
   at::Tensor q = heads_of("q", q_in), k = heads_of("k", k_in), v = heads_of("v", v_in);
-  append_to_cache(past_k, past_v, k, v);
-  at::Tensor allowed = cached_allowed(T, k.size(2), causal, 0, q.device());
+  if (caching) append_to_cache(past_k, past_v, k, v);
+  at::Tensor allowed;
+  if (pad_mask.defined()) {
+    check_mask(pad_mask, B, k.size(2), "Attention");
+    allowed = padded_allowed(pad_mask.to(q.device()), T, causal, 0);
+  } else {
+    allowed = cached_allowed(T, k.size(2), causal, 0, q.device());
+  }
   if (!keep_pattern && !hook) {
     at::Tensor y = compat::fused_attention(q, k, v, allowed, false);
     if (y.defined()) return proj->forward(y.transpose(1, 2).reshape({B, T, C}));
@@ -348,10 +390,17 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   at::Tensor qh = at_hook("q", q->forward(x).view({B, T, H, D})).transpose(1, 2);
   at::Tensor kh = at_hook("k", k->forward(x).view({B, T, KV, D})).transpose(1, 2);
   at::Tensor vh = at_hook("v", v->forward(x).view({B, T, KV, D})).transpose(1, 2);
-  // while caching, these positions follow the cached ones
+  // while caching, these positions follow the cached ones; under a padding mask each example's count its real tokens
   const int64_t first = caching && past_k.defined() ? past_k.size(2) : 0;
   at::Tensor cos = cos_, sin = sin_;
-  if (first > 0 || !cos_.defined() || cos_.size(0) != T || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
+  if (pad_mask.defined()) {
+    check_mask(pad_mask, B, first + T, "RoPEAttention");
+    at::Tensor pos = positions_of(pad_mask, T).to(at::kFloat);                        // (B, T)
+    at::Tensor freqs = pos.unsqueeze(-1) * inv_freq.to(at::kFloat).view({1, 1, -1});  // (B, T, R/2)
+    at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                       // (B, 1, T, R)
+    cos = emb.cos().to(x.device(), x.scalar_type());
+    sin = emb.sin().to(x.device(), x.scalar_type());
+  } else if (first > 0 || !cos_.defined() || cos_.size(0) != T || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
     // angles in float32 as transformers computes them, then cast to x's dtype
     at::Tensor pos = at::arange(first, first + T, at::TensorOptions().dtype(at::kFloat));
     at::Tensor freqs = at::outer(pos, inv_freq.to(at::kFloat));  // (T, R/2)
@@ -372,9 +421,13 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
     qh = at_hook("rot_q", qh.transpose(1, 2)).transpose(1, 2);
     kh = at_hook("rot_k", kh.transpose(1, 2)).transpose(1, 2);
   }
+  // while caching or under a padding mask: which of the keys each query sees
+  const bool general = caching || pad_mask.defined();
   at::Tensor allowed_cached;
-  if (caching) {
-    append_to_cache(past_k, past_v, kh, vh);
+  if (caching) append_to_cache(past_k, past_v, kh, vh);
+  if (pad_mask.defined()) {
+    allowed_cached = padded_allowed(pad_mask.to(x.device()), T, options.causal(), options.sliding_window());
+  } else if (caching) {
     allowed_cached = cached_allowed(T, kh.size(2), options.causal(), options.sliding_window(), x.device());
   }
   if (KV != H) {
@@ -393,16 +446,16 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   };
   if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
     at::Tensor allowed = allowed_cached;
-    if (!caching && options.sliding_window() > 0) {
+    if (!general && options.sliding_window() > 0) {
       make_mask();
       allowed = mask_.logical_not();
     }
-    at::Tensor y = compat::fused_attention(qh, kh, vh, allowed, options.causal() && !caching);
+    at::Tensor y = compat::fused_attention(qh, kh, vh, allowed, options.causal() && !general);
     if (y.defined()) return o->forward(y.transpose(1, 2).reshape({B, T, H * D}));
   }
   // (B, H, T, T) (while caching (B, H, T, past + T)), scaled and masked in place (as in Attention::forward)
   at::Tensor att = at::matmul(qh, kh.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
-  if (caching) {
+  if (general) {
     if (allowed_cached.defined()) att.masked_fill_(allowed_cached.logical_not(), -std::numeric_limits<double>::infinity());
   } else if (options.causal() || options.sliding_window() > 0) {
     make_mask();

@@ -154,6 +154,14 @@ class Native : public torch::nn::Module {
   virtual bool takes_cache() const { return false; }
   virtual void set_cache(bool on) { (void)on; }
 
+  /// Padding: mask (B, T) bool, true at real tokens and false at padding, or
+  /// undefined for none. A block that takes it overrides both: attention
+  /// attends to no padded key, and positions count real tokens only (left
+  /// padding moves none). While caching, it covers the cached positions and
+  /// the new ones.
+  virtual bool takes_mask() const { return false; }
+  virtual void set_mask(const at::Tensor& mask) { (void)mask; }
+
  protected:
   /// t through the hook (t itself when none is set).
   at::Tensor at_hook(const char* name, const at::Tensor& t) const { return hook ? hook(name, t) : t; }
@@ -181,12 +189,15 @@ class Embedding : public Native {
   std::string describe() const override;
   bool takes_cache() const override { return true; }
   void set_cache(bool on) override { caching = on, past = 0; }
+  bool takes_mask() const override { return true; }
+  void set_mask(const at::Tensor& mask) override { pad_mask = mask; }
   int64_t num_embeddings, embedding_dim, positions;
   at::Tensor weight, pos_weight;
 
  private:
   bool caching = false;
   int64_t past = 0;  // positions seen while caching
+  at::Tensor pad_mask;
 };
 
 /// LayerNorm over the last dimension with learnable weight and bias.
@@ -249,15 +260,18 @@ class Attention : public Native {
   std::vector<std::string> hook_points() const override { return {"q", "k", "v", "scores", "pattern", "z", "result"}; }
   bool takes_cache() const override { return true; }
   void set_cache(bool on) override { caching = on, past_k = at::Tensor(), past_v = at::Tensor(); }
+  bool takes_mask() const override { return true; }
+  void set_mask(const at::Tensor& mask) override { pad_mask = mask; }
   int64_t dim, heads;
   bool causal;
   std::shared_ptr<Linear> qkv, proj;
 
  private:
-  at::Tensor forward_cached(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+  at::Tensor forward_general(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
   at::Tensor mask_;  // the causal mask for the last length seen
   bool caching = false;
   at::Tensor past_k, past_v;  // (B, H, past, D) while caching
+  at::Tensor pad_mask;        // (B, past + T) while set
 };
 
 /// Parameter-free attention: softmax(mask(x xᵀ / √C)) x. One head.
@@ -287,6 +301,8 @@ class RoPEAttention : public Native {
   std::vector<std::string> hook_points() const override { return {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"}; }
   bool takes_cache() const override { return true; }
   void set_cache(bool on) override { caching = on, past_k = at::Tensor(), past_v = at::Tensor(); }
+  bool takes_mask() const override { return true; }
+  void set_mask(const at::Tensor& mask) override { pad_mask = mask; }
   RoPEAttentionOptions options;
   int64_t head_dim, rotary_dim;
   std::shared_ptr<Linear> q, k, v, o;
@@ -297,6 +313,7 @@ class RoPEAttention : public Native {
   at::Tensor cos_, sin_, mask_;  // for the last length, device and dtype seen
   bool caching = false;
   at::Tensor past_k, past_v;  // (B, kv_heads, past, D), rotated, while caching
+  at::Tensor pad_mask;        // (B, past + T) while set
 };
 
 /// SwiGLU MLP (Llama): down(silu(gate(x)) * up(x)).

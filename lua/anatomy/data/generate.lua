@@ -19,7 +19,7 @@ end
 
 -- The option values generate takes, checked when given.
 local function check_options(opts, where)
-  opts = options.check(opts, {'max_new', 'temperature', 'top_k', 'seed', 'kv_cache', 'return_cache'}, where, 4)
+  opts = options.check(opts, {'max_new', 'temperature', 'top_k', 'seed', 'kv_cache', 'return_cache', 'attention_mask'}, where, 4)
   local function integer(key, low)
     local v = opts[key]
     if v ~= nil and (type(v) ~= 'number' or v % 1 ~= 0 or v < low) then
@@ -58,6 +58,10 @@ end
 -- globs, as run_with_cache's filter): also each step's activations, a list
 -- of caches (steps[1]: the prompt's positions; with the cache each later
 -- step holds its one new position).
+-- attention_mask (B, T), true (1) at real tokens: prompts of different
+-- lengths, padded on the left (each ends at the last column; probe.to_ids
+-- with padding_side = 'left' makes them); positions count real tokens and
+-- no step reads a padded one.
 function generate.generate(self, ids, opts)
   local where = 'generate'
   opts = check_options(opts, where)
@@ -76,6 +80,17 @@ function generate.generate(self, ids, opts)
   elseif stateful and opts.kv_cache == true then
     error(('%s: kv_cache = true, but %s runs as an RNN (its state is its cache)'):format(where, nn.typename(self)), 3)
   end
+  local inputs = require('anatomy.probe.inputs')  -- here, not at the top: probe reaches data through render/page
+  local mask = opts.attention_mask ~= nil and inputs.check_mask(ids, opts.attention_mask, where) or nil
+  if mask and not mask:select(2, ids:size(2)):all():item() then
+    error(('%s: attention_mask pads on the right; generation needs the padding on the left (padding_side = \'left\')'):format(where), 3)
+  end
+  if mask then
+    local ok, why = self:paddable()
+    if not ok then error(('%s: attention_mask given, but %s'):format(where, why), 3) end
+    if stateful then error(('%s: attention_mask given, but %s runs as an RNN'):format(where, nn.typename(self)), 3) end
+    mask = mask:to(ids.device)
+  end
   local filter = opts.return_cache
   if filter == true then filter = nil end
   local steps = opts.return_cache and opts.return_cache ~= false and {} or nil
@@ -90,9 +105,15 @@ function generate.generate(self, ids, opts)
         self:kv_cache(false)
         cached = false
       end
-      local context
-      if cached then context = ids:narrow(2, fed + 1, ids:size(2) - fed)
-      else context = ids:size(2) > seq and ids:narrow(2, ids:size(2) - seq + 1, seq) or ids end
+      local context, context_mask
+      if cached then
+        context = ids:narrow(2, fed + 1, ids:size(2) - fed)
+        if mask then self:set_padding(mask) end  -- the cached positions and the new ones
+      else
+        context = ids:size(2) > seq and ids:narrow(2, ids:size(2) - seq + 1, seq) or ids
+        context_mask = mask and mask:narrow(2, ids:size(2) - context:size(2) + 1, context:size(2))
+        if context_mask and context_mask:all():item() then context_mask = nil end
+      end
       local last
       if stateful then
         last, state = self:step(context, state)
@@ -100,19 +121,24 @@ function generate.generate(self, ids, opts)
         local logits
         if steps then
           local step_cache
-          logits, step_cache = Cache.run_with_cache(self, context, {filter = filter})
+          logits, step_cache = Cache.run_with_cache(self, context, {filter = filter, attention_mask = context_mask})
           steps[#steps + 1] = step_cache
+        elseif context_mask then
+          logits = inputs.forward(self, context, context_mask, where)
         else
           logits = self(context)                             -- (B, T, V)
         end
         last = logits:select(2, logits:size(2))
       end
       if cached then fed = ids:size(2) end
+      if cached and mask then self:set_padding(nil) end
       local next_id = draw(last, opts.temperature or 1.0, opts.top_k)
       ids = torch.cat({ids, next_id:long()}, 2)
+      if mask then mask = torch.cat({mask, torch.ones(mask:size(1), 1, {dtype = 'bool', device = mask.device})}, 2) end
     end
   end)
   if cached then self:kv_cache(false) end
+  if mask then self:set_padding(nil) end
   self:train(was_training)
   if not ok then error(err, 0) end
   ids = squeeze and ids:squeeze(1) or ids

@@ -67,7 +67,9 @@ models.GPT2 = GPT2
 GPT2.hf_prefix = 'transformer.'
 
 -- The hidden state the first block reads: token plus position embeddings.
--- While caching (model:kv_cache), the positions go on from those already seen.
+-- While caching (model:kv_cache), the positions go on from those already
+-- seen; under a padding mask (model:set_padding), each example's count its
+-- real tokens.
 function GPT2:embed(ids)
   local T = ids:size(-1)
   local first = rawget(self, '_past') or 0
@@ -78,13 +80,23 @@ function GPT2:embed(ids)
   if rawget(self, '_past') then rawset(self, '_past', first + T) end
   -- the position rows, published as the model's hook point pos_embed
   -- (TransformerLens's hook_pos_embed), (B, T, C) as the token part is
-  return tokens + self:hook('pos_embed', self.wpe.weight:narrow(1, first + 1, T):expand(unpack(tokens:size())))
+  local mask = rawget(self, '_mask')
+  local rows
+  if mask then
+    local pos = (mask:long():cumsum(2) - 1):clamp_min(0)
+    rows = self.wpe(pos:narrow(2, pos:size(2) - T + 1, T) + 1)
+  else
+    rows = self.wpe.weight:narrow(1, first + 1, T):expand(unpack(tokens:size()))
+  end
+  return tokens + self:hook('pos_embed', rows)
 end
 GPT2.hook_names = {'pos_embed'}
 -- cached generation: the attention keeps its keys and values, the position count is here
 GPT2.incremental = true
 -- m:set_cache(on): starts (true) or stops (false) counting the positions embed has seen (model:kv_cache)
 function GPT2:set_cache(on) rawset(self, '_past', on and 0 or nil) end
+-- m:set_mask(mask): the padding mask embed counts positions by (model:set_padding)
+function GPT2:set_mask(mask) rawset(self, '_mask', mask) end
 pretrained.decoder(GPT2, {embed = 'wte', stack = 'h', norm = 'ln_f', head = 'lm_head'})
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)

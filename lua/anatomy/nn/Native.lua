@@ -48,6 +48,14 @@ function Native:set_cache(on)
 end
 -- m:takes_cache() -> whether the built-in block takes part in cached generation (from C++)
 function Native:takes_cache() return self._native:takes_cache() end
+-- m:set_mask(mask): the built-in block's padding mask, (B, T) bool, true at
+-- real tokens (nil: none; model:set_padding); a block that reads none is an error
+function Native:set_mask(mask)
+  if not self._native:takes_mask() then error(('%s reads no padding mask'):format(nn.typename(self)), 2) end
+  self._native:set_mask(mask)
+end
+-- m:takes_mask() -> whether the built-in block reads a padding mask (from C++)
+function Native:takes_mask() return self._native:takes_mask() end
 -- The block's settings as print(model) shows them (from C++)
 function Native:extra_repr() return self._native:describe() end
 function Native:_set_training(mode) self._native:train(mode) end

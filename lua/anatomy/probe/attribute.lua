@@ -5,6 +5,7 @@ local points = require('anatomy.probe.points')
 local Cache = require('anatomy.probe.cache')
 local hooks = require('anatomy.probe.hooks')
 local runs = require('anatomy.probe.runs')
+local inputs = require('anatomy.probe.inputs')
 local options = require('anatomy.torch.options')
 local terminal = require('anatomy.render.terminal')
 
@@ -85,7 +86,7 @@ end
 -- does). per = 'neuron' reads the activation's last dimension (mlp.post).
 function attribute.attribute(model, clean, corrupt, metric, opts)
   local where = 'patching.attribute'
-  opts = options.check(opts, {'over', 'per', 'method', 'steps', 'tokenizer'}, where, 2)
+  opts = options.check(opts, {'over', 'per', 'method', 'steps', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> a one-element tensor, got %s'):format(where, type(metric)), 2) end
   local over, per, method = opts.over or 'resid_pre', opts.per or 'layer', opts.method or 'atp'
   if per ~= 'layer' and per ~= 'head' and per ~= 'position' and per ~= 'neuron' then
@@ -96,7 +97,7 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   end
   local steps = opts.steps or 8
   if type(steps) ~= 'number' or steps % 1 ~= 0 or steps < 1 then error(('%s: steps must be a positive integer, got %s'):format(where, tostring(steps)), 2) end
-  local clean_ids, corrupt_ids = runs.id_pair(model, clean, corrupt, opts.tokenizer, where)
+  local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
   local names, rows = runs.layer_points(model, over, where)
   local layout = points.layout(names[1])
   if per == 'head' and not layout.head then
@@ -121,10 +122,10 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   local saved = {}
   for _, p in ipairs(model:parameters()) do saved[#saved + 1] = {p, p.grad and p.grad:clone()} end  -- backward adds into the same tensor
   local ok, result = pcall(function()
-    local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = filter})
-    local clean_metric = runs.as_number(metric(clean_out), where)
-    local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = filter, grad = true})
-    local m = runs.as_scalar(metric(corrupt_out), where)
+    local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = filter, attention_mask = mask})
+    local clean_metric = runs.as_number(metric(clean_out, mask), where)
+    local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = filter, grad = true, attention_mask = mask})
+    local m = runs.as_scalar(metric(corrupt_out, mask), where)
     local corrupt_metric = m:item()
     local grads = {}
     if method ~= 'ig' then
@@ -146,8 +147,8 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
             return at
           end)
           local run_ok, err = pcall(function()
-            local out = model(corrupt_ids)
-            runs.as_scalar(metric(out), where):backward()
+            local out = inputs.forward(model, corrupt_ids, mask, where)
+            runs.as_scalar(metric(out, mask), where):backward()
             sum = sum and sum + at.grad or at.grad
           end)
           handle:remove()

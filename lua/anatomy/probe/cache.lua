@@ -326,18 +326,29 @@ end
 -- for everything with it), as TransformerLens's use_attn_result; cache.ids, cache.tokens[b][t] (each token's text),
 -- cache:stack('resid_post') (L, ...), cache:heads('pattern', layer),
 -- cache:memory(), cache:attention(layer, head) (lua/anatomy/probe/cache.lua).
+-- Examples of different lengths (a list of texts or of 1-D ids) are padded
+-- on padding_side ('right' or 'left') and run with a padding mask (or give
+-- ids with attention_mask (B, T), true or 1 at real tokens): no real
+-- position reads a padded one, positions count real tokens, and cache.mask
+-- says which positions are real (nil without padding).
 function Cache.run_with_cache(model, input, opts)
   local where = 'probe.run_with_cache'
-  opts = options.check(opts, {'filter', 'grad', 'tokenizer'}, where, 2)
-  local ids, tok = inputs.to_ids(model, input, opts.tokenizer, where)
+  opts = options.check(opts, {'filter', 'grad', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
+  local ids, tok, mask = inputs.to_ids(model, input, opts.tokenizer, where, opts.padding_side)
+  if opts.attention_mask ~= nil then
+    if mask then error(('%s: attention_mask is for ids; the input was padded here already'):format(where), 2) end
+    mask = inputs.check_mask(ids, opts.attention_mask, where)
+  end
   local capture, handle, order = hooks.attach_capture(model, {filter = opts.filter, grad = opts.grad})
   local ok, out = pcall(function()
-    if opts.grad then return model(ids) end
-    return torch.no_grad(function() return model(ids) end)
+    if opts.grad then return inputs.forward(model, ids, mask, where) end
+    return torch.no_grad(function() return inputs.forward(model, ids, mask, where) end)
   end)
   handle:remove()
   if not ok then error(out, 0) end
-  return out, Cache.new(model, capture, order, ids, tok)
+  local cache = Cache.new(model, capture, order, ids, tok)
+  rawset(cache, 'mask', mask)
+  return out, cache
 end
 
 return Cache

@@ -14,6 +14,7 @@ local points = require('anatomy.probe.points')
 local Cache = require('anatomy.probe.cache')
 local hooks = require('anatomy.probe.hooks')
 local runs = require('anatomy.probe.runs')
+local inputs = require('anatomy.probe.inputs')
 local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
 local charts = require('anatomy.render.charts')
@@ -63,7 +64,7 @@ end
 -- One forward of ids with the tensors at `names` kept with their gradients
 -- (retain_grad); embed, when given, replaces the first layer's resid_pre.
 -- Returns the metric (a scalar tensor) and {name = tensor}.
-local function forward_kept(model, ids, metric, names, first_pre, embed, where)
+local function forward_kept(model, ids, mask, metric, names, first_pre, embed, where)
   local kept, handles = {}, {}
   local ok, out = pcall(function()
     if embed then handles[#handles + 1] = hooks.replace(model, first_pre, function() return embed end) end
@@ -74,7 +75,7 @@ local function forward_kept(model, ids, metric, names, first_pre, embed, where)
         return t
       end)
     end
-    return runs.as_scalar(metric(model(ids)), where)
+    return runs.as_scalar(metric(inputs.forward(model, ids, mask, where), mask), where)
   end)
   for _, h in ipairs(handles) do h:remove() end
   if not ok then error(out, 0) end
@@ -90,9 +91,10 @@ end
 -- carrying one head's (or the MLP's) gradient only. The leaves' gradients
 -- are then, slot by slot, d metric / d (residual) through that input alone
 -- (its norm and projection included). Returns per layer {slot = {pre, mid}}.
-local function input_gradients(model, ids, parts, grads, slots, S, first_pre, embed)
+local function input_gradients(model, ids, mask, parts, grads, slots, S, first_pre, embed, where)
   local B = ids:size(1)
-  local stacked = torch.cat((function() local t = {} for s = 1, S do t[s] = ids end return t end)(), 1)
+  local function copies(t) local c = {} for s = 1, S do c[s] = t end return torch.cat(c, 1) end
+  local stacked, stacked_mask = copies(ids), mask and copies(mask)
   local leaves, seen, handles = {}, {}, {}
   local ok, err = pcall(function()
     for i, part in ipairs(parts) do
@@ -112,7 +114,7 @@ local function input_gradients(model, ids, parts, grads, slots, S, first_pre, em
       end
       if part.mlp then handles[#handles + 1] = hooks.replace(model, part.mlp, function(t) seen[i].mlp = t return t end) end
     end
-    model(stacked)
+    inputs.forward(model, stacked, stacked_mask, where)
     local total
     local function add(term) total = total and total + term or term end
     for i, part in ipairs(parts) do
@@ -189,14 +191,14 @@ end
 -- blocks whose residual stream is the sum of those outputs (checked).
 function edges.edges(model, clean, corrupt, metric, opts)
   local where = 'patching.edges'
-  opts = options.check(opts, {'method', 'steps', 'tokenizer'}, where, 2)
+  opts = options.check(opts, {'method', 'steps', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> a one-element tensor, got %s'):format(where, type(metric)), 2) end
   local method = opts.method or 'eap'
   if method ~= 'eap' and method ~= 'eap-ig' then error(("%s: method must be 'eap' or 'eap-ig', got '%s'"):format(where, tostring(method)), 2) end
   local steps = opts.steps or 8
   if type(steps) ~= 'number' or steps % 1 ~= 0 or steps < 1 then error(('%s: steps must be a positive integer, got %s'):format(where, tostring(steps)), 2) end
   if opts.steps ~= nil and method ~= 'eap-ig' then error(("%s: steps is for method = 'eap-ig'"):format(where), 2) end
-  local clean_ids, corrupt_ids = runs.id_pair(model, clean, corrupt, opts.tokenizer, where)
+  local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
   local parts, last = layer_parts(model, where)
   local was_training = model.training
   model:eval()
@@ -208,9 +210,9 @@ function edges.edges(model, clean, corrupt, metric, opts)
     for _, part in ipairs(parts) do
       for _, n in ipairs{part.pre, part.mid, part.attn .. '.result', part.mlp} do wanted[#wanted + 1] = n end
     end
-    local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = wanted})
-    local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = wanted})
-    local clean_metric, corrupt_metric = runs.as_number(metric(clean_out), where), runs.as_number(metric(corrupt_out), where)
+    local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = wanted, attention_mask = mask})
+    local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = wanted, attention_mask = mask})
+    local clean_metric, corrupt_metric = runs.as_number(metric(clean_out, mask), where), runs.as_number(metric(corrupt_out, mask), where)
     local first_pre = parts[1].pre
     local deltas = {{name = 'embed', kind = 'embed', layer = 0, delta = clean_cache[first_pre] - corrupt_cache[first_pre]}}
     for i, part in ipairs(parts) do
@@ -236,7 +238,7 @@ function edges.edges(model, clean, corrupt, metric, opts)
     local sums, logit_grad
     for _, alpha in ipairs(alphas) do
       local embed = alpha ~= 0 and (corrupt_cache[first_pre] + deltas[1].delta * alpha):detach() or nil
-      local m, kept = forward_kept(model, corrupt_ids, metric, grad_names, first_pre, embed, where)
+      local m, kept = forward_kept(model, corrupt_ids, mask, metric, grad_names, first_pre, embed, where)
       m:backward()
       local grads = {}
       for _, name in ipairs(grad_names) do
@@ -254,7 +256,7 @@ function edges.edges(model, clean, corrupt, metric, opts)
         end
         slots.built = true
       end
-      local g = input_gradients(model, corrupt_ids, parts, grads, slots, S, first_pre, embed)
+      local g = input_gradients(model, corrupt_ids, mask, parts, grads, slots, S, first_pre, embed, where)
       logit_grad = logit_grad and logit_grad + grads[last] or grads[last]
       if not sums then sums = g
       else

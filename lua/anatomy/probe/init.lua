@@ -46,6 +46,7 @@ local probe = {
   capture = hooks.capture,
   -- inputs (inputs.lua)
   to_ids = inputs.to_ids,
+  forward = inputs.forward,
   -- the cache (cache.lua)
   run_with_cache = Cache.run_with_cache,
   Cache = Cache,

@@ -4,12 +4,41 @@
 local format = require('anatomy.render.format')
 local inputs = {}
 
--- probe.to_ids(model, input, tokenizer, where) -> ids (B, T) int64 and the
--- tokenizer used. input: ids (T) or (B, T) (a tensor of another dtype is
--- passed on as it is), a text, or a list of texts of one length in tokens, with opts.tokenizer or the
--- model's own (models.from_pretrained sets model.tokenizer).
-function inputs.to_ids(model, input, tokenizer, where)
+-- Rows of ids (1-D tensors) of any lengths as one batch: (B, T) ids, padded
+-- with id 1 on `side` ('right' or 'left'), and the mask (B, T) bool, true
+-- at real tokens; no mask when every row has one length.
+local function pad_rows(rows, side, where)
+  local longest, same = 0, true
+  for _, r in ipairs(rows) do
+    if r:numel() == 0 then error(('%s: an input of no tokens cannot be run'):format(where), 4) end
+    if r:numel() ~= rows[1]:numel() then same = false end
+    longest = math.max(longest, r:numel())
+  end
+  if same then return torch.stack(rows, 1), nil end
+  local ids = torch.ones(#rows, longest, {dtype = 'int64'})
+  local mask = torch.zeros(#rows, longest, {dtype = 'bool'})
+  for i, r in ipairs(rows) do
+    local at = side == 'left' and longest - r:numel() + 1 or 1
+    ids[i]:narrow(1, at, r:numel()):copy_(r)
+    mask[i]:narrow(1, at, r:numel()):fill_(true)
+  end
+  return ids, mask
+end
+
+-- probe.to_ids(model, input, tokenizer, where, padding_side) -> ids (B, T)
+-- int64, the tokenizer used, and the padding mask (B, T) bool (true at real
+-- tokens; nil when every example has one length). input: ids (T) or (B, T)
+-- (a tensor of another dtype is passed on as it is), a list of 1-D ids of
+-- any lengths, a text, or a list of texts of any lengths, with opts.tokenizer
+-- or the model's own (models.from_pretrained sets model.tokenizer).
+-- Examples of different lengths are padded on padding_side ('right', the
+-- default, or 'left') with id 1, which the mask marks.
+function inputs.to_ids(model, input, tokenizer, where, padding_side)
   tokenizer = tokenizer or rawget(model, 'tokenizer')
+  local side = padding_side or 'right'
+  if side ~= 'right' and side ~= 'left' then
+    error(("%s: padding_side must be 'right' or 'left', got %s"):format(where, tostring(padding_side)), 3)
+  end
   if torch.is_tensor(input) then
     if input.dtype ~= 'int64' then return input, tokenizer end  -- a model that takes vectors: as it is
     if input:dim() == 1 then input = input:unsqueeze(1) end
@@ -18,20 +47,60 @@ function inputs.to_ids(model, input, tokenizer, where)
   end
   local texts = type(input) == 'string' and {input} or input
   if type(texts) ~= 'table' or #texts == 0 then
-    error(('%s: input must be ids (a Tensor), a text or a list of texts, got %s'):format(where, type(input)), 3)
-  end
-  if tokenizer == nil then
-    error(('%s: a text needs a tokenizer: pass {tokenizer = tok} (a data.tokenizer or a corpus), or use a model from models.from_pretrained'):format(where), 3)
+    error(('%s: input must be ids (a Tensor), a list of ids, a text or a list of texts, got %s'):format(where, type(input)), 3)
   end
   local rows = {}
-  for i, t in ipairs(texts) do
-    if type(t) ~= 'string' then error(('%s: input[%d] is a %s, not a string'):format(where, i, type(t)), 3) end
-    rows[i] = tokenizer:encode(t)
-    if rows[i]:size(1) ~= rows[1]:size(1) then
-      error(('%s: the texts are %d and %d tokens long; a batch needs one length'):format(where, rows[1]:size(1), rows[i]:size(1)), 3)
+  if torch.is_tensor(texts[1]) then
+    for i, t in ipairs(texts) do
+      if not torch.is_tensor(t) or t.dtype ~= 'int64' or t:dim() ~= 1 then
+        error(('%s: input[%d] must be 1-D int64 ids like input[1], got %s'):format(where, i,
+          torch.is_tensor(t) and (t.dtype .. ' ' .. format.shape(t)) or type(t)), 3)
+      end
+      rows[i] = t
+    end
+  else
+    if tokenizer == nil then
+      error(('%s: a text needs a tokenizer: pass {tokenizer = tok} (a data.tokenizer or a corpus), or use a model from models.from_pretrained'):format(where), 3)
+    end
+    for i, t in ipairs(texts) do
+      if type(t) ~= 'string' then error(('%s: input[%d] is a %s, not a string'):format(where, i, type(t)), 3) end
+      rows[i] = tokenizer:encode(t)
     end
   end
-  return torch.stack(rows, 1), tokenizer
+  local ids, mask = pad_rows(rows, side, where)
+  return ids, tokenizer, mask
+end
+
+-- inputs.check_mask(ids, mask, where) -> mask as (B, T) bool, or nil when
+-- it marks every position real; an error naming both shapes otherwise.
+function inputs.check_mask(ids, mask, where)
+  if mask == nil then return nil end
+  if not torch.is_tensor(mask) or mask:dim() ~= 2 or format.shape(mask) ~= format.shape(ids) then
+    error(('%s: attention_mask must be (B, T) as the ids (%s), got %s'):format(where, format.shape(ids),
+      torch.is_tensor(mask) and format.shape(mask) or type(mask)), 3)
+  end
+  if mask.dtype ~= 'bool' then mask = mask:ne(0) end
+  if mask:all():item() then return nil end
+  if not mask:any(2):all():item() then error(('%s: attention_mask has an example with no real token'):format(where), 3) end
+  return mask
+end
+
+-- probe.forward(model, ids, mask) -> model(ids) with the padding mask set
+-- on the model's blocks for this forward (model:set_padding) and taken off
+-- after it, errors included; mask nil: model(ids). A model that cannot
+-- take a padded batch (model:paddable()) is an error saying why.
+function inputs.forward(model, ids, mask, where)
+  if mask == nil then
+    local out = model(ids)
+    return out
+  end
+  local ok, why = model:paddable()
+  if not ok then error(('%s: a padded batch (examples of different lengths), but %s'):format(where or 'probe.forward', why), 3) end
+  model:set_padding(mask)
+  local run_ok, out = pcall(model, ids)
+  model:set_padding(nil)
+  if not run_ok then error(out, 0) end
+  return out
 end
 
 -- inputs.token_id(v, tokenizer, where, what) -> one token id from a number (1-based id) or a text that is exactly one token.

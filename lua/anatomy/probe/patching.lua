@@ -18,10 +18,12 @@ local terminal = require('anatomy.render.terminal')
 local patching = {}
 
 -- patching.logit_diff(good, bad, {position = -1, tokenizer}) -> metric:
--- metric(logits) is the mean over the batch of logits[good] - logits[bad] (a
--- one-element tensor, which carries the gradient) at
--- the position (1-based; negative from the end). good and bad: token ids or
--- one-token texts. bad = nil: the logit of good alone.
+-- metric(logits[, mask]) is the mean over the batch of logits[good] -
+-- logits[bad] (a one-element tensor, which carries the gradient) at the
+-- position (1-based; negative from the end), counted among each example's
+-- real tokens when a padding mask (B, T) is given (the patching calls pass
+-- theirs). good and bad: token ids or one-token texts. bad = nil: the logit
+-- of good alone.
 function patching.logit_diff(good, bad, opts)
   local where = 'patching.logit_diff'
   opts = options.check(opts, {'position', 'tokenizer'}, where, 2)
@@ -31,9 +33,22 @@ function patching.logit_diff(good, bad, opts)
   if type(position) ~= 'number' or position % 1 ~= 0 or position == 0 then
     error(('%s: position must be a non-zero integer (negative from the end), got %s'):format(where, tostring(position)), 2)
   end
-  return function(logits)
-    local p = inputs.position(position, logits:size(2), where, 'the logits')
-    local at = logits:select(2, p)  -- (B, V)
+  return function(logits, mask)
+    local at
+    if mask == nil then
+      local p = inputs.position(position, logits:size(2), where, 'the logits')
+      at = logits:select(2, p)  -- (B, V)
+    else  -- each example's own position among its real tokens
+      local B, T, V = logits:size(1), logits:size(2), logits:size(3)
+      local index = {}
+      for b = 1, B do
+        local real = {}
+        local row = mask[b]:tolist()
+        for t = 1, T do if row[t] then real[#real + 1] = t end end
+        index[b] = real[inputs.position(position, #real, where, ('example %d (%d real tokens)'):format(b, #real))]
+      end
+      at = logits:gather(2, torch.tensor(index, {dtype = 'int64', device = logits.device}):view(B, 1, 1):expand(B, 1, V)):squeeze(2)
+    end
     local d = at:select(2, g)
     if b then d = d - at:select(2, b) end
     return d:mean()  -- a one-element tensor: patching.attribute takes its gradient; the others read it as a number
@@ -52,18 +67,18 @@ patching.Result = runs.Result
 -- from corrupt (0) to clean (1); print(result), result:report(path).
 function patching.run(model, clean, corrupt, metric, opts)
   local where = 'patching.run'
-  opts = options.check(opts, {'over', 'per', 'tokenizer'}, where, 2)
+  opts = options.check(opts, {'over', 'per', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> number, got %s'):format(where, type(metric)), 2) end
   local over, per = opts.over or 'resid_pre', opts.per or 'layer'
   if per ~= 'layer' and per ~= 'head' and per ~= 'position' then
     error(("%s: per must be 'layer', 'head' or 'position', got '%s'"):format(where, tostring(per)), 2)
   end
-  local clean_ids, corrupt_ids = runs.id_pair(model, clean, corrupt, opts.tokenizer, where)
+  local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
   local names, rows = runs.layer_points(model, over, where)
-  local clean_out, cache = Cache.run_with_cache(model, clean_ids, {filter = names})
-  local function run_corrupt() return torch.no_grad(function() return model(corrupt_ids) end) end
-  local clean_metric = runs.as_number(metric(clean_out), where)
-  local corrupt_metric = runs.as_number(metric(run_corrupt()), where)
+  local clean_out, cache = Cache.run_with_cache(model, clean_ids, {filter = names, attention_mask = mask})
+  local function run_corrupt() return torch.no_grad(function() return inputs.forward(model, corrupt_ids, mask, where) end) end
+  local clean_metric = runs.as_number(metric(clean_out, mask), where)
+  local corrupt_metric = runs.as_number(metric(run_corrupt(), mask), where)
   local first = cache[names[1]]
   if first == nil then error(("%s: the clean run published nothing at '%s'"):format(where, names[1]), 2) end
   local cols, key = {'all'}, nil
@@ -85,7 +100,7 @@ function patching.run(model, clean, corrupt, metric, opts)
       local ok, out = pcall(run_corrupt)
       handle:remove()
       if not ok then error(out, 0) end
-      grid[i][c] = runs.as_number(metric(out), where)
+      grid[i][c] = runs.as_number(metric(out, mask), where)
     end
   end
   return setmetatable({grid = torch.tensor(grid), values = grid, rows = rows, points = names, cols = cols, over = over, per = per,
@@ -149,7 +164,7 @@ patching.PathResult = PathResult
 -- result:normalized() the share of the way from corrupt (0) to clean (1).
 function patching.path(model, clean, corrupt, metric, opts)
   local where = 'patching.path'
-  opts = options.check(opts, {'sender', 'receivers', 'via', 'tokenizer'}, where, 2)
+  opts = options.check(opts, {'sender', 'receivers', 'via', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> number, got %s'):format(where, type(metric)), 2) end
   local via = opts.via or 'resid'
   if via ~= 'q' and via ~= 'k' and via ~= 'v' and via ~= 'resid' then
@@ -187,7 +202,7 @@ function patching.path(model, clean, corrupt, metric, opts)
         where, s[1], s[2], layers[first_receiver][1]), 2)
     end
   end
-  local clean_ids, corrupt_ids = runs.id_pair(model, clean, corrupt, opts.tokenizer, where)
+  local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
   -- every layer's z, and where each receiver reads
   local z_names, receiver_names = {}, {}
   for i, l in ipairs(layers) do
@@ -200,8 +215,8 @@ function patching.path(model, clean, corrupt, metric, opts)
     if not found then error(('%s: %s'):format(where, name), 2) end
     receiver_names[i] = name
   end
-  local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = z_names})
-  local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = z_names})
+  local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = z_names, attention_mask = mask})
+  local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = z_names, attention_mask = mask})
   local layout = points.layout(z_names[1])
   for _, s in ipairs(senders) do
     local H = clean_cache[z_names[index[s[1]]]]:size(layout.head)
@@ -223,7 +238,7 @@ function patching.path(model, clean, corrupt, metric, opts)
       return out
     end)
   end
-  local step2_ok, step2_out_or_error, step2 = pcall(Cache.run_with_cache, model, corrupt_ids, {filter = receiver_names})
+  local step2_ok, step2_out_or_error, step2 = pcall(Cache.run_with_cache, model, corrupt_ids, {filter = receiver_names, attention_mask = mask})
   for _, h in ipairs(handles) do h:remove() end
   if not step2_ok then error(step2_out_or_error, 0) end
   -- step 3: the receivers' inputs from step 2, nothing else
@@ -237,15 +252,15 @@ function patching.path(model, clean, corrupt, metric, opts)
     end
     handles[#handles + 1] = handle
   end
-  local run_ok, out = pcall(function() return torch.no_grad(function() return model(corrupt_ids) end) end)
+  local run_ok, out = pcall(function() return torch.no_grad(function() return inputs.forward(model, corrupt_ids, mask, where) end) end)
   for _, h in ipairs(handles) do h:remove() end
   if not run_ok then error(out, 0) end
   local describe = {}
   for i, s in ipairs(senders) do describe[i] = ('%s head %d'):format(s[1], s[2]) end
   local into = {}
   for i, r in ipairs(receivers) do into[i] = r[2] and ('%s head %d'):format(r[1], r[2]) or r[1] end
-  return setmetatable({value = runs.as_number(metric(out), where), clean = runs.as_number(metric(clean_out), where),
-    corrupt = runs.as_number(metric(corrupt_out), where), senders = describe, receivers = into, via = via}, PathResult)
+  return setmetatable({value = runs.as_number(metric(out, mask), where), clean = runs.as_number(metric(clean_out, mask), where),
+    corrupt = runs.as_number(metric(corrupt_out, mask), where), senders = describe, receivers = into, via = via}, PathResult)
 end
 
 -- result:normalized() -> (value - corrupt) / (clean - corrupt)

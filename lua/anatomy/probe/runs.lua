@@ -36,16 +36,39 @@ function runs.point(model, layer, over)
   error(err, 0)
 end
 
--- runs.id_pair(model, clean, corrupt, tokenizer, where) -> the clean and corrupt ids of a patching call, of one shape (an error at
--- the caller's caller otherwise).
-function runs.id_pair(model, clean, corrupt, tokenizer, where)
-  local clean_ids = inputs.to_ids(model, clean, tokenizer, where)
-  local corrupt_ids = inputs.to_ids(model, corrupt, tokenizer, where)
+-- runs.id_pair(model, clean, corrupt, opts, where) -> the clean and
+-- corrupt ids of a patching call and their padding mask (nil without
+-- padding): of one shape, and, padded (examples of different lengths,
+-- opts.padding_side, or ids with opts.attention_mask), each clean example
+-- as long as its corrupt one, so that one mask serves both (an error at the
+-- caller's caller otherwise).
+function runs.id_pair(model, clean, corrupt, opts, where)
+  local clean_ids, _, clean_mask = inputs.to_ids(model, clean, opts.tokenizer, where, opts.padding_side)
+  local corrupt_ids, _, corrupt_mask = inputs.to_ids(model, corrupt, opts.tokenizer, where, opts.padding_side)
   if format.shape(clean_ids) ~= format.shape(corrupt_ids) then
     error(('%s: clean is %s tokens and corrupt %s; they must have one shape'):format(where, format.shape(clean_ids),
       format.shape(corrupt_ids)), 3)
   end
-  return clean_ids, corrupt_ids
+  if opts.attention_mask ~= nil then
+    if clean_mask or corrupt_mask then error(('%s: attention_mask is for ids; the input was padded here already'):format(where), 3) end
+    clean_mask = inputs.check_mask(clean_ids, opts.attention_mask, where)
+    corrupt_mask = clean_mask
+  end
+  if (clean_mask == nil) ~= (corrupt_mask == nil) or (clean_mask and not torch.equal(clean_mask, corrupt_mask)) then
+    local function lengths(m, ids)
+      local out = {}
+      for b = 1, ids:size(1) do out[b] = m and m[b]:sum():item() or ids:size(2) end
+      return out
+    end
+    local a, b = lengths(clean_mask, clean_ids), lengths(corrupt_mask, corrupt_ids)
+    for i = 1, #a do
+      if a[i] ~= b[i] then
+        error(('%s: clean[%d] is %d tokens and corrupt[%d] %d; each clean example must be as long as its corrupt one'):format(
+          where, i, a[i], i, b[i]), 3)
+      end
+    end
+  end
+  return clean_ids, corrupt_ids, clean_mask
 end
 
 -- runs.layer_points(model, over, where) -> the point `over` names in every layer of model:layers(): names, and the

@@ -3,6 +3,8 @@
 -- nothing from the random generator).
 local nn = require('anatomy.nn')
 local parallel = require('anatomy.train.parallel')
+local inputs = require('anatomy.probe.inputs')
+local options = require('anatomy.torch.options')
 
 -- Windows of seq + 1 tokens laid end to end over ids, at most `limit` of
 -- them: deterministic, and drawing nothing from the random generator.
@@ -15,12 +17,62 @@ local function windows(ids, seq, limit)
   return x, y
 end
 
--- train.evaluate(model, corpus, {split = 'val', text = nil, seq, batches = 8, batch = 16})
--- -> {nats = mean cross-entropy per token, bits = the same in bits, tokens = count}.
+-- texts of any lengths, each at most the model's context: the summed
+-- cross-entropy of every real next-token prediction and their count, in
+-- padded batches whose padding no real position reads and no loss counts.
+local function evaluate_texts(model, corpus, texts, seq, B, where)
+  if type(texts) ~= 'table' or #texts == 0 then error(('%s: texts must be a list of texts'):format(where), 0) end
+  local rows = {}
+  for i, t in ipairs(texts) do
+    if type(t) ~= 'string' then error(('%s: texts[%d] is a %s, not a string'):format(where, i, type(t)), 0) end
+    rows[i] = corpus:encode(t)
+    if rows[i]:numel() < 2 then error(('%s: texts[%d] has fewer than 2 tokens'):format(where, i), 0) end
+    if rows[i]:numel() - 1 > seq then
+      error(('%s: texts[%d] is %d tokens; the model reads %d at a time: judge it alone with {text = ...}'):format(
+        where, i, rows[i]:numel(), seq), 0)
+    end
+  end
+  local total, count = 0, 0
+  for first = 1, #rows, B do
+    local xs, ys = {}, {}
+    for i = first, math.min(first + B - 1, #rows) do
+      local r = rows[i]
+      xs[#xs + 1], ys[#ys + 1] = r:narrow(1, 1, r:numel() - 1), r:narrow(1, 2, r:numel() - 1)
+    end
+    local x, _, mask = inputs.to_ids(model, xs, nil, where)
+    local y = inputs.to_ids(model, ys, nil, where)
+    if torch.device() ~= 'cpu' then x, y = x:to(torch.device()), y:to(torch.device()) end
+    local logits = inputs.forward(model, x, mask and mask:to(x.device), where)
+    local nll = -logits:log_softmax(-1):gather(3, y:unsqueeze(3)):squeeze(3)  -- (B, T)
+    if mask then nll = nll:masked_fill(mask:to(x.device):logical_not(), 0) end
+    total = total + nll:double():sum():item()
+    count = count + (mask and mask:sum():item() or y:numel())
+  end
+  return total, count
+end
+
+-- train.evaluate(model, corpus, {split = 'val', text = nil, texts = nil,
+-- seq, batches = 8, batch = 16}) -> {nats = mean cross-entropy per token,
+-- bits = the same in bits, tokens = count}.
 -- With text, the model is judged on that text (encoded with the corpus's
--- tokenizer), such as samples from another model.
+-- tokenizer), such as samples from another model. With texts, a list of
+-- texts of any lengths (each within the model's context), on every next
+-- token of each: batched with padding that no loss counts, the same as
+-- judging each alone and weighting by its tokens.
 local function evaluate(model, corpus, opts)
-  opts = opts or {}
+  opts = options.check(opts, {'split', 'text', 'texts', 'seq', 'batches', 'batch', '_world'}, 'train.evaluate', 2)
+  if opts.text ~= nil and opts.texts ~= nil then error('train.evaluate: give text or texts, not both', 2) end
+  if opts.texts ~= nil then
+    local was_training = model.training
+    model:eval()
+    local ok, total, count = pcall(torch.no_grad, function()
+      return evaluate_texts(model, corpus, opts.texts, opts.seq or model:context() or math.huge, opts.batch or 16, 'train.evaluate')
+    end)
+    model:train(was_training)
+    if not ok then error(total, 0) end
+    local nats = total / count
+    return {nats = nats, bits = nats / math.log(2), tokens = count}
+  end
   local seq = opts.seq or model:context() or 64
   local ids = opts.text and corpus:encode(opts.text) or corpus:tokens(opts.split or 'val')
   -- _world (train.fit's, data-parallel): each rank judges its share of the

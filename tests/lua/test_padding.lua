@@ -1,0 +1,161 @@
+-- Batches of unequal length: padded on either side with a padding mask,
+local function format_shape(t) return table.concat(t:size(), "x") end
+-- each example's logits, cache entries and metrics equal its own run alone
+-- (the five pretrained families and the built-in GPT); patching over a
+-- padded batch is the mean of the examples'; what cannot be padded says so.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require('harness')
+local test, eq, close, raises = H.test, H.eq, H.close, H.raises
+local pretrained = require('anatomy.models.pretrained')
+
+local V = 40
+local function models_under_test()
+  local base = {vocab_size = V, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
+    max_position_embeddings = 48}
+  local function with(extra)
+    local c = {}
+    for k, v in pairs(base) do c[k] = v end
+    for k, v in pairs(extra) do c[k] = v end
+    return c
+  end
+  local configs = {
+    {'gpt2', {model_type = 'gpt2', vocab_size = V, n_positions = 48, n_embd = 32, n_layer = 2, n_head = 4}},
+    {'llama (grouped-query)', with{model_type = 'llama', num_key_value_heads = 2}},
+    {'mistral (sliding window 3)', with{model_type = 'mistral', num_key_value_heads = 2, sliding_window = 3}},
+    {'qwen2 (q, k, v biases)', with{model_type = 'qwen2'}},
+    {'gpt_neox (partial rotary, parallel)', with{model_type = 'gpt_neox', rotary_pct = 0.5, use_parallel_residual = true}},
+  }
+  local out = {}
+  for i, c in ipairs(configs) do
+    local F = require(pretrained.families[c[2].model_type])
+    out[i] = {c[1], F.build(F.check(c[2], 'test'))}
+  end
+  out[#out + 1] = {'models.gpt (learned positions)', models.gpt{vocab = V, dim = 32, heads = 4, layers = 2, seq = 48, ffn = 64, norm = 'pre'}}
+  return out
+end
+
+-- t's entries at example b's real positions: the position dimension (2, or
+-- 3 and 4 for scores and patterns) narrowed to them
+local function real_part(name, t, b, first, n)
+  local x = t:narrow(1, b, 1)
+  if name:match('%.scores$') or name:match('%.pattern$') then return x:narrow(3, first, n):narrow(4, first, n) end
+  return x:narrow(2, first, n)
+end
+
+test('a padded batch: each example\'s logits, cache entries and metric equal its own run, both sides, every family', function()
+  torch.manual_seed(5)
+  local rows = {torch.randint(1, V + 1, {5}), torch.randint(1, V + 1, {8}), torch.randint(1, V + 1, {3})}
+  local metric = patching.logit_diff(3, 5)
+  for _, entry in ipairs(models_under_test()) do
+    local name, m = entry[1], entry[2]
+    m:eval()
+    local worst = 0
+    for _, side in ipairs{'right', 'left'} do
+      local out, cache = probe.run_with_cache(m, rows, {padding_side = side})
+      eq(cache.mask:size(), {3, 8}, name)
+      local metrics = 0
+      for b, r in ipairs(rows) do
+        local alone, own = probe.run_with_cache(m, r)
+        local n = r:numel()
+        local first = side == 'left' and 8 - n + 1 or 1
+        local d = (real_part('logits', out, b, first, n) - alone):abs():max():item()
+        for _, point in ipairs(own:names()) do
+          local got, want = real_part(point, cache[point], b, first, n), own[point]
+          if format_shape(got) ~= format_shape(want) then error(('%s %s: %s vs %s'):format(name, point, format_shape(got), format_shape(want))) end
+          local pd = (got - want):abs():masked_fill(want:isinf(), 0):max():item()
+          d = math.max(d, pd)
+        end
+        worst = math.max(worst, d)
+        metrics = metrics + metric(alone):item() / #rows
+      end
+      local md = math.abs(metric(out, cache.mask):item() - metrics)
+      assert(md <= 1e-5, ('%s, %s padding: the metric differs by %.3g'):format(name, side, md))
+      assert(worst <= 1e-5, ('%s, %s padding: an entry differs by %.3g'):format(name, side, worst))
+    end
+    print(('  %-36s largest difference %.3g (logits and %d cache entries, both sides)'):format(name, worst, #select(2, probe.run_with_cache(m, rows[1])):names()))
+  end
+end)
+
+test('patching over a padded batch: the mean of the examples\' patching, exact and estimated', function()
+  torch.manual_seed(6)
+  local m = models.llama{vocab = V, dim = 32, heads = 4, layers = 2, ffn = 64, seq = 48}
+  local clean = {torch.randint(1, V + 1, {6}), torch.randint(1, V + 1, {4})}
+  local corrupt = {clean[1]:clone(), clean[2]:clone()}
+  corrupt[1][2], corrupt[2][1] = 7, 9
+  local metric = patching.logit_diff(3, 5)
+  for _, side in ipairs{'right', 'left'} do
+    local run = patching.run(m, clean, corrupt, metric, {over = 'resid_pre', padding_side = side})
+    local atp = patching.attribute(m, clean, corrupt, metric, {over = 'attn.z', per = 'head', padding_side = side})
+    local run_mean, atp_mean = torch.zeros_like(run.grid), torch.zeros_like(atp.grid)
+    for b = 1, 2 do
+      run_mean = run_mean + patching.run(m, clean[b], corrupt[b], metric, {over = 'resid_pre'}).grid / 2
+      local one = patching.attribute(m, clean[b], corrupt[b], metric, {over = 'attn.z', per = 'head'})
+      atp_mean = atp_mean + (one.grid - one.corrupt) / 2
+    end
+    close(run.grid, run_mean, 1e-5, side .. ': patching.run')
+    close(atp.grid - atp.corrupt, atp_mean, 1e-5, side .. ': patching.attribute')
+  end
+  H.raises_part(function() patching.run(m, clean, {corrupt[1], corrupt[2]:narrow(1, 1, 3)}, metric) end,
+    'patching.run: clean[2] is 4 tokens and corrupt[2] 3; each clean example must be as long as its corrupt one')
+end)
+
+test('padding is refused where it cannot be honoured, and masks are checked', function()
+  local rows = {torch.randint(1, V + 1, {5}), torch.randint(1, V + 1, {3})}
+  local vibe = models.vibenet{vocab = V, dim = 16, layers = 1, seq = 8}
+  H.raises_part(function() probe.run_with_cache(vibe, rows) end,
+    'probe.run_with_cache: a padded batch (examples of different lengths), but models.VibeNet does not declare')
+  local m = models.gpt{vocab = V, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 32, norm = 'pre'}
+  local ids = torch.randint(1, V + 1, {2, 5})
+  raises(function() probe.run_with_cache(m, ids, {attention_mask = torch.ones(2, 4)}) end,
+    'probe.run_with_cache: attention_mask must be (B, T) as the ids (2x5), got 2x4')
+  raises(function() probe.run_with_cache(m, rows, {padding_side = 'middle'}) end,
+    "probe.run_with_cache: padding_side must be 'right' or 'left', got middle")
+  local right = torch.ones(2, 5, {dtype = 'bool'})
+  right[2][5] = false
+  raises(function() m:generate(ids, {attention_mask = right, max_new = 2}) end,
+    "generate: attention_mask pads on the right; generation needs the padding on the left (padding_side = 'left')")
+  -- an all-true mask is no padding; after a padded run the model runs unpadded as before
+  local a = torch.no_grad(function() return m(ids) end)
+  probe.run_with_cache(m, rows)
+  H.identical(torch.no_grad(function() return m(ids) end), a, 'no mask left behind')
+end)
+
+test('generation from prompts of different lengths (left padding), with and without the cache, equals each prompt alone', function()
+  torch.manual_seed(7)
+  for _, entry in ipairs(models_under_test()) do
+    local name, m = entry[1], entry[2]
+    m:eval()
+    local rows = {torch.randint(1, V + 1, {4}), torch.randint(1, V + 1, {7})}
+    local ids, _, mask = probe.to_ids(m, rows, nil, 'test', 'left')
+    local both = m:generate(ids, {max_new = 8, temperature = 0, attention_mask = mask})
+    H.identical(m:generate(ids, {max_new = 8, temperature = 0, attention_mask = mask, kv_cache = false}), both, name .. ': cached or not')
+    for b, r in ipairs(rows) do
+      local alone = m:generate(r, {max_new = 8, temperature = 0})
+      H.identical(both[b]:narrow(1, 7 - r:numel() + 1, r:numel() + 8), alone, ('%s: prompt %d'):format(name, b))
+    end
+  end
+end)
+
+test('train.evaluate on texts of different lengths: the same as judging each alone, weighted by its tokens', function()
+  torch.manual_seed(8)
+  local path = os.tmpname()
+  local f = io.open(path, 'w')
+  f:write(('to be or not to be, that is the question. '):rep(20))
+  f:close()
+  local corpus = data.text(path)
+  os.remove(path)
+  local m = models.gpt{vocab = corpus.vocab_size, dim = 32, heads = 4, layers = 2, seq = 48, ffn = 64, norm = 'pre'}
+  local texts = {'to be or not', 'that is the question.', 'be'}
+  local r = train.evaluate(m, corpus, {texts = texts, batch = 2})
+  local total, count = 0, 0
+  for _, t in ipairs(texts) do
+    local one = train.evaluate(m, corpus, {text = t})
+    total, count = total + one.nats * one.tokens, count + one.tokens
+  end
+  eq(r.tokens, count, 'every next token, no padding')
+  close(r.nats, total / count, 1e-5, 'the token-weighted mean of each alone')
+  raises(function() train.evaluate(m, corpus, {texts = {'to be', 'q'}}) end, 'train.evaluate: texts[2] has fewer than 2 tokens')
+  raises(function() train.evaluate(m, corpus, {txt = 'to be'}) end, "train.evaluate: unknown option 'txt' (expected batch, batches, seq, split, text, texts)")
+end)
+
+H.done()
