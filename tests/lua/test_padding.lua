@@ -126,7 +126,7 @@ test('generation from prompts of different lengths (left padding), with and with
     local name, m = entry[1], entry[2]
     m:eval()
     local rows = {torch.randint(1, V + 1, {4}), torch.randint(1, V + 1, {7})}
-    local ids, _, mask = probe.to_ids(m, rows, nil, 'test', 'left')
+    local ids, _, mask = probe.to_ids(m, rows, {padding_side = 'left'})
     local both = m:generate(ids, {max_new = 8, temperature = 0, attention_mask = mask})
     H.identical(m:generate(ids, {max_new = 8, temperature = 0, attention_mask = mask, kv_cache = false}), both, name .. ': cached or not')
     for b, r in ipairs(rows) do

@@ -60,7 +60,7 @@ end
 -- step holds its one new position).
 -- attention_mask (B, T), true (1) at real tokens: prompts of different
 -- lengths, padded on the left (each ends at the last column; probe.to_ids
--- with padding_side = 'left' makes them); positions count real tokens and
+-- with {padding_side = 'left'} makes them); positions count real tokens and
 -- no step reads a padded one.
 function generate.generate(self, ids, opts)
   local where = 'generate'

@@ -246,7 +246,7 @@ function edges.edges(model, clean, corrupt, metric, opts)
         if t == nil or t.grad == nil then error(("%s: no gradient reached '%s' (does the metric depend on it?)"):format(where, name), 0) end
         grads[name] = t.grad
       end
-      if not slots.built then
+      if #slots[1] == 0 then  -- the heads each role has, from the first run's gradients
         for i, part in ipairs(parts) do
           for _, role in ipairs(ROLES) do
             for h = 1, grads[part.attn .. '.' .. role]:size(3) do slots[i][#slots[i] + 1] = {role = role, head = h} end
@@ -254,7 +254,6 @@ function edges.edges(model, clean, corrupt, metric, opts)
           if part.mlp then slots[i][#slots[i] + 1] = {role = 'mlp'} end
           S = math.max(S, #slots[i])
         end
-        slots.built = true
       end
       local g = input_gradients(model, corrupt_ids, mask, parts, grads, slots, S, first_pre, embed, where)
       logit_grad = logit_grad and logit_grad + grads[last] or grads[last]

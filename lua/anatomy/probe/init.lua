@@ -45,7 +45,7 @@ local probe = {
   attach_capture = hooks.attach_capture,
   capture = hooks.capture,
   -- inputs (inputs.lua)
-  to_ids = inputs.to_ids,
+  to_ids = inputs.public_to_ids,
   forward = inputs.forward,
   -- the cache (cache.lua)
   run_with_cache = Cache.run_with_cache,

@@ -25,14 +25,15 @@ local function pad_rows(rows, side, where)
   return ids, mask
 end
 
--- probe.to_ids(model, input, tokenizer, where, padding_side) -> ids (B, T)
--- int64, the tokenizer used, and the padding mask (B, T) bool (true at real
--- tokens; nil when every example has one length). input: ids (T) or (B, T)
--- (a tensor of another dtype is passed on as it is), a list of 1-D ids of
--- any lengths, a text, or a list of texts of any lengths, with opts.tokenizer
--- or the model's own (models.from_pretrained sets model.tokenizer).
--- Examples of different lengths are padded on padding_side ('right', the
--- default, or 'left') with id 1, which the mask marks.
+-- inputs.to_ids(model, input, tokenizer, where, padding_side) -> ids (B,
+-- T) int64, the tokenizer used, and the padding mask (B, T) bool (true at
+-- real tokens; nil when every example has one length). input: ids (T) or
+-- (B, T) (a tensor of another dtype is passed on as it is), a list of 1-D
+-- ids of any lengths, a text, or a list of texts of any lengths, with the
+-- tokenizer given or the model's own (models.from_pretrained sets
+-- model.tokenizer). Examples of different lengths are padded on
+-- padding_side ('right', the default, or 'left') with id 1, which the mask
+-- marks. Errors name `where`.
 function inputs.to_ids(model, input, tokenizer, where, padding_side)
   tokenizer = tokenizer or rawget(model, 'tokenizer')
   local side = padding_side or 'right'
@@ -69,6 +70,17 @@ function inputs.to_ids(model, input, tokenizer, where, padding_side)
   end
   local ids, mask = pad_rows(rows, side, where)
   return ids, tokenizer, mask
+end
+
+-- probe.to_ids(model, input, {tokenizer, padding_side = 'right'|'left'})
+-- -> ids (B, T), tokenizer, mask: the batch the probe calls make of input
+-- (inputs.to_ids): ids or texts, examples of any lengths padded with id 1
+-- on padding_side, mask (B, T) bool true at real tokens (nil without
+-- padding). For generate's attention_mask, pad on the left.
+function inputs.public_to_ids(model, input, opts)
+  opts = require('anatomy.torch.options').check(opts, {'tokenizer', 'padding_side'}, 'probe.to_ids', 2)
+  local ids, tok, mask = inputs.to_ids(model, input, opts.tokenizer, 'probe.to_ids', opts.padding_side)
+  return ids, tok, mask
 end
 
 -- inputs.check_mask(ids, mask, where) -> mask as (B, T) bool, or nil when
