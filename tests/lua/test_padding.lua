@@ -114,6 +114,9 @@ test('padding is refused where it cannot be honoured, and masks are checked', fu
   right[2][5] = false
   raises(function() m:generate(ids, {attention_mask = right, max_new = 2}) end,
     "generate: attention_mask pads on the right; generation needs the padding on the left (padding_side = 'left')")
+  -- a bad mask is refused before any block takes it
+  raises(function() m:set_padding('x') end, 'set_padding: mask must be (B, T) bool or int64, or nil, got string')
+  raises(function() probe.forward(m, ids, torch.ones(3)) end, 'probe.forward: attention_mask must be (B, T) as the ids (2x5), got 3')
   -- an all-true mask is no padding; after a padded run the model runs unpadded as before
   local a = torch.no_grad(function() return m(ids) end)
   probe.run_with_cache(m, rows)

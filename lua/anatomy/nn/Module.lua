@@ -288,6 +288,11 @@ end
 -- attends to no padded key and positions count real tokens only.
 -- probe.forward(model, ids, mask) sets it around one forward.
 function Module:set_padding(mask)
+  if mask ~= nil and not (torch.is_tensor(mask) and mask:dim() == 2 and (mask.dtype == 'bool' or mask.dtype == 'int64')) then
+    error(('set_padding: mask must be (B, T) bool or int64, or nil, got %s'):format(torch.is_tensor(mask) and
+      (mask.dtype .. ' ' .. table.concat(mask:size(), 'x')) or type(mask)), 2)
+  end
+  if mask ~= nil and mask.dtype ~= 'bool' then mask = mask:ne(0) end
   for _, m in self:named_modules() do
     if type(m.set_mask) == 'function' and (not m.takes_mask or m:takes_mask()) then m:set_mask(mask) end
   end

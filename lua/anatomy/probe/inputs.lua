@@ -102,12 +102,14 @@ end
 -- after it, errors included; mask nil: model(ids). A model that cannot
 -- take a padded batch (model:paddable()) is an error saying why.
 function inputs.forward(model, ids, mask, where)
+  where = where or 'probe.forward'
+  if torch.is_tensor(ids) and ids:dim() == 2 then mask = inputs.check_mask(ids, mask, where) end
   if mask == nil then
     local out = model(ids)
     return out
   end
   local ok, why = model:paddable()
-  if not ok then error(('%s: a padded batch (examples of different lengths), but %s'):format(where or 'probe.forward', why), 3) end
+  if not ok then error(('%s: a padded batch (examples of different lengths), but %s'):format(where, why), 3) end
   model:set_padding(mask)
   local run_ok, out = pcall(model, ids)
   model:set_padding(nil)
