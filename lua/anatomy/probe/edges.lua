@@ -397,7 +397,7 @@ function Graph:prune(opts)
   local out = {}
   for _, e in ipairs(keep) do if reaching(e.to) then out[#out + 1] = {from = e.from, to = e.to, via = e.via, score = e.score} end end
   return edges.graph(self.nodes, out, {clean = self.clean, corrupt = self.corrupt, method = self.method, steps = self.steps,
-    layers = self.layers, pruned = opts.top and ('top %d'):format(opts.top) or ('|score| >= %g'):format(opts.threshold)})
+    layers = self.layers, pruned = (opts.top and ('the top %d'):format(opts.top) or ('|score| >= %g'):format(opts.threshold)) .. ' on a path to the logits'})
 end
 
 local function label(e) return e.via and ('%s -> %s (%s)'):format(e.from, e.to, e.via) or ('%s -> %s'):format(e.from, e.to) end
