@@ -26,6 +26,10 @@ function experiment.config(defaults, smoke, args, usage)
   if cfg.smoke then for k, v in pairs(smoke or {}) do cfg[k] = v end end
   -- the script is a smoke run: experiment.results' verdicts then say 'smoke run: not meaningful'
   experiment.smoke = cfg.smoke == true
+  -- the commit is read now, before the run writes anything: a script that
+  -- writes its results into the checkout (examples/results/) would otherwise
+  -- find its own new charts there and call the tree it ran from dirty
+  provenance.commit()
   return cfg
 end
 
