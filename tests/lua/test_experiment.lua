@@ -264,4 +264,14 @@ test('json.decode reads what json.encode writes, and names the byte of a malform
   raises(function() json.decode(42) end, "bad argument #1 to 'decode' (string expected, got number)")
 end)
 
+test('experiment.config reads the commit at once, before the run writes its results into the checkout', function()
+  local provenance = require('anatomy.io.provenance')
+  local real, calls = provenance.commit, 0
+  provenance.commit = function() calls = calls + 1 return real() end
+  local ok, err = pcall(experiment.config, {steps = 3}, {steps = 1}, {})
+  provenance.commit = real
+  if not ok then error(err, 0) end
+  eq(calls, 1, 'the commit is read (and kept) when the configuration is')
+end)
+
 H.done()
