@@ -161,4 +161,52 @@ test('train.evaluate on texts of different lengths: the same as judging each alo
   raises(function() train.evaluate(m, corpus, {txt = 'to be'}) end, "train.evaluate: unknown option 'txt' (expected batch, batches, seq, split, text, texts)")
 end)
 
+test('the autopsy of texts of different lengths: every column from the real positions alone', function()
+  torch.manual_seed(9)
+  for _, entry in ipairs({models_under_test()[2], models_under_test()[1], models_under_test()[6]}) do
+    local name, m = entry[1], entry[2]
+    m:eval()
+    local rows = {torch.randint(1, V + 1, {9}), torch.randint(1, V + 1, {5}), torch.randint(1, V + 1, {12})}
+    local a = autopsy.run(m, rows)
+    local layer = a.rows[2].name
+    -- the same numbers from each example alone, pooled over their positions
+    local ce, removed, n, outs, entropy_sum, queries, heads = 0, 0, 0, {}, nil, 0, nil
+    for _, r in ipairs(rows) do
+      local x, y = r:narrow(1, 1, r:numel() - 1):unsqueeze(1), r:narrow(1, 2, r:numel() - 1):unsqueeze(1)
+      local logits, cache = probe.run_with_cache(m, x, {filter = {layer, layer .. '.*.pattern'}})
+      local k = y:numel()
+      ce = ce + nn.functional.cross_entropy(logits, y):item() * k
+      local h = probe.skip(m, layer)
+      removed = removed + torch.no_grad(function() return nn.functional.cross_entropy(m(x), y):item() end) * k
+      h:remove()
+      n = n + k
+      outs[#outs + 1] = cache[layer][1]
+      for _, point in ipairs(cache:names()) do
+        if point:match('%.pattern$') then
+          local p = cache[point]:double()
+          local e = -(p * p:log()):masked_fill(p:le(0), 0):sum(4):sum(3)[1]  -- (H): summed over the queries
+          entropy_sum = entropy_sum and entropy_sum + e or e
+          queries = queries + p:size(3)
+        end
+      end
+    end
+    local all = torch.cat(outs, 1):double()
+    local std = ((all - all:mean()):pow(2):mean()):sqrt():item()
+    close(a.loss, ce / n, 1e-5, name .. ': the loss, every real next token')
+    close(a.rows[2].act_std, std, 1e-5, name .. ': act_std over the real positions')
+    close(a.rows[2].removal_loss, removed / n, 1e-5, name .. ': removal_loss')
+    close(a.rows[2].entropy, (entropy_sum / queries):mean():item(), 1e-5, name .. ': attention entropy over the real queries')
+    print(('  %-36s loss %.6f, act_std %.6f, removal %.6f: as each example alone'):format(name, a.loss, a.rows[2].act_std, a.rows[2].removal_loss))
+  end
+  local m = models.gpt{vocab = V, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 32, norm = 'pre'}
+  raises(function() autopsy.run(m, {torch.randint(1, V + 1, {4}), torch.randint(1, V + 1, {1})}) end,
+    'autopsy.run: data[2] has 1 token(s): nothing to predict')
+  raises(function() autopsy.run(m, {torch.randint(1, V + 1, {4}), torch.randint(1, V + 1, {3})}, {steps = 2}) end,
+    'autopsy.run: a list of texts is one batch; steps must be 1, got 2')
+  raises(function() autopsy.run(m, {'some text'}) end,
+    'autopsy.run: texts need a tokenizer: pass {tokenizer = tok}, or use a model from models.from_pretrained')
+  raises(function() autopsy.run(m, {torch.randint(1, V + 1, {2, 8}), torch.randint(1, V + 1, {2, 8})}, {step = 2}) end,
+    "autopsy.run: unknown option 'step' (expected batch, config, history, k, metrics, probe_text, seq, steps, thresholds, tokenizer)")
+end)
+
 H.done()

@@ -4,6 +4,7 @@
 -- (gradient norms in one fused pass, activation statistics, attention).
 local dist = require('anatomy.torch.dist')
 local probe = require('anatomy.probe')
+local inputs = require('anatomy.probe.inputs')
 local nn = require('anatomy.nn')
 local measure = {}
 
@@ -48,7 +49,33 @@ function measure.residual_branch(block)
   return b
 end
 
-function measure.dissect(model, layers, x, y)
+-- measure.real_rows(t, idx) -> t (B, T, ...) at the positions idx (1-based
+-- indices into B * T) lists: (N, ...); t itself without idx.
+function measure.real_rows(t, idx)
+  if idx == nil then return t end
+  local size = t:size()
+  local rest = {}
+  for d = 3, #size do rest[#rest + 1] = size[d] end
+  return t:reshape(size[1] * size[2], unpack(rest)):index_select(1, idx)
+end
+
+-- measure.padded_attention(pattern (B, H, T, T), mask (B, T)) -> the mean
+-- entropy, its per-head means (H) and the diagonal mass, over the real
+-- queries only (padded keys carry no weight already); the definitions of
+-- torch.metrics.attention_entropy and diagonal_mass.
+function measure.padded_attention(pattern, mask)
+  local p = pattern:detach():float()
+  local plogp = (p * p:log()):masked_fill(p:le(0), 0)
+  local h = -plogp:double():sum(4)                       -- (B, H, T)
+  local m = mask:double():unsqueeze(2)                   -- (B, 1, T)
+  local n = mask:sum():item()
+  local heads = (h * m):sum(3):sum(1) / n                -- (H)
+  local eye = torch.eye(p:size(3), {dtype = 'float32', device = p.device})
+  local diag = ((p * eye):sum(4):double() * m):sum():item() / (n * p:size(2))  -- each query's weight on itself
+  return heads:mean():item(), heads, diag
+end
+
+function measure.dissect(model, layers, x, y, mask, idx)
   local io_ = {}
   local handles = {}
   local branch_out = {}
@@ -66,11 +93,17 @@ function measure.dissect(model, layers, x, y)
   end
   local patterns, pattern_handle = probe.attach_capture(model, {filter = {'*.pattern'}})
   model:zero_grad()
-  local logits = model(x)
-  local loss = nn.functional.cross_entropy(logits, y)
-  loss:backward()
+  local ok, logits, loss = pcall(function()
+    local out = inputs.forward(model, x, mask, 'autopsy.run')
+    -- padded: the real positions' predictions only (measure.real_rows), in the loss and everywhere after
+    out = measure.real_rows(out, idx)
+    local l = nn.functional.cross_entropy(out, measure.real_rows(y, idx))
+    l:backward()
+    return out, l
+  end)
   for _, h in ipairs(handles) do h:remove() end
   pattern_handle:remove()
+  if not ok then error(logits, 0) end
   return {loss = loss:item(), logits = logits:detach(), io = io_, patterns = patterns}
 end
 

@@ -14,8 +14,10 @@ local provenance = require('anatomy.io.provenance')
 local data = require('anatomy.data')
 local inputs = require('anatomy.probe.inputs')
 local format = require('anatomy.render.format')
+local options = require('anatomy.torch.options')
 
 local function same_shape(a, b) return format.shape(a) == format.shape(b) end
+local hidden_from
 
 -- The state of one autopsy: its settings, the sums over batches and what the
 -- last batch showed.
@@ -49,8 +51,8 @@ local function head_loss(model, h, y, top)
 end
 
 -- every head's map (H, T', T') of the first sequence, T' <= 32, and its tokens
-local function keep_maps(s, name, pattern, ids)
-  local T = math.min(pattern:size(3), 32)
+local function keep_maps(s, name, pattern, ids, real)
+  local T = math.min(real or pattern:size(3), 32)  -- padded: the first example's real tokens (on the left)
   s.maps[name] = pattern[1]:narrow(2, 1, T):narrow(3, 1, T):float():clone()
   s.map_tokens = inputs.token_texts(ids:narrow(1, 1, T):unsqueeze(1), s.source)[1]
 end
@@ -90,6 +92,10 @@ local function measure_layer(s, d, i, x, y, final_top, eranks_of)
   local want, l, rec = s.want, s.layers[i], d.io[i]
   if rec then
     local inp, out = rec.input, rec.output
+    if s.idx then  -- padded: the real positions only
+      out = measure.real_rows(out, s.idx)
+      if torch.is_tensor(inp) and inp:dim() >= 2 and same_shape(inp, rec.output) then inp = measure.real_rows(inp, s.idx) end
+    end
     local stats = torch.metrics.activation_stats(out)
     add(s, i .. ':act_mean', stats.mean)
     add(s, i .. ':act_std', stats.std)
@@ -102,9 +108,10 @@ local function measure_layer(s, d, i, x, y, final_top, eranks_of)
       if want.residual then add(s, i .. ':residual', torch.metrics.residual_ratio(inp, out)) end
       if want.influence then add(s, i .. ':influence', torch.metrics.block_influence(inp, out)) end
     end
-    if rec.branch and same_shape(rec.branch, out) then
+    local branch = rec.branch and s.idx and same_shape(rec.branch, rec.output) and measure.real_rows(rec.branch, s.idx) or rec.branch
+    if branch and same_shape(branch, out) then
       -- a wrapper's own path (gate(x)) is out - f(x): f's share is measured beside it, not beside x
-      local skip = out - rec.branch
+      local skip = out - branch
       add(s, i .. ':f_residual', torch.metrics.residual_ratio(skip, out))
       add(s, i .. ':f_influence', torch.metrics.block_influence(skip, out))
     end
@@ -113,19 +120,31 @@ local function measure_layer(s, d, i, x, y, final_top, eranks_of)
   if want.attn_entropy then
     for name, pattern in pairs(d.patterns) do
       if name ~= 'grads' and measure.starts_with(name, l[1] .. '.') then
-        local mean, heads = torch.metrics.attention_entropy(pattern)
+        local mean, heads, diag
+        if s.mask then mean, heads, diag = measure.padded_attention(pattern, s.mask)
+        else mean, heads = torch.metrics.attention_entropy(pattern) end
         add(s, i .. ':entropy', mean)
         -- per head, summed over the batches like the table's column (divided below): one set of batches for both
         local sum = s.entropy_heads[l[1]]
         s.entropy_heads[l[1]] = sum and (sum + heads:double()) or heads:double()
-        local T = math.min(pattern:size(3), 24)
+        local T = math.min(s.mask and s.mask[1]:sum():item() or pattern:size(3), 24)
         s.patterns[l[1]] = pattern[1][1]:narrow(1, 1, T):narrow(2, 1, T):tolist()
-        keep_maps(s, l[1], pattern, x[1])
-        add(s, i .. ':diag', torch.metrics.diagonal_mass(pattern))
+        keep_maps(s, l[1], pattern, x[1], s.mask and s.mask[1]:sum():item())
+        add(s, i .. ':diag', diag or torch.metrics.diagonal_mass(pattern))
         break
       end
     end
   end
+end
+
+-- model:hidden_from(i, h) without gradients, under the padding mask when
+-- the batch is padded.
+hidden_from = function(s, i, h)
+  if s.mask then s.model:set_padding(s.mask) end
+  local ok, out = pcall(torch.no_grad, function() return s.model:hidden_from(i, h) end)
+  if s.mask then s.model:set_padding(nil) end
+  if not ok then error(out, 0) end
+  return out
 end
 
 -- Stepwise removal: block j skipped by running the layers after it from
@@ -136,7 +155,7 @@ local function removal_stepwise(s, d, y)
     local ce = j == #layers and j > 1 and s.lens_ce[j - 1]
     if not ce and d.io[j] and torch.is_tensor(d.io[j].input) then
       local ok, loss = pcall(function()
-        return head_loss(s.model, torch.no_grad(function() return s.model:hidden_from(j + 1, d.io[j].input) end), y)
+        return head_loss(s.model, measure.real_rows(hidden_from(s, j + 1, d.io[j].input), s.idx), y)
       end)
       if ok then
         ce = loss
@@ -155,7 +174,7 @@ local function measure_batches(s)
     local x, y
     if type(source) == 'table' and torch.is_tensor(source[1]) then x, y = source[1], source[2]
     else x, y = source:batch(s.opts.batch or 8, s.seq, {split = 'val'}) end
-    local d = measure.dissect(model, layers, x, y)
+    local d = measure.dissect(model, layers, x, y, s.mask, s.idx)
     s.last = {x = x, y = y, d = d}
     -- with the stepwise shortcut, each block's input too: the removal
     -- phase runs from the first block it removes
@@ -164,6 +183,7 @@ local function measure_batches(s)
       for j = 1, #layers do block_inputs[j] = d.io[j] and d.io[j].input end
     end
     s.seen_batches[#s.seen_batches + 1] = {x, y, inputs = block_inputs}
+    y = measure.real_rows(y, s.idx)  -- padded: the real positions' targets, as d.logits holds their predictions
     add(s, 'loss', d.loss)
     for name, n in pairs(measure.grad_norms(model)) do add(s, 'grad:' .. name, n) end
     local final_top = d.logits:argmax(-1)
@@ -271,7 +291,10 @@ end
 -- makes; batch_loss(b): one batch's (default: the whole forward's).
 local function loss_with(s, attach, batch_loss)
   local model = s.model
-  batch_loss = batch_loss or function(b) return nn.functional.cross_entropy(model(b[1]), b[2]):item() end
+  batch_loss = batch_loss or function(b)
+    local out = inputs.forward(model, b[1], s.mask, 'autopsy.run')
+    return nn.functional.cross_entropy(measure.real_rows(out, s.idx), measure.real_rows(b[2], s.idx)):item()
+  end
   local hs = attach()
   local ok, total = pcall(function()
     return torch.no_grad(function()
@@ -300,7 +323,9 @@ local function loss_without(s, names)
   for _, n in ipairs(names) do first = math.min(first, index[n] or -math.huge) end
   local from_stream = s.stepwise and first >= 1 and first < math.huge
   for _, b in ipairs(s.seen_batches) do from_stream = from_stream and torch.is_tensor(b.inputs[first]) end
-  return loss_with(s, skips, from_stream and function(b) return head_loss(s.model, s.model:hidden_from(first, b.inputs[first]), b[2]) end or nil)
+  return loss_with(s, skips, from_stream and function(b)
+    return head_loss(s.model, measure.real_rows(hidden_from(s, first, b.inputs[first]), s.idx), measure.real_rows(b[2], s.idx))
+  end or nil)
 end
 
 -- Phase 4: each block skipped in turn (a wrapper's f zeroed, its learned
@@ -352,8 +377,49 @@ local function check_tokens(model, source)
     tostring(mine.path), mine.vocab_size), 3)
 end
 
--- autopsy.run(model, batch_or_corpus, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text})
--- batch_or_corpus: a corpus (batches from its val split) or {inputs, targets}.
+-- A list of texts (or of 1-D ids) of any lengths as one batch: each
+-- example predicts its own next tokens (inputs without the last token,
+-- targets without the first), padded on the right with one mask for both.
+-- nil for any other source.
+local function padded_source(model, source, opts)
+  if type(source) ~= 'table' or getmetatable(source) ~= nil then return nil end
+  local first = source[1]
+  if not (type(first) == 'string' or (torch.is_tensor(first) and first:dim() == 1)) then return nil end
+  local where = 'autopsy.run'
+  local tok = opts.tokenizer or rawget(model, 'tokenizer')
+  local xs, ys = {}, {}
+  for i, t in ipairs(source) do
+    local ids
+    if type(t) == 'string' then
+      if not tok then error(('%s: texts need a tokenizer: pass {tokenizer = tok}, or use a model from models.from_pretrained'):format(where), 3) end
+      ids = tok:encode(t)
+    elseif torch.is_tensor(t) and t:dim() == 1 and t.dtype == 'int64' then
+      ids = t
+    else
+      error(('%s: data[%d] must be a text or 1-D int64 ids, as data[1] is, got %s'):format(where, i,
+        torch.is_tensor(t) and (t.dtype .. ' ' .. format.shape(t)) or type(t)), 3)
+    end
+    if ids:numel() < 2 then error(('%s: data[%d] has %d token(s): nothing to predict'):format(where, i, ids:numel()), 3) end
+    xs[i], ys[i] = ids:narrow(1, 1, ids:numel() - 1), ids:narrow(1, 2, ids:numel() - 1)
+  end
+  local x, _, mask = inputs.to_ids(model, xs, nil, where)
+  local y = inputs.to_ids(model, ys, nil, where)
+  local dev = model:device()
+  local out = {x:to(dev), y:to(dev)}
+  if mask then
+    out.mask = mask:to(dev)
+    local idx = {}
+    for k, real in ipairs(mask:reshape(-1):tolist()) do if real then idx[#idx + 1] = k end end
+    out.idx = torch.tensor(idx, {dtype = 'int64', device = dev})
+  end
+  return out
+end
+
+-- autopsy.run(model, data, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text, config, tokenizer})
+-- data: a corpus (batches from its val split), {inputs, targets}, or a
+-- list of texts (with tokenizer, or the model's own) or of 1-D ids of any
+-- lengths: one batch, padded, in which every statistic, loss and map reads
+-- the real positions only (each example predicting its own next tokens).
 -- steps: batches to average over. k: how many lowest-influence blocks the
 -- removal sweep drops together (default: half). history: a train.fit run
 -- whose losses and probe history go into the report. probe_text: a sentence
@@ -361,12 +427,19 @@ end
 -- config: the calling script's settings, kept in the provenance record
 -- (a.provenance: data, model, training, software, machine; see provenance.lua).
 local function run(model, source, opts)
-  opts = opts or {}
+  opts = options.check(opts, {'metrics', 'steps', 'batch', 'seq', 'thresholds', 'k', 'history', 'probe_text', 'config', 'tokenizer'},
+    'autopsy.run', 2)
+  local padded = padded_source(model, source, opts)
+  if padded and opts.steps ~= nil and opts.steps ~= 1 then
+    error(('autopsy.run: a list of texts is one batch; steps must be 1, got %s'):format(tostring(opts.steps)), 2)
+  end
+  if padded then source = {padded[1], padded[2]} end
   check_tokens(model, source)
   -- this autopsy's own start (or its training run's): several in one script each keep their own date and wall time
   local started, started_utc = torch._now(), os.date('!%Y-%m-%dT%H:%M:%SZ')
   if type(opts.history) == 'table' and opts.history.started then started, started_utc = opts.history.started, opts.history.started_utc end
   local s = start(model, source, opts)
+  if padded then s.mask, s.idx = padded.mask, padded.idx end
   local was_training = model.training
   model:eval()
   measure_batches(s)
