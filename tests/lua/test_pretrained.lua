@@ -253,4 +253,28 @@ test('a local folder with only pytorch_model.bin is refused: why, and how to con
   H.raises_part(function() models.from_pretrained(dir) end, 'has its weights only as pytorch_model.bin, a Python pickle; anatomy loads safetensors only')
 end)
 
+test('models.from_config: fresh weights of a family, written by save_pretrained and read back the same', function()
+  local cfg = {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = 32, n_layer = 2, n_head = 2}
+  local m = models.from_config(cfg, {seed = 3})
+  local wte = m.wte.weight
+  H.close((wte:std():item()), 0.02, 0.003, 'N(0, 0.02)')
+  local params = {}
+  for name, p in m:named_parameters() do params[name] = p end
+  eq(params['h.1.ln_1.weight']:eq(1):all():item(), true, 'norms start at one')
+  eq(params['h.1.attn.qkv.bias']:eq(0):all():item(), true, 'biases at zero')
+  H.identical(models.from_config(cfg, {seed = 3}).wte.weight, wte, 'the same seed, the same weights')
+  local dir = folder(nil, nil)
+  m:save_pretrained(dir)
+  local back = models.from_pretrained(dir)
+  remove(dir)
+  local x = torch.randint(1, V + 1, {2, 6})
+  H.identical(back(x), m(x), 'the checkpoint reads back as it was written')
+  eq(back.hf_config.n_embd, 32)
+  raises(function() models.from_config({model_type = 'bert'}) end,
+    "models.from_config: model_type 'bert' is not supported (supported: gpt2, gpt_neox, llama, mistral, qwen2)")
+  raises(function() models.from_config({model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = 32, n_layer = 2, n_head = 2,
+    initializer_range = -1}) end, 'models.from_config: initializer_range must be a positive number, got -1')
+  raises(function() models.from_config(cfg, {sed = 1}) end, "models.from_config: unknown option 'sed' (expected seed)")
+end)
+
 H.done()

@@ -13,6 +13,7 @@ models.stateful = require('anatomy.models.stateful').new
 local pretrained = require('anatomy.models.pretrained')
 models.pretrained = pretrained
 models.from_pretrained = pretrained.from_pretrained
+models.from_config = pretrained.from_config
 models.hf_name = pretrained.hf_name
 models.anatomy_name = pretrained.anatomy_name
 

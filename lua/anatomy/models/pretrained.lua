@@ -244,6 +244,52 @@ function pretrained.locate(name, opts, where, fetch)
   return snap.folder, snap
 end
 
+-- models.from_config(config, {seed}) -> a model of a Hugging Face config
+-- (a table as config.json reads, or the path of a config.json or of the
+-- folder holding it) with fresh weights, as transformers'
+-- AutoModel.from_config: every 2-D weight drawn from N(0,
+-- initializer_range) (0.02 unless the config says), biases zero, norms'
+-- weights one. The config is kept (model.hf_config), so save_pretrained
+-- writes a checkpoint that from_pretrained and transformers read. seed:
+-- torch.manual_seed before the draw.
+function pretrained.from_config(config, opts)
+  local where = 'models.from_config'
+  opts = options.check(opts, {'seed'}, where, 2)
+  if type(config) == 'string' then
+    local path = fs.exists(config .. '/config.json') and config .. '/config.json' or config
+    if not fs.exists(path) then error(("%s: no config.json at '%s'"):format(where, config), 2) end
+    local ok, decoded = pcall(json.decode, fs.read(path))
+    if not ok or type(decoded) ~= 'table' then error(("%s: '%s' is not valid JSON: %s"):format(where, path, tostring(decoded)), 2) end
+    config = decoded
+  end
+  if type(config) ~= 'table' then error(('%s: config must be a table or the path of a config.json, got %s'):format(where, type(config)), 2) end
+  local family = pretrained.families[config.model_type]
+  if not family then
+    local known = {}
+    for k in pairs(pretrained.families) do known[#known + 1] = k end
+    table.sort(known)
+    error(("%s: model_type '%s' is not supported (supported: %s)"):format(where, tostring(config.model_type), table.concat(known, ', ')), 2)
+  end
+  local range = config.initializer_range or 0.02
+  if type(range) ~= 'number' or not (range > 0) then error(('%s: initializer_range must be a positive number, got %s'):format(where, tostring(range)), 2) end
+  local F = require(family)
+  local settings = F.check(config, where)
+  if opts.seed ~= nil then torch.manual_seed(opts.seed) end
+  local model = torch._native.without_init(F.build, settings)
+  torch.no_grad(function()
+    for name, p in model:named_parameters() do
+      if p:dim() >= 2 then p:normal_(0, range)
+      elseif name:match('norm[^.]*%.weight$') or name:match('ln[^.]*%.weight$') then p:fill_(1)
+      else p:zero_() end
+    end
+  end)
+  local copy = {}
+  for k, v in pairs(config) do copy[k] = v end
+  rawset(model, 'hf_config', copy)
+  rawset(model, 'hf_dropout', pretrained.dropout_settings(copy))
+  return model
+end
+
 -- models.from_pretrained(name, {revision = 'main', dtype = 'float32'|'bfloat16'|'float16',
 -- device, token, cache_dir, local_files_only}) -> model, tokenizer (nil when
 -- the checkpoint has none). name is a local folder, or a Hub repository id
