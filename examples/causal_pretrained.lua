@@ -7,9 +7,8 @@
 -- Shakespeare, character by character, written with save_pretrained, and
 -- read back with models.from_pretrained: that checkpoint is the one
 -- measured. --model=NAME_OR_FOLDER measures a published one instead (its own
--- tokenizer; the questions are about repeated random tokens, so any
--- vocabulary does).
---   1. in-context copying: on a run of random tokens repeated once (r r),
+-- tokenizer, on the same held-out text).
+--   1. in-context copying: on a span of held-out text repeated once (r r),
 --      the loss on the second copy against the first;
 --   2. induction and previous-token scores of every head (attention from p
 --      to the token after p's earlier occurrence, and to p - 1);
@@ -31,6 +30,12 @@ local corpus, data_ = experiment.corpus(cfg)
 local model, tok, trained
 if cfg.model ~= '' then
   model, tok = models.from_pretrained(cfg.model)
+  if not tok then  -- a checkpoint without tokenizer files: the corpus's own, when the vocabularies agree
+    if model.config.vocab ~= corpus.vocab_size then
+      error(('%s has no tokenizer and %d tokens; the corpus reads %d'):format(cfg.model, model.config.vocab, corpus.vocab_size), 0)
+    end
+    tok = corpus
+  end
 else
   local fresh = models.from_config({model_type = 'gpt2', vocab_size = corpus.vocab_size, n_positions = cfg.seq, n_embd = cfg.dim,
     n_layer = cfg.layers, n_head = cfg.heads}, {seed = cfg.seed})
@@ -48,10 +53,19 @@ local r = experiment.results(('Induction in a GPT-2 checkpoint (%s)'):format(cfg
   ('%d layers, dim %d, trained here on %s'):format(cfg.layers, cfg.dim, data_.name)), data_)
 if trained then r:run('checkpoint', model, trained, corpus) end
 
--- 1. repeated random tokens (r r, then random filler up to T + 1), ids 2..V
+-- 1. a span of held-out text repeated once (r r, then the text that followed r), from random places of the
+-- validation split: in-distribution text, whose second copy a model that copies from context predicts far better
 torch.manual_seed(cfg.seed + 1)
-local rr = torch.randint(2, V + 1, {cfg.eval_batch, n})
-local x = torch.cat({rr, rr, torch.randint(2, V + 1, {cfg.eval_batch, T + 1 - 2 * n})}, 2)
+local whole = fs.read(data_.path)
+local stream = cfg.model ~= '' and tok:encode(whole:sub(#whole - math.floor(#whole / 10))) or corpus:tokens('val')  -- the last tenth
+local rows, rr_rows = {}, {}
+for b = 1, cfg.eval_batch do
+  local start = math.random(1, stream:numel() - (T + 1 - n) - 1)
+  local r = stream:narrow(1, start, n)
+  rows[b] = torch.cat({r, r, stream:narrow(1, start + n, T + 1 - 2 * n)}, 1)
+  rr_rows[b] = r
+end
+local x, rr = torch.stack(rows, 1), torch.stack(rr_rows, 1)
 local input = x:narrow(2, 1, T)
 local logits, cache = probe.run_with_cache(model, input, {filter = {'*.pattern'}})
 local function copy_loss(l, first)
@@ -84,7 +98,7 @@ end
 
 -- 3. exact patching and AtP* on the every-other corruption, log-probability of the right token over the second copy
 local broken = x:clone()
-for i = 1, n, 2 do broken:narrow(2, i, 1):copy_(torch.randint(2, V + 1, {cfg.eval_batch, 1})) end
+for i = 1, n, 2 do broken:narrow(2, i, 1):copy_(torch.randint(1, V + 1, {cfg.eval_batch, 1})) end
 broken = broken:narrow(2, 1, T)
 local targets = x:narrow(2, n + 2, n - 1):unsqueeze(3)
 local function right_logprob(l) return l:narrow(2, n + 1, n - 1):log_softmax(-1):gather(3, targets):mean() end
@@ -155,9 +169,8 @@ local ablated = #handles > 0 and copied(model:generate(prompt, {max_new = n - ha
 for _, h in ipairs(handles) do h:remove() end
 
 -- 6. the autopsy of lines of different lengths (one padded batch)
-local text = fs.read(data_.path)
 local lines = {}
-for line in text:gmatch('[^\n]+') do
+for line in whole:gmatch('[^\n]+') do
   if #line >= 20 and #lines < 16 then lines[#lines + 1] = line:sub(1, math.min(#line, T)) end
 end
 local a = autopsy.run(model, lines, {tokenizer = tok})
@@ -169,7 +182,7 @@ local function list(hs, key)
   for i, hd in ipairs(hs) do out[i] = ('%s (%.2f)'):format(hd.name, hd[key]) end
   return #out > 0 and table.concat(out, ', ') or 'none'
 end
-r:add('the model copies from context: the second copy of a random run is far easier than the first', 'second < 0.5 x first',
+r:add('the model copies from context: the second copy of a repeated span is far easier than the first', 'second < 0.5 x first',
   ('first %.3f, second %.3f'):format(loss_first, loss_second), loss_second < 0.5 * loss_first and 'reproduced' or 'differs')
 r:add('it has induction heads (attention to the token after the earlier occurrence > 0.3), after a previous-token head\'s layer',
   'induction heads', ('%s; previous-token heads: %s'):format(list(induction, 'induction'), list(previous, 'previous')),
@@ -183,9 +196,9 @@ r:add('greedy generation continues a repeated run, and does not with the inducti
   'continues; ablated: far less', ('%.0f%% of the tokens copied; ablated: %s'):format(100 * continued,
     ablated and ('%.0f%%'):format(100 * ablated) or 'no induction heads to ablate'),
   continued >= 0.8 and ablated and ablated < 0.5 * continued and 'reproduced' or 'differs')
-r:note(('Measured on %d sequences of %d tokens: a run of %d random tokens repeated once, then random filler. Patching, AtP* and edges: '
+r:note(('Measured on %d sequences of %d tokens: a span of %d tokens of the validation split repeated once, then the text that followed it. Patching, AtP* and edges: '
   .. 'the share of the way from a run whose first copy has every other token replaced back to the clean run, the metric the '
-  .. 'log-probability of the right next token over the second copy. Generation: the first sequence\'s run shown once and its first %d '
+  .. 'log-probability of the right next token over the second copy. Generation: the first sequence\'s span shown once and its first %d '
   .. 'tokens again, %d greedy tokens. The autopsy: the first %d lines of %s of at least 20 characters, one padded batch.'):format(
   cfg.eval_batch, T, n, half, n - half, #lines, data_.name))
 local rows = {}
