@@ -146,4 +146,32 @@ function H.done()
   os.exit(H.failed == 0 and 0 or 1, true)  -- true: close the state, freeing every tensor
 end
 
+-- The five pretrained families (random weights, built from their config.json
+-- settings; Mistral's sliding window `window`) and the built-in GPT, vocab V.
+function H.family_models(V, window)
+  local pretrained = require('anatomy.models.pretrained')
+  local base = {vocab_size = V, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
+    max_position_embeddings = 48}
+  local function with(extra)
+    local c = {}
+    for k, v in pairs(base) do c[k] = v end
+    for k, v in pairs(extra) do c[k] = v end
+    return c
+  end
+  local configs = {
+    {'gpt2', {model_type = 'gpt2', vocab_size = V, n_positions = 48, n_embd = 32, n_layer = 2, n_head = 4}},
+    {'llama (grouped-query)', with{model_type = 'llama', num_key_value_heads = 2}},
+    {'mistral (sliding window ' .. window .. ')', with{model_type = 'mistral', num_key_value_heads = 2, sliding_window = window}},
+    {'qwen2 (q, k, v biases)', with{model_type = 'qwen2'}},
+    {'gpt_neox (partial rotary, parallel)', with{model_type = 'gpt_neox', rotary_pct = 0.5, use_parallel_residual = true}},
+  }
+  local out = {}
+  for i, c in ipairs(configs) do
+    local F = require(pretrained.families[c[2].model_type])
+    out[i] = {c[1], F.build(F.check(c[2], 'test'))}
+  end
+  out[#out + 1] = {'models.gpt (learned positions)', models.gpt{vocab = V, dim = 32, heads = 4, layers = 2, seq = 48, ffn = 64, norm = 'pre'}}
+  return out
+end
+
 return H
