@@ -4,6 +4,7 @@
 
 #include "bindings/parts.h"
 #include "bindings/common.h"
+#include "host/io/digest.h"
 #include "host/io/safetensors.h"
 #include "host/tensor_format.h"
 #include "host/runtime.h"
@@ -62,6 +63,31 @@ int torch_save_safetensors(lua_State* L) {
     throw CallError(e.what());
   }
   return 0;
+}
+
+// torch.tensors_sha256({name = tensor, ...}) -> the SHA-256 (hex) of the
+// tensors' names, dtypes, shapes and values, in name order: two state dicts
+// hash alike exactly when they hold the same tensors (on any device).
+int torch_tensors_sha256(lua_State* L) {
+  io::NamedTensors tensors = check_named_tensors(L, 1);
+  std::vector<std::string> headers;
+  std::vector<at::Tensor> bytes;
+  headers.reserve(tensors.size());
+  bytes.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    std::string header = name + '\0' + std::string(c10::toString(t.scalar_type())) + '\0';
+    for (int64_t d : t.sizes()) header += std::to_string(d) + ',';
+    headers.push_back(header + '\0');
+    bytes.push_back(t.detach().to(at::kCPU).contiguous());
+  }
+  std::vector<std::string_view> pieces;
+  for (size_t i = 0; i < headers.size(); ++i) {
+    pieces.emplace_back(headers[i]);
+    pieces.emplace_back(static_cast<const char*>(bytes[i].data_ptr()), bytes[i].nbytes());
+  }
+  std::string hex = io::sha256_hex(pieces);
+  lua_pushlstring(L, hex.data(), hex.size());
+  return 1;
 }
 
 // torch.load_safetensors(path) -> {name = tensor, ...}, metadata, names (file order)
@@ -195,6 +221,7 @@ const luaL_Reg safetensors_functions[] = {
     {"safe_open", guarded<torch_safe_open>},
     {"save_safetensors", guarded<torch_save_safetensors>},
     {"load_safetensors", guarded<torch_load_safetensors>},
+    {"tensors_sha256", guarded<torch_tensors_sha256>},
     {nullptr, nullptr},
 };
 

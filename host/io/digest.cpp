@@ -52,6 +52,12 @@ std::string sha256_hex(std::string_view bytes) {
   return d.hex();
 }
 
+std::string sha256_hex(const std::vector<std::string_view>& pieces) {
+  DigestContext d;
+  for (std::string_view piece : pieces) d.update(piece.data(), piece.size());
+  return d.hex();
+}
+
 std::string real_path(const std::string& path) {
   std::unique_ptr<char, decltype(&std::free)> resolved(::realpath(path.c_str(), nullptr), &std::free);
   if (!resolved) throw std::runtime_error("cannot resolve '" + path + "': " + std::strerror(errno));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace anatomy::io {
 
@@ -16,6 +17,9 @@ struct FileInfo {
 
 /// SHA-256 of bytes in memory, as 64 lowercase hex digits.
 std::string sha256_hex(std::string_view bytes);
+/// SHA-256 of pieces of memory read one after the other (as if
+/// concatenated, without copying them into one buffer).
+std::string sha256_hex(const std::vector<std::string_view>& pieces);
 
 /// The absolute path of an existing file or folder (symbolic links resolved);
 /// throws std::runtime_error naming the path and the reason otherwise.

@@ -238,7 +238,7 @@ test('a block whose removal costs almost nothing is a passenger; unknown plot co
   eq(b.rows[2].verdict, 'passenger', ('removing it costs %.3g of the loss'):format(cost))
   assert(tostring(b):find('or removal_loss - loss < ', 1, true), 'the rule is printed')
   raises(function() a:plot('nonsense') end, "test_autopsy.lua:240: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
-    .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, removal_loss, f_residual, f_influence, f_removal_loss, gate_identity_loss, gate_grad, gate_identity)")
+    .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, lens_kl, tuned_lens_loss, tuned_kl, removal_loss, f_residual, f_influence, f_removal_loss, gate_identity_loss, gate_grad, gate_identity)")
 end)
 
 test('a column the autopsy cannot fill says why, in the table and the JSON', function()

@@ -22,7 +22,8 @@ function Autopsy:parameter_table() return format.parameter_table(self) end
 
 -- a:plot(metric): a compact chart of one column per layer, in the terminal
 -- ('grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual',
--- 'influence', 'lens_loss', 'removal_loss').
+-- 'influence', 'lens_loss', 'removal_loss'; with a tuned lens 'lens_kl',
+-- 'tuned_lens_loss', 'tuned_kl').
 function Autopsy:plot(metric)
   local text = format.plot(self, metric)  -- not a tail call: errors name the caller's line
   return text
@@ -114,7 +115,7 @@ end
 
 -- The per-layer measures, in the names the JSON uses, in table order.
 Autopsy.columns = {'name', 'kind', 'grad_norm', 'erank', 'erank_ratio', 'entropy', 'diag', 'act_std', 'amplification',
-  'residual', 'influence', 'lens_loss', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss', 'gate_identity_loss',
+  'residual', 'influence', 'lens_loss', 'lens_kl', 'tuned_lens_loss', 'tuned_kl', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss', 'gate_identity_loss',
   'gate_grad', 'gate_identity', 'verdict'}
 
 -- a:csv(path): the per-layer table as CSV (one row a layer, the JSON's

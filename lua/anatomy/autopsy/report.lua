@@ -74,6 +74,18 @@ function report.html(a)
   charts[#charts + 1] = svg.bars('act_std per layer', block_names, column(blocks, 'act_std'), {ylabel = 'act_std'})
   charts[#charts + 1] = svg.bars('lens_loss: loss read out after each layer (logit lens)', block_names, column(blocks, 'lens_loss'),
     {ylabel = 'lens_loss (nats)', reference = {a.loss, 'full model'}})
+  -- with a tuned lens: both lenses' KL to the final distribution and their losses, layer by layer
+  local tuned_rows = {}
+  for i, r in ipairs(blocks) do if r.tuned_kl then tuned_rows[#tuned_rows + 1] = i end end
+  if #tuned_rows > 0 then
+    local xs, names = {}, {}
+    for k, i in ipairs(tuned_rows) do xs[k], names[i] = i, blocks[i].name end
+    local function ys(key) local out = {} for k, i in ipairs(tuned_rows) do out[k] = blocks[i][key] end return out end
+    charts[#charts + 1] = svg.lines('KL(final || lens) after each layer: logit lens and tuned lens',
+      {{'logit lens', xs, ys('lens_kl')}, {'tuned lens', xs, ys('tuned_kl')}}, {xlabel = 'layer', ylabel = 'KL (nats)', xnames = names})
+    charts[#charts + 1] = svg.lines('loss read out after each layer: logit lens and tuned lens',
+      {{'logit lens', xs, ys('lens_loss')}, {'tuned lens', xs, ys('tuned_lens_loss')}}, {xlabel = 'layer', ylabel = 'loss (nats)', xnames = names})
+  end
   -- removal as the rise over the full model: differences of 0.1% stay visible
   local rises = {}
   for i, r in ipairs(blocks) do rises[i] = r.removal_loss and a.loss and r.removal_loss - a.loss or nil end

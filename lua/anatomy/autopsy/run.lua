@@ -15,6 +15,7 @@ local data = require('anatomy.data')
 local inputs = require('anatomy.probe.inputs')
 local format = require('anatomy.render.format')
 local options = require('anatomy.torch.options')
+local lens_module = require('anatomy.probe.lens')
 
 local function same_shape(a, b) return format.shape(a) == format.shape(b) end
 local hidden_from
@@ -46,7 +47,20 @@ local function head_loss(model, h, y, top)
   return torch.no_grad(function()
     local logits = model:readout(h)
     local ce = nn.functional.cross_entropy(logits, y):item()
-    return ce, top and logits:argmax(-1):eq(top):double():mean():item() or nil
+    return ce, top and logits:argmax(-1):eq(top):double():mean():item() or nil, logits
+  end)
+end
+
+-- With a tuned lens ({lens = l}): layer i's output read through the logit
+-- lens (its KL to the final distribution, lens_kl) and through the tuned
+-- lens (tuned_lens_loss, tuned_kl). read: the logit lens's logits.
+local function tuned(s, d, i, out, y, read)
+  torch.no_grad(function()
+    local final_logp = d.logits:log_softmax(-1)
+    add(s, i .. ':lens_kl', lens_module._kl(final_logp, read):mean():item())
+    local t = s.opts.lens:readout(i, out)
+    add(s, i .. ':tuned_lens_loss', nn.functional.cross_entropy(t, y):item())
+    add(s, i .. ':tuned_kl', lens_module._kl(final_logp, t):mean():item())
   end)
 end
 
@@ -64,9 +78,9 @@ local function lens(s, d, i, out, y, final_top)
     s.missing.lens_loss = ('%s has no readout(h) (the head applied to a hidden state)'):format(nn.typename(model))
     return
   end
-  local ok, read, agree = true, d.logits, nil
+  local ok, read, agree, logits = true, d.logits, nil, nil
   if s.stepwise and i < #layers then
-    ok, read, agree = pcall(head_loss, model, out, y, final_top)
+    ok, read, agree, logits = pcall(head_loss, model, out, y, final_top)
     if ok then s.lens_ce[i] = read end
   elseif not s.stepwise or i ~= #layers then
     ok, read = pcall(function() return torch.no_grad(function() return model:readout(out) end) end)
@@ -74,10 +88,12 @@ local function lens(s, d, i, out, y, final_top)
   if ok and s.lens_ce[i] then
     add(s, i .. ':lens_loss', s.lens_ce[i])
     add(s, i .. ':lens_agree', agree)
+    if s.opts.lens then tuned(s, d, i, out, y, logits) end
   elseif ok and torch.is_tensor(read) and read:size(-1) == d.logits:size(-1) then
     s.lens_ce[i] = nn.functional.cross_entropy(read, y):item()
     add(s, i .. ':lens_loss', s.lens_ce[i])
     add(s, i .. ':lens_agree', read:argmax(-1):eq(final_top):double():mean():item())
+    if s.opts.lens then tuned(s, d, i, out, y, read) end
   elseif not ok then
     s.missing.lens_loss = s.missing.lens_loss or ('readout(h) failed: ' .. tostring(read):gsub('^[^\n]-:%d+: ', ''):match('[^\n]*'))
   else
@@ -229,6 +245,7 @@ local function block_row(s, i, l)
     act_mean = a('act_mean'), act_std = a('act_std'), act_max = a('act_max'), act_rms = a('act_rms'), erank = a('erank'),
     amplification = a('amplification'), residual = a('residual'), influence = a('influence'),
     entropy = a('entropy'), diag = a('diag'), lens_loss = a('lens_loss'), lens_agree = a('lens_agree'),
+    lens_kl = a('lens_kl'), tuned_lens_loss = a('tuned_lens_loss'), tuned_kl = a('tuned_kl'),
     f_residual = a('f_residual'), f_influence = a('f_influence')}
   -- a gated residual: the gate's gradient, and how far the gate is from the identity it replaced
   if nn.is_instance(l[2], nn.Gate) then
@@ -415,7 +432,22 @@ local function padded_source(model, source, opts)
   return out
 end
 
--- autopsy.run(model, data, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text, config, tokenizer})
+-- The lens option: a tuned lens of this very model (a logit lens adds
+-- nothing: lens_loss is the logit lens already).
+local function check_lens(model, l)
+  if l == nil then return end
+  if getmetatable(l) ~= lens_module.Lens then
+    error(('autopsy.run: lens must be a lens from lens.tuned or lens.load, got %s'):format(type(l)), 3)
+  end
+  if l.kind ~= 'tuned' then
+    error('autopsy.run: lens is a logit lens, which the autopsy reads already (lens_loss); pass a tuned lens (lens.tuned, lens.load)', 3)
+  end
+  if l.model ~= model then
+    error(('autopsy.run: lens was made for another model (%s), not this %s'):format(tostring(l.model_name), nn.typename(model)), 3)
+  end
+end
+
+-- autopsy.run(model, data, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text, config, tokenizer, lens})
 -- data: a corpus (batches from its val split), {inputs, targets}, or a
 -- list of texts (with tokenizer, or the model's own) or of 1-D ids of any
 -- lengths: one batch, padded, in which every statistic, loss and map reads
@@ -426,9 +458,13 @@ end
 -- whose attention maps the report shows (with a corpus to encode it).
 -- config: the calling script's settings, kept in the provenance record
 -- (a.provenance: data, model, training, software, machine; see provenance.lua).
+-- lens: a tuned lens of the model (lens.tuned): each block's row gains
+-- lens_kl (the logit lens's KL to the final distribution), tuned_lens_loss
+-- and tuned_kl (the same read through the tuned lens).
 local function run(model, source, opts)
-  opts = options.check(opts, {'metrics', 'steps', 'batch', 'seq', 'thresholds', 'k', 'history', 'probe_text', 'config', 'tokenizer'},
+  opts = options.check(opts, {'metrics', 'steps', 'batch', 'seq', 'thresholds', 'k', 'history', 'probe_text', 'config', 'tokenizer', 'lens'},
     'autopsy.run', 2)
+  check_lens(model, opts.lens)
   local padded = padded_source(model, source, opts)
   if padded and opts.steps ~= nil and opts.steps ~= 1 then
     error(('autopsy.run: a list of texts is one batch; steps must be 1, got %s'):format(tostring(opts.steps)), 2)

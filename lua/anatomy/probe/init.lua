@@ -18,6 +18,7 @@
 --   edges.lua          edge attribution (EAP, EAP-IG): a graph of scored edges between components
 --   prompt.lua         test_prompt: a prompt's answer, its rank and probability
 --   steer.lua          steering vectors
+--   lens.lua           the logit lens and the tuned lens: each layer's prediction
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')

@@ -40,6 +40,10 @@ format.measures = {
   {'residual', 'mean |output - input| / |input| per token: the block\'s own contribution beside its input; a passenger below the threshold'},
   {'influence', '1 - the mean cosine between the block\'s input and output, per token (how far it turns the stream); the least influential are the ones removed together'},
   {'lens_loss', 'loss of the readout (logit lens) applied to the row\'s output'},
+  -- with a tuned lens (autopsy.run{lens = l}): shown when a row has them, beside lens_loss
+  {'lens_kl', 'KL(final || logit lens) in nats: how far the row\'s output read as it is lies from the model\'s prediction', true},
+  {'tuned_lens_loss', 'loss of the tuned lens (the row\'s output through its trained affine translator, then the readout)', true},
+  {'tuned_kl', 'KL(final || tuned lens) in nats', true},
   {'removal_loss', 'loss of the model with the block removed (its output replaced by its input); a passenger when it adds less than the threshold of the loss'},
   -- a residual wrapper whose skip path is not the identity (nn.Gate, nn.HyperConnections): shown when a row has them
   {'f_residual', 'residual wrapper: mean |f(x)| / |skip(x)| per token, f\'s output beside the wrapper\'s own path (gate(x)); replaces residual in the verdict', true},
@@ -93,8 +97,12 @@ function format.table(self)
     {'lens_loss', function(r) return fmt(r.lens_loss) end},
     {'removal_loss', function(r) return fmt(r.removal_loss) end},
   }
-  for _, m in ipairs(format.columns(self)) do  -- a residual wrapper's columns, when a row has them
-    if m[3] and m[1] ~= 'gate_grad' and m[1] ~= 'gate_identity' then
+  local after_lens = 11  -- the tuned lens's columns go right after lens_loss
+  for _, m in ipairs(format.columns(self)) do  -- a tuned lens's and a residual wrapper's columns, when a row has them
+    if m[1] == 'lens_kl' or m[1] == 'tuned_lens_loss' or m[1] == 'tuned_kl' then
+      table.insert(cols, after_lens, {m[1], function(r) return fmt(r[m[1]]) end})
+      after_lens = after_lens + 1
+    elseif m[3] and m[1] ~= 'gate_grad' and m[1] ~= 'gate_identity' then
       cols[#cols + 1] = {m[1], function(r) return fmt(r[m[1]]) end}
     end
   end
@@ -161,7 +169,7 @@ local bars = {' ', '▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'}
 -- 'influence', 'lens_loss', 'removal_loss').
 function format.plot(self, metric, quiet)
   local columns = {'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'act_mean', 'act_max', 'act_rms', 'amplification',
-    'residual', 'influence', 'lens_loss', 'lens_agree', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss',
+    'residual', 'influence', 'lens_loss', 'lens_agree', 'lens_kl', 'tuned_lens_loss', 'tuned_kl', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss',
     'gate_identity_loss', 'gate_grad', 'gate_identity'}
   local known = false
   for _, c in ipairs(columns) do known = known or c == (metric or 'grad_norm') end

@@ -15,6 +15,15 @@ local tick_text = svg.tick_text
 local figure = svg.figure
 local longest = svg.longest
 
+-- The longest cell text (as terminal.token_label shows it), capped at 10.
+local function longest_cell(labels)
+  local n = 0
+  for _, row in pairs(labels) do
+    for _, v in pairs(row) do n = math.max(n, #terminal.token_label(tostring(v), 10)) end
+  end
+  return n
+end
+
 -- A colour for t in [0, 1]: blue (low) through pale to red (high).
 local function diverging(t)
   t = math.min(math.max(t, 0), 1)
@@ -53,7 +62,8 @@ end
 -- cols of values, every row labelled (the full names; a line between groups
 -- of rows whose names share their first two parts, as blocks.2.*), the
 -- columns labelled, a colour bar with its ticks (log10 colour when log).
--- Tall maps scroll. opts: note, xlabel, value (what the colour is).
+-- Tall maps scroll. opts: note, xlabel, ylabel, value (what the colour is),
+-- labels ([row][column] a text written in each cell, and in its title).
 function heatmap.heatmap(title, row_labels, col_labels, matrix, log, opts)
   if type(opts) ~= 'table' then opts = {note = opts} end
   local flat = {}
@@ -61,8 +71,10 @@ function heatmap.heatmap(title, row_labels, col_labels, matrix, log, opts)
   local lo, hi = range(flat)
   local nr, nc = #row_labels, #col_labels
   local L = math.min(300, 12 + math.floor(longest(row_labels) * 6.2))
-  local rh = 14
+  local rh = opts.labels and 18 or 14
   local cw = math.max(10, math.min(60, math.floor(480 / math.max(nc, 1))))
+  local labels = opts.labels  -- a text written in each cell (a lens table's top token)
+  if labels then cw = math.max(cw, math.min(64, 10 + 6 * longest_cell(labels))) end
   local rotate = nc > 8 or longest(col_labels) * 6 > cw
   local T = rotate and math.min(110, 14 + math.floor(longest(col_labels) * 5)) or 24
   local W = L + nc * cw + 110
@@ -92,8 +104,16 @@ function heatmap.heatmap(title, row_labels, col_labels, matrix, log, opts)
       local cx = L + (c - 1) * cw
       if finite(s) then
         points = points + 1
-        parts[#parts + 1] = ('<rect x="%s" y="%d" width="%d" height="%d" fill="%s"><title>%s, %s: %s</title></rect>'):format(
-          num(cx), ry, cw, rh, diverging((s - lo) / (hi - lo)), esc(row_labels[r]), esc(col_labels[c]), format.number(v, 4))
+        local text = labels and labels[r] and labels[r][c]
+        parts[#parts + 1] = ('<rect x="%s" y="%d" width="%d" height="%d" fill="%s"><title>%s, %s: %s%s</title></rect>'):format(
+          num(cx), ry, cw, rh, diverging((s - lo) / (hi - lo)), esc(row_labels[r]), esc(col_labels[c]), format.number(v, 4),
+          text and (' (' .. esc(terminal.token_label(text, 24)) .. ')') or '')
+        if text then  -- light on the scale's dark ends, dark in between
+          local t = (s - lo) / (hi - lo)
+          parts[#parts + 1] = ('<text x="%s" y="%d" class="cell" text-anchor="middle" font-size="10" fill="%s">%s</text>'):format(
+            num(cx + cw / 2), ry + rh - 5, (t < 0.3 or t > 0.85) and '#ffffff' or '#222222',
+            esc(terminal.token_label(text, math.floor((cw - 4) / 6))))
+        end
       elseif log and v == 0 then  -- a zero has no place on a log scale: white, marked 0 (not the colour of a small value)
         zeros = true
         parts[#parts + 1] = ('<rect x="%s" y="%d" width="%d" height="%d" class="zero" fill="#ffffff" stroke="#999999"><title>%s, %s: 0</title></rect>'
