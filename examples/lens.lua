@@ -53,10 +53,17 @@ end
 local n = #e_logit.layers - 1  -- the rows before the last (whose readout is the output itself: KL 0 for both)
 
 -- 2. one line of the validation text, read through each lens
-local val_text = corpus:decode(corpus:tokens('val'):narrow(1, 1, math.min(48, cfg.seq)))
-local line = val_text:match('[^\n]+[\n]?[^\n]*') or val_text
-line = line:sub(1, math.min(#line, 40))
+local val_text = corpus:decode(corpus:tokens('val'):narrow(1, 1, math.min(4000, corpus:size('val'))))
+local line
+for l in val_text:gmatch('[^\n]+') do
+  if #l >= 30 then line = l:sub(1, math.min(#l, 32, cfg.seq)) break end
+end
+line = line or val_text:sub(1, math.min(32, cfg.seq))
 local t_logit, t_tuned = logit:table(line, {tokenizer = corpus, k = 3}), tuned:table(line, {tokenizer = corpus, k = 3})
+local highest = 0  -- one colour scale for both tables
+for _, t in ipairs{t_logit, t_tuned} do
+  for _, row in ipairs(t.kl) do for _, v in ipairs(row) do highest = math.max(highest, v) end end
+end
 print('\n' .. tostring(tuned:trajectory(line, {tokenizer = corpus})))
 
 -- 3. the autopsy, both lenses side by side
@@ -87,8 +94,8 @@ local figures = {
     {xlabel = 'layer', ylabel = 'KL (nats)', xnames = names}), ''),
   Figure.new(loss_title, charts.lines(loss_title, {{'logit lens', xs, e_logit.loss}, {'tuned lens', xs, e_tuned.loss}},
     {xlabel = 'layer', ylabel = 'loss (nats)', xnames = names, note = ('the model\'s own loss: %.4f'):format(e_logit.loss[#e_logit.loss])}), ''),
-  Figure.new('logit lens table', t_logit:svg(), tostring(t_logit)),
-  Figure.new('tuned lens table', t_tuned:svg(), tostring(t_tuned)),
+  Figure.new('logit lens table', t_logit:svg{range = {0, highest}}, tostring(t_logit)),
+  Figure.new('tuned lens table', t_tuned:svg{range = {0, highest}}, tostring(t_tuned)),
 }
 local html = {}
 for i, f in ipairs(figures) do

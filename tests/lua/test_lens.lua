@@ -202,6 +202,9 @@ test('trajectory and table: the last row agrees with the model (rank 1, KL 0); e
   if not s:find('position 1, input t', 1, true) then error(s) end
   local svg = tab:svg()
   if not svg:find('data-kind="heatmap"', 1, true) or not svg:find('class="cell"', 1, true) then error('no cell labels in the chart') end
+  local shared = tab:svg{range = {0, 100}}  -- one scale for two tables: every small KL near the low end's colour
+  if shared == svg then error('range did not change the colours') end
+  raises(function() tab:svg{range = {1, 0}} end, 'table:svg: range must be {low, high} with low < high')
   if not tostring(t):find('rank of the final top token', 1, true) then error(tostring(t)) end
 end)
 

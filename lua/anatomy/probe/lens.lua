@@ -472,9 +472,16 @@ function Table:__tostring()
   return table.concat(lines, '\n')
 end
 
--- t:svg() -> rows (read after) by positions (input token), coloured by KL
--- to the final distribution, each cell's top token written in it.
-function Table:svg()
+-- t:svg({range = {low, high}}) -> rows (read after) by positions (input
+-- token), coloured by KL to the final distribution, each cell's top token
+-- written in it; range: the colour scale's ends (one scale for two lenses'
+-- tables), else the values' own.
+function Table:svg(opts)
+  opts = options.check(opts, {'range'}, 'table:svg', 2)
+  if opts.range ~= nil and (type(opts.range) ~= 'table' or type(opts.range[1]) ~= 'number' or type(opts.range[2]) ~= 'number'
+      or not (opts.range[2] > opts.range[1])) then
+    error('table:svg: range must be {low, high} with low < high', 2)
+  end
   local cols, labels = {}, {}
   for t, s in ipairs(self.tokens) do cols[t] = ('%d %s'):format(t, terminal.token_label(s, 10)) end
   for r = 1, #self.layers do
@@ -482,7 +489,8 @@ function Table:svg()
     for t = 1, #self.tokens do labels[r][t] = self.top[r][t][1][1] end
   end
   return require('anatomy.render.charts').heatmap(('%s lens: top token after each layer, coloured by KL to the final distribution'):format(self.kind),
-    self.layers, cols, self.kl, false, {xlabel = 'position (input token)', ylabel = 'read after', value = 'KL (nats)', labels = labels})
+    self.layers, cols, self.kl, false, {xlabel = 'position (input token)', ylabel = 'read after', value = 'KL (nats)', labels = labels,
+      range = opts.range})
 end
 
 function Lens:__tostring()

@@ -63,12 +63,19 @@ end
 -- of rows whose names share their first two parts, as blocks.2.*), the
 -- columns labelled, a colour bar with its ticks (log10 colour when log).
 -- Tall maps scroll. opts: note, xlabel, ylabel, value (what the colour is),
--- labels ([row][column] a text written in each cell, and in its title).
+-- labels ([row][column] a text written in each cell, and in its title),
+-- range ({low, high}: the colour scale's ends instead of the values' own;
+-- values outside take the end colours).
 function heatmap.heatmap(title, row_labels, col_labels, matrix, log, opts)
   if type(opts) ~= 'table' then opts = {note = opts} end
   local flat = {}
   for _, row in ipairs(matrix) do for _, v in ipairs(row) do flat[#flat + 1] = log and finite(v) and v > 0 and math.log10(v) or (not log and v or nil) end end
   local lo, hi = range(flat)
+  if opts.range then  -- a colour scale shared with another chart (two lenses' tables side by side)
+    local r = opts.range
+    lo, hi = log and math.log10(r[1]) or r[1], log and math.log10(r[2]) or r[2]
+    if not (finite(lo) and finite(hi) and hi > lo) then error(('heatmap: range must be two finite numbers, low < high, got %s, %s'):format(tostring(r[1]), tostring(r[2])), 2) end
+  end
   local nr, nc = #row_labels, #col_labels
   local L = math.min(300, 12 + math.floor(longest(row_labels) * 6.2))
   local rh = opts.labels and 18 or 14
