@@ -24,7 +24,9 @@
 --   6. attribution patching (AtP*) estimates a per-head patching grid from
 --      one backward: its ranking of the heads matches the exact one;
 --   7. edge attribution (EAP-IG) scores every connection between heads: the
---      previous-token heads' strongest edges go into the induction heads' keys.
+--      previous-token heads' strongest edges go into the induction heads' keys;
+--   8. a linear probe per layer (probe.linear) for the previous token: at
+--      chance on the embedding, near 1 after the previous-token heads.
 --   anatomy examples/circuits.lua [--steps=1500] [--smoke=true] [--out=out/circuits]
 local cfg = experiment.config({vocab = 64, seq = 48, min_run = 8, max_run = 20, eval_run = 16, dim = 64, heads = 4, layers = 2,
   ffn = 128, steps = 1500, batch = 32, lr = 3e-3, seed = 1, eval_batch = 64, out = 'out/circuits'},
@@ -257,6 +259,24 @@ for _, hd in ipairs(previous) do
   edge_text[#edge_text + 1] = node(hd) .. ': ' .. table.concat(parts, ', ')
 end
 
+-- 8. a linear probe for the previous token at every layer (the same sequences; every position but the
+-- first), with a control task: the embedding cannot know it (rotary positions, random tokens), the
+-- residual stream after the previous-token heads' layer can
+local prev_labels = torch.ones(cfg.eval_batch, T, {dtype = 'int64'})
+prev_labels:narrow(2, 2, T - 1):copy_(input:narrow(2, 1, T - 1))
+local labelled = torch.ones(cfg.eval_batch, T, {dtype = 'bool'})
+labelled:narrow(2, 1, 1):fill_(false)
+local probes = probe.linear(model, input, prev_labels, {mask = labelled, control = true, seed = cfg.seed})
+print('\n' .. tostring(probes))
+local after_previous = true  -- every row from the previous-token heads' layer on
+local first_previous = math.huge
+for _, hd in ipairs(previous) do first_previous = math.min(first_previous, hd.layer) end
+local probe_text = {}
+for _, row in ipairs(probes.rows) do
+  if row.layer >= first_previous and row.test_acc < 0.95 then after_previous = false end
+  probe_text[#probe_text + 1] = ('%s %.3f (control %.3f)'):format(row.name, row.test_acc, row.control_acc)
+end
+
 -- '%.3f' of a value, or 'none' where the set of heads it came from is empty
 local function shown(f, v) return v ~= v and 'none' or f:format(v) end
 
@@ -284,6 +304,10 @@ r:add('attribution patching (AtP*) ranks the heads as exact patching does: Spear
   rho >= 0.9 and top3(exact_cells) == top3(estimated_cells) and 'reproduced' or 'differs')
 r:add('edge attribution (EAP-IG) finds K-composition: each previous-token head\'s three largest edges go into induction heads\' keys',
   'into induction heads via k', #edge_text > 0 and table.concat(edge_text, '; ') or 'none', k_composition and 'reproduced' or 'differs')
+r:add('a linear probe for the previous token is at chance on the embedding and >= 95% accurate from the previous-token heads\' layer on',
+  ('chance %.3f; >= 0.95 from layer %s'):format(probes.rows[1].chance, first_previous < math.huge and tostring(first_previous) or '-'),
+  table.concat(probe_text, '; '), first_previous < math.huge and probes.rows[1].test_acc <= probes.rows[1].chance + 0.05 and after_previous
+    and 'reproduced' or 'differs')
 r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d..%d random tokens of %d, repeated, then filler); '
   .. 'models.llama with dim %d, %d heads, ffn %d; measured on %d fresh sequences with runs of %d (DLA averaged over the first %d, '
   .. 'at the second copy\'s last input position). Patching: share of the way from the corrupt run (r\' r) to the clean one; path patching, '
@@ -320,11 +344,12 @@ local figures = {
   share_map('Exact patching of attn.z per head (every other first-copy token replaced)', exact),
   share_map('AtP* estimate of the same grid (two forwards, one backward)', estimated),
   Figure.new('Edge attribution (EAP-IG, 8 steps), the 20 largest edges', pruned:svg(), tostring(pruned)),
+  Figure.new('Linear probes for the previous token, by layer', probes:svg(), tostring(probes)),
 }
 local html = {}
 for i, f in ipairs(figures) do
   html[i] = f.html_figure
-  f:save(cfg.out .. '/' .. ({'patching_exact.svg', 'patching_atp.svg', 'edges.svg'})[i])
+  f:save(cfg.out .. '/' .. ({'patching_exact.svg', 'patching_atp.svg', 'edges.svg', 'probes.svg'})[i])
 end
 require('anatomy.io.fs').write_atomic(cfg.out .. '/attribution.html', page.new('Attribution patching and edge attribution', table.concat(html)))
 r:save(cfg.out, {config = cfg})

@@ -67,7 +67,9 @@ end
 print('\n' .. tostring(tuned:trajectory(line, {tokenizer = corpus})))
 
 -- 3. the autopsy, both lenses side by side
-local a = autopsy.run(model, corpus, {lens = tuned, history = run, config = cfg, seq = cfg.seq})
+-- (no attention measures: the lens is the question here, and the report stays small enough to publish)
+local a = autopsy.run(model, corpus, {lens = tuned, history = run, config = cfg, seq = cfg.seq,
+  metrics = {'grad_norm', 'erank', 'act_std', 'residual', 'influence', 'logit_lens', 'removal', 'weight_erank'}})
 print('\n' .. tostring(a))
 fs.mkdir(cfg.out)
 a:report(cfg.out .. '/autopsy.html')

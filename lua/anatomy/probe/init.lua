@@ -19,6 +19,7 @@
 --   prompt.lua         test_prompt: a prompt's answer, its rank and probability
 --   steer.lua          steering vectors
 --   lens.lua           the logit lens and the tuned lens: each layer's prediction
+--   linear.lua         linear probes per layer, with control tasks
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')
@@ -59,6 +60,8 @@ local probe = {
   logit_attribution = attribution.run,
   -- a prompt and its answer (prompt.lua)
   test_prompt = prompt.test_prompt,
+  -- linear probes (linear.lua)
+  linear = require('anatomy.probe.linear').probe,
 }
 
 return probe
