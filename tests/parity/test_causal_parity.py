@@ -257,11 +257,7 @@ def path_patch(model, clean, corrupt, senders, receivers, via):
 def main():
     exe = sys.argv[1]
     here = os.path.dirname(os.path.abspath(__file__))
-    torch.manual_seed(3)
-    model = gpt.GPT()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_((1.0 if n.endswith(("ln1.weight", "ln2.weight", "ln_f.weight")) else 0.0) + 0.3 * torch.randn(p.shape))
+    model = gpt.random_gpt(3)
     clean, corrupt = torch.randint(0, gpt.V, (gpt.B, gpt.T)), torch.randint(0, gpt.V, (gpt.B, gpt.T))
     with torch.no_grad():
         paths = [path_patch(model, clean, corrupt, *s) for s in SETTINGS]

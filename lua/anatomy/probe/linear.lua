@@ -52,36 +52,8 @@ end
 -- 'resid_post', row 0 'embed' is the first layer's resid_pre), or a list of
 -- layer numbers (0 for embed with resid_post) or names.
 local function rows_of(model, point, layers, where)
-  local all, why = model:layers()
-  if not all then error(('%s: %s'):format(where, why), 3) end
-  local chosen = {}
-  if layers == nil or layers == 'all' then
-    if point == 'resid_post' then chosen[1] = 0 end
-    for i = 1, #all do chosen[#chosen + 1] = i end
-  else
-    if type(layers) == 'number' or type(layers) == 'string' then layers = {layers} end
-    if type(layers) ~= 'table' or #layers == 0 then
-      error(("%s: layers must be 'all', a layer number or name, or a list of them, got %s"):format(where, type(layers)), 3)
-    end
-    for _, l in ipairs(layers) do
-      local index
-      if type(l) == 'number' then
-        local low = point == 'resid_post' and 0 or 1
-        if l % 1 ~= 0 or l < low or l > #all then
-          error(('%s: layer must be in %d..%d%s, got %s'):format(where, low, #all, low == 0 and ' (0: the embedding)' or '', tostring(l)), 3)
-        end
-        index = l
-      else
-        for i, entry in ipairs(all) do if entry[1] == l then index = i end end
-        if not index then
-          local names = {}
-          for i, entry in ipairs(all) do names[i] = entry[1] end
-          error(("%s: no layer '%s' (layers: %s)"):format(where, tostring(l), table.concat(names, ', ')), 3)
-        end
-      end
-      chosen[#chosen + 1] = index
-    end
-  end
+  local low = point == 'resid_post' and 0 or 1
+  local chosen, all = points.pick_layers(model, layers ~= 'all' and layers or nil, where, 3, low)
   local out = {}
   for _, i in ipairs(chosen) do
     local name, full = i == 0 and 'embed' or all[i][1], i == 0 and all[1][1] .. '.resid_pre' or all[i][1] .. '.' .. point

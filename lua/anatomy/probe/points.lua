@@ -289,4 +289,44 @@ function points.names(model)
   return out
 end
 
+-- points.pick_layers(model, layers, where, level, low) -> indices into
+-- model:layers(), in order: layers nil (every layer), a layer number or
+-- name (anatomy's, the checkpoint's or TransformerLens's), or a list of
+-- them; low = 0 admits 0 (the embedding) among the numbers. Errors at
+-- `level` name `where` and the layers there are. Also returns the layers.
+function points.pick_layers(model, layers, where, level, low)
+  level, low = (level or 2) + 1, low or 1
+  local all, why = model:layers()
+  if not all then error(('%s: %s'):format(where, why), level) end
+  local chosen = {}
+  if layers == nil then
+    for i = low, #all do chosen[#chosen + 1] = i end
+    return chosen, all
+  end
+  if type(layers) == 'number' or type(layers) == 'string' then layers = {layers} end
+  if type(layers) ~= 'table' or #layers == 0 then
+    error(('%s: layers must be a layer number or name, or a list of them, got %s'):format(where, type(layers)), level)
+  end
+  for _, l in ipairs(layers) do
+    local index
+    if type(l) == 'number' then
+      if l % 1 ~= 0 or l < low or l > #all then
+        error(('%s: layer must be in %d..%d%s, got %s'):format(where, low, #all, low == 0 and ' (0: the embedding)' or '', tostring(l)), level)
+      end
+      index = l
+    else
+      local resolved = type(l) == 'string' and points.resolve_name(model, l, level)
+      for i, entry in ipairs(all) do if entry[1] == resolved then index = i end end
+      if not index then
+        local names = {}
+        for i, entry in ipairs(all) do names[i] = entry[1] end
+        error(("%s: no layer '%s' (layers: %s)"):format(where, tostring(l), table.concat(names, ', ')), level)
+      end
+    end
+    chosen[#chosen + 1] = index
+  end
+  table.sort(chosen)
+  return chosen, all
+end
+
 return points

@@ -23,34 +23,7 @@ steer.Vector = Vector
 -- The layers a steering vector is read at or applied to: {{name, full}, ...}
 -- in the model's order, full being '<layer>.<point>' (checked to exist).
 local function targets(model, point, layers, where)
-  local all, why = model:layers()
-  if not all then error(('%s: %s'):format(where, why), 3) end
-  local chosen = {}
-  if layers == nil then
-    for i = 1, #all do chosen[#chosen + 1] = i end
-  else
-    if type(layers) == 'number' or type(layers) == 'string' then layers = {layers} end
-    if type(layers) ~= 'table' or #layers == 0 then
-      error(('%s: layers must be a layer number or name, or a list of them, got %s'):format(where, type(layers)), 3)
-    end
-    for _, l in ipairs(layers) do
-      local index
-      if type(l) == 'number' then
-        if l % 1 ~= 0 or l < 1 or l > #all then error(('%s: layer must be in 1..%d, got %s'):format(where, #all, tostring(l)), 3) end
-        index = l
-      else
-        local resolved = type(l) == 'string' and points.resolve_name(model, l, 3)
-        for i, entry in ipairs(all) do if entry[1] == resolved then index = i end end
-        if not index then
-          local names = {}
-          for i, entry in ipairs(all) do names[i] = entry[1] end
-          error(("%s: no layer '%s' (layers: %s)"):format(where, tostring(l), table.concat(names, ', ')), 3)
-        end
-      end
-      chosen[#chosen + 1] = index
-    end
-    table.sort(chosen)
-  end
+  local chosen, all = points.pick_layers(model, layers, where, 3)
   local out = {}
   for _, i in ipairs(chosen) do
     local full = all[i][1] .. '.' .. point
