@@ -26,7 +26,9 @@
 --   7. edge attribution (EAP-IG) scores every connection between heads: the
 --      previous-token heads' strongest edges go into the induction heads' keys;
 --   8. a linear probe per layer (probe.linear) for the previous token: at
---      chance on the embedding, near 1 after the previous-token heads.
+--      chance on the embedding, near 1 after the previous-token heads;
+--   9. the library's head detectors (probe.detect_heads) find the heads the
+--      scores of 1. found.
 --   anatomy examples/circuits.lua [--steps=1500] [--smoke=true] [--out=out/circuits]
 local cfg = experiment.config({vocab = 64, seq = 48, min_run = 8, max_run = 20, eval_run = 16, dim = 64, heads = 4, layers = 2,
   ffn = 128, steps = 1500, batch = 32, lr = 3e-3, seed = 1, eval_batch = 64, probe_batch = 256, probe_steps = 1000, probe_lr = 0.05,
@@ -87,6 +89,16 @@ for l = 1, cfg.layers do
     end
     heads[#heads + 1] = {layer = l, head = h, name = ('blocks.%d head %d'):format(l, h), induction = ind / count, previous = prev / count}
   end
+end
+
+-- the library's detectors (probe.detect_heads) on the same sequences, every query that has a target: the same heads?
+local detected = probe.detect_heads(model, input, {'previous_token', 'induction'})
+print('\n' .. tostring(detected.previous_token) .. '\n' .. tostring(detected.induction))
+local function names_of(list)
+  local out = {}
+  for i, hd in ipairs(list) do out[i] = hd.name end
+  table.sort(out)
+  return table.concat(out, ', ')
 end
 
 -- 2. per-head zero ablation of z: the loss on the repeated half
@@ -307,6 +319,11 @@ r:add('attribution patching (AtP*) ranks the heads as exact patching does: Spear
   rho >= 0.9 and top3(exact_cells) == top3(estimated_cells) and 'reproduced' or 'differs')
 r:add('edge attribution (EAP-IG) finds K-composition: each previous-token head\'s three largest edges go into induction heads\' keys',
   'into induction heads via k', #edge_text > 0 and table.concat(edge_text, '; ') or 'none', k_composition and 'reproduced' or 'differs')
+local det_previous, det_induction = detected.previous_token:heads(0.3), detected.induction:heads(0.3)
+r:add('probe.detect_heads (every query with a target, not only the second copy) finds the same heads (score > 0.3)',
+  ('previous token: %s; induction: %s'):format(names_of(previous), names_of(induction)),
+  ('previous token: %s; induction: %s'):format(names_of(det_previous), names_of(det_induction)),
+  names_of(det_previous) == names_of(previous) and names_of(det_induction) == names_of(induction) and 'reproduced' or 'differs')
 r:add('a linear probe for the previous token is at chance on the embedding and >= 95% accurate from the previous-token heads\' layer on',
   ('chance %.3f; >= 0.95 from layer %s'):format(probes.rows[1].chance, first_previous < math.huge and tostring(first_previous) or '-'),
   table.concat(probe_text, '; '), first_previous < math.huge and probes.rows[1].test_acc <= probes.rows[1].chance + 0.05 and after_previous

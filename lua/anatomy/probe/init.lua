@@ -20,6 +20,7 @@
 --   steer.lua          steering vectors
 --   lens.lua           the logit lens and the tuned lens: each layer's prediction
 --   linear.lua         linear probes per layer, with control tasks
+--   detect.lua         head detectors: previous-token, duplicate-token, induction
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')
@@ -60,6 +61,8 @@ local probe = {
   logit_attribution = attribution.run,
   -- a prompt and its answer (prompt.lua)
   test_prompt = prompt.test_prompt,
+  -- head detectors (detect.lua)
+  detect_heads = require('anatomy.probe.detect').heads,
   -- linear probes (linear.lua)
   linear = require('anatomy.probe.linear').probe,
 }
