@@ -141,7 +141,8 @@ anatomy: LuaJIT over LibTorch. Globals, each with help(name):
   dist        data-parallel training across processes (anatomy --nproc N): dist.all_reduce, ...
   optim       optim.AdamW, optim.Adam, optim.SGD, optim.lr_scheduler
   probe       probe.capture, probe.replace, probe.skip: hook points on every module;
-              probe.run_with_cache, probe.ablate, probe.patch, probe.logit_attribution
+              probe.run_with_cache, probe.ablate, probe.patch, probe.logit_attribution;
+              probe.linear (a probe per layer), probe.detect_heads (previous-token, induction heads)
   patching    activation patching: patching.run, patching.path (path patching), patching.logit_diff
   steer       steering vectors: steer.vector (from contrasting texts), steer.apply (added while the model runs)
   lens        what each layer predicts: lens.logit, lens.tuned (trained translators), l:trajectory, l:table
