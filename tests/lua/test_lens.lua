@@ -175,6 +175,11 @@ test('options are checked when given', function()
   raises(function() tuned:table(text, {tokenizer = corpus, k = 0}) end, 'lens:table: k must be a positive whole number, got 0')
   raises(function() tuned:evaluate(corpus:encode('t')) end, 'lens:evaluate: the input needs 2 tokens or more (a next token to predict)')
   raises(function() tuned:trajectory({'the', 'a lazy'}, {tokenizer = corpus}) end, 'lens:trajectory: one text (or one row of ids), got 2')
+  -- an input error names the caller's line, not the library's
+  for _, call in ipairs{function() tuned:trajectory('the lazy') end, function() tuned:evaluate('the lazy') end} do
+    local ok, err = pcall(call)
+    if ok or not tostring(err):find('^[^\n]*test_lens%.lua:%d+: lens:%a+: a text needs a tokenizer') then error('wrong position: ' .. tostring(err)) end
+  end
 end)
 
 test('trajectory and table: the last row agrees with the model (rank 1, KL 0); entropy and top tokens as computed here', function()

@@ -136,9 +136,11 @@ end
 lens._kl = kl
 
 -- ids and mask of an input (ids, a text, a list of texts or of ids).
-local function batch_of(self, input, opts, where)
-  local ids, tok, mask = inputs.to_ids(self.model, input, opts.tokenizer, where, opts.padding_side)
-  if ids.dtype ~= 'int64' then error(('%s: input must be token ids or text, got %s ids'):format(where, ids.dtype), 3) end
+-- Errors are raised at `level` (the user's call), without this file's position.
+local function batch_of(self, input, opts, where, level)
+  local ok, ids, tok, mask = pcall(inputs.to_ids, self.model, input, opts.tokenizer, where, opts.padding_side)
+  if not ok then error((tostring(ids):gsub('^[^\n]-:%d+: ', '')), level + 1) end
+  if ids.dtype ~= 'int64' then error(('%s: input must be token ids or text, got %s ids'):format(where, ids.dtype), level + 1) end
   mask = inputs.check_mask(ids, mask, where)
   return ids, tok, mask
 end
@@ -150,7 +152,7 @@ end
 function Lens:evaluate(input, opts)
   local where = 'lens:evaluate'
   opts = options.check(opts, {'tokenizer', 'padding_side'}, where, 2)
-  local ids, _, mask = batch_of(self, input, opts, where)
+  local ids, _, mask = batch_of(self, input, opts, where, 2)
   if ids:size(2) < 2 then error(('%s: the input needs 2 tokens or more (a next token to predict)'):format(where), 2) end
   local h, logits = states(self, ids, mask, where)
   local T = ids:size(2)
@@ -351,7 +353,7 @@ end
 
 -- Per row and position of one text: the lens's log-probabilities and the final ones.
 local function one_text(self, input, opts, where)
-  local ids, tok, mask = batch_of(self, input, opts, where)
+  local ids, tok, mask = batch_of(self, input, opts, where, 3)
   if ids:size(1) ~= 1 then error(('%s: one text (or one row of ids), got %d'):format(where, ids:size(1)), 3) end
   local h, logits = states(self, ids, mask, where)
   local reads = {}
