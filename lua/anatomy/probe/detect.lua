@@ -50,22 +50,34 @@ end
 function detect.heads(model, input, kind, opts)
   local where = 'probe.detect_heads'
   opts = options.check(opts, {'tokenizer', 'padding_side'}, where, 2)
-  if type(kind) == 'table' then
-    local out = {}
-    for _, k in ipairs(kind) do out[k] = detect.heads(model, input, k, opts) end
-    return out
-  end
-  local known = false
-  for _, k in ipairs(detect.kinds) do known = known or k == kind end
-  if not known then
-    error(("%s: kind must be one of %s, got %s"):format(where, table.concat(detect.kinds, ', '), tostring(kind)), 2)
+  local kinds = type(kind) == 'table' and kind or {kind}
+  for _, k in ipairs(kinds) do
+    local known = false
+    for _, name in ipairs(detect.kinds) do known = known or name == k end
+    if not known then
+      error(("%s: kind must be one of %s, got %s"):format(where, table.concat(detect.kinds, ', '), tostring(k)), 2)
+    end
   end
   local layers, why = model:layers()
   if not layers then error(('%s: %s'):format(where, why), 2) end
-  local ids, _, mask = inputs.to_ids(model, input, opts.tokenizer, where, opts.padding_side)
+  local ok, ids, _, mask = pcall(inputs.to_ids, model, input, opts.tokenizer, where, opts.padding_side)
+  if not ok then error((tostring(ids):gsub('^[^\n]-:%d+: ', '')), 2) end
   if ids.dtype ~= 'int64' then error(('%s: input must be token ids or texts, got %s'):format(where, ids.dtype), 2) end
   mask = inputs.check_mask(ids, mask, where)
   local _, cache = Cache.run_with_cache(model, ids, {filter = '*.pattern', attention_mask = mask})
+  if type(kind) == 'table' then  -- one forward for every kind
+    local out = {}
+    for _, k in ipairs(kind) do out[k] = detect.score(cache, layers, ids, mask, k, where, 2) end
+    return out
+  end
+  return detect.score(cache, layers, ids, mask, kind, where, 2)
+end
+
+-- detect.score(cache, layers, ids, mask, kind, where, level) -> scores: one
+-- kind's scores from a cache of every layer's pattern (errors at `level`
+-- above the caller).
+function detect.score(cache, layers, ids, mask, kind, where, level)
+  level = (level or 1) + 1
   local want = targets(ids, kind)
   if mask then  -- padded queries and keys out
     local m = mask:double()
@@ -74,12 +86,12 @@ function detect.heads(model, input, kind, opts)
   local has = want:sum(3):gt(0):double()  -- (B, T): queries with a target
   local n = has:sum():item()
   if n == 0 then
-    error(('%s: no query in the input has a key the %s pattern names (the input is too short, or no token repeats)'):format(where, kind), 2)
+    error(('%s: no query in the input has a key the %s pattern names (the input is too short, or no token repeats)'):format(where, kind), level)
   end
   local self = setmetatable({kind = kind, scores = {}, layers = {}, queries = n}, Scores)
   for l, layer in ipairs(layers) do
     local ok, p = pcall(cache.heads, cache, 'pattern', l)  -- (H, B, T, T)
-    if not ok then error(('%s: layer %s publishes no attention pattern (%s)'):format(where, layer[1], tostring(p):match('[^\n]*')), 2) end
+    if not ok then error(('%s: layer %s publishes no attention pattern (%s)'):format(where, layer[1], tostring(p):match('[^\n]*')), level) end
     local on = (p:double() * want:unsqueeze(1)):sum(4)        -- (H, B, T): attention on the targets
     self.scores[l] = ((on * has:unsqueeze(1)):sum(3):sum(2) / n):tolist()
     self.layers[l] = layer[1]
