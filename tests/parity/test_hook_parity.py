@@ -157,6 +157,19 @@ def close(got, want):
     return bool((diff <= 1e-5 + 1e-4 * want.abs()).all()), "maxdiff %.3g" % diff.max().item()
 
 
+def residual_rows(model, ids):
+    """The residual stream before the first block and after each block, and the logits."""
+    h = []
+    handles = [model.blocks[0].hook_resid_pre.register_forward_hook(lambda m, i, o: h.append(o))]
+    for blk in model.blocks:
+        handles.append(blk.hook_resid_post.register_forward_hook(lambda m, i, o: h.append(o)))
+    with torch.no_grad():
+        logits = model(ids)
+    for hd in handles:
+        hd.remove()
+    return h, logits
+
+
 def random_gpt(seed):
     """The GPT with every weight drawn at seed: norms' gains about 1, the rest N(0, 0.3^2)."""
     torch.manual_seed(seed)

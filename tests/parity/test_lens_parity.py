@@ -26,21 +26,8 @@ import test_hook_parity as gpt
 gpt.L = 3
 
 
-def rows(model, ids):
-    """The residual stream at every row and the final logits."""
-    h = []
-    handles = [model.blocks[0].hook_resid_pre.register_forward_hook(lambda m, i, o: h.append(o))]
-    for blk in model.blocks:
-        handles.append(blk.hook_resid_post.register_forward_hook(lambda m, i, o: h.append(o)))
-    with torch.no_grad():
-        logits = model(ids)
-    for hd in handles:
-        hd.remove()
-    return h, logits
-
-
 def lens_numbers(model, ids, translators):
-    h, logits = rows(model, ids)
+    h, logits = gpt.residual_rows(model, ids)
     final = logits.double().log_softmax(-1)
     kl, loss = [], []
     with torch.no_grad():

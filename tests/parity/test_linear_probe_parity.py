@@ -30,18 +30,6 @@ B, T = 24, gpt.T
 STEPS, LR, WD = 150, 0.05, 1e-3
 
 
-def rows(model, ids):
-    h = []
-    handles = [model.blocks[0].hook_resid_pre.register_forward_hook(lambda m, i, o: h.append(o))]
-    for blk in model.blocks:
-        handles.append(blk.hook_resid_post.register_forward_hook(lambda m, i, o: h.append(o)))
-    with torch.no_grad():
-        model(ids)
-    for hd in handles:
-        hd.remove()
-    return h
-
-
 def fit(x, y, train, test, K):
     xt, yt = x[train], y[train]
     mean = xt.mean(0)
@@ -99,7 +87,7 @@ def main():
     train = torch.tensor([int(e) in train_examples for e in example.tolist()])
     test = ~train
     K = len(values)
-    for i, x in enumerate(rows(model, ids)):
+    for i, x in enumerate(gpt.residual_rows(model, ids)[0]):
         x = x.reshape(B * T, -1)[positions].double()  # probes fit in float64, from the float32 activations
         for task, labels_i, key in (("probe", y, "train_loss"), ("control", got["control_labels"] - 1, "control_train_loss")):
             loss, train_acc, test_acc = fit(x, labels_i, train, test, K)

@@ -56,7 +56,8 @@ end
 -- lens (tuned_lens_loss, tuned_kl). read: the logit lens's logits.
 local function tuned(s, d, i, out, y, read)
   torch.no_grad(function()
-    local final_logp = d.logits:log_softmax(-1)
+    d.final_logp = d.final_logp or d.logits:log_softmax(-1)  -- once per batch, for every layer
+    local final_logp = d.final_logp
     add(s, i .. ':lens_kl', lens_module._kl(final_logp, read):mean():item())
     local t = s.opts.lens:readout(i, out)
     add(s, i .. ':tuned_lens_loss', nn.functional.cross_entropy(t, y):item())

@@ -363,6 +363,13 @@ local function one_text(self, input, opts, where)
   return ids, tok, reads, logits[1]:log_softmax(-1):float()
 end
 
+-- The charts' column labels: each position's number and input token.
+local function position_labels(tokens)
+  local cols = {}
+  for t, s in ipairs(tokens) do cols[t] = ('%d %s'):format(t, terminal.token_label(s, 10)) end
+  return cols
+end
+
 local Trajectory = {}
 Trajectory.__index = Trajectory
 Trajectory.__typename = 'lens.Trajectory'
@@ -417,8 +424,7 @@ function Trajectory:svg(what)
   if what ~= 'kl' and what ~= 'entropy' and what ~= 'rank' then
     error(("trajectory:svg: what must be 'kl', 'entropy' or 'rank', got %s"):format(tostring(what)), 2)
   end
-  local cols = {}
-  for t, s in ipairs(self.tokens) do cols[t] = ('%d %s'):format(t, terminal.token_label(s, 10)) end
+  local cols = position_labels(self.tokens)
   local label = ({kl = 'KL(final || lens), nats', entropy = 'entropy, nats', rank = 'rank of the final top token'})[what]
   return require('anatomy.render.charts').heatmap(('%s lens: %s'):format(self.kind, label), self.layers, cols, self[what],
     what == 'rank', {xlabel = 'position (input token)', ylabel = 'read after', value = label})
@@ -484,8 +490,7 @@ function Table:svg(opts)
       or not (opts.range[2] > opts.range[1])) then
     error('table:svg: range must be {low, high} with low < high', 2)
   end
-  local cols, labels = {}, {}
-  for t, s in ipairs(self.tokens) do cols[t] = ('%d %s'):format(t, terminal.token_label(s, 10)) end
+  local cols, labels = position_labels(self.tokens), {}
   for r = 1, #self.layers do
     labels[r] = {}
     for t = 1, #self.tokens do labels[r][t] = self.top[r][t][1][1] end
