@@ -4,8 +4,9 @@
 A small training run (kill9_train.lua: checkpoint every 4 steps, a JSON-lines
 log) is killed with SIGKILL at 50 random moments: while it starts and loads its
 checkpoint, while it trains, and while it writes (ANATOMY_TEST_WRITE_PAUSE makes
-every writer sleep halfway through its data, so many kills land on a half-written
-file). After each kill:
+every writer sleep halfway through its data, and some kills wait for a temporary
+file to appear, so many kills land on a half-written file whatever the machine's
+load). After each kill:
   - the checkpoint, if there is one, is a complete safetensors file (its header
     and data account for every byte) naming a step the run checkpoints at;
   - the log holds every step up to the checkpoint's, each a complete record;
@@ -78,6 +79,16 @@ def log_records(path):
     return recs
 
 
+def wait_for_write(proc, folder, limit):
+    """Sleeps until the process has a temporary file open in the folder, it exits, or limit seconds pass."""
+    suffix = ".tmp.%d" % proc.pid
+    t0 = time.monotonic()
+    while proc.poll() is None and time.monotonic() - t0 < limit:
+        if any(name.endswith(suffix) for name in os.listdir(folder)):
+            return
+        time.sleep(0.002)
+
+
 def checkpoint_step(path):
     """The step a checkpoint names, after checking that the file is complete."""
     size = os.path.getsize(path)
@@ -138,12 +149,20 @@ def main():
             # process starts (and loads its checkpoint), most while it trains
             # and writes
             budget = 1.5 * train_time * remaining / STEPS / max(1, kills - k)
-            if rng.random() < 0.2:
+            r = rng.random()
+            if r < 0.2:
                 moment = rng.uniform(0.3 * startup, startup)
             else:
                 moment = startup + rng.uniform(0, budget)
             proc = start(exe, folder, pause=True)
-            time.sleep(moment)
+            if r >= 0.7:
+                # a kill aimed at a write: wait until the run opens a
+                # temporary file (the writer then sleeps PAUSE_MS halfway
+                # through it), so that machine load cannot move every kill
+                # off the writes
+                wait_for_write(proc, folder, startup + budget * 4)
+            else:
+                time.sleep(moment)
             proc.send_signal(signal.SIGKILL)
             out, err = proc.communicate(timeout=60)
             if proc.returncode != -signal.SIGKILL:
@@ -170,7 +189,7 @@ def main():
                 if logged[:step] != list(range(1, step + 1)):
                     sys.exit("FAIL: kill %d: the checkpoint is at step %d but the log holds steps %s"
                              % (k + 1, step, logged[:step + 2]))
-            if moment < startup:
+            if r < 0.2:
                 during_start += 1
             steps_seen.add(step)
         finish(start(exe, folder, pause=False), "the last, unkilled run")
