@@ -1,4 +1,4 @@
-// torch.linalg: singular values (and vectors) and norms, with PyTorch's argument names.
+// torch.linalg: singular values (and vectors), QR and norms, with PyTorch's argument names.
 #include <ATen/ATen.h>
 
 #include "bindings/parts.h"
@@ -26,6 +26,21 @@ int linalg_svd(lua_State* L) {
   push_tensor(L, s);
   push_tensor(L, vh);
   return 3;
+}
+
+// linalg.qr(A, mode = 'reduced') -> Q, R (A = Q R, Q with orthonormal
+// columns, R upper triangular), as torch.linalg.qr; mode 'complete' or 'r'
+// (R alone, Q empty) too
+int linalg_qr(lua_State* L) {
+  at::Tensor& a = check_tensor(L, 1);
+  if (a.dim() < 2) throw ArgError(1, "qr needs a matrix (or a batch of them), got shape " + shape_string(a.sizes()));
+  std::string mode = lua_isnoneornil(L, 2) ? "reduced" : check_string(L, 2);
+  if (mode != "reduced" && mode != "complete" && mode != "r")
+    throw ArgError(2, "mode must be 'reduced', 'complete' or 'r', got '" + mode + "'");
+  auto [q, r] = at::linalg_qr(a, mode);
+  push_tensor(L, q);
+  push_tensor(L, r);
+  return 2;
 }
 
 // linalg.norm(A, ord = nil, dim = nil, keepdim = false); ord may be a number,
@@ -57,6 +72,7 @@ const luaL_Reg functions[] = {
     {"svdvals", guarded<linalg_svdvals>},
     {"svd", guarded<linalg_svd>},
     {"norm", guarded<linalg_norm>},
+    {"qr", guarded<linalg_qr>},
     {nullptr, nullptr},
 };
 
