@@ -72,7 +72,7 @@ end
 
 require 'anatomy.torch.tensor'
 
--- nn, models, data, optim, train, text, probe, patching, steer, lens, autopsy, provenance, experiment, exact and dist are globals in scripts and the REPL, like torch.
+-- nn, models, data, optim, train, text, probe, patching, steer, lens, weights, autopsy, provenance, experiment, exact and dist are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
@@ -85,6 +85,7 @@ probe = require 'anatomy.probe'
 patching = require 'anatomy.probe.patching'
 steer = require 'anatomy.probe.steer'
 lens = require 'anatomy.probe.lens'
+weights = require 'anatomy.probe.weights'
 autopsy = require 'anatomy.autopsy'
 provenance = require 'anatomy.io.provenance'
 hub = require 'anatomy.io.hub'

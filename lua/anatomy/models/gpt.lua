@@ -74,6 +74,9 @@ function GPT:readout(h)
   return self.head(h)
 end
 
+-- model:unembedding() -> the head's weight (V x C)
+function GPT:unembedding() return self.head.weight end
+
 -- The model's settings as print(model) shows them: vocab, dim, heads, layers, seq, ffn
 function GPT:extra_repr()
   local c = self.config

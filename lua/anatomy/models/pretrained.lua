@@ -54,6 +54,12 @@ function pretrained.decoder(cls, names)
     if head then return head(h) end
     return nn.functional.linear(h, self[names.embed].weight)
   end
+  -- model:unembedding() -> the head's weight (V x C): the checkpoint's
+  -- lm_head, or the token embedding where the head is tied to it
+  cls.unembedding = function(self)
+    local head = self[names.head]
+    return head and head.weight or self[names.embed].weight
+  end
   -- model:hidden_from(i, h) -> (B, T, C): layers i..N run from h, the
   -- hidden state layer i reads (i = N + 1: h itself); what readout reads.
   -- The model protocol's optional shortcut, for a model whose forward is
