@@ -28,7 +28,10 @@
 --   8. a linear probe per layer (probe.linear) for the previous token: at
 --      chance on the embedding, near 1 after the previous-token heads;
 --   9. the library's head detectors (probe.detect_heads) find the heads the
---      scores of 1. found.
+--      scores of 1. found;
+--  10. composition scores from the weights alone (weights.composition): the
+--      previous-token heads' output is read by the induction heads' keys more
+--      than by their queries or values.
 --   anatomy examples/circuits.lua [--steps=1500] [--smoke=true] [--out=out/circuits]
 local cfg = experiment.config({vocab = 64, seq = 48, min_run = 8, max_run = 20, eval_run = 16, dim = 64, heads = 4, layers = 2,
   ffn = 128, steps = 1500, batch = 32, lr = 3e-3, seed = 1, eval_batch = 64, probe_batch = 256, probe_steps = 1000, probe_lr = 0.05,
@@ -292,6 +295,25 @@ for _, row in ipairs(probes.rows) do
   probe_text[#probe_text + 1] = ('%s %.3f (control %.3f)'):format(row.name, row.test_acc, row.control_acc)
 end
 
+-- 10. composition scores (weights alone): each mode's mean over the pairs previous-token head -> induction
+-- head, against the mean over every other pair of a layer-1 head and a layer-2 head
+local comp = weights.composition(model, {'q', 'k', 'v'})
+print('\n' .. tostring(comp.k))
+local comp_pairs, comp_rest = {}, {}
+for _, mode in ipairs({'q', 'k', 'v'}) do
+  local s, on, n_on, off, n_off = comp[mode].scores, 0, 0, 0, 0
+  for ha = 1, cfg.heads do
+    for hb = 1, cfg.heads do
+      local v, circuit_pair = s[1][ha][2][hb]:item(), false
+      for _, p in ipairs(previous) do
+        for _, i in ipairs(induction) do circuit_pair = circuit_pair or (p.layer == 1 and p.head == ha and i.layer == 2 and i.head == hb) end
+      end
+      if circuit_pair then on, n_on = on + v, n_on + 1 else off, n_off = off + v, n_off + 1 end
+    end
+  end
+  comp_pairs[mode], comp_rest[mode] = n_on > 0 and on / n_on or 0 / 0, n_off > 0 and off / n_off or 0 / 0
+end
+
 -- '%.3f' of a value, or 'none' where the set of heads it came from is empty
 local function shown(f, v) return v ~= v and 'none' or f:format(v) end
 
@@ -328,6 +350,11 @@ r:add('a linear probe for the previous token is at chance on the embedding and >
   ('chance %.3f; >= 0.95 from layer %s'):format(probes.rows[1].chance, first_previous < math.huge and tostring(first_previous) or '-'),
   table.concat(probe_text, '; '), first_previous < math.huge and probes.rows[1].test_acc <= probes.rows[1].chance + 0.05 and after_previous
     and 'reproduced' or 'differs')
+r:add('from the weights alone, the previous-token heads\' output is read by the induction heads\' keys more than by their queries or values '
+  .. '(mean composition score over those pairs)', 'K > Q, K > V',
+  ('K %s, Q %s, V %s (other layer-1 -> layer-2 pairs: K %s, Q %s, V %s)'):format(shown('%.3f', comp_pairs.k), shown('%.3f', comp_pairs.q),
+    shown('%.3f', comp_pairs.v), shown('%.3f', comp_rest.k), shown('%.3f', comp_rest.q), shown('%.3f', comp_rest.v)),
+  comp_pairs.k == comp_pairs.k and comp_pairs.k > comp_pairs.q and comp_pairs.k > comp_pairs.v and 'reproduced' or 'differs')
 r:note(('The linear probes: %d fresh sequences (runs of %d), every position but the first labelled with the token before it (%d classes), '
   .. 'whole sequences split 80/20. The previous-token heads\' mean attention to p - 1: %s; the previous token reaches '
   .. 'the residual stream mixed with its neighbours\' (the probe\'s best held-out accuracy: %.3f).'):format(cfg.probe_batch, n,
@@ -373,11 +400,12 @@ local figures = {
   share_map('AtP* estimate of the same grid (two forwards, one backward)', estimated),
   Figure.new('Edge attribution (EAP-IG, 8 steps), the 20 largest edges', pruned:svg(), tostring(pruned)),
   Figure.new('Linear probes for the previous token, by layer', probes:svg(), tostring(probes)),
+  Figure.new('K-composition scores from the weights (weights.composition)', comp.k:svg(), tostring(comp.k)),
 }
 local html = {}
 for i, f in ipairs(figures) do
   html[i] = f.html_figure
-  f:save(cfg.out .. '/' .. ({'patching_exact.svg', 'patching_atp.svg', 'edges.svg', 'probes.svg'})[i])
+  f:save(cfg.out .. '/' .. ({'patching_exact.svg', 'patching_atp.svg', 'edges.svg', 'probes.svg', 'composition_k.svg'})[i])
 end
-require('anatomy.io.fs').write_atomic(cfg.out .. '/attribution.html', page.new('Attribution patching and edge attribution', table.concat(html)))
+require('anatomy.io.fs').write_atomic(cfg.out .. '/attribution.html', page.new('Attribution patching, edge attribution, probes and composition', table.concat(html)))
 r:save(cfg.out, {config = cfg})
