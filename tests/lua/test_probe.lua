@@ -306,6 +306,11 @@ test('patching.edges: every edge once, the logits\' edges sum to AtP of the last
   local svg = top:svg()
   eq(tonumber(svg:match('data%-points="(%d+)"')), #top.edges)
   eq(select(2, svg:gsub('class="edge"', '')), #top.edges)
+  -- every head's ports in the order q, k, v, whatever order a table's keys come in: the same file from run to run
+  local ports = {}
+  for via in svg:gmatch('class="port">(%a)</text>') do ports[#ports + 1] = via end
+  eq(#ports > 0 and #ports % 3 == 0, true)
+  for i = 1, #ports, 3 do eq(ports[i] .. ports[i + 1] .. ports[i + 2], 'qkv') end
   -- eap-ig runs, and the arguments are named
   local ig = patching.edges(m, clean, corrupt, metric, {method = 'eap-ig', steps = 3})
   eq(#ig.edges, #g.edges)

@@ -83,7 +83,8 @@ function graph.graph(title, nodes, edges, opts)
         .. '<text x="%s" y="%s" text-anchor="middle" font-size="12" class="nodelabel">%s</text>'):format(num(p.x - BOX_W / 2), num(p.y - BOX_H), BOX_W, BOX_H,
         esc(n.name), num(p.x), num(p.y - BOX_H / 2 + 4), esc(text))
       if p.head then
-        for via, dx in pairs(PORT) do
+        for _, via in ipairs({'q', 'k', 'v'}) do  -- in this order: the file is the same from run to run
+          local dx = PORT[via]
           parts[#parts + 1] = ('<text x="%s" y="%s" text-anchor="middle" font-size="9" fill="#555" class="port">%s</text>'):format(num(p.x + dx), num(p.y + 10), via)
         end
       end
