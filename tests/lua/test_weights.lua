@@ -121,7 +121,9 @@ test('composition scores equal |OV_a R_b| / (|OV_a| |R_b|) on full matrices, and
     eq(top[1].from.layer < top[1].to.layer, true)
     local svg = s:svg()
     eq(svg:find('<svg', 1, true) ~= nil, true)
-    eq(select(2, svg:gsub('blocks%.1%.h1', '')) >= 1, true)
+    eq(select(2, svg:gsub('>blocks%.1 head 1<', '')) >= 1, true)   -- a row
+    eq(select(2, svg:gsub('>blocks%.3 head 4<', '')) >= 1, true)   -- a column
+    eq(select(2, svg:gsub('class="missing"', '')) > 0, true)  -- the pairs that cannot compose, blank
   end
   local both = weights.composition(model, {'q', 'v'})
   eq(both.q.mode, 'q'); eq(both.v.mode, 'v')

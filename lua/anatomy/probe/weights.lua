@@ -414,11 +414,11 @@ function Scores:svg()
       for lb = 2, L do
         for hb = 1, H do row[#row + 1] = la < lb and s[la][ha][lb][hb] or 0 / 0 end
       end
-      rows[#rows + 1] = ('%s.h%d'):format(self.layers[la], ha)
+      rows[#rows + 1] = ('%s head %d'):format(self.layers[la], ha)
       matrix[#matrix + 1] = row
     end
   end
-  for lb = 2, L do for hb = 1, H do cols[#cols + 1] = ('L%dH%d'):format(lb, hb) end end
+  for lb = 2, L do for hb = 1, H do cols[#cols + 1] = ('%s head %d'):format(self.layers[lb], hb) end end
   return charts.heatmap(('%s-composition scores'):format(self.mode:upper()), rows, cols, matrix, false,
     {xlabel = ('the later head (reads into its %s)'):format(mode_text[self.mode]), ylabel = 'the earlier head (writes, OV)',
      value = 'composition score', note = '|OV_a R_b|_F / (|OV_a|_F |R_b|_F); blank: the pair cannot compose'})

@@ -84,6 +84,8 @@ function heatmap.heatmap(title, row_labels, col_labels, matrix, log, opts)
   if labels then cw = math.max(cw, math.min(64, 10 + 6 * longest_cell(labels))) end
   local rotate = nc > 8 or longest(col_labels) * 6 > cw
   local T = rotate and math.min(110, 14 + math.floor(longest(col_labels) * 5)) or 24
+  local ylabel = opts.ylabel and opts.ylabel ~= ''
+  if ylabel then T = T + 16 end  -- the row axis's name on a line of its own, above the column labels
   local W = L + nc * cw + 110
   local H = T + nr * rh + 30
   local parts, points, rows = {}, 0, {}
@@ -136,18 +138,18 @@ function heatmap.heatmap(title, row_labels, col_labels, matrix, log, opts)
     rows[#rows + 1] = row
   end
   parts[#parts + 1] = ('<text x="%s" y="%d" class="xlabel" text-anchor="middle">%s</text>'):format(num(L + nc * cw / 2), H - 6, esc(opts.xlabel or ''))
-  parts[#parts + 1] = ('<text x="4" y="%d" class="ylabel">%s</text>'):format(math.max(10, T - 8), esc(opts.ylabel or ''))
+  if ylabel then parts[#parts + 1] = ('<text x="4" y="12" class="ylabel">%s</text>'):format(esc(opts.ylabel)) end
   local bar_h = math.max(nr * rh, 80)
   colorbar(parts, L + nc * cw + 14, T, bar_h, lo, hi, log, opts.value or 'value')
   -- what the cells without a colour mean, under the colour bar
   local key_y = T + bar_h + 14
   if zeros then
-    parts[#parts + 1] = ('<g class="cellkey"><rect x="%d" y="%d" width="10" height="10" fill="#ffffff" stroke="#999999"/><text x="%d" y="%d">0</text></g>')
+    parts[#parts + 1] = ('<g class="cellkey"><rect x="%d" y="%d" width="10" height="10" fill="#ffffff" stroke="#999999"/><text x="%d" y="%d" font-size="11" fill="#444444">0</text></g>')
       :format(L + nc * cw + 14, key_y, L + nc * cw + 28, key_y + 9)
     key_y = key_y + 14
   end
   if missing then
-    parts[#parts + 1] = ('<g class="cellkey"><rect x="%d" y="%d" width="10" height="10" fill="#e4e4e4"/><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#aaaaaa"/><text x="%d" y="%d">no value</text></g>')
+    parts[#parts + 1] = ('<g class="cellkey"><rect x="%d" y="%d" width="10" height="10" fill="#e4e4e4"/><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#aaaaaa"/><text x="%d" y="%d" font-size="11" fill="#444444">no value</text></g>')
       :format(L + nc * cw + 14, key_y, L + nc * cw + 14, key_y + 10, L + nc * cw + 24, key_y, L + nc * cw + 28, key_y + 9)
     key_y = key_y + 14
   end
