@@ -35,21 +35,11 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-    import transformers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-    from transformer_lens.model_bridge import TransformerBridge
-    from transformer_lens.utilities import test_prompt
-    from test_bpe_parity import gpt2_like
-except ImportError as e:
-    print(f"skip: {e}; the PyPI build's venv has transformers and transformer-lens (scripts/test)")
-    sys.exit(77)
+import tl_side  # exits 77 without transformers and transformer-lens
+from tl_side import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, TransformerBridge, gpt2_like, torch, transformers
+from transformer_lens.utilities import test_prompt
 
 import safetensors_io
-
-transformers.logging.set_verbosity_error()
-transformers.logging.disable_progress_bar()
 TEXT, ANSWER = "the quick brown", "fox"
 
 

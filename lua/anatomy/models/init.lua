@@ -14,6 +14,7 @@ local pretrained = require('anatomy.models.pretrained')
 models.pretrained = pretrained
 models.from_pretrained = pretrained.from_pretrained
 models.from_config = pretrained.from_config
+models.process_weights = require('anatomy.models.process').process_weights
 models.hf_name = pretrained.hf_name
 models.anatomy_name = pretrained.anatomy_name
 

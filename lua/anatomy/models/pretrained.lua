@@ -16,6 +16,7 @@ local fs = require('anatomy.io.fs')
 local hub = require('anatomy.io.hub')
 local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
+local process = require('anatomy.models.process')
 
 local pretrained = {}
 
@@ -42,6 +43,7 @@ end
 -- untied head. A class may define embed(ids) itself (GPT-2 adds positions).
 function pretrained.decoder(cls, names)
   cls.final_norm = names.norm  -- whose output is Hugging Face's last hidden state
+  cls.pretrained_names = names  -- the embedding, the stack, the final norm and the head (models.process_weights)
   -- The hidden state the first block reads: the token embeddings.
   if not rawget(cls, 'embed') then
     -- model:embed(ids) -> the hidden state the first block reads: the token embeddings
@@ -94,10 +96,13 @@ function pretrained.dropout_settings(c)
 end
 
 -- ', dropout of the checkpoint not applied (attn_pdrop=0.1, ...)' for extra_repr, or ''.
+-- With the weight processing done to it (models.process_weights), if any.
 function pretrained.dropout_note(model)
+  local processed = process.describe(model)
+  local note = processed and (', weights processed (%s)'):format(processed) or ''
   local d = rawget(model, 'hf_dropout')
-  if type(d) ~= 'table' or #d == 0 then return '' end
-  return (', dropout of the checkpoint not applied (%s): anatomy runs it without dropout, in train mode too'):format(table.concat(d, ', '))
+  if type(d) ~= 'table' or #d == 0 then return note end
+  return note .. (', dropout of the checkpoint not applied (%s): anatomy runs it without dropout, in train mode too'):format(table.concat(d, ', '))
 end
 
 -- config.json's number `key`, or an error naming it and the family.
@@ -297,7 +302,8 @@ function pretrained.from_config(config, opts)
 end
 
 -- models.from_pretrained(name, {revision = 'main', dtype = 'float32'|'bfloat16'|'float16',
--- device, token, cache_dir, local_files_only}) -> model, tokenizer (nil when
+-- device, token, cache_dir, local_files_only, fold_ln, center_writing_weights,
+-- center_unembed, fold_value_biases}) -> model, tokenizer (nil when
 -- the checkpoint has none). name is a local folder, or a Hub repository id
 -- ('EleutherAI/pythia-70m') whose needed files are fetched into
 -- huggingface_hub's cache (HF_HUB_CACHE, HF_ENDPOINT, HF_HUB_OFFLINE and
@@ -306,11 +312,18 @@ end
 -- family's settings and model.hf_config the config.json read. Every tensor is
 -- checked (present, placed, shaped) before the model is made, then read from
 -- its file and copied into its parameter one at a time: the weights are never
--- held twice.
+-- held twice. fold_ln, center_writing_weights, center_unembed and
+-- fold_value_biases (all off unless given) are TransformerLens's weight
+-- processing, done before any dtype conversion (models.process_weights).
 function pretrained.from_pretrained(name, opts)
   local where = 'models.from_pretrained'
   opts = options.check(opts, {dtype = true, device = true, revision = true, token = true, cache_dir = true,
-    local_files_only = true}, where, 2)
+    local_files_only = true, fold_ln = true, center_writing_weights = true, center_unembed = true, fold_value_biases = true}, where, 2)
+  local processing = {}
+  for _, k in ipairs(process.keys) do
+    if opts[k] ~= nil and type(opts[k]) ~= 'boolean' then error(('%s: %s must be true or false, got %s'):format(where, k, tostring(opts[k])), 2) end
+    processing[k] = opts[k]
+  end
   if opts.dtype and opts.dtype ~= 'float32' and opts.dtype ~= 'bfloat16' and opts.dtype ~= 'float16' then
     error(("%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'"):format(where, tostring(opts.dtype)), 2)
   end
@@ -386,6 +399,10 @@ function pretrained.from_pretrained(name, opts)
     end
   end)
   last = nil
+  if next(processing) then  -- in float32, before any other dtype
+    local ok, err = pcall(process.process_weights, model, processing)
+    if not ok then error((tostring(err):gsub('^[^\n]-:%d+: ', '')):gsub('^models%.process_weights', where), 2) end
+  end
   if opts.dtype and opts.dtype ~= 'float32' then model:to(opts.dtype) end
   if opts.device then model:to(opts.device) end
   rawset(model, 'hf_config', config)
@@ -417,6 +434,10 @@ function pretrained.save(model, folder)
     error(('%s: %s did not come from models.from_pretrained (it has no Hugging Face config)'):format(where, nn.typename(model)), 3)
   end
   if type(folder) ~= 'string' or folder == '' then error(('%s: folder must be a path, got %s'):format(where, tostring(folder)), 3) end
+  if process.describe(model) then
+    error(('%s: the weights are processed (%s): transformers would read them as another model (its layer norms have their '
+      .. 'own weights, its head no bias); save the model loaded without processing'):format(where, process.describe(model)), 3)
+  end
   local F = require(pretrained.families[config.model_type])
   local s = model.config
   local params = {}

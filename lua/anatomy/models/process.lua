@@ -1,0 +1,232 @@
+-- TransformerLens's weight processing, on a pretrained model's own modules:
+-- the same function, written in other weights, whose parts read more simply.
+--   fold_ln                 each norm's scale (and, for LayerNorm, its shift)
+--                           moves into the weights that read its output: the
+--                           attention's q, k, v, the MLP's input, the head;
+--                           the norm keeps only its normalisation (weight 1,
+--                           bias 0). Under LayerNorm the reading weights are
+--                           then centred over the model dimension (the
+--                           norm's input has mean zero along it anyway).
+--   center_writing_weights  every weight that writes into the residual
+--                           stream (the embeddings, the attention's output,
+--                           the MLP's output, their biases) has its mean
+--                           over the model dimension taken out: LayerNorm
+--                           removes it before anything reads the stream.
+--   center_unembed          the head's weight and bias have their mean over
+--                           the vocabulary taken out: every logit moves by
+--                           the same amount, the probabilities do not.
+--   fold_value_biases       the value biases move into the attention's
+--                           output bias (every pattern row sums to 1).
+-- Computed in float64, written back in the parameters' dtype. A tied head is
+-- untied first (the embedding and the head change differently); the head
+-- gains a bias where the final norm's shift has to go somewhere.
+local nn = require('anatomy.nn')
+local options = require('anatomy.torch.options')
+
+local process = {}
+
+local KEYS = {'fold_ln', 'center_writing_weights', 'center_unembed', 'fold_value_biases'}
+process.keys = KEYS
+
+local function params_of(m)
+  local out = {}
+  for name, p in m:named_parameters() do out[name] = p end
+  return out
+end
+
+local function set(p, value) torch.no_grad(function() p:copy_(value:to(p.dtype)) end) end
+local function f64(p) return p:detach():double() end
+
+-- A block's parts: {ln1, attn, ln2, mlp} by the types of its children, in order.
+local function parts_of(path, block, where, level)
+  local out, norms = {path = path}, {}
+  for name, c in block:named_children() do
+    local t = nn.typename(c)
+    if t == 'nn.LayerNorm' or t == 'nn.RMSNorm' then norms[#norms + 1] = {name, c}
+    elseif t == 'nn.Attention' or t == 'nn.RoPEAttention' then out.attn = {name, c}
+    elseif t == 'nn.MLP' or t == 'nn.SwiGLU' then out.mlp = {name, c} end
+  end
+  out.ln1, out.ln2 = norms[1], norms[2]
+  if not (out.ln1 and out.ln2 and out.attn and out.mlp and #norms == 2) then
+    error(('%s: %s is not a pre-norm block of two norms, an attention and an MLP that anatomy knows how to process'):format(where, path), level)
+  end
+  return out
+end
+
+-- The linear maps reading a part's input: {{weight, bias or nil, name}, ...} (weights out x in)
+local function readers(part)
+  local m, p = part[2], params_of(part[2])
+  local t = nn.typename(m)
+  local names = t == 'nn.Attention' and {'qkv'} or t == 'nn.RoPEAttention' and {'q', 'k', 'v'} or t == 'nn.MLP' and {'fc'} or {'gate', 'up'}
+  local out = {}
+  for _, n in ipairs(names) do out[#out + 1] = {p[n .. '.weight'], p[n .. '.bias'], part[1] .. '.' .. n} end
+  return out
+end
+
+-- The linear map writing a part's output into the stream: weight (C x in), bias or nil
+local function writer(part)
+  local m, p = part[2], params_of(part[2])
+  local t = nn.typename(m)
+  local n = t == 'nn.Attention' and 'proj' or t == 'nn.RoPEAttention' and 'o' or t == 'nn.MLP' and 'proj' or 'down'
+  return p[n .. '.weight'], p[n .. '.bias'], part[1] .. '.' .. n
+end
+
+-- Folds norm (weight gamma, bias beta) into the maps that read it; under
+-- LayerNorm the folded weights are centred over their input dimension.
+local function fold_norm(norm, maps, where, level)
+  local np = params_of(norm[2])
+  local gamma, beta = f64(np.weight), np.bias and f64(np.bias)
+  local layer = nn.typename(norm[2]) == 'nn.LayerNorm'
+  for _, map in ipairs(maps) do
+    local W, b = map[1], map[2]
+    local w = f64(W)
+    if beta and beta:abs():max():item() > 0 then
+      if not b then
+        error(('%s: fold_ln: %s has a bias to fold into %s, which has none'):format(where, norm[1], map[3]), level)
+      end
+      set(b, f64(b) + w:matmul(beta))
+    end
+    w = w * gamma:unsqueeze(1)
+    if layer then w = w - w:mean(2, true) end
+    set(W, w)
+  end
+  set(np.weight, torch.ones_like(gamma))
+  if np.bias then set(np.bias, torch.zeros_like(beta)) end
+end
+
+-- The head as its own nn.Linear, with a bias where asked: a tied head is
+-- untied (a copy of the embedding), a head without a bias is replaced by one
+-- with the same weight and a zero bias.
+local function own_head(model, names, want_bias)
+  local head = model[names.head]
+  local weight = head and head.weight or model[names.embed].weight
+  if head and (head.bias or not want_bias) then return head end
+  local V, C = weight:size(1), weight:size(2)
+  local new = nn.Linear(C, V, {bias = want_bias})
+  new:to(weight.dtype)
+  if weight.device ~= 'cpu' then new:to(weight.device) end
+  torch.no_grad(function()
+    new.weight:copy_(weight)
+    if want_bias then new.bias:zero_() end
+  end)
+  model[names.head] = new
+  if type(model.config) == 'table' then model.config.tied = false end
+  return new
+end
+
+-- models.process_weights(model, {fold_ln, center_writing_weights,
+-- center_unembed, fold_value_biases}) -> model: TransformerLens's weight
+-- processing (its process_weights, in its order) on a model from
+-- models.from_pretrained, in place; the model computes the same
+-- probabilities (the logits move by one amount per position where
+-- center_unembed is on). model.processed records what was done;
+-- save_pretrained refuses a processed model (transformers has no place for
+-- what it becomes). center_writing_weights needs LayerNorm (RMSNorm does not
+-- take the mean out); a step the model has nothing for is an error.
+function process.process_weights(model, opts)
+  local where = 'models.process_weights'
+  opts = options.check(opts, KEYS, where, 2)
+  for _, k in ipairs(KEYS) do
+    if opts[k] ~= nil and type(opts[k]) ~= 'boolean' then
+      error(('%s: %s must be true or false, got %s'):format(where, k, tostring(opts[k])), 2)
+    end
+  end
+  local names = rawget(model, 'pretrained_names') or model.pretrained_names
+  if type(names) ~= 'table' then
+    error(('%s: %s did not come from models.from_pretrained (anatomy knows the layout of those only)'):format(where, nn.typename(model)), 2)
+  end
+  local done = rawget(model, 'processed') or {}
+  for _, k in ipairs(KEYS) do
+    if opts[k] and done[k] then error(('%s: the model is processed already (%s)'):format(where, k), 2) end
+  end
+  local blocks = {}
+  for name, b in model[names.stack]:named_children() do blocks[#blocks + 1] = parts_of(names.stack .. '.' .. name, b, where, 2) end
+  local final = {names.norm, model[names.norm]}
+  local layer_norm = nn.typename(final[2]) == 'nn.LayerNorm'
+  if opts.center_writing_weights and not layer_norm then
+    error(('%s: center_writing_weights needs LayerNorm; %s uses %s, which does not take the mean out of the stream')
+      :format(where, nn.typename(model), nn.typename(final[2])), 2)
+  end
+  if opts.fold_value_biases then
+    for _, b in ipairs(blocks) do
+      local attn = {b.path .. '.' .. b.attn[1], b.attn[2]}
+      local _, out_bias, out_name = writer(attn)
+      local has_v = false
+      for _, r in ipairs(readers(attn)) do has_v = has_v or r[2] ~= nil end
+      if has_v and not out_bias then
+        error(('%s: fold_value_biases: %s has value biases but no output bias to take them'):format(where, out_name), 2)
+      end
+    end
+  end
+  if opts.fold_ln then
+    local np = params_of(final[2])
+    local head = own_head(model, names, np.bias ~= nil)
+    for _, b in ipairs(blocks) do
+      fold_norm({b.path .. '.' .. b.ln1[1], b.ln1[2]}, readers({b.path .. '.' .. b.attn[1], b.attn[2]}), where, 2)
+      fold_norm({b.path .. '.' .. b.ln2[1], b.ln2[2]}, readers({b.path .. '.' .. b.mlp[1], b.mlp[2]}), where, 2)
+    end
+    fold_norm(final, {{head.weight, head.bias, names.head}}, where, 2)
+  end
+  if opts.center_writing_weights then
+    own_head(model, names, false)  -- the embedding is about to change; a tied head must not
+    for _, c in model:named_children() do
+      if nn.typename(c) == 'nn.Embedding' then
+        for _, p in pairs(params_of(c)) do local w = f64(p); set(p, w - w:mean(2, true)) end
+      end
+    end
+    for _, b in ipairs(blocks) do
+      for _, part in ipairs({b.attn, b.mlp}) do
+        local W, bias = writer(part)
+        local w = f64(W)
+        set(W, w - w:mean(1, true))
+        if bias then local v = f64(bias); set(bias, v - v:mean()) end
+      end
+    end
+  end
+  if opts.center_unembed then
+    local head = own_head(model, names, false)
+    local w = f64(head.weight)
+    set(head.weight, w - w:mean(1, true))
+    if head.bias then local v = f64(head.bias); set(head.bias, v - v:mean()) end
+  end
+  if opts.fold_value_biases then
+    for _, b in ipairs(blocks) do
+      local attn = b.attn[2]
+      local p, made = params_of(attn), rawget(attn, '_made_with') or {}
+      local W_O, b_O = writer(b.attn)
+      local bv
+      if nn.typename(attn) == 'nn.Attention' then
+        local C = made.dim
+        bv = p['qkv.bias'] and p['qkv.bias']:narrow(1, 2 * C + 1, C)
+      else
+        bv = p['v.bias']
+      end
+      if bv then
+        local H, KV = made.heads, made.kv_heads or made.heads
+        local v = f64(bv)
+        if KV ~= H then  -- each query head's value bias: its group's
+          local D = v:size(1) / KV
+          v = v:reshape(KV, 1, D):expand(KV, H / KV, D):reshape(H * D)
+        end
+        local o = f64(b_O) + f64(W_O):matmul(v)
+        if opts.center_writing_weights or done.center_writing_weights then o = o - o:mean() end
+        set(b_O, o)
+        set(bv, torch.zeros_like(f64(bv)))
+      end
+    end
+  end
+  for _, k in ipairs(KEYS) do done[k] = done[k] or opts[k] == true end
+  rawset(model, 'processed', done)
+  return model
+end
+
+-- The steps model.processed records, for print(model): 'fold_ln, center_unembed' or nil.
+function process.describe(model)
+  local done = rawget(model, 'processed')
+  if not done then return nil end
+  local out = {}
+  for _, k in ipairs(KEYS) do if done[k] then out[#out + 1] = k end end
+  return #out > 0 and table.concat(out, ', ') or nil
+end
+
+return process

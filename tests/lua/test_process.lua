@@ -1,0 +1,112 @@
+-- models.process_weights (TransformerLens's weight processing): each step
+-- alone and all together leave the model's probabilities as they were, on
+-- GPT-2 (LayerNorm, tied head), GPT-NeoX (parallel residual, untied head)
+-- and a grouped-query Llama (RMSNorm, tied head); what each step promises
+-- holds (norms at 1 and 0, writing weights centred, the head centred over
+-- the vocabulary, no value bias); a tied head is untied; what cannot be done
+-- is an error that names it, and a processed model is not saved as a
+-- checkpoint. TransformerLens itself: tests/parity/test_process_parity.py.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require('harness')
+local test, eq, close, raises, raises_part = H.test, H.eq, H.close, H.raises, H.raises_part
+
+local V = 40
+local configs = {
+  gpt2 = {model_type = 'gpt2', vocab_size = V, n_positions = 16, n_embd = 16, n_layer = 2, n_head = 4, initializer_range = 0.3},
+  neox = {model_type = 'gpt_neox', vocab_size = V, max_position_embeddings = 16, hidden_size = 16, num_hidden_layers = 2,
+    num_attention_heads = 4, intermediate_size = 32, rotary_pct = 0.5, use_parallel_residual = true, tie_word_embeddings = false,
+    initializer_range = 0.3},
+  llama = {model_type = 'llama', vocab_size = V, max_position_embeddings = 16, hidden_size = 16, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, intermediate_size = 32, tie_word_embeddings = true, initializer_range = 0.3},
+}
+local ALL = {fold_ln = true, center_writing_weights = true, center_unembed = true, fold_value_biases = true}
+
+-- a model of the config whose norms and biases are away from 1 and 0 (so that folding them shows)
+local function make(name)
+  local m = models.from_config(configs[name], {seed = 5})
+  torch.manual_seed(6)
+  torch.no_grad(function()
+    for pname, p in m:named_parameters() do
+      if pname:find('norm') or pname:find('ln') or pname:find('bias') then p:add_(torch.randn(unpack(p:size())) * 0.3) end
+    end
+  end)
+  return m
+end
+
+local ids = torch.randint(1, V + 1, {2, 12})
+local function logprobs(m) return m(ids):double():log_softmax(-1) end
+
+test('each step alone and all together keep the log-probabilities (GPT-2, GPT-NeoX, grouped-query Llama)', function()
+  for _, name in ipairs({'gpt2', 'neox', 'llama'}) do
+    local want = logprobs(make(name))
+    local steps = name == 'llama' and {'fold_ln', 'center_unembed', 'fold_value_biases'}
+      or {'fold_ln', 'center_writing_weights', 'center_unembed', 'fold_value_biases'}
+    for _, k in ipairs(steps) do
+      local m = models.process_weights(make(name), {[k] = true})
+      close(logprobs(m), want, 2e-5, name .. ' ' .. k)
+      eq(m.processed[k], true)
+    end
+    local all = {}
+    for _, k in ipairs(steps) do all[k] = true end
+    close(logprobs(models.process_weights(make(name), all)), want, 2e-5, name .. ' all')
+  end
+end)
+
+test('what each step promises: norms at 1 and 0, writing weights and the head centred, no value bias', function()
+  local m = models.process_weights(make('gpt2'), ALL)
+  local p = {}
+  for n, t in m:named_parameters() do p[n] = t:double() end
+  for _, n in ipairs({'h.1.ln_1', 'h.2.ln_2', 'ln_f'}) do
+    eq(p[n .. '.weight']:eq(1):all():item(), true, n .. ' weight')
+    eq(p[n .. '.bias']:eq(0):all():item(), true, n .. ' bias')
+  end
+  close(p['wte.weight']:mean(2), torch.zeros(V, {dtype = 'float64'}), 1e-6, 'W_E centred over the model dimension')
+  close(p['wpe.weight']:mean(2), torch.zeros(16, {dtype = 'float64'}), 1e-6, 'W_pos centred')
+  close(p['h.2.attn.proj.weight']:mean(1), torch.zeros(16, {dtype = 'float64'}), 1e-6, 'W_O centred over its output')
+  close(p['h.1.mlp.proj.bias']:mean(), 0, 1e-6, 'b_out centred')
+  close(p['lm_head.weight']:mean(1), torch.zeros(16, {dtype = 'float64'}), 1e-6, 'W_U centred over the vocabulary')
+  close(p['lm_head.bias']:mean(), 0, 1e-6, 'b_U centred')
+  eq(p['h.1.attn.qkv.bias']:narrow(1, 33, 16):eq(0):all():item(), true, 'value biases folded away')
+  close(p['h.1.attn.qkv.weight']:mean(2), torch.zeros(48, {dtype = 'float64'}), 1e-6, 'reading weights centred (LayerNorm)')
+end)
+
+test('a tied head is untied: the embedding and the head change differently; print(model) says what was done', function()
+  local m = models.process_weights(make('gpt2'), {center_writing_weights = true})
+  eq(m.lm_head ~= nil, true)
+  eq(m.config.tied, false)
+  eq((m.lm_head.weight - m.wte.weight):abs():max():item() > 1e-3, true, 'the head kept the uncentred embedding')
+  local text = tostring(m)
+  eq(text:find('weights processed (center_writing_weights)', 1, true) ~= nil, true, text:match('[^\n]*'))
+  local l = models.process_weights(make('llama'), {fold_ln = true})
+  eq(l.lm_head ~= nil and (l.lm_head.weight - l.embed_tokens.weight):abs():max():item() > 1e-3, true)
+end)
+
+test('from_pretrained takes the steps as options, before any dtype conversion', function()
+  local dir = H.tmpdir()
+  make('gpt2'):save_pretrained(dir)
+  local plain = models.from_pretrained(dir)
+  local m = models.from_pretrained(dir, {fold_ln = true, center_unembed = true})
+  eq(m.processed.fold_ln and m.processed.center_unembed and not m.processed.center_writing_weights, true)
+  close(logprobs(m), logprobs(plain), 2e-5)
+  local half = models.from_pretrained(dir, {fold_ln = true, dtype = 'bfloat16'})
+  eq(half.lm_head.weight.dtype, 'bfloat16')
+  raises(function() models.from_pretrained(dir, {fold_ln = 1}) end, 'models.from_pretrained: fold_ln must be true or false, got 1')
+  raises_part(function() models.from_pretrained(dir, {fold_layernorm = true}) end, "models.from_pretrained: unknown option 'fold_layernorm'")
+  raises_part(function() m:save_pretrained(H.tmpdir()) end, 'save_pretrained: the weights are processed (fold_ln, center_unembed)')
+end)
+
+test('what cannot be done is an error naming it', function()
+  raises(function() models.process_weights(make('llama'), {center_writing_weights = true}) end,
+    'models.process_weights: center_writing_weights needs LayerNorm; models.Llama uses nn.RMSNorm, which does not take the mean out of the stream')
+  local once = models.process_weights(make('gpt2'), {fold_ln = true})
+  raises(function() models.process_weights(once, {fold_ln = true}) end, 'models.process_weights: the model is processed already (fold_ln)')
+  raises(function() models.process_weights(models.gpt{vocab = 8, dim = 8, heads = 2, layers = 1, seq = 8, ffn = 16}, ALL) end,
+    'models.process_weights: models.GPT did not come from models.from_pretrained (anatomy knows the layout of those only)')
+  local qwen = models.from_config({model_type = 'qwen2', vocab_size = V, max_position_embeddings = 16, hidden_size = 16,
+    num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, intermediate_size = 32}, {seed = 1})
+  raises(function() models.process_weights(qwen, {fold_value_biases = true}) end,
+    'models.process_weights: fold_value_biases: blocks.1.self_attn.o has value biases but no output bias to take them')
+  raises(function() models.process_weights(make('gpt2'), {fold_ln = 'yes'}) end, 'models.process_weights: fold_ln must be true or false, got yes')
+end)
+
+H.done()

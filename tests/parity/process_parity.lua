@@ -1,0 +1,54 @@
+-- The anatomy side of test_process_parity.py: a Hugging Face folder through
+-- models.from_pretrained twice, as it is and with the weight processing the
+-- options name; the processed weights in TransformerLens's layout, both
+-- models' logits on the ids given, and the processed model's direct logit
+-- attribution of a token at the last position.
+-- arg: folder, options (comma-separated names), ids.safetensors, target (1-based), out.safetensors
+local opts = {}
+for k in arg[2]:gmatch('[^,]+') do opts[k] = true end
+local plain = models.from_pretrained(arg[1])
+local model = models.from_pretrained(arg[1], opts)
+local ids = torch.load_safetensors(arg[3]).ids
+local target = tonumber(arg[4])
+local out = {}
+out.logits = model(ids):contiguous()
+out.logits_unprocessed = plain(ids):contiguous()
+out.W_E = weights.embedding(model):contiguous()
+out.W_U = weights.unembedding(model):contiguous()
+local names = model.pretrained_names
+local head = model[names.head]
+if head.bias then out.b_U = head.bias:double() end
+if rawget(model, 'wpe') or model.wpe then out.W_pos = model.wpe.weight:double() end
+local layers = model:layers()
+local stack = {}
+for l = 1, #layers do
+  local a = weights.attention(model, l)
+  for _, k in ipairs({'W_Q', 'W_K', 'W_V', 'W_O', 'b_Q', 'b_K', 'b_V', 'b_O'}) do
+    if a[k] then stack[k] = stack[k] or {}; stack[k][l] = a[k]:unsqueeze(1) end
+  end
+  local mlp = layers[l][2].mlp
+  local p = {}
+  for n, t in mlp:named_parameters() do p[n] = t:detach():double() end
+  local function add(k, t) if t then stack[k] = stack[k] or {}; stack[k][l] = t:unsqueeze(1) end end
+  if p['fc.weight'] then
+    add('W_in', p['fc.weight']:t()); add('b_in', p['fc.bias']); add('W_out', p['proj.weight']:t()); add('b_out', p['proj.bias'])
+  else
+    add('W_gate', p['gate.weight']:t()); add('W_in', p['up.weight']:t()); add('W_out', p['down.weight']:t())
+  end
+end
+for k, list in pairs(stack) do out[k] = torch.cat(list, 1):contiguous() end
+-- every norm left with weight 1 and bias 0 (where it folded)
+local worst = 0
+for name, t in model:named_parameters() do
+  if name:find('ln') or name:find('norm') then
+    local want = name:match('weight$') and 1 or 0
+    worst = math.max(worst, (t:double() - want):abs():max():item())
+  end
+end
+out.norm_identity_error = torch.tensor({worst}, {dtype = 'float64'})
+local dla = probe.logit_attribution(model, ids, target)
+local heads = {}
+for _, row in ipairs(dla.rows) do if row[1]:find(' head ') then heads[#heads + 1] = row[2] end end
+out.dla_heads = torch.tensor(heads, {dtype = 'float64'})
+for k, v in pairs(out) do out[k] = v:contiguous() end
+torch.save_safetensors(arg[5], out)

@@ -1,0 +1,117 @@
+"""TransformerLens's weight processing: anatomy's models.from_pretrained(...,
+{fold_ln, center_writing_weights, center_unembed, fold_value_biases}) against
+TransformerLens 4.3 itself.
+
+A tiny GPT-2 (LayerNorm, every step) and a tiny Llama with grouped keys and
+values (RMSNorm: fold_ln, center_unembed and fold_value_biases; TransformerLens
+does not centre writing weights under RMSNorm, and anatomy refuses to), written
+by `transformers`, booted in TransformerLens's TransformerBridge and processed
+with enable_compatibility_mode() (its defaults: all four), are compared on:
+  - every processed weight in TransformerLens's layout: W_E, W_pos, W_Q, W_K,
+    W_V, W_O, b_Q, b_K, b_V, b_O, W_in, b_in, (W_gate), W_out, b_out, W_U, b_U
+    (grouped keys and values repeated to every query head, as
+    weights.attention gives them);
+  - the logits on the same ids (both processed), and anatomy's processed
+    logits against its unprocessed ones: the same up to one constant per
+    position (center_unembed moves every logit by the same amount);
+  - direct logit attribution of a token at the last position, averaged over
+    the batch: each head's share (TransformerLens: cache.stack_head_results
+    with apply_ln, times W_U's column; anatomy: probe.logit_attribution);
+  - every layer norm of the processed anatomy model left at weight 1, bias 0.
+Tolerance: 1e-5 on weights, 1e-4 on logits and attributions (float32).
+Needs transformers and transformer-lens (the PyPI build's venv); exits 77 without.
+Usage: test_process_parity.py ANATOMY_EXECUTABLE
+"""
+import os
+import sys
+import tempfile
+
+import tl_side  # exits 77 without transformers and transformer-lens
+import torch
+
+import safetensors_io
+
+WEIGHT_TOL, OUTPUT_TOL = 1e-5, 1e-4
+TARGET = 7  # a token id, from 0
+
+
+def transformer_lens_side(folder, ids):
+    with torch.no_grad():
+        plain = tl_side.hf(folder)(ids).logits
+    bridge = tl_side.boot(folder)  # its defaults: every step
+    want = {}
+    with torch.no_grad():
+        for name in ["W_E", "W_pos", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "W_in", "b_in", "W_gate",
+                     "W_out", "b_out", "W_U", "b_U"]:
+            try:
+                t = getattr(bridge, name)
+            except (AttributeError, KeyError, ValueError):
+                continue
+            if t is None:
+                continue
+            if name in ("W_K", "W_V", "b_K", "b_V") and t.shape[1] != bridge.cfg.n_heads:
+                # grouped keys and values: each query head's, as anatomy's weights.attention gives them
+                t = t.repeat_interleave(bridge.cfg.n_heads // t.shape[1], dim=1)
+            want[name] = t
+        logits, cache = bridge.run_with_cache(ids)
+        want["logits"] = logits
+        heads = cache.stack_head_results(layer=-1, pos_slice=-1, apply_ln=True)  # (layers*heads, batch, d_model)
+        want["dla_heads"] = (heads @ bridge.W_U[:, TARGET]).mean(-1)
+    return want, plain
+
+
+def compare(exe, tmp, name, folder, steps, report):
+    ids = torch.randint(0, 400, (3, 9))
+    want, hf_plain = transformer_lens_side(folder, ids)
+    ids_path, out = os.path.join(tmp, name + "_ids.safetensors"), os.path.join(tmp, name + "_out.safetensors")
+    safetensors_io.save(ids_path, {"ids": ids + 1})
+    got = tl_side.run_anatomy(exe, "process_parity.lua", [folder, ",".join(steps), ids_path, str(TARGET + 1), out], out,
+                              report, name)
+    if got is None:
+        return
+    for key, w in want.items():
+        if key in ("logits", "dla_heads"):
+            continue
+        if key not in got:
+            if w.abs().max().item() != 0:  # a zero bias TransformerLens keeps where anatomy's block has none is fine
+                report.fail("%s %s: anatomy has none, TransformerLens's is not zero" % (name, key))
+            continue
+        report.check(name, key, got[key], w, WEIGHT_TOL)
+    report.check(name, "logits (processed, against TransformerLens's)", got["logits"], want["logits"], OUTPUT_TOL)
+    centre = lambda t: t.double() - t.double().mean(-1, keepdim=True)
+    report.check(name, "logits less their mean: processed vs not", centre(got["logits"]), centre(got["logits_unprocessed"]),
+                 OUTPUT_TOL)
+    report.check(name, "unprocessed logits against transformers'", got["logits_unprocessed"], hf_plain, OUTPUT_TOL)
+    report.check(name, "direct logit attribution per head", got["dla_heads"], want["dla_heads"], OUTPUT_TOL)
+    report.check(name, "layer norms left at weight 1, bias 0", got["norm_identity_error"], torch.zeros(1), 0)
+
+
+def perturbed(model, which):
+    """The norms (and, by `which`, the biases) moved away from their initial 1 and 0, so that folding them shows."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if which(n):
+                p.add_(torch.randn_like(p) * 0.2)
+    return model
+
+
+def main():
+    exe = sys.argv[1]
+    tok, wrapped = tl_side.tokenizer()
+    V = tok.get_vocab_size()
+    cases = [("gpt2", lambda: perturbed(tl_side.tiny("gpt2", V, 2, 0.3), lambda n: "ln" in n or n.endswith("bias")),
+              ["fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases"]),
+             ("llama-gqa", lambda: perturbed(tl_side.tiny("llama", V, 2, 0.3), lambda n: "norm" in n),
+              ["fold_ln", "center_unembed", "fold_value_biases"])]
+    report = tl_side.Report()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, make, steps in cases:
+            torch.manual_seed(0)
+            folder = os.path.join(tmp, name)
+            tl_side.save(make(), wrapped, folder)
+            compare(exe, tmp, name, folder, steps, report)
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
