@@ -18,6 +18,7 @@ local nn = require('anatomy.nn')
 local points = require('anatomy.probe.points')
 local options = require('anatomy.torch.options')
 local charts = require('anatomy.render.charts')
+local terminal = require('anatomy.render.terminal')
 
 local weights = {}
 
@@ -290,8 +291,8 @@ function Factored:tokens(opts)
     local function show(row, key)
       local list = row[key .. '_text'] or row[key]
       local parts = {}
-      for j, v in ipairs(list) do parts[j] = type(v) == 'string' and ('%q'):format(v) or tostring(v) end
-      return table.concat(parts, ' ')
+      for j, v in ipairs(list) do parts[j] = type(v) == 'string' and terminal.token_label(v, 12) or ('#' .. v) end
+      return table.concat(parts, '  ')
     end
     for _, row in ipairs(t) do
       lines[#lines + 1] = ('%2d  s = %-9.4g %s -> %s'):format(row.index, row.value, show(row, 'reads'), show(row, 'writes'))
