@@ -33,8 +33,8 @@
 --      previous-token heads' output is read by the induction heads' keys more
 --      than by their queries or values.
 --   anatomy examples/circuits.lua [--steps=1500] [--smoke=true] [--out=out/circuits]
-local cfg = experiment.config({vocab = 64, seq = 48, min_run = 8, max_run = 20, eval_run = 16, dim = 64, heads = 4, layers = 2,
-  ffn = 128, steps = 1500, batch = 32, lr = 3e-3, seed = 1, eval_batch = 64, probe_batch = 256, probe_steps = 1000, probe_lr = 0.05,
+local cfg = experiment.config({vocab = 64, seq = 48, min_run = 8, max_run = 20, eval_run = 16, dim = 256, heads = 4, layers = 2,
+  ffn = 128, steps = 1500, batch = 32, lr = 3e-3, seed = 3, eval_batch = 64, probe_batch = 512, probe_steps = 1000, probe_lr = 0.05,
   out = 'out/circuits'},
   {steps = 30, eval_batch = 8, probe_batch = 8, probe_steps = 20, seq = 24, min_run = 4, max_run = 10, eval_run = 8, dim = 32, ffn = 64}, arg)
 
@@ -166,6 +166,15 @@ local all_in = function(hs, layer) for _, hd in ipairs(hs) do if hd.layer ~= lay
 local circuit = {}
 for _, hd in ipairs(induction) do circuit[#circuit + 1] = hd end
 for _, hd in ipairs(previous) do if not hd.is_induction then circuit[#circuit + 1] = hd end end
+-- every induction head ablated at once: where one alone costs little, the others may be doing its work
+local together_loss = 0 / 0
+if #induction > 0 then
+  local handles = {}
+  for _, hd in ipairs(induction) do handles[#handles + 1] = probe.ablate(model, ('blocks.%d.self_attn.z'):format(hd.layer), {head = hd.head}) end
+  local out = torch.no_grad(function() return model(input) end)
+  for _, hnd in ipairs(handles) do hnd:remove() end
+  together_loss = repeated_loss(out, x, n):item()
+end
 
 -- 5. path patching: the previous-token heads' clean output into the induction
 -- heads only, through their queries, keys or values (everything else frozen
@@ -355,9 +364,12 @@ r:add('from the weights alone, the previous-token heads\' output is read by the 
   ('K %s, Q %s, V %s (other layer-1 -> layer-2 pairs: K %s, Q %s, V %s)'):format(shown('%.3f', comp_pairs.k), shown('%.3f', comp_pairs.q),
     shown('%.3f', comp_pairs.v), shown('%.3f', comp_rest.k), shown('%.3f', comp_rest.q), shown('%.3f', comp_rest.v)),
   comp_pairs.k == comp_pairs.k and comp_pairs.k > comp_pairs.q and comp_pairs.k > comp_pairs.v and 'reproduced' or 'differs')
+r:note(('Zero-ablating the %d induction heads together costs %s on the second copy (base %.3f); one of them alone costs %s to %s.')
+  :format(#induction, shown('%.3f', together_loss), base_loss, shown('%.3f', extreme(induction, 'ablated_loss')),
+    shown('%.3f', extreme(induction, 'ablated_loss', true))))
 r:note(('The linear probes: %d fresh sequences (runs of %d), every position but the first labelled with the token before it (%d classes), '
-  .. 'whole sequences split 80/20. The previous-token heads\' mean attention to p - 1: %s; the previous token reaches '
-  .. 'the residual stream mixed with its neighbours\' (the probe\'s best held-out accuracy: %.3f).'):format(cfg.probe_batch, n,
+  .. 'whole sequences split 80/20. The previous-token heads\' mean attention to p - 1: %s; the probe\'s best held-out '
+  .. 'accuracy: %.3f.'):format(cfg.probe_batch, n,
   #probes.class_values, list(previous, 'previous'), (function()
     local best = 0
     for _, row in ipairs(probes.rows) do best = math.max(best, row.test_acc) end
