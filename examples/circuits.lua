@@ -261,9 +261,14 @@ local function top3(v)
 end
 local rho, rho_rr = spearman(exact_cells, estimated_cells), spearman(rr_exact, rr_estimated)
 -- AtP*'s size against exact patching's, over the circuit's heads: the order can be right and the size not
-local low, high = math.huge, -math.huge
+-- (a ratio to a share near zero says nothing: only the heads that restore at least 0.05 of the way)
+local low, high = 0 / 0, 0 / 0
 for _, hd in ipairs(circuit) do
-  if hd.exact ~= 0 then low, high = math.min(low, hd.atp / hd.exact), math.max(high, hd.atp / hd.exact) end
+  if math.abs(hd.exact) >= 0.05 then
+    local ratio = hd.atp / hd.exact
+    low = low == low and math.min(low, ratio) or ratio
+    high = high == high and math.max(high, ratio) or ratio
+  end
 end
 -- 7's claim: each previous-token head's three largest edges (by |score|) go into induction heads' keys
 local function node(hd) return ('blocks.%d head %d'):format(hd.layer, hd.head) end
@@ -381,12 +386,12 @@ r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d.
   .. 'AtP* and edge attribution: the same share (edges: metric units), from a run whose first copy has every other token (positions 1, 3, 5, ...) '
   .. 'replaced, with the log-probability of the right token as the metric. On the r\' r corruption (right logit) AtP* against exact patching '
   .. 'has Spearman %.3f, top 3 %s vs %s: the previous-token heads there restore nothing, and the order of near-zero cells is noise. '
-  .. 'AtP* gets the order of the circuit\'s heads, not their size: its estimate is %.2f to %.2f of the exact share (linear in the '
+  .. 'AtP* gets the order of the circuit\'s heads, not their size: its estimate is %s to %s of the exact share over the circuit\'s heads that restore at least 0.05 (linear in the '
   .. 'output of each head, from the gradient at the corrupt run). '
   .. 'Edge scores in brackets: plain EAP (the gradient on the corrupt run alone), which sees the same edges far weaker (the induction heads\' '
   .. 'softmax is saturated there).'):format(
   cfg.steps, cfg.lr, cfg.batch, T, cfg.min_run, cfg.max_run, V, cfg.dim, cfg.heads, cfg.ffn, cfg.eval_batch, n, n_dla,
-  rho_rr, top3(rr_exact), top3(rr_estimated), low, high))
+  rho_rr, top3(rr_exact), top3(rr_estimated), shown('%.2f', low), shown('%.2f', high)))
 local per_head = {}
 for i, hd in ipairs(heads) do
   per_head[i] = {hd.name, ('%.3f'):format(hd.induction), ('%.3f'):format(hd.previous), ('%.3f'):format(hd.ablated_loss),
