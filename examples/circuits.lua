@@ -385,13 +385,12 @@ r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d.
   .. 'at the second copy\'s last input position). Patching: share of the way from the corrupt run (r\' r) to the clean one; path patching, '
   .. 'AtP* and edge attribution: the same share (edges: metric units), from a run whose first copy has every other token (positions 1, 3, 5, ...) '
   .. 'replaced, with the log-probability of the right token as the metric. On the r\' r corruption (right logit) AtP* against exact patching '
-  .. 'has Spearman %.3f, top 3 %s vs %s: the previous-token heads there restore nothing, and the order of near-zero cells is noise. '
-  .. 'AtP* gets the order of the circuit\'s heads, not their size: its estimate is %s to %s of the exact share over the circuit\'s heads that restore at least 0.05 (linear in the '
-  .. 'output of each head, from the gradient at the corrupt run). '
-  .. 'Edge scores in brackets: plain EAP (the gradient on the corrupt run alone), which sees the same edges far weaker (the induction heads\' '
-  .. 'softmax is saturated there).'):format(
+  .. 'has Spearman %.3f, top 3 %s vs %s (the most a previous-token head restores there: %s). '
+  .. 'On the every-other corruption, AtP*\'s estimate is %s to %s of the exact share over the circuit\'s heads that restore at least 0.05 '
+  .. '(it is linear in each head\'s output, from the gradient at the corrupt run). '
+  .. 'Edge scores in brackets: plain EAP (the gradient on the corrupt run alone).'):format(
   cfg.steps, cfg.lr, cfg.batch, T, cfg.min_run, cfg.max_run, V, cfg.dim, cfg.heads, cfg.ffn, cfg.eval_batch, n, n_dla,
-  rho_rr, top3(rr_exact), top3(rr_estimated), shown('%.2f', low), shown('%.2f', high)))
+  rho_rr, top3(rr_exact), top3(rr_estimated), shown('%.3f', extreme(previous, 'patching', true)), shown('%.2f', low), shown('%.2f', high)))
 local per_head = {}
 for i, hd in ipairs(heads) do
   per_head[i] = {hd.name, ('%.3f'):format(hd.induction), ('%.3f'):format(hd.previous), ('%.3f'):format(hd.ablated_loss),
