@@ -103,7 +103,7 @@ pretrained.decoder(GPT2, {embed = 'wte', stack = 'h', norm = 'ln_f', head = 'lm_
 function GPT2:extra_repr()
   local s = self.config
   return ('vocab=%d, dim=%d, heads=%d, layers=%d, positions=%d, ffn=%d%s'):format(
-    s.vocab, s.dim, s.heads, s.layers, s.positions, s.ffn, s.tied and ', tied head' or '') .. pretrained.dropout_note(self)
+    s.vocab, s.dim, s.heads, s.layers, s.positions, s.ffn, s.tied and ', tied head' or '') .. pretrained.config_note(self)
 end
 
 function F.build(s) return GPT2(s) end

@@ -79,7 +79,7 @@ GPTNeoX.hf_stack = {'blocks', 'gpt_neox.layers'}
 function GPTNeoX:extra_repr()
   local s = self.config
   return ('vocab=%d, dim=%d, heads=%d, layers=%d, ffn=%d, rotary_dim=%d, %s residual'):format(
-    s.vocab, s.dim, s.heads, s.layers, s.ffn, s.rotary_dim, s.parallel and 'parallel' or 'sequential') .. pretrained.dropout_note(self)
+    s.vocab, s.dim, s.heads, s.layers, s.ffn, s.rotary_dim, s.parallel and 'parallel' or 'sequential') .. pretrained.config_note(self)
 end
 
 function F.build(s) return GPTNeoX(s) end

@@ -82,7 +82,7 @@ Llama.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is mode
 function Llama:extra_repr()
   local s = self.config
   return ('%s: vocab=%d, dim=%d, heads=%d, kv_heads=%d, layers=%d, ffn=%d%s'):format(
-    s.family, s.vocab, s.dim, s.heads, s.kv_heads, s.layers, s.ffn, s.tied and ', tied head' or '') .. pretrained.dropout_note(self)
+    s.family, s.vocab, s.dim, s.heads, s.kv_heads, s.layers, s.ffn, s.tied and ', tied head' or '') .. pretrained.config_note(self)
 end
 
 function F.build(s) return Llama(s) end

@@ -95,9 +95,10 @@ function pretrained.dropout_settings(c)
   return out
 end
 
--- ', dropout of the checkpoint not applied (attn_pdrop=0.1, ...)' for extra_repr, or ''.
--- With the weight processing done to it (models.process_weights), if any.
-function pretrained.dropout_note(model)
+-- What print(model) adds to a checkpoint's settings: ', weights processed
+-- (fold_ln, ...)' where models.process_weights ran, ', dropout of the
+-- checkpoint not applied (attn_pdrop=0.1, ...)' where it has some; or ''.
+function pretrained.config_note(model)
   local processed = process.describe(model)
   local note = processed and (', weights processed (%s)'):format(processed) or ''
   local d = rawget(model, 'hf_dropout')
@@ -319,11 +320,7 @@ function pretrained.from_pretrained(name, opts)
   local where = 'models.from_pretrained'
   opts = options.check(opts, {dtype = true, device = true, revision = true, token = true, cache_dir = true,
     local_files_only = true, fold_ln = true, center_writing_weights = true, center_unembed = true, fold_value_biases = true}, where, 2)
-  local processing = {}
-  for _, k in ipairs(process.keys) do
-    if opts[k] ~= nil and type(opts[k]) ~= 'boolean' then error(('%s: %s must be true or false, got %s'):format(where, k, tostring(opts[k])), 2) end
-    processing[k] = opts[k]
-  end
+  local processing = process.check(opts, where, 2)  -- checked now, done once the weights are in
   if opts.dtype and opts.dtype ~= 'float32' and opts.dtype ~= 'bfloat16' and opts.dtype ~= 'float16' then
     error(("%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'"):format(where, tostring(opts.dtype)), 2)
   end
@@ -399,7 +396,7 @@ function pretrained.from_pretrained(name, opts)
     end
   end)
   last = nil
-  if next(processing) then  -- in float32, before any other dtype
+  if processing then  -- in float32, before any other dtype
     local ok, err = pcall(process.process_weights, model, processing)
     if not ok then error((tostring(err):gsub('^[^\n]-:%d+: ', '')):gsub('^models%.process_weights', where), 2) end
   end

@@ -26,7 +26,6 @@ local options = require('anatomy.torch.options')
 local process = {}
 
 local KEYS = {'fold_ln', 'center_writing_weights', 'center_unembed', 'fold_value_biases'}
-process.keys = KEYS
 
 local function params_of(m)
   local out = {}
@@ -114,6 +113,20 @@ local function own_head(model, names, want_bias)
   return new
 end
 
+-- process.check(opts, where, level) -> the steps opts asks for ({fold_ln =
+-- true, ...}; nil where none): each given one must be a boolean (an error at
+-- `level` above the caller, naming `where`). Other keys are the caller's.
+function process.check(opts, where, level)
+  local steps
+  for _, k in ipairs(KEYS) do
+    if opts[k] ~= nil and type(opts[k]) ~= 'boolean' then
+      error(('%s: %s must be true or false, got %s'):format(where, k, tostring(opts[k])), level + 1)
+    end
+    if opts[k] ~= nil then steps = steps or {}; steps[k] = opts[k] end
+  end
+  return steps
+end
+
 -- models.process_weights(model, {fold_ln, center_writing_weights,
 -- center_unembed, fold_value_biases}) -> model: TransformerLens's weight
 -- processing (its process_weights, in its order) on a model from
@@ -126,11 +139,7 @@ end
 function process.process_weights(model, opts)
   local where = 'models.process_weights'
   opts = options.check(opts, KEYS, where, 2)
-  for _, k in ipairs(KEYS) do
-    if opts[k] ~= nil and type(opts[k]) ~= 'boolean' then
-      error(('%s: %s must be true or false, got %s'):format(where, k, tostring(opts[k])), 2)
-    end
-  end
+  process.check(opts, where, 2)
   local names = rawget(model, 'pretrained_names') or model.pretrained_names
   if type(names) ~= 'table' then
     error(('%s: %s did not come from models.from_pretrained (anatomy knows the layout of those only)'):format(where, nn.typename(model)), 2)

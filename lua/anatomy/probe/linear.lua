@@ -22,13 +22,7 @@ Probes.__index = Probes
 Probes.__typename = 'probe.LinearProbes'
 linear.LinearProbes = Probes
 
-local function whole(v, name, where, default, low)
-  if v == nil then return default end
-  if type(v) ~= 'number' or v ~= v or v % 1 ~= 0 or v < (low or 1) then
-    error(('%s: %s must be a whole number >= %d, got %s'):format(where, name, low or 1, tostring(v)), 3)
-  end
-  return v
-end
+local whole = options.whole
 
 local function number_in(v, name, where, default, lo, hi, open_lo)
   if v == nil then return default end

@@ -36,6 +36,12 @@ local function shape_text(t)
   return table.concat(parts, ' x ')
 end
 
+local function new(A, B, meta)
+  local f = setmetatable({A = A, B = B, ldim = A:size(1), mdim = A:size(2), rdim = B:size(2)}, Factored)
+  for k, v in pairs(meta or {}) do f[k] = v end
+  return f
+end
+
 -- weights.factored(A, B) -> the matrix A B (A: n x m, B: m x p), kept as its factors
 function weights.factored(A, B)
   local where = 'weights.factored'
@@ -47,13 +53,7 @@ function weights.factored(A, B)
   if not A:isfinite():all():item() or not B:isfinite():all():item() then
     error(('%s: the factors hold NaN or infinite values'):format(where), 2)
   end
-  return setmetatable({A = A, B = B, ldim = A:size(1), mdim = A:size(2), rdim = B:size(2)}, Factored)
-end
-
-local function new(A, B, meta)
-  local f = setmetatable({A = A, B = B, ldim = A:size(1), mdim = A:size(2), rdim = B:size(2)}, Factored)
-  for k, v in pairs(meta or {}) do f[k] = v end
-  return f
+  return new(A, B)
 end
 
 -- f:AB() -> the full matrix A B (ldim x rdim)
@@ -233,12 +233,6 @@ function weights.unembedding(model, level)
   return w:detach():double():t()
 end
 
-local function check_whole(v, name, where, low)
-  if type(v) ~= 'number' or v % 1 ~= 0 or v < low then
-    error(('%s: %s must be a whole number >= %d, got %s'):format(where, name, low, tostring(v)), 3)
-  end
-end
-
 -- f:tokens{n = 3, k = 5, tokenizer} -> the top n singular directions of a
 -- head's circuit (from weights.ov or weights.qk), each projected onto the
 -- vocabulary: for OV, the tokens whose embeddings the direction reads
@@ -253,8 +247,7 @@ function Factored:tokens(opts)
   local where = 'f:tokens'
   opts = options.check(opts, {'n', 'k', 'tokenizer'}, where, 2)
   if not rawget(self, 'kind') then error(('%s: only a head\'s circuit (weights.ov, weights.qk) knows its vocabulary'):format(where), 2) end
-  local n, k = opts.n or 3, opts.k or 5
-  check_whole(n, 'n', where, 1); check_whole(k, 'k', where, 1)
+  local n, k = options.whole(opts.n, 'n', where, 3), options.whole(opts.k, 'k', where, 5)
   local tok = opts.tokenizer or rawget(self.model, 'tokenizer')
   local E = weights.embedding(self.model, 2)
   local U, S, Vh = self:svd()
