@@ -90,6 +90,9 @@ test('from_pretrained takes the steps as options, before any dtype conversion', 
   close(logprobs(m), logprobs(plain), 2e-5)
   local half = models.from_pretrained(dir, {fold_ln = true, dtype = 'bfloat16'})
   eq(half.lm_head.weight.dtype, 'bfloat16')
+  -- processed in float32, then rounded once: the float32 model's processed weights, rounded
+  local full = models.from_pretrained(dir, {fold_ln = true})
+  eq((half.h[1].attn['qkv.weight']:float() - full.h[1].attn['qkv.weight']:to('bfloat16'):float()):abs():max():item(), 0)
   raises(function() models.from_pretrained(dir, {fold_ln = 1}) end, 'models.from_pretrained: fold_ln must be true or false, got 1')
   raises_part(function() models.from_pretrained(dir, {fold_layernorm = true}) end, "models.from_pretrained: unknown option 'fold_layernorm'")
   raises_part(function() m:save_pretrained(H.tmpdir()) end, 'save_pretrained: the weights are processed (fold_ln, center_unembed)')
