@@ -72,7 +72,7 @@ end
 
 require 'anatomy.torch.tensor'
 
--- nn, models, data, optim, train, text, probe, patching, steer, lens, weights, autopsy, provenance, experiment, exact and dist are globals in scripts and the REPL, like torch.
+-- nn, models, data, optim, train, text, probe, patching, steer, lens, weights, sae, autopsy, provenance, experiment, exact and dist are globals in scripts and the REPL, like torch.
 torch.nn = require 'anatomy.nn'
 nn = torch.nn
 models = require 'anatomy.models'
@@ -86,6 +86,7 @@ patching = require 'anatomy.probe.patching'
 steer = require 'anatomy.probe.steer'
 lens = require 'anatomy.probe.lens'
 weights = require 'anatomy.probe.weights'
+sae = require 'anatomy.features'
 autopsy = require 'anatomy.autopsy'
 provenance = require 'anatomy.io.provenance'
 hub = require 'anatomy.io.hub'

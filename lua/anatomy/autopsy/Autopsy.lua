@@ -116,7 +116,7 @@ end
 -- The per-layer measures, in the names the JSON uses, in table order.
 Autopsy.columns = {'name', 'kind', 'grad_norm', 'erank', 'erank_ratio', 'entropy', 'diag', 'act_std', 'amplification',
   'residual', 'influence', 'lens_loss', 'lens_kl', 'tuned_lens_loss', 'tuned_kl', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss', 'gate_identity_loss',
-  'gate_grad', 'gate_identity', 'verdict'}
+  'gate_grad', 'gate_identity', 'sae_alive', 'sae_l0', 'sae_ev', 'sae_ce_recovered', 'verdict'}
 
 -- a:csv(path): the per-layer table as CSV (one row a layer, the JSON's
 -- names as columns); returns path

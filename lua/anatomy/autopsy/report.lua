@@ -121,6 +121,7 @@ function report.html(a)
     local tds = {}
     for _, c in ipairs(cols) do
       local v = r[c]
+      if c == 'sae_alive' and v then v = ('%d/%d'):format(v, r.sae_d_sae) end
       tds[#tds + 1] = '<td>' .. esc(type(v) == 'number' and format.number(v) or (v or '')) .. '</td>'
     end
     tbody[#tbody + 1] = ('<tr class="%s">%s</tr>'):format(r.verdict or '', table.concat(tds))

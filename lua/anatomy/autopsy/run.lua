@@ -433,6 +433,53 @@ local function padded_source(model, source, opts)
   return out
 end
 
+-- The saes option: SAEs (sae.train, sae.load) each at a point inside one
+-- block; checked before anything runs. Returns each with its block's row name.
+local function check_saes(model, saes, source)
+  if saes == nil then return nil end
+  if type(saes) ~= 'table' or #saes == 0 then error(('autopsy.run: saes must be a list of SAEs, got %s'):format(type(saes)), 3) end
+  if getmetatable(source) ~= data.Corpus then
+    error('autopsy.run: saes are evaluated on the corpus\'s val split; give a corpus as the data', 3)
+  end
+  local layers = measure.layers(model)
+  local out = {}
+  for i, s in ipairs(saes) do
+    if type(s) ~= 'table' or not s.cfg or not s.encode then
+      error(('autopsy.run: saes[%d] must be an SAE (sae.train, sae.load), got %s'):format(i, nn.typename(s)), 3)
+    end
+    local point = s.cfg.point and probe.canonical(model, s.cfg.point)
+    if not point then error(('autopsy.run: saes[%d] names no point of this model (%s)'):format(i, tostring(s.cfg.point)), 3) end
+    local row
+    for _, l in ipairs(layers) do
+      if point == l[1] or point:sub(1, #l[1] + 1) == l[1] .. '.' then row = l[1] end
+    end
+    if not row then
+      local names = {}
+      for j, l in ipairs(layers) do names[j] = l[1] end
+      error(('autopsy.run: saes[%d] reads %s, inside none of the layers (%s)'):format(i, point, table.concat(names, ', ')), 3)
+    end
+    out[i] = {sae = s, row = row}
+  end
+  return out
+end
+
+-- Each SAE evaluated (sae.evaluate, on as many val batches as the autopsy
+-- read) and its numbers put on its layer's row.
+local function sae_rows(s, a, saes)
+  local evaluate = require('anatomy.features.splice').evaluate
+  for _, e in ipairs(saes) do
+    local ev = evaluate(s.model, e.sae, s.source, {batches = s.steps, batch = s.opts.batch or 8, seq = s.seq})
+    for _, r in ipairs(a.rows) do
+      if r.name == e.row then
+        r.sae_alive = e.sae.cfg.d_sae - math.floor(ev.dead * e.sae.cfg.d_sae + 0.5)
+        r.sae_d_sae = e.sae.cfg.d_sae
+        r.sae_l0, r.sae_ev, r.sae_ce_recovered = ev.l0, ev.explained_variance, ev.ce_recovered
+        if not ev.ce_recovered then s.missing.sae_ce_recovered = ev.notes[1] end
+      end
+    end
+  end
+end
+
 -- The lens option: a tuned lens of this very model (a logit lens adds
 -- nothing: lens_loss is the logit lens already).
 local function check_lens(model, l)
@@ -448,7 +495,7 @@ local function check_lens(model, l)
   end
 end
 
--- autopsy.run(model, data, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text, config, tokenizer, lens})
+-- autopsy.run(model, data, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text, config, tokenizer, lens, saes})
 -- data: a corpus (batches from its val split), {inputs, targets}, or a
 -- list of texts (with tokenizer, or the model's own) or of 1-D ids of any
 -- lengths: one batch, padded, in which every statistic, loss and map reads
@@ -461,11 +508,15 @@ end
 -- (a.provenance: data, model, training, software, machine; see provenance.lua).
 -- lens: a tuned lens of the model (lens.tuned): each block's row gains
 -- lens_kl (the logit lens's KL to the final distribution), tuned_lens_loss
--- and tuned_kl (the same read through the tuned lens).
+-- and tuned_kl (the same read through the tuned lens). saes: SAEs of the
+-- model (sae.train, sae.load), each evaluated on the corpus's val split
+-- (sae.evaluate): its layer's row gains sae_alive, sae_l0, sae_ev and
+-- sae_ce_recovered, how many features the layer uses beside its erank.
 local function run(model, source, opts)
-  opts = options.check(opts, {'metrics', 'steps', 'batch', 'seq', 'thresholds', 'k', 'history', 'probe_text', 'config', 'tokenizer', 'lens'},
-    'autopsy.run', 2)
+  opts = options.check(opts, {'metrics', 'steps', 'batch', 'seq', 'thresholds', 'k', 'history', 'probe_text', 'config', 'tokenizer', 'lens',
+    'saes'}, 'autopsy.run', 2)
   check_lens(model, opts.lens)
+  local saes = check_saes(model, opts.saes, source)
   local padded = padded_source(model, source, opts)
   if padded and opts.steps ~= nil and opts.steps ~= 1 then
     error(('autopsy.run: a list of texts is one batch; steps must be 1, got %s'):format(tostring(opts.steps)), 2)
@@ -488,6 +539,7 @@ local function run(model, source, opts)
     for _, r in ipairs(s.block_rows) do any = any or r.entropy ~= nil end
     if not any then s.missing.entropy = 'no block publishes an attention pattern (an attention block defines keep_pattern(keep, grad) and pattern())' end
   end
+  if saes then sae_rows(s, a, saes) end
   a.missing = s.missing
   verdicts.assign(a, s.thresholds)
   model:train(was_training)

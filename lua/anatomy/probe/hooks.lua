@@ -39,11 +39,12 @@ local function run_probes(self, x, ...)
   return y
 end
 
--- The tensor t at hook point `point` of m through its hook entries.
-local function dispatch(m, point, t)
-  local path = rawget(m, '_hook_path')
-  local full = path == '' and point or path .. '.' .. point
-  for _, e in ipairs(rawget(m, '_probes')) do
+-- hooks.publish(m, full, t) -> t, or what a replacement puts in its place:
+-- the tensor t at the hook point named full (the whole name) through m's
+-- hook entries. What something attached to m publishes besides m's own
+-- points goes through it (an SAE's features: 'blocks.3.resid_post.sae.acts').
+function hooks.publish(m, full, t)
+  for _, e in ipairs(rawget(m, '_probes') or {}) do
     if e.hook and e.match(full) then
       if e.kind == 'replace' then
         local r = e.fn(t, full)
@@ -62,6 +63,12 @@ local function dispatch(m, point, t)
     end
   end
   return t
+end
+
+-- The tensor t at hook point `point` of m through its hook entries.
+local function dispatch(m, point, t)
+  local path = rawget(m, '_hook_path')
+  return hooks.publish(m, path == '' and point or path .. '.' .. point, t)
 end
 
 -- Sets what m carries from its list of entries (see the top of this file).

@@ -210,10 +210,34 @@ end
 -- The hook points a module declares: a built-in block's (C++), or a Lua
 -- class's hook_names; nil when it declares none (a Lua block may still call
 -- self:hook with any name).
+-- Besides a block's own, the points that entries attached to it publish
+-- (entry.publishes, a list of names relative to the block: an SAE spliced
+-- in at 'resid_post' publishes 'resid_post.sae.acts'); they go with the
+-- entry when it is removed.
 function points.declared(m)
   local points = m:hook_points()
+  for _, e in ipairs(rawget(m, '_probes') or {}) do
+    for _, p in ipairs(e.publishes or {}) do points[#points + 1] = p end
+  end
   if #points == 0 then return nil end
   return points
+end
+
+-- The module whose published points include the dotted rest of name
+-- ('blocks.3.resid_post.sae.acts': blocks.3, 'resid_post.sae.acts'), or nil.
+local function published_by(model, name)
+  for n, m in model:named_modules() do
+    local prefix = n == '' and '' or n .. '.'
+    if name:sub(1, #prefix) == prefix and rawget(m, '_probes') then
+      local rest = name:sub(#prefix + 1)
+      for _, e in ipairs(rawget(m, '_probes')) do
+        for _, p in ipairs(e.publishes or {}) do
+          if p == rest then return m, n, rest end
+        end
+      end
+    end
+  end
+  return nil
 end
 
 -- name -> the module that owns it, its path and the hook point ('q'), or the
@@ -226,6 +250,8 @@ local function locate(model, name, level)
   for n, m in model:named_modules() do
     if n == exact then return m, n, nil end
   end
+  local pm, pn, pp = published_by(model, exact)
+  if pm then return pm, pn, pp end
   local base, point = name:match('^(.*)%.([^%.]+)$')
   if not base then base, point = '', name end
   base = base == '' and '' or points.resolve_name(model, base, level + 1)

@@ -51,6 +51,11 @@ format.measures = {
   {'gate_identity_loss', 'nn.Gate: loss with the gate replaced by the identity (x + f(x)), f kept', true},
   {'gate_grad', 'nn.Gate: norm of the gradient of the gate\'s weight', true},
   {'gate_identity', 'nn.Gate: |W - I| / sqrt(d), how far the gate has moved from the identity', true},
+  -- with SAEs (autopsy.run{saes = {...}}): shown on the rows of the layers they read
+  {'sae_alive', 'SAE in the layer: features that fired on the evaluation tokens (of its d_sae)', true},
+  {'sae_l0', 'SAE in the layer: features active per token', true},
+  {'sae_ev', 'SAE in the layer: explained variance of its reconstruction, 1 - sum |x - x_hat|^2 / sum |x - mean|^2', true},
+  {'sae_ce_recovered', 'SAE in the layer: (loss zero-ablated - loss spliced) / (loss zero-ablated - clean loss), the reconstruction in place of the point', true},
   {'verdict', 'worker, passenger, exploding, or boundary (input/output rows): the rule is under the table'},
 }
 
@@ -102,6 +107,8 @@ function format.table(self)
     if m[1] == 'lens_kl' or m[1] == 'tuned_lens_loss' or m[1] == 'tuned_kl' then
       table.insert(cols, after_lens, {m[1], function(r) return fmt(r[m[1]]) end})
       after_lens = after_lens + 1
+    elseif m[1] == 'sae_alive' then
+      cols[#cols + 1] = {m[1], function(r) return r.sae_alive and ('%d/%d'):format(r.sae_alive, r.sae_d_sae) or '-' end}
     elseif m[3] and m[1] ~= 'gate_grad' and m[1] ~= 'gate_identity' then
       cols[#cols + 1] = {m[1], function(r) return fmt(r[m[1]]) end}
     end
@@ -131,8 +138,8 @@ function format.table(self)
     if r.gate_grad then gates[#gates + 1] = ('%s gate_grad %s, gate_identity (|W - I|/sqrt(d)) %s'):format(r.name, fmt(r.gate_grad, 4), fmt(r.gate_identity)) end
   end
   if #gates > 0 then out[#out + 1] = 'gates: ' .. table.concat(gates, '; ') end
-  local shown = {lens_loss = 'lens_loss', entropy = 'entropy and diag', removal_loss = 'removal_loss'}
-  for _, key in ipairs{'entropy', 'lens_loss', 'removal_loss'} do
+  local shown = {lens_loss = 'lens_loss', entropy = 'entropy and diag', removal_loss = 'removal_loss', sae_ce_recovered = 'sae_ce_recovered'}
+  for _, key in ipairs{'entropy', 'lens_loss', 'removal_loss', 'sae_ce_recovered'} do
     if self.missing and self.missing[key] then out[#out + 1] = ('%s: - because %s'):format(shown[key], self.missing[key]) end
   end
   if self.removal then

@@ -147,6 +147,7 @@ anatomy: LuaJIT over LibTorch. Globals, each with help(name):
   steer       steering vectors: steer.vector (from contrasting texts), steer.apply (added while the model runs)
   lens        what each layer predicts: lens.logit, lens.tuned (trained translators), l:trajectory, l:table
   weights     what a head does from its weights: weights.ov, weights.qk (factored), f:tokens, weights.composition
+  sae         sparse autoencoders and transcoders: sae.train, sae.evaluate, sae.attach, sae.load, sae.top_activations
   autopsy     autopsy.run: the per-layer table, JSON and HTML report; autopsy.series: across checkpoints
   experiment  claims against measurements, the data rule, sweeps
   provenance  the record every result carries

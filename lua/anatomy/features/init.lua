@@ -1,0 +1,114 @@
+-- sae: sparse autoencoders and transcoders over a model's activations. Its
+-- parts, each in its own file:
+--   SAE.lua        the autoencoder: encode, decode, its kinds
+--   store.lua      activations streamed from a model, shuffled, cached on disk
+--   train.lua      training: the losses, dead features, the auxiliary-k loss
+--   saelens.lua    SAELens's folder format, read and written
+--   splice.lua     sae.attach (the reconstruction in the model) and sae.evaluate
+--   inspect.lua    top-activating contexts, feature pages
+local options = require('anatomy.torch.options')
+local SAE = require('anatomy.features.SAE')
+local saelens = require('anatomy.features.saelens')
+local training = require('anatomy.features.train')
+local points = require('anatomy.probe.points')
+local splice = require('anatomy.features.splice')
+local inspect = require('anatomy.features.inspect')
+local sae = {SAE = SAE, attach = splice.attach, evaluate = splice.evaluate, top_activations = inspect.top_activations}
+
+local function check_cfg(cfg, where)
+  cfg = options.check(cfg, {'d_in', 'd_sae', 'kind', 'k', 'point', 'model_name', 'apply_b_dec_to_input', 'threshold',
+    'hook_name', 'transcoder', 'bandwidth'}, where, 3)
+  local c = {}
+  for k, v in pairs(cfg) do c[k] = v end
+  c.d_in = options.whole(cfg.d_in, 'd_in', where, nil)
+  c.d_sae = options.whole(cfg.d_sae, 'd_sae', where, nil)
+  if not c.d_in or not c.d_sae then error(('%s: d_in and d_sae are needed (the point\'s width and the number of features)'):format(where), 3) end
+  c.kind = cfg.kind or 'topk'
+  if not SAE.kinds[c.kind] then
+    error(("%s: kind must be 'topk', 'relu', 'jumprelu' or 'batchtopk', got %s"):format(where, tostring(cfg.kind)), 3)
+  end
+  if c.kind == 'topk' or c.kind == 'batchtopk' then
+    c.k = options.whole(cfg.k, 'k', where, math.min(32, c.d_sae))
+    if c.k > c.d_sae then error(('%s: k must be at most d_sae %d, got %d'):format(where, c.d_sae, c.k), 3) end
+  end
+  if c.apply_b_dec_to_input == nil then c.apply_b_dec_to_input = true end
+  return c
+end
+
+-- sae.new{d_in, d_sae, kind = 'topk'|'relu'|'jumprelu'|'batchtopk', k = 32,
+-- point, apply_b_dec_to_input = true} -> an untrained SAE (decoder rows random
+-- unit vectors, the encoder their transpose, biases zero)
+function sae.new(cfg)
+  return SAE(check_cfg(cfg, 'sae.new'))
+end
+
+-- The SAE sae.train starts from, its cfg from the training options.
+function SAE._trained(o, D, point, model)
+  -- a transcoder's b_dec lies in the output's space: not subtracted from the input
+  return SAE({d_in = D, d_sae = o.width, kind = o.kind, k = o.k, point = point, apply_b_dec_to_input = not o.transcoder,
+    transcoder = o.transcoder or nil, model_name = model.config and model.config.name_or_path or nil})
+end
+
+-- sae.load(folder) -> an SAE from SAELens's format (cfg.json and
+-- sae_weights.safetensors; 'standard', 'topk' and 'jumprelu'). Its point is
+-- cfg.json's hook name (anatomy's own when anatomy wrote it; a
+-- TransformerLens name otherwise, which sae.attach translates).
+function sae.load(folder)
+  local where = 'sae.load'
+  if type(folder) ~= 'string' then error(('%s: folder must be a string, got %s'):format(where, type(folder)), 2) end
+  local cfg, raw = saelens.read_config(folder, where)
+  local tensors = saelens.read_weights(folder, cfg, where)
+  local meta = type(raw.metadata) == 'table' and raw.metadata or {}
+  cfg.point = type(meta.anatomy_point) == 'string' and meta.anatomy_point or cfg.hook_name
+  cfg.transcoder = meta.transcoder == true or nil
+  local s = SAE(cfg)
+  torch.no_grad(function()
+    for _, name in ipairs{'W_enc', 'b_enc', 'W_dec', 'b_dec', 'threshold'} do
+      if tensors[name] and s[name] then s[name]:copy_(tensors[name]:float()) end
+    end
+  end)
+  return s
+end
+
+-- s:save(folder) -> folder: the SAE in SAELens's format (cfg.json and
+-- sae_weights.safetensors, float32), which SAELens's SAE.load_from_disk reads;
+-- a BatchTopK SAE is written as the JumpReLU it computes after training
+function SAE:save(folder)
+  if type(folder) ~= 'string' or folder == '' then error(('sae:save: folder must be a string, got %s'):format(tostring(folder)), 2) end
+  saelens.write(self, folder)
+  return folder
+end
+
+-- sae.train(model, corpus, {point, width = 8·D, kind = 'topk', k = 32, l1,
+-- l0, steps = 2000, batch = 1024 rows, lr = 1e-3, seq, sequences = 32,
+-- buffer = 16·batch, seed = 1, dead_after, k_aux = D/2, aux_coefficient =
+-- 1/32, transcoder = false, cache, log_every, quiet = false}) -> s, history.
+-- point: where the activations are read ('blocks.3.resid_post', a hook point
+-- or a module's output); with transcoder = true, a module ('blocks.3.mlp')
+-- whose input the SAE encodes and whose output it reconstructs. cache: a
+-- folder for the activations as safetensors shards, reused by the next
+-- run on the same model, point and text. Every option is checked before the
+-- model runs; the same seed gives the same SAE.
+function sae.train(model, corpus, opts)
+  local where = 'sae.train'
+  if not nn.is_module(model) then error(('%s: model must be a model, got %s'):format(where, type(model)), 2) end
+  if corpus == nil or (type(corpus) ~= 'table' and type(corpus) ~= 'userdata') or not corpus.batch then
+    error(('%s: corpus must be a data.Corpus, got %s'):format(where, type(corpus)), 2)
+  end
+  options.check(opts, training.allowed, where, 2)
+  local given = opts or {}
+  opts = {}
+  for k, v in pairs(given) do opts[k] = v end
+  if type(opts.point) ~= 'string' then error(("%s: point must name where to read ('blocks.3.resid_post'), got %s"):format(
+    where, tostring(opts.point)), 2) end
+  local canonical, why = points.canonical(model, opts.point)
+  if not canonical then error(('%s: point: %s'):format(where, why), 2) end
+  opts.point = canonical
+  if opts.transcoder then
+    local ok, _, _, hook = pcall(points.locate, model, canonical, 1)
+    if ok and hook then error(("%s: a transcoder reads a module's input and output; '%s' is a hook point"):format(where, canonical), 2) end
+  end
+  return training.train(model, corpus, opts, where)
+end
+
+return sae
