@@ -6,7 +6,14 @@
 -- models.from_config{model_type = 'gpt2', ...}) is trained here on Tiny
 -- Shakespeare, character by character, written with save_pretrained, and
 -- read back with models.from_pretrained: that checkpoint is the one
--- measured. --model=NAME_OR_FOLDER measures a published one instead (its own
+-- measured. In a share of its training sequences (--repeats, default 0.5) a
+-- span of the text at the start comes again right after itself, as
+-- quotations, refrains and repeated names do in longer documents: a small
+-- char-level model trained on plain Tiny Shakespeare for the README's
+-- budget does not learn to copy from context (with --repeats=0, 3000 steps:
+-- the second copy of a repeated held-out span costs more than the first,
+-- and no head attends as an induction head), so the tools would have no
+-- circuit to find. The measurements are on held-out text, repeated once. --model=NAME_OR_FOLDER measures a published one instead (its own
 -- tokenizer, on the same held-out text).
 --   1. in-context copying: on a span of held-out text repeated once (r r),
 --      the loss on the second copy against the first;
@@ -21,9 +28,32 @@
 --   6. the autopsy of Shakespeare lines of different lengths, one padded batch.
 --   anatomy examples/causal_pretrained.lua [--model=NAME_OR_FOLDER] [--steps=3000] [--smoke=true] [--out=out/causal_pretrained]
 local cfg = experiment.config({model = '', data = '', steps = 3000, layers = 4, dim = 128, heads = 4, seq = 128, batch = 32,
-  lr = 2e-3, warmup = 100, seed = 1, run = 24, eval_batch = 32, out = 'out/causal_pretrained'},
+  lr = 2e-3, warmup = 100, seed = 1, repeats = 0.5, run = 24, eval_batch = 32, out = 'out/causal_pretrained'},
   {steps = 20, layers = 2, dim = 32, seq = 64, eval_batch = 4, run = 8, warmup = 2}, arg)
 local fs = require('anatomy.io.fs')
+if type(cfg.repeats) ~= 'number' or cfg.repeats ~= cfg.repeats or cfg.repeats < 0 or cfg.repeats > 1 then
+  error(('--repeats must be a share in [0, 1], got %s'):format(tostring(cfg.repeats)), 0)
+end
+
+-- The corpus, with a span at the start of the first share·B rows of each
+-- training batch repeated right after itself (r r, then the text that
+-- followed r): the rows stay text of the corpus, the targets the next token.
+local function with_repeats(c, share)
+  if share == 0 then return c end
+  local w = {}
+  function w:batch(B, T, opts)
+    local x, y = c:batch(B, T, opts)
+    if opts and opts.split == 'val' then return x, y end  -- the validation loss stays the plain text's
+    local z = torch.cat({x, y:narrow(2, T, 1)}, 2)  -- (B, T + 1): each row's tokens
+    for b = 1, math.floor(B * share) do
+      local n = math.random(8, math.floor(T / 3))
+      local row = z[b]:clone()
+      z[b]:copy_(torch.cat({row:narrow(1, 1, n), row:narrow(1, 1, n), row:narrow(1, n + 1, T + 1 - 2 * n)}, 1))
+    end
+    return z:narrow(2, 1, T):contiguous(), z:narrow(2, 2, T):contiguous()
+  end
+  return setmetatable(w, {__index = c})
+end
 
 -- the checkpoint
 local corpus, data_ = experiment.corpus(cfg)
@@ -39,8 +69,9 @@ if cfg.model ~= '' then
 else
   local fresh = models.from_config({model_type = 'gpt2', vocab_size = corpus.vocab_size, n_positions = cfg.seq, n_embd = cfg.dim,
     n_layer = cfg.layers, n_head = cfg.heads}, {seed = cfg.seed})
-  print(('training a GPT-2 of %s parameters on %s, %d steps'):format(nn.format_count(fresh:num_parameters()), data_.name, cfg.steps))
-  trained = train.fit(fresh, corpus, {steps = cfg.steps, batch = cfg.batch, lr = cfg.lr, warmup = cfg.warmup, seq = cfg.seq,
+  print(('training a GPT-2 of %s parameters on %s, %d steps, %.0f%% of the sequences with a repeated span'):format(
+    nn.format_count(fresh:num_parameters()), data_.name, cfg.steps, 100 * cfg.repeats))
+  trained = train.fit(fresh, with_repeats(corpus, cfg.repeats), {steps = cfg.steps, batch = cfg.batch, lr = cfg.lr, warmup = cfg.warmup, seq = cfg.seq,
     seed = cfg.seed, eval_every = math.max(1, math.floor(cfg.steps / 5))})
   fs.mkdir(cfg.out)
   fresh:save_pretrained(cfg.out .. '/checkpoint')
@@ -50,7 +81,8 @@ model:eval()
 local V, T, n = model.config.vocab, math.min(model:context(), cfg.seq), cfg.run
 local layers = model:layers()
 local r = experiment.results(('Induction in a GPT-2 checkpoint (%s)'):format(cfg.model ~= '' and cfg.model or
-  ('%d layers, dim %d, trained here on %s'):format(cfg.layers, cfg.dim, data_.name)), data_)
+  ('%d layers, dim %d, trained here on %s, %.0f%% of its sequences with a repeated span'):format(cfg.layers, cfg.dim, data_.name,
+    100 * cfg.repeats)), data_)
 if trained then r:run('checkpoint', model, trained, corpus) end
 
 -- 1. a span of held-out text repeated once (r r, then the text that followed r), from random places of the
