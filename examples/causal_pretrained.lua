@@ -6,14 +6,15 @@
 -- models.from_config{model_type = 'gpt2', ...}) is trained here on Tiny
 -- Shakespeare, character by character, written with save_pretrained, and
 -- read back with models.from_pretrained: that checkpoint is the one
--- measured. In a share of its training sequences (--repeats, default 0.5) a
--- span of the text at the start comes again right after itself, as
+-- measured. In a share of its training sequences (--repeats, default 1:
+-- all) a span of the text at the start comes again right after itself, as
 -- quotations, refrains and repeated names do in longer documents: a small
 -- char-level model trained on plain Tiny Shakespeare for the README's
--- budget does not learn to copy from context (with --repeats=0, 3000 steps:
--- the second copy of a repeated held-out span costs more than the first,
--- and no head attends as an induction head), so the tools would have no
--- circuit to find. The measurements are on held-out text, repeated once. --model=NAME_OR_FOLDER measures a published one instead (its own
+-- budget does not learn to copy from context (3000 steps: with
+-- --repeats=0 the second copy of a repeated held-out span costs more than
+-- the first; with --repeats=0.5 only 2% less, and no head attends as an
+-- induction head), so the tools would have no circuit to find. The
+-- measurements are on held-out text, repeated once. --model=NAME_OR_FOLDER measures a published one instead (its own
 -- tokenizer, on the same held-out text).
 --   1. in-context copying: on a span of held-out text repeated once (r r),
 --      the loss on the second copy against the first;
@@ -28,7 +29,7 @@
 --   6. the autopsy of Shakespeare lines of different lengths, one padded batch.
 --   anatomy examples/causal_pretrained.lua [--model=NAME_OR_FOLDER] [--steps=3000] [--smoke=true] [--out=out/causal_pretrained]
 local cfg = experiment.config({model = '', data = '', steps = 3000, layers = 4, dim = 128, heads = 4, seq = 128, batch = 32,
-  lr = 2e-3, warmup = 100, seed = 1, repeats = 0.5, run = 24, eval_batch = 32, out = 'out/causal_pretrained'},
+  lr = 2e-3, warmup = 100, seed = 1, repeats = 1, run = 24, eval_batch = 32, out = 'out/causal_pretrained'},
   {steps = 20, layers = 2, dim = 32, seq = 64, eval_batch = 4, run = 8, warmup = 2}, arg)
 local fs = require('anatomy.io.fs')
 if type(cfg.repeats) ~= 'number' or cfg.repeats ~= cfg.repeats or cfg.repeats < 0 or cfg.repeats > 1 then
