@@ -361,6 +361,14 @@ test('patching.attribute: atp, atp* and ig near exact patching, the parameters\'
   H.close(ig.grid, whole.grid, 5e-3, 'ig of a whole layer is the exact patch')
   local neurons = patching.attribute(m, clean, corrupt, metric, {over = 'mlp.post', per = 'neuron'})
   eq(neurons.grid:size(), {3, 32}, 'a column a neuron')
+  -- layers: only the chosen rows, each the same as in the whole grid
+  local some = patching.run(m, clean, corrupt, metric, {over = 'resid_pre', layers = {3, 'blocks.1'}})
+  eq(some.rows, {'blocks.1', 'blocks.3'}, 'in the model\'s order')
+  H.close(some.grid, whole.grid:index_select(1, torch.tensor({1, 3}):long()), 0, 'the chosen layers\' rows')
+  local some_atp = patching.attribute(m, clean, corrupt, metric, {over = 'mlp.post', per = 'neuron', layers = 2})
+  H.close(some_atp.grid, neurons.grid:narrow(1, 2, 1), 1e-6, 'the chosen layer\'s neurons')
+  H.raises_part(function() patching.attribute(m, clean, corrupt, metric, {layers = 'blocks.9'}) end, "patching.attribute: no layer 'blocks.9'")
+  H.raises_part(function() patching.run(m, clean, corrupt, metric, {layers = {}}) end, 'patching.run: layers must be a layer number or name')
   raises(function() patching.attribute(m, clean, corrupt, function(l) return metric(l):item() end, {over = 'attn.z'}) end,
     'patching.attribute: the metric must return a one-element tensor that carries the gradient (patching.logit_diff does; a number, :item(), has none), got number')
   raises(function() patching.attribute(m, clean, corrupt, metric, {method = 'eap'}) end,

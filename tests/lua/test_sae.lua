@@ -131,7 +131,6 @@ test('features are hook points: cached, replaced (the output moves by the change
   close(acts, s:encode(clean_cache[POINT]), 1e-6)
   close(cache[POINT .. '.sae.error'], clean_cache[POINT] - s:decode(acts), 1e-6)
   local busiest = acts:gt(0):float():sum(1):sum(1):view(-1):argmax():item()
-  local seen
   local zero = probe.replace(model, POINT .. '.sae.acts', function(f)
     local g = f:clone(); g:select(3, busiest):zero_(); return g
   end)
@@ -144,7 +143,49 @@ test('features are hook points: cached, replaced (the output moves by the change
   probe.clear(model)
   eq(probe.canonical(model, POINT .. '.sae.acts'), nil, 'the features are gone with the SAE')
   h:remove()  -- after probe.clear, harmless
-  local _ = seen
+end)
+
+test('features compose with patching, attribution patching and steering, given the layer that has them', function()
+  local s = sae.train(model, corpus, with(quick, {k = 4}))
+  local x = windows(16, 2)
+  local y = x:clone(); y:narrow(2, 1, 6):copy_(x:narrow(2, 7, 6))
+  local target = x:select(2, 16):unsqueeze(2)
+  local function metric(l) return l:select(2, 15):log_softmax(-1):gather(2, target):mean() end
+  local ACTS = POINT .. '.sae.acts'
+  local h = sae.attach(model, s, {error_term = true})
+  -- without layers, every layer is asked for a point one layer has
+  raises_part(function() patching.run(model, x, y, function(l) return metric(l):item() end, {over = 'resid_post.sae.acts'}) end,
+    "no module or hook point named 'blocks.2.resid_post.sae.acts'")
+  raises_part(function() patching.attribute(model, x, y, metric, {over = 'resid_post.sae.acts'}) end, '{layers = ...}')
+  raises_part(function() patching.run(model, x, y, metric, {over = 'resid_post', layers = 3}) end, 'layer must be in 1..2, got 3')
+  -- exact patching of every feature: the corrupt run with the clean run's features in their place
+  local r = patching.run(model, x, y, function(l) return metric(l):item() end, {over = 'resid_post.sae.acts', layers = {1}})
+  eq(r.rows, {'blocks.1'})
+  local _, clean_cache = probe.run_with_cache(model, x, {filter = {ACTS}})
+  local swap = probe.replace(model, ACTS, function() return clean_cache[ACTS] end)
+  local want = metric(model(y)):item()
+  swap:remove()
+  close(r.grid[1][1]:item(), want, 1e-6, 'patching.run over the features = the corrupt run with the clean features')
+  -- attribution per feature: one cell a feature, summing to the layer's estimate
+  local per_feature = patching.attribute(model, x, y, metric, {over = 'resid_post.sae.acts', per = 'neuron', layers = 'blocks.1'})
+  local whole = patching.attribute(model, x, y, metric, {over = 'resid_post.sae.acts', layers = 'blocks.1'})
+  eq(per_feature.grid:size(), {1, 48})
+  close(per_feature.grid:sum():item() - 47 * per_feature.corrupt, whole.grid[1][1]:item(), 1e-4, 'the features\' cells add up to the layer')
+  eq((per_feature.grid - per_feature.corrupt):abs():max():item() > 1e-6, true, 'some feature moves the metric')
+  -- a steering vector over the features: the mean difference of the cached features, added through the decoder
+  local v = steer.vector(model, {x[1]}, {y[1]}, {point = 'resid_post.sae.acts', layers = {1}})
+  local _, cx = probe.run_with_cache(model, x:narrow(1, 1, 1), {filter = {ACTS}})
+  local _, cy = probe.run_with_cache(model, y:narrow(1, 1, 1), {filter = {ACTS}})
+  close(v.vectors['blocks.1'], cx[ACTS]:mean(2):view(-1) - cy[ACTS]:mean(2):view(-1), 1e-6, 'the features\' mean difference')
+  local clean = model(x)
+  local steered = steer.apply(model, v, {coefficient = 4})
+  local _, moved = probe.run_with_cache(model, x, {filter = {POINT, ACTS}})
+  steered:remove()
+  local _, base = probe.run_with_cache(model, x, {filter = {POINT, ACTS}})
+  close(moved[POINT] - base[POINT], s:decode(base[ACTS] + v.vectors['blocks.1'] * 4) - s:decode(base[ACTS]), 1e-5,
+    'steering the features moves the point by the decoded change')
+  H.identical(model(x), clean, 'the steering removed')
+  h:remove()
 end)
 
 test('a transcoder reads an MLP input and replaces its output by the reconstruction', function()

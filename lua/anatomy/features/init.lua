@@ -82,13 +82,20 @@ end
 -- sae.train(model, corpus, {point, width = 8·D, kind = 'topk', k = 32, l1,
 -- l0, steps = 2000, batch = 1024 rows, lr = 1e-3, seq, sequences = 32,
 -- buffer = 16·batch, seed = 1, dead_after, k_aux = D/2, aux_coefficient =
--- 1/32, transcoder = false, cache, log_every, quiet = false}) -> s, history.
+-- 1/32, transcoder = false, cache, log_every, warmup, bandwidth = 0.001,
+-- checkpoint, checkpoint_every = log_every, resume, quiet = false}) -> s, history.
 -- point: where the activations are read ('blocks.3.resid_post', a hook point
 -- or a module's output); with transcoder = true, a module ('blocks.3.mlp')
 -- whose input the SAE encodes and whose output it reconstructs. cache: a
 -- folder for the activations as safetensors shards, reused by the next
--- run on the same model, point and text. Every option is checked before the
--- model runs; the same seed gives the same SAE.
+-- run on the same model, point and text. l1 (relu) and l0 (jumprelu) weigh
+-- the sparsity penalty; bandwidth is the JumpReLU's straight-through width
+-- in units of the activations' standard deviation; warmup: steps of linear
+-- learning-rate warm-up (default min(100, steps/10)). checkpoint: a file
+-- written every checkpoint_every steps; resume: such a file, from which the
+-- run ends with the weights of one that was never stopped. history: step,
+-- loss, l0, explained_variance, dead per logged step. Every option is
+-- checked before the model runs; the same seed gives the same SAE.
 function sae.train(model, corpus, opts)
   local where = 'sae.train'
   if not nn.is_module(model) then error(('%s: model must be a model, got %s'):format(where, type(model)), 2) end

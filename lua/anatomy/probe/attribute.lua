@@ -68,7 +68,7 @@ end
 
 -- patching.attribute(model, clean, corrupt, metric, {over = 'resid_pre',
 -- per = 'layer'|'head'|'position'|'neuron', method = 'atp'|'atp*'|'ig',
--- steps = 8, tokenizer}) -> result, as patching.run's (grid, normalized,
+-- steps = 8, layers, tokenizer}) -> result, as patching.run's (grid, normalized,
 -- print, report), estimated from gradients instead of one run per cell:
 --   atp: attribution patching. From the clean run, the corrupt run and one
 --        backward of metric on the corrupt run, each cell is
@@ -83,10 +83,12 @@ end
 --        as the corrupt input makes it: exact where the metric is linear in
 --        the activation, and in its sum over a layer's cells (completeness).
 -- metric(logits) must return a one-element tensor (patching.logit_diff
--- does). per = 'neuron' reads the activation's last dimension (mlp.post).
+-- does). per = 'neuron' reads the activation's last dimension (mlp.post;
+-- an attached SAE's features, '<point>.sae.acts', with layers naming its
+-- layer: one cell a feature).
 function attribute.attribute(model, clean, corrupt, metric, opts)
   local where = 'patching.attribute'
-  opts = options.check(opts, {'over', 'per', 'method', 'steps', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
+  opts = options.check(opts, {'over', 'per', 'layers', 'method', 'steps', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> a one-element tensor, got %s'):format(where, type(metric)), 2) end
   local over, per, method = opts.over or 'resid_pre', opts.per or 'layer', opts.method or 'atp'
   if per ~= 'layer' and per ~= 'head' and per ~= 'position' and per ~= 'neuron' then
@@ -98,7 +100,7 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   local steps = opts.steps or 8
   if type(steps) ~= 'number' or steps % 1 ~= 0 or steps < 1 then error(('%s: steps must be a positive integer, got %s'):format(where, tostring(steps)), 2) end
   local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
-  local names, rows = runs.layer_points(model, over, where)
+  local names, rows = runs.layer_points(model, over, where, opts.layers)
   local layout = points.layout(names[1])
   if per == 'head' and not layout.head then
     error(("%s: per = 'head' needs a point with heads (attn.q, k, v, z, result, pattern, scores), got '%s'"):format(where, over), 2)

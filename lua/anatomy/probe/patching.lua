@@ -59,22 +59,25 @@ patching.point = runs.point
 patching.Result = runs.Result
 
 -- patching.run(model, clean, corrupt, metric, {over = 'resid_pre', per =
--- 'layer'|'head'|'position', tokenizer}) -> result. clean and corrupt: ids
--- or texts of one shape; metric(logits) -> a number. For each layer of
--- model:layers() (and each head or position of it), the corrupt input runs
--- with that part of `over` patched in from the clean run. result.grid
--- (L x columns) holds the metric, result:normalized() the share of the way
--- from corrupt (0) to clean (1); print(result), result:report(path).
+-- 'layer'|'head'|'position', layers, tokenizer}) -> result. clean and
+-- corrupt: ids or texts of one shape; metric(logits) -> a number. For each
+-- layer of model:layers() (or of `layers`, numbers or names as steer.vector
+-- takes them, kept in the model's order: a point that only some layers
+-- have, such as an attached SAE's 'resid_post.sae.acts', needs them) and
+-- each head or position of it, the corrupt input runs with that part of
+-- `over` patched in from the clean run. result.grid (a row per layer
+-- patched x columns) holds the metric, result:normalized() the share of
+-- the way from corrupt (0) to clean (1); print(result), result:report(path).
 function patching.run(model, clean, corrupt, metric, opts)
   local where = 'patching.run'
-  opts = options.check(opts, {'over', 'per', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
+  opts = options.check(opts, {'over', 'per', 'layers', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> number, got %s'):format(where, type(metric)), 2) end
   local over, per = opts.over or 'resid_pre', opts.per or 'layer'
   if per ~= 'layer' and per ~= 'head' and per ~= 'position' then
     error(("%s: per must be 'layer', 'head' or 'position', got '%s'"):format(where, tostring(per)), 2)
   end
   local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
-  local names, rows = runs.layer_points(model, over, where)
+  local names, rows = runs.layer_points(model, over, where, opts.layers)
   local clean_out, cache = Cache.run_with_cache(model, clean_ids, {filter = names, attention_mask = mask})
   local function run_corrupt() return torch.no_grad(function() return inputs.forward(model, corrupt_ids, mask, where) end) end
   local clean_metric = runs.as_number(metric(clean_out, mask), where)

@@ -71,15 +71,21 @@ function runs.id_pair(model, clean, corrupt, opts, where)
   return clean_ids, corrupt_ids, clean_mask
 end
 
--- runs.layer_points(model, over, where) -> the point `over` names in every layer of model:layers(): names, and the
--- layers' names (the grid's rows).
-function runs.layer_points(model, over, where)
-  local layers, why = model:layers()
-  if not layers then error(('%s: %s'):format(where, why), 3) end
+-- runs.layer_points(model, over, where, layers) -> the point `over` names in
+-- each chosen layer of model:layers() (layers: nil for every layer, or as
+-- points.pick_layers takes them): names, and the layers' names (the grid's
+-- rows). A point that only some layers have (an SAE's features) is an error
+-- that says to choose those layers.
+function runs.layer_points(model, over, where, layers)
+  local chosen, all = points.pick_layers(model, layers, where, 3)
   local names, rows = {}, {}
-  for i, l in ipairs(layers) do
+  for i, index in ipairs(chosen) do
+    local l = all[index]
     local ok, name = pcall(runs.point, model, l[1], over)
-    if not ok then error(('%s: %s'):format(where, name), 3) end
+    if not ok then
+      local hint = layers == nil and (' (choose the layers that have it with {layers = ...})') or ''
+      error(('%s: %s%s'):format(where, name, hint), 3)
+    end
     names[i], rows[i] = name, l[1]
   end
   return names, rows
