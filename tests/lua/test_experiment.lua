@@ -246,6 +246,14 @@ test('results:save writes results.json and results.md with the provenance line a
   contains(js, '"name":"unit"', 'json name')
   contains(js, '"verdict":"reproduced"', 'json row')
   contains(js, '"seed":3', 'json provenance config')
+  -- the data's file by name only: no path of the machine that ran it
+  local r2 = experiment.results('Paths', {comparable = true, name = 'text.txt', path = '/home/someone/data/text.txt',
+    note = 'data: /home/someone/data/text.txt (Some text, sha256 0123)'})
+  local jp2 = r2:save(dir .. '/paths', {corpus = corpus, name = 'paths'})
+  local js2 = H.read(jp2)
+  eq(js2:find('/home/someone', 1, true), nil, 'results.json names no absolute path')
+  contains(js2, '"note":"data: text.txt (Some text, sha256 0123)"', 'the note names the file')
+  eq(r2.data.path, '/home/someone/data/text.txt', 'the results keep the path in the session')
   assert(io.open(dir .. '/unit_tiny_sweep_y.svg', 'rb'), 'chart written')
   os.execute("rm -rf '" .. dir .. "'")
 end)

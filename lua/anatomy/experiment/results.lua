@@ -98,6 +98,20 @@ function Results:provenance(corpus, config)
   return provenance.record{corpus = corpus or self.corpus_, runs = runs, config = config}
 end
 
+-- The data's description as results.json keeps it: the file's name, not
+-- where it lay on the machine that ran the experiment (the provenance
+-- record names files the same way).
+local function published_data(d)
+  if type(d) ~= 'table' then return d end
+  local out = {}
+  for k, v in pairs(d) do if k ~= 'path' then out[k] = v end end
+  if type(d.note) == 'string' and type(d.path) == 'string' and d.path ~= '' then
+    local at = d.note:find(d.path, 1, true)
+    if at then out.note = d.note:sub(1, at - 1) .. (d.name or '') .. d.note:sub(at + #d.path) end
+  end
+  return out
+end
+
 -- results:save(dir, {corpus, config, name}) -> the paths of results.json and
 -- results.md in dir: rows, notes, sweeps and the provenance record. Each
 -- sweep's charts go beside them as SVG files.
@@ -120,7 +134,7 @@ function Results:save(dir, opts)
   local rows = {}
   for i, r in ipairs(self.rows) do rows[i] = {claim = r.claim, published = r.published, ours = r.ours, value = r.value, verdict = r.verdict} end
   local doc = {name = name, title = self.title, rows = rows, notes = self.notes, sweeps = sweeps, charts = charts,
-    data = self.data, provenance = rec}
+    data = published_data(self.data), provenance = rec}
   local json_path = fs.write_atomic(dir .. '/results.json', json.encode(doc) .. '\n')
   local md = {tostring(self), '', '<sub>' .. provenance.line(rec) .. '</sub>'}
   for _, s in ipairs(sweeps) do
