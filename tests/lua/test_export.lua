@@ -63,7 +63,7 @@ test('a:csv has a row a layer with the JSON\'s names; a:tensorboard writes an ev
   a:csv(d .. '/autopsy.csv')
   local rows, columns = export.read_csv(d .. '/autopsy.csv')
   eq(columns, {'name', 'kind', 'grad_norm', 'erank', 'erank_ratio', 'entropy', 'diag', 'act_std', 'amplification',
-    'residual', 'influence', 'lens_loss', 'lens_kl', 'tuned_lens_loss', 'tuned_kl', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss', 'gate_identity_loss', 'gate_grad', 'gate_identity', 'verdict'})
+    'residual', 'influence', 'lens_loss', 'lens_kl', 'tuned_lens_loss', 'tuned_kl', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss', 'gate_identity_loss', 'gate_grad', 'gate_identity', 'sae_alive', 'sae_l0', 'sae_ev', 'sae_ce_recovered', 'verdict'})
   eq(#rows, #a.rows)
   for i, r in ipairs(a.rows) do
     eq(rows[i].name, r.name)

@@ -182,7 +182,7 @@ test('the autopsy of texts of different lengths: every column from the real posi
   raises(function() autopsy.run(m, {'some text'}) end,
     'autopsy.run: texts need a tokenizer: pass {tokenizer = tok}, or use a model from models.from_pretrained')
   raises(function() autopsy.run(m, {torch.randint(1, V + 1, {2, 8}), torch.randint(1, V + 1, {2, 8})}, {step = 2}) end,
-    "autopsy.run: unknown option 'step' (expected batch, config, history, k, lens, metrics, probe_text, seq, steps, thresholds, tokenizer)")
+    "autopsy.run: unknown option 'step' (expected batch, config, history, k, lens, metrics, probe_text, saes, seq, steps, thresholds, tokenizer)")
 end)
 
 H.done()
