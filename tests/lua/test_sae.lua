@@ -263,6 +263,12 @@ test('the top contexts are the largest activations of each feature, largest firs
   eq(html:find('Top ' .. #r[1] .. ' contexts', 1, true) ~= nil, true)
   eq(html:find('promotes', 1, true) ~= nil, true)
   raises(function() r:page(2) end, 'r:page: feature 2 was not among those scanned (2 of them)')
+  -- in a notebook: the same page inline, the feature's own contexts as text
+  local bundle = r:feature(1):_repr_mimebundle()
+  eq(bundle['text/html']:find('Top ' .. #r[1] .. ' contexts', 1, true) ~= nil, true, 'the page inline')
+  eq(bundle['text/plain']:match('^top activations at ') ~= nil, true)
+  eq(bundle['text/plain']:find('feature 1:', 1, true) ~= nil, true)
+  eq(bundle['text/plain']:find('feature ' .. r.features[2] .. ':', 1, true), nil, 'only the feature asked for')
 end)
 
 test('the autopsy with saes: the layer\'s row carries what sae.evaluate measures', function()
