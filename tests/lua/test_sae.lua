@@ -311,6 +311,15 @@ test('bad options and inputs are errors naming the function and the argument, ch
   raises(function() sae.train(model, corpus, {point = POINT, kind = 'relu', k = 4}) end, "sae.train: k is for kind 'topk' or 'batchtopk', not 'relu'")
   raises(function() sae.train(model, corpus, {point = POINT, width = 8, k = 9}) end, 'sae.train: k must be at most width 8, got 9')
   raises(function() sae.train(model, corpus, {point = POINT, lr = 0 / 0}) end, 'sae.train: lr must be a number in [0, 1], got nan')
+  -- every option's error is at the caller's line, not inside the library
+  for _, bad in ipairs{{k = 0 / 0}, {steps = 1.5}, {batch = 0}, {width = -3}, {seed = 'one'}, {dead_after = 0}, {lr = -1},
+      {kind = 'gated'}, {cache = ''}, {quiet = 1}, {transcoder = 'yes'}, {resume = 3}, {checkpoint_every = 0}} do
+    local opts = with({point = POINT}, bad)
+    local ok, err = pcall(function() sae.train(model, corpus, opts) end)
+    local key = next(bad)
+    eq(ok, false, key)
+    eq(tostring(err):match('^[^:]*test_sae%.lua:%d+: sae%.train: ') ~= nil, true, key .. ': ' .. tostring(err))
+  end
   raises_part(function() sae.train(model, corpus, {point = POINT, stpes = 5}) end, "sae.train: unknown option 'stpes'")
   raises_part(function() sae.train(model, corpus, {point = 'blocks.9.resid_post'}) end, 'sae.train: point:')
   raises(function() sae.train(model, nil, {point = POINT}) end, 'sae.train: corpus must be a data.Corpus, got nil')

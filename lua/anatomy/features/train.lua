@@ -26,6 +26,14 @@ local M = {}
 M.allowed = {'point', 'width', 'kind', 'k', 'l1', 'l0', 'steps', 'batch', 'lr', 'seq', 'sequences', 'buffer', 'seed',
   'dead_after', 'k_aux', 'aux_coefficient', 'transcoder', 'cache', 'log_every', 'warmup', 'bandwidth', 'quiet', 'checkpoint', 'checkpoint_every', 'resume'}
 
+-- A whole-number option of sae.train, checked in M.settings: an error
+-- names the line that called sae.train (options.whole <- here <-
+-- M.settings <- M.train, which sae.train tail-calls).
+local function whole(v, name, where, default, low)
+  local r = options.whole(v, name, where, default, low, 5)
+  return r
+end
+
 local function number_in(v, name, low, high, where, default)
   if v == nil then return default end
   if type(v) ~= 'number' or v ~= v or v < low or v > high then
@@ -41,14 +49,14 @@ function M.settings(model, point, opts, where)
     error(("%s: kind must be 'topk', 'relu', 'jumprelu' or 'batchtopk', got %s"):format(where, tostring(opts.kind)), 3)
   end
   o.kind = opts.kind or 'topk'
-  o.steps = options.whole(opts.steps, 'steps', where, 2000)
-  o.batch = options.whole(opts.batch, 'batch', where, 1024)
-  o.seq = options.whole(opts.seq, 'seq', where, math.min(model.context and model:context() or 128, 128))
-  o.sequences = options.whole(opts.sequences, 'sequences', where, 32)
-  o.buffer = options.whole(opts.buffer, 'buffer', where, 16 * o.batch)
-  o.seed = options.whole(opts.seed, 'seed', where, 1, 0)
-  o.log_every = options.whole(opts.log_every, 'log_every', where, math.max(1, math.floor(o.steps / 10)))
-  o.warmup = options.whole(opts.warmup, 'warmup', where, math.min(100, math.floor(o.steps / 10)), 0)
+  o.steps = whole(opts.steps, 'steps', where, 2000)
+  o.batch = whole(opts.batch, 'batch', where, 1024)
+  o.seq = whole(opts.seq, 'seq', where, math.min(model.context and model:context() or 128, 128))
+  o.sequences = whole(opts.sequences, 'sequences', where, 32)
+  o.buffer = whole(opts.buffer, 'buffer', where, 16 * o.batch)
+  o.seed = whole(opts.seed, 'seed', where, 1, 0)
+  o.log_every = whole(opts.log_every, 'log_every', where, math.max(1, math.floor(o.steps / 10)))
+  o.warmup = whole(opts.warmup, 'warmup', where, math.min(100, math.floor(o.steps / 10)), 0)
   o.lr = number_in(opts.lr, 'lr', 0, 1, where, 1e-3)
   o.l1 = number_in(opts.l1, 'l1', 0, math.huge, where, 0.3)
   o.l0 = number_in(opts.l0, 'l0', 0, math.huge, where, 1e-3)
@@ -67,10 +75,10 @@ function M.settings(model, point, opts, where)
   if opts.k ~= nil and o.kind ~= 'topk' and o.kind ~= 'batchtopk' then
     error(("%s: k is for kind 'topk' or 'batchtopk', not '%s'"):format(where, o.kind), 3)
   end
-  local width, k = options.whole(opts.width, 'width', where), options.whole(opts.k, 'k', where)
+  local width, k = whole(opts.width, 'width', where), whole(opts.k, 'k', where)
   if width and k and k > width then error(('%s: k must be at most width %d, got %d'):format(where, width, k), 3) end
-  options.whole(opts.k_aux, 'k_aux', where)
-  options.whole(opts.dead_after, 'dead_after', where)
+  whole(opts.k_aux, 'k_aux', where)
+  whole(opts.dead_after, 'dead_after', where)
   return o
 end
 

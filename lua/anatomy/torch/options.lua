@@ -36,14 +36,15 @@ function options.check(opts, allowed, where, level)
   return opts
 end
 
--- options.whole(v, name, where, default, low) -> v, or default when v is
--- nil: a whole number >= low (1 unless given), else an error naming where
--- and name at the level of whoever called the function that called this.
-function options.whole(v, name, where, default, low)
+-- options.whole(v, name, where, default, low, level) -> v, or default when
+-- v is nil: a whole number >= low (1 unless given), else an error naming
+-- where and name at `level` (default 3: whoever called the function that
+-- called this).
+function options.whole(v, name, where, default, low, level)
   if v == nil then return default end
   low = low or 1
   if type(v) ~= 'number' or v ~= v or v % 1 ~= 0 or v < low then
-    error(('%s: %s must be a whole number >= %d, got %s'):format(where, name, low, tostring(v)), 3)
+    error(('%s: %s must be a whole number >= %d, got %s'):format(where, name, low, tostring(v)), level or 3)
   end
   return v
 end
