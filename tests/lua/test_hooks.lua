@@ -375,7 +375,11 @@ test('probe.clear removes every intervention kind from every point kind: the out
             local changed = (pt[1] == 'mix.mid') and (out_mix - clean_mix):abs():max():item() or (out - clean):abs():max():item()
             assert(changed > 0, kind .. ' on ' .. pt[1] .. ' changed nothing: the test would not see it stay')
           end
+          local shown = tostring(h)
+          H.eq(shown:match('^probe handle: .* at ') ~= nil and not shown:find('table: 0x', 1, true), true,
+            kind .. ' on ' .. pt[1] .. ' prints what it attached: ' .. shown)
           probe.clear(m)
+          H.eq(tostring(h), 'probe handle: nothing attached (removed, or cleared by probe.clear)', kind .. ' on ' .. pt[1] .. ', cleared')
           local after, after_mix = run()
           H.identical(after, clean, kind .. ' on ' .. pt[1] .. ', after probe.clear')
           H.identical(after_mix, clean_mix, kind .. ' on ' .. pt[1] .. ' (the Lua block), after probe.clear')

@@ -130,6 +130,28 @@ Handle.__index = Handle
 -- hooks.handle(pairs) -> a handle over {{module, entry}, ...}
 function hooks.handle(attached) return setmetatable({attached = attached or {}}, Handle) end
 
+-- print(handle): what it still has attached (an entry probe.clear took
+-- out, or handle:remove() did, is no longer listed), each as its kind and
+-- where: 'replace at blocks.1.attn.z', 'SAE at blocks.3.resid_post'.
+function Handle:__tostring()
+  local live = {}
+  for _, pair in ipairs(self.attached) do
+    local m, entry = pair[1], pair[2]
+    for _, p in ipairs(rawget(m, '_probes') or {}) do
+      if p == entry then
+        local where = entry.label or entry.name or (entry.path ~= '' and entry.path) or 'the model'
+        live[#live + 1] = ('%s at %s'):format(entry.sae and 'SAE' or entry.kind or 'probe', where)
+        break
+      end
+    end
+  end
+  if #live == 0 then return 'probe handle: nothing attached (removed, or cleared by probe.clear)' end
+  local shown = {}
+  for i = 1, math.min(#live, 6) do shown[i] = live[i] end
+  if #live > 6 then shown[#shown + 1] = ('and %d more'):format(#live - 6) end
+  return ('probe handle: %s attached (handle:remove() takes %s out)'):format(table.concat(shown, ', '), #live == 1 and 'it' or 'them')
+end
+
 -- handle:remove(): detaches what the handle attached (again is harmless).
 function Handle:remove()
   for _, pair in ipairs(self.attached) do hooks.detach(pair[1], pair[2]) end
@@ -160,7 +182,7 @@ function hooks.replace(model, name, fn)
   local m, path, point = points.locate(model, name, 2)
   if point then
     local full = path == '' and point or path .. '.' .. point
-    return hooks.handle{{m, hooks.attach(m, path, {kind = 'replace', hook = true, path = path, match = exact_match(full), fn = fn})}}
+    return hooks.handle{{m, hooks.attach(m, path, {kind = 'replace', hook = true, path = path, label = full, match = exact_match(full), fn = fn})}}
   end
   return hooks.handle{{m, hooks.attach(m, path, {kind = 'replace', name = path, path = path, fn = fn})}}
 end
@@ -196,7 +218,8 @@ end
 -- modules, by whatever attached it: probes on module outputs (captures,
 -- replacements, skips, idle ones, watches) and on hook points
 -- (interventions on 'blocks.1.attn.z', captures of them), with the patterns
--- kept for them. The handles they returned become empty.
+-- kept for them. The handles they returned then print as empty, and their
+-- remove() is harmless.
 function hooks.clear(model)
   for _, m in model:named_modules() do
     local probes = rawget(m, '_probes')
