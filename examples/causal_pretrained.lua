@@ -245,9 +245,12 @@ local charts = require('anatomy.render.charts')
 local Figure = require('anatomy.render.figure')
 local pruned = graph:prune{top = 24}
 Figure.new('Edge attribution (EAP-IG), the 24 largest edges', pruned:svg(), tostring(pruned)):save(cfg.out .. '/edges.svg')
+-- the two grids on one colour scale, symmetric about 0, so that a colour means the same share in both
+local extent = math.max(exact:normalized():abs():max():item(), estimated:normalized():abs():max():item())
 local function share_map(title, result)
   return Figure.new(title, charts.heatmap(title, result.rows, result.cols, result:normalized():tolist(), false,
-    {note = 'share of the way from the corrupt run (0) to the clean one (1)', value = 'share'}), tostring(result))
+    {note = 'share of the way from the corrupt run (0) to the clean one (1); one colour scale for both grids', value = 'share',
+      range = {-extent, extent}}), tostring(result))
 end
 share_map('Exact patching of attn.z per head', exact):save(cfg.out .. '/patching_exact.svg')
 share_map('AtP* estimate of the same grid', estimated):save(cfg.out .. '/patching_atp.svg')

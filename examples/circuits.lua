@@ -401,14 +401,17 @@ r:note('Per head: induction and previous-token scores (mean attention), the loss
   {'head', 'induction', 'previous token', 'loss ablated', "patching r' r", "AtP* r' r", 'patching every other', 'AtP* every other', 'DLA'}, per_head))
 print('\n' .. tostring(r))
 patched:report(cfg.out .. '/patching.html')
--- the two grids as shares restored (one colour scale each) and the pruned edge graph: on one page, and each as an SVG file
+-- the two grids as shares restored (one colour scale for both, symmetric about 0, so that a colour means the
+-- same share in each) and the pruned edge graph: on one page, and each as an SVG file
 local page = require('anatomy.render.page')
 local charts = require('anatomy.render.charts')
 local Figure = require('anatomy.render.figure')
+local extent = math.max(exact:normalized():abs():max():item(), estimated:normalized():abs():max():item())
 local function share_map(title, result)
-  local note = ('share of the way from the corrupt run (0) to the clean one (1); clean %.4g, corrupt %.4g'):format(result.clean, result.corrupt)
-  return Figure.new(title, charts.heatmap(title, result.rows, result.cols, result:normalized():tolist(), false, {note = note, value = 'share'}),
-    tostring(result))
+  local note = ('share of the way from the corrupt run (0) to the clean one (1); clean %.4g, corrupt %.4g; one colour scale '
+    .. 'for both grids'):format(result.clean, result.corrupt)
+  return Figure.new(title, charts.heatmap(title, result.rows, result.cols, result:normalized():tolist(), false,
+    {note = note, value = 'share', range = {-extent, extent}}), tostring(result))
 end
 local pruned = graph:prune{top = 20}
 local figures = {

@@ -23,6 +23,14 @@ test('colour bars and axes get at least three readable ticks; zero and missing c
   assert(log:find('class="zero"', 1, true) and log:find('<title>a, 2: 0</title>', 1, true), 'a zero cell on a log scale is marked')
   assert(log:find('class="missing"', 1, true) and log:find('b, 1: no value', 1, true), 'a missing cell is marked')
   assert(log:find('>no value</text>', 1, true) and log:find('class="cellkey"', 1, true), 'the key under the colour bar says so')
+  -- values of both signs: the scale is symmetric about 0, so 0 takes the pale middle colour
+  local signed = charts.heatmap('share', {'a'}, {'1', '2', '3'}, {{-0.2, 0, 0.6}}, false, {})
+  local zero_fill = signed:match('fill="(rgb%([%d,]+%))"><title>a, 2: 0%.0000')
+  H.eq(zero_fill, 'rgb(247,247,247)', 'the colour of 0 between -0.2 and 0.6')
+  local labels2 = {}
+  for t in signed:gmatch('class="ytick" dy="3">([^<]+)<') do labels2[#labels2 + 1] = tonumber(t) end
+  table.sort(labels2)
+  assert(labels2[1] <= -0.4 and labels2[#labels2] >= 0.4, 'the colour bar spans -0.6 to 0.6, its ticks: ' .. table.concat(labels2, ', '))
   local plain = charts.heatmap('grad', {'a'}, {'1', '2'}, {{1e-3, 2e-3}}, true, {})
   assert(not plain:find('cellkey', 1, true), 'no key when every cell has a colour')
 end)

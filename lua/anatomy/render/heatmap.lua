@@ -65,12 +65,19 @@ end
 -- Tall maps scroll. opts: note, xlabel, ylabel, value (what the colour is),
 -- labels ([row][column] a text written in each cell, and in its title),
 -- range ({low, high}: the colour scale's ends instead of the values' own;
--- values outside take the end colours).
+-- values outside take the end colours). Values of both signs get a scale
+-- symmetric about 0, so that the pale middle colour is 0 and blue is
+-- below it (a patching grid's negative shares); one sign alone spans the
+-- values' own range.
 function heatmap.heatmap(title, row_labels, col_labels, matrix, log, opts)
   if type(opts) ~= 'table' then opts = {note = opts} end
   local flat = {}
   for _, row in ipairs(matrix) do for _, v in ipairs(row) do flat[#flat + 1] = log and finite(v) and v > 0 and math.log10(v) or (not log and v or nil) end end
   local lo, hi = range(flat)
+  if not log and lo < 0 and hi > 0 then
+    local m = math.max(-lo, hi)
+    lo, hi = -m, m
+  end
   if opts.range then  -- a colour scale shared with another chart (two lenses' tables side by side)
     local r = opts.range
     lo, hi = log and math.log10(r[1]) or r[1], log and math.log10(r[2]) or r[2]
