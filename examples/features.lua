@@ -70,10 +70,11 @@ r:add('with the reconstruction in place of the layer\'s output, most of the loss
     e.ce_clean, e.ce_spliced, e.ce_zero) or e.notes[1], e.ce_recovered and e.ce_recovered >= 0.9 and 'reproduced' or 'differs')
 r:add('spliced in with its error term, the model\'s logits are the clean ones bit for bit', 'identical',
   same and 'identical' or ('differ by up to %.3g'):format((logits - clean):abs():max():item()), same and 'reproduced' or 'differs')
+local t = s.cfg.trained  -- what sae.train ran with, defaults included
 r:note(('SAE: TopK, k %d, %d features (%dx the width %d), %d steps of %d rows (%d-character windows, %d per forward, shuffled '
-  .. 'through a buffer), Adam at lr %g, the auxiliary-k loss on dead features (k_aux %d, coefficient 1/32). Evaluated on the first '
-  .. '%d windows of the validation split. Its features at %s.sae.acts, cached over 8 windows: %s.'):format(cfg.k, cfg.width,
-  cfg.width / cfg.dim, cfg.dim, cfg.sae_steps, cfg.sae_batch, cfg.seq, 32, cfg.sae_lr, s.cfg.trained.k_aux, e.tokens / cfg.seq,
+  .. 'through a buffer), Adam at lr %g, the auxiliary-k loss on dead features (k_aux %d, coefficient %g). Evaluated on the first '
+  .. '%d windows of the validation split. Its features at %s.sae.acts, cached over 8 windows: %s.'):format(s.cfg.k, s.cfg.d_sae,
+  s.cfg.d_sae / s.cfg.d_in, s.cfg.d_in, t.steps, t.batch, t.seq, t.sequences, t.lr, t.k_aux, t.aux_coefficient, e.tokens / t.seq,
   cfg.point, require('anatomy.render.format').shape(cache[cfg.point .. '.sae.acts'])))
 local rows = {}
 for i, step in ipairs(history.step) do

@@ -73,6 +73,8 @@ test('training: the same seed gives the same SAE; the loss falls; top-k keeps L0
   eq(ha.loss[#ha.loss] < ha.loss[1], true, 'the loss falls')
   eq(ha.l0[#ha.l0], 4)
   eq(a.cfg.trained.rows, 40 * 128)
+  eq(a.cfg.trained.sequences, 8, 'the settings it ran with are kept, defaults included')
+  eq(a.cfg.trained.aux_coefficient, 1 / 32)
   close(a.W_dec:norm(2, -1), torch.ones(48), 1e-5, 'unit-norm decoder rows')
   eq(a.since_fired:size(), {48})
   for _, kind in ipairs{'relu', 'jumprelu', 'batchtopk'} do

@@ -298,7 +298,8 @@ function M.train(model, corpus, opts, where)
       save_checkpoint(opts.checkpoint, s, opt, since, store, step, history, o)
     end
   end
-  s.cfg.trained = {steps = o.steps, batch = o.batch, lr = o.lr, seq = o.seq, seed = o.seed, rows = o.steps * o.batch,
+  s.cfg.trained = {steps = o.steps, batch = o.batch, lr = o.lr, seq = o.seq, sequences = o.sequences, seed = o.seed,
+    rows = o.steps * o.batch,
     rows_from_model = store.rows_gathered, rows_from_cache = store.rows_from_cache, l1 = o.kind == 'relu' and o.l1 or nil,
     l0 = o.kind == 'jumprelu' and o.l0 or nil, dead_after = o.dead_after, k_aux = o.k_aux, aux_coefficient = o.aux_coefficient,
     resumed_at = resume and resume.step or nil}
