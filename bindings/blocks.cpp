@@ -267,7 +267,7 @@ int module_pattern(lua_State* L) {
 int module_to(lua_State* L) {
   NativePtr& b = check_native(L, 1);
   std::string s = check_string(L, 2);
-  if (s == "cpu" || s.rfind("cuda", 0) == 0) b->to(parse_device_arg(s, 2));
+  if (is_device_name(s)) b->to(parse_device_arg(s, 2));
   else b->to(parse_dtype(s, 2));
   return 0;
 }

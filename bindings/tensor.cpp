@@ -9,6 +9,7 @@
 
 #include "bindings/common.h"
 #include "bindings/parts.h"
+#include "host/runtime.h"
 #include "host/tensor_format.h"
 
 namespace anatomy::lua {
@@ -290,7 +291,7 @@ int tensor_to(lua_State* L) {
   for (int i = 2; i <= lua_gettop(L); ++i) {
     if (lua_type(L, i) == LUA_TSTRING) {
       std::string s = lua_tostring(L, i);
-      bool is_device = s == "cpu" || s.rfind("cuda", 0) == 0;
+      bool is_device = is_device_name(s);
       if (is_device) opts = opts.device(parse_device_arg(s, i));
       else opts = opts.dtype(parse_dtype(s, i));
     } else if (is_options(L, i)) {

@@ -28,22 +28,27 @@ int env_int(const char* name, int fallback) {
 }
 }  // namespace
 
+bool is_device_name(const std::string& name) {
+  return name == "cpu" || name == "meta" || name.rfind("cuda", 0) == 0;
+}
+
 c10::Device parse_device(const std::string& name) {
   if (name == "cpu") return c10::Device(c10::kCPU);
+  if (name == "meta") return c10::Device(c10::kMeta);
   if (name.rfind("cuda", 0) == 0) {
     int index = -1;
     if (name.size() > 4) {
-      if (name[4] != ':' || name.size() == 5) throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda or cuda:N");
+      if (name[4] != ':' || name.size() == 5) throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda, cuda:N or meta");
       std::string digits = name.substr(5);
       for (char c : digits)
-        if (c < '0' || c > '9') throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda or cuda:N");
+        if (c < '0' || c > '9') throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda, cuda:N or meta");
       index = std::stoi(digits);
     }
     if (!at::hasCUDA())
       throw std::invalid_argument("device '" + name + "' is not available: this LibTorch has no CUDA, or no GPU is visible");
     return index < 0 ? c10::Device(c10::kCUDA) : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
-  throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda or cuda:N");
+  throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda, cuda:N or meta");
 }
 
 bool cuda_available() { return at::hasCUDA(); }

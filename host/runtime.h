@@ -18,8 +18,14 @@ struct RuntimeOptions {
   std::optional<uint64_t> seed;
 };
 
-/// Parses "cpu", "cuda", "cuda:1"; throws std::invalid_argument with a readable reason.
+/// Parses "cpu", "cuda", "cuda:1" and "meta" (tensors with shapes and dtypes
+/// but no data: a whole model runs on it without memory, and any tensor a
+/// function makes on the CPU instead of its input's device is caught there);
+/// throws std::invalid_argument with a readable reason.
 c10::Device parse_device(const std::string& name);
+/// True when name starts like a device ("cpu", "cuda...", "meta") rather than
+/// a dtype: how x:to(s) and m:to(s) tell the two apart.
+bool is_device_name(const std::string& name);
 /// True when LibTorch was built with CUDA and at least one GPU is visible.
 bool cuda_available();
 /// The most CPU threads set_num_threads takes: 4 per core of this machine

@@ -194,11 +194,16 @@ std::string shape_string(at::IntArrayRef sizes) {
 
 std::string format_tensor_body(const at::Tensor& t) {
   const std::string prefix = "tensor(";
+  auto size = [&] {
+    std::string s;
+    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+    return "size=(" + s + (t.dim() == 1 ? ",)" : ")");
+  };
+  // a meta tensor has a shape and a dtype but no values (PyTorch prints it so too)
+  if (t.is_meta()) return prefix + "..., " + size() + ")";
   if (t.numel() == 0) {
     if (t.dim() == 1) return prefix + "[])";
-    std::string size;
-    for (int64_t i = 0; i < t.dim(); ++i) size += (i ? ", " : "") + std::to_string(t.size(i));
-    return prefix + "[], size=(" + size + "))";
+    return prefix + "[], " + size() + ")";
   }
   at::Tensor data = t.detach().to(at::kCPU);
   if (data.scalar_type() == at::kHalf || data.scalar_type() == at::kBFloat16) data = data.to(at::kFloat);

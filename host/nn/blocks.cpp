@@ -159,7 +159,7 @@ at::Tensor Embedding::forward(const at::Tensor& ids) {
   if (ids.scalar_type() != at::kLong)
     throw InputError(std::string("Embedding expects int64 token ids, got ") + dtype_name(ids.scalar_type()) +
                      " (use {dtype = 'int64'} or x:long())");
-  if (ids.numel() > 0 && (ids.is_cpu() || !TrustedIds::active())) {
+  if (ids.numel() > 0 && !ids.is_meta() && (ids.is_cpu() || !TrustedIds::active())) {  // meta ids have no values to check
     int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
     if (lo < 1 || hi > num_embeddings)
       throw InputError("token id " + std::to_string(lo < 1 ? lo : hi) + " is out of range 1.." +
@@ -395,8 +395,8 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   at::Tensor cos = cos_, sin = sin_;
   if (pad_mask.defined()) {
     check_mask(pad_mask, B, first + T, "RoPEAttention");
-    at::Tensor pos = positions_of(pad_mask, T).to(at::kFloat);                        // (B, T)
-    at::Tensor freqs = pos.unsqueeze(-1) * inv_freq.to(at::kFloat).view({1, 1, -1});  // (B, T, R/2)
+    at::Tensor pos = positions_of(pad_mask, T).to(at::kFloat);                                   // (B, T), the mask's device
+    at::Tensor freqs = pos.unsqueeze(-1) * inv_freq.to(pos.device(), at::kFloat).view({1, 1, -1});  // (B, T, R/2)
     at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                       // (B, 1, T, R)
     cos = emb.cos().to(x.device(), x.scalar_type());
     sin = emb.sin().to(x.device(), x.scalar_type());

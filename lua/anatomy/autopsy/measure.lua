@@ -195,7 +195,7 @@ function measure.stds(captured, across_ranks)
     local t = captured[name]:detach():double():reshape(-1)
     local n = t:numel()
     local mean = t:mean()
-    values[i] = torch.stack({torch.tensor(n, {dtype = 'float64'}), mean * n, ((t - mean) ^ 2):sum() + mean * mean * n})
+    values[i] = torch.stack({torch.tensor(n, {dtype = 'float64', device = t.device}), mean * n, ((t - mean) ^ 2):sum() + mean * mean * n})
   end
   local sums = dist.all_reduce(torch.stack(values), {op = 'sum'}):tolist()
   for i, row in ipairs(sums) do

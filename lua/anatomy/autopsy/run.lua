@@ -190,7 +190,7 @@ local function measure_batches(s)
   for _ = 1, s.steps do
     local x, y
     if type(source) == 'table' and torch.is_tensor(source[1]) then x, y = source[1], source[2]
-    else x, y = source:batch(s.opts.batch or 8, s.seq, {split = 'val'}) end
+    else x, y = source:batch(s.opts.batch or 8, s.seq, {split = 'val', device = model:device()}) end
     local d = measure.dissect(model, layers, x, y, s.mask, s.idx)
     s.last = {x = x, y = y, d = d}
     -- with the stepwise shortcut, each block's input too: the removal
@@ -252,7 +252,7 @@ local function block_row(s, i, l)
   if nn.is_instance(l[2], nn.Gate) then
     local W = l[2].gate.weight
     row.gate_grad = avg(s, 'grad:' .. l[1] .. '.gate.weight')
-    row.gate_identity = (W:detach():double() - torch.eye(W:size(1), {dtype = 'float64'})):norm():item() / math.sqrt(W:size(1))
+    row.gate_identity = (W:detach():double() - torch.eye(W:size(1), {dtype = 'float64', device = W.device})):norm():item() / math.sqrt(W:size(1))
   end
   if rawget(model, 'hf_config') then  -- the checkpoint's spelling of the row (a:attention takes either)
     local hf = probe.checkpoint_spelling(model, l[1])

@@ -70,15 +70,18 @@ end
 
 -- corpus:batch(B, T, {split = 'train'|'val', device}) -> inputs (B, T), targets (B, T):
 -- B random windows of T tokens, and the same windows one token later.
--- On a GPU the windows go through pinned memory and are copied without
--- waiting: the copy overlaps the work already queued.
+-- device: where they go (default: torch.device()). On a GPU the windows go
+-- through pinned memory and are copied without waiting: the copy overlaps the
+-- work already queued.
 function Corpus:batch(B, T, opts)
   opts = check_options(opts, {split = true, device = true}, 'batch')
   local x, y = self._native:batch(B, T, opts.split or 'train')
   local device = opts.device or torch.device()
-  if device ~= 'cpu' then
+  if device:match('^cuda') then
     x = x:pin_memory():to({device = device, non_blocking = true})
     y = y:pin_memory():to({device = device, non_blocking = true})
+  elseif device ~= 'cpu' then
+    x, y = x:to(device), y:to(device)
   end
   return x, y
 end

@@ -18,19 +18,21 @@ SAE.kinds = {relu = true, topk = true, jumprelu = true, batchtopk = true}
 
 -- SAE(cfg): cfg = {d_in, d_sae, kind, k, point, model_name,
 -- apply_b_dec_to_input}, checked by sae.new. Decoder rows random unit
--- vectors, the encoder their transpose, biases zero, thresholds zero.
-function SAE:__init(cfg)
+-- vectors, the encoder their transpose, biases zero, thresholds zero; on
+-- device (default: torch.device()).
+function SAE:__init(cfg, device)
   nn.Module.__init(self)
   self.cfg = cfg
   local D, F = cfg.d_in, cfg.d_sae
-  local W_dec = torch.randn(F, D)
+  local on = {device = device or torch.device()}
+  local W_dec = torch.randn(F, D, on)
   W_dec = W_dec / W_dec:norm(2, -1, true)
   self:register_parameter('W_enc', W_dec:t():contiguous():requires_grad_(true))
-  self:register_parameter('b_enc', torch.zeros(F):requires_grad_(true))
+  self:register_parameter('b_enc', torch.zeros(F, on):requires_grad_(true))
   self:register_parameter('W_dec', W_dec:requires_grad_(true))
-  self:register_parameter('b_dec', torch.zeros(D):requires_grad_(true))
+  self:register_parameter('b_dec', torch.zeros(D, on):requires_grad_(true))
   if cfg.kind == 'jumprelu' or cfg.kind == 'batchtopk' then
-    local threshold = torch.full({F}, cfg.kind == 'jumprelu' and (cfg.threshold or 0.001) or 0)
+    local threshold = torch.full({F}, cfg.kind == 'jumprelu' and (cfg.threshold or 0.001) or 0, on)
     self:register_parameter('threshold', threshold:requires_grad_(cfg.kind == 'jumprelu'))
   end
 end

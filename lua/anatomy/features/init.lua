@@ -42,11 +42,11 @@ function sae.new(cfg)
   return SAE(check_cfg(cfg, 'sae.new'))
 end
 
--- The SAE sae.train starts from, its cfg from the training options.
+-- The SAE sae.train starts from, its cfg from the training options, on the model's device.
 function SAE._trained(o, D, point, model)
   -- a transcoder's b_dec lies in the output's space: not subtracted from the input
   return SAE({d_in = D, d_sae = o.width, kind = o.kind, k = o.k, point = point, apply_b_dec_to_input = not o.transcoder,
-    transcoder = o.transcoder or nil, model_name = model.config and model.config.name_or_path or nil})
+    transcoder = o.transcoder or nil, model_name = model.config and model.config.name_or_path or nil}, model:device())
 end
 
 -- sae.load(folder) -> an SAE from SAELens's format (cfg.json and

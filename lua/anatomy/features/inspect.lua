@@ -40,13 +40,14 @@ local function scan(model, s, corpus, o, fn)
   local n = math.min(o.batches * o.batch, math.floor(ids:numel() / T))
   if n < 1 then error(('%s: the %s split has %d tokens, fewer than seq = %d'):format(o.where, o.split, ids:numel(), T), 3) end
   local x = ids:narrow(1, 1, n * T):view(n, T)
-  local index = torch.tensor(o.features, {dtype = 'int64'})
+  local device = model:device()  -- the windows stay on the CPU (for their text); each batch goes to the model
+  local index = torch.tensor(o.features, {dtype = 'int64', device = device})
   local was_training = model.training
   model:eval()
   local ok, err = pcall(torch.no_grad, function()
     for first = 1, n, o.batch do
       local b = math.min(o.batch, n - first + 1)
-      local xb = x:narrow(1, first, b)
+      local xb = x:narrow(1, first, b):to(device)
       local act
       local h = hooks.replace(model, o.point, function(t, _, input) act = s.cfg.transcoder and input or t end)
       local ok2, e2 = pcall(model, xb)
@@ -87,7 +88,7 @@ function inspect.top_activations(model, s, corpus, opts)
   o.point = canonical
   local nf = #o.features
   local best_v, best_i  -- (K', nf): the largest values so far and their global row·T + t
-  local counts = torch.zeros(nf, {dtype = 'float64'})
+  local counts = torch.zeros(nf, {dtype = 'float64', device = model:device()})
   local values = {}  -- every nonzero activation's value per feature, for the histograms (capped)
   local x = scan(model, s, corpus, o, function(f, _, first)
     local B, T = f:size(1), f:size(2)

@@ -127,14 +127,15 @@ function splice.evaluate(model, s, corpus, opts)
   local was_training = model.training
   model:eval()
   local D, F = s.cfg.d_in, s.cfg.d_sae
-  local sq_err, sum, sum_sq, n_rows, active = 0, torch.zeros(D, {dtype = 'float64'}), 0, 0, 0
-  local counts = torch.zeros(F, {dtype = 'float64'})
+  local device = model:device()  -- the corpus's windows are on the CPU; each batch goes to the model
+  local sq_err, sum, sum_sq, n_rows, active = 0, torch.zeros(D, {dtype = 'float64', device = device}), 0, 0, 0
+  local counts = torch.zeros(F, {dtype = 'float64', device = device})
   local ce = {clean = 0, spliced = 0, zero = 0}
   local tokens = 0
   local ok, err = pcall(torch.no_grad, function()
     for first = 1, x_all:size(1), B do
       local n = math.min(B, x_all:size(1) - first + 1)
-      local xb, yb = x_all:narrow(1, first, n), y_all:narrow(1, first, n)
+      local xb, yb = x_all:narrow(1, first, n):to(device), y_all:narrow(1, first, n):to(device)
       local act_in, act_out
       local h = hooks.replace(model, point, function(t, _, input)
         act_in, act_out = s.cfg.transcoder and input or t, t

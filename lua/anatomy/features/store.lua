@@ -92,10 +92,11 @@ function Store:chunk()
     local t = torch.load_safetensors(o.cache .. '/' .. self.shards[self.shards_read])
     self.rows_from_cache = self.rows_from_cache + t.x:size(1)
     -- the sequences the model would have been given are drawn all the same, so a run reads the corpus as it did
-    self.corpus:batch(o.batch, o.seq)
-    return t.x, t.y
+    self.corpus:batch(o.batch, o.seq, {device = 'cpu'})
+    local device = self.model:device()  -- a shard reads onto the default device; the rows belong on the model's
+    return t.x:to(device), t.y and t.y:to(device)
   end
-  local ids = self.corpus:batch(o.batch, o.seq)
+  local ids = self.corpus:batch(o.batch, o.seq, {device = self.model:device()})
   local x, y = Store.gather(self.model, self.point, ids, o.transcoder)
   self.rows_gathered = self.rows_gathered + x:size(1)
   if self.shards then
@@ -126,7 +127,7 @@ function Store:next(n)
       xs[#xs + 1], ys[#xs + 1] = x, y
       have = have + x:size(1)
     end
-    local order = select(2, torch.rand(have):sort())  -- a random permutation
+    local order = select(2, torch.rand(have, {device = xs[1].device}):sort())  -- a random permutation
     self.x = torch.cat(xs, 1):index_select(1, order)
     self.y = o.transcoder and torch.cat(ys, 1):index_select(1, order) or nil
     self.at = 1

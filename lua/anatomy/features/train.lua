@@ -236,7 +236,8 @@ function M.train(model, corpus, opts, where)
         if s[name] then s[name]:copy_(t['sae.' .. name]) end
       end
     end)
-    store.x, store.y, store.at = t.store_x, t.store_y, t.store_at:item()
+    local device = model:device()  -- the file reads onto the default device
+    store.x, store.y, store.at = t.store_x:to(device), t.store_y and t.store_y:to(device), t.store_at:item()
     store.shards_read = tonumber(meta.shards_read)
     store.rows_gathered, store.rows_from_cache = tonumber(meta.rows_gathered), tonumber(meta.rows_from_cache)
     if store.shards and store.shards_read > #store.shards then
@@ -255,7 +256,7 @@ function M.train(model, corpus, opts, where)
   local learnt = {}  -- a BatchTopK's threshold is a running mean, not learnt
   for _, p in ipairs(s:parameters()) do if p.requires_grad then learnt[#learnt + 1] = p end end
   local opt = optim.AdamW(learnt, {lr = o.lr, betas = {0.9, 0.999}, weight_decay = 0})
-  local since = torch.zeros(o.width)  -- rows since each feature last fired
+  local since = torch.zeros(o.width, {device = model:device()})  -- rows since each feature last fired
   if resume then
     opt:load_state_tensors(resume.t, 'optim.')
     since:copy_(resume.t.since)

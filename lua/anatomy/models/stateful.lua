@@ -62,7 +62,7 @@ function Stateful:step(ids, state)
   local hidden
   if known then
     local missing = T - known:size(2)
-    hidden = missing > 0 and torch.cat({known, torch.zeros(B, missing, known:size(3), {dtype = known.dtype})}, 2) or known
+    hidden = missing > 0 and torch.cat({known, torch.zeros(B, missing, known:size(3), {dtype = known.dtype, device = known.device})}, 2) or known
   end
   local logits, h = self:forward(ids, hidden)
   local newest = h:narrow(2, T, 1):detach()

@@ -455,8 +455,13 @@ function Module:load_state_dict(sd, opts)
 end
 
 -- m:to(device_or_dtype): moves or casts every parameter in place (the tensors
--- keep their identity, so references and optimizers stay valid).
+-- keep their identity, so references and optimizers stay valid). A module
+-- cannot move to 'meta' (a tensor there is another kind, which keeps no
+-- identity with this one): build it there under torch.set_default_device('meta').
 function Module:to(what)
+  if what == 'meta' then
+    error(("%s:to: parameters cannot move to 'meta' in place; build the module under torch.set_default_device('meta') instead"):format(nn.typename(self)), 2)
+  end
   for _, p in self:named_parameters() do
     p.data = p:detach():to(what)
     if p.grad ~= nil then p.grad = p.grad:to(what) end

@@ -112,7 +112,7 @@ function F.scaled_dot_product_attention(q, k, v, opts)
   local scores = q:matmul(k:transpose(-2, -1)) * scale                 -- (..., T, S)
   if opts.is_causal then
     local T, S = q:size(-2), k:size(-2)
-    scores = scores:masked_fill(torch.ones(T, S, {dtype = 'bool'}):triu(1), -math.huge)
+    scores = scores:masked_fill(torch.ones(T, S, {dtype = 'bool', device = scores.device}):triu(1), -math.huge)
   end
   local mask = opts.attn_mask
   if mask ~= nil then

@@ -38,7 +38,7 @@ local function qk_fix(name, clean_cache, corrupt_cache, grad_pattern, per, layou
   local q, k = get(corrupt_cache, 'q'):double(), get(corrupt_cache, 'k'):double()     -- (B, T, H, D), (B, T, KV, D)
   local scores, pattern = corrupt_cache[attn .. '.scores']:double(), corrupt_cache[attn .. '.pattern']:double()
   local H, KV, D = q:size(3), k:size(3), q:size(4)
-  local group = torch.tensor((function() local t = {} for h = 1, H do t[h] = math.floor((h - 1) / (H / KV)) + 1 end return t end)(), {dtype = 'int64'})
+  local group = torch.tensor((function() local t = {} for h = 1, H do t[h] = math.floor((h - 1) / (H / KV)) + 1 end return t end)(), {dtype = 'int64', device = k.device})
   local scale = 1 / math.sqrt(D)
   local function scores_of(qq, kk)  -- (B, H, T, T)
     return torch.matmul(qq:transpose(2, 3), kk:index_select(3, group):transpose(2, 3):transpose(3, 4)) * scale
@@ -182,7 +182,7 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
         else for n = 1, #values do cols[n] = 'neuron ' .. n end end
       end
     end
-    return setmetatable({grid = torch.tensor(grid), values = grid, rows = rows, points = names, cols = cols, over = over, per = per,
+    return setmetatable({grid = torch.tensor(grid, {device = 'cpu'}), values = grid, rows = rows, points = names, cols = cols, over = over, per = per,
       clean = clean_metric, corrupt = corrupt_metric, method = method, steps = method == 'ig' and steps or nil}, runs.Result)
   end)
   model:train(was_training)

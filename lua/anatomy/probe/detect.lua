@@ -25,8 +25,8 @@ detect.kinds = {'previous_token', 'duplicate_token', 'induction'}
 -- is one the kind names for query q.
 local function targets(ids, kind)
   local B, T = ids:size(1), ids:size(2)
-  local q = torch.arange(1, T + 1):reshape(T, 1)
-  local k = torch.arange(1, T + 1):reshape(1, T)
+  local q = torch.arange(1, T + 1, {device = ids.device}):reshape(T, 1)
+  local k = torch.arange(1, T + 1, {device = ids.device}):reshape(1, T)
   if kind == 'previous_token' then
     return k:eq(q - 1):unsqueeze(1):expand(B, T, T):double()
   end
@@ -35,7 +35,7 @@ local function targets(ids, kind)
     return same:logical_and(k:lt(q):unsqueeze(1)):double()
   end
   -- induction: key k = j + 1 for an earlier occurrence j of the query's token, k < q
-  local after = torch.zeros(B, T, T, {dtype = 'bool'})
+  local after = torch.zeros(B, T, T, {dtype = 'bool', device = ids.device})
   after:narrow(3, 2, T - 1):copy_(same:narrow(3, 1, T - 1))
   return after:logical_and(k:lt(q):unsqueeze(1)):double()
 end

@@ -15,8 +15,9 @@ local function pad_rows(rows, side, where)
     longest = math.max(longest, r:numel())
   end
   if same then return torch.stack(rows, 1), nil end
-  local ids = torch.ones(#rows, longest, {dtype = 'int64'})
-  local mask = torch.zeros(#rows, longest, {dtype = 'bool'})
+  local device = rows[1].device
+  local ids = torch.ones(#rows, longest, {dtype = 'int64', device = device})
+  local mask = torch.zeros(#rows, longest, {dtype = 'bool', device = device})
   for i, r in ipairs(rows) do
     local at = side == 'left' and longest - r:numel() + 1 or 1
     ids[i]:narrow(1, at, r:numel()):copy_(r)
@@ -44,7 +45,7 @@ function inputs.to_ids(model, input, tokenizer, where, padding_side)
     if input.dtype ~= 'int64' then return input, tokenizer end  -- a model that takes vectors: as it is
     if input:dim() == 1 then input = input:unsqueeze(1) end
     if input:dim() ~= 2 then error(('%s: ids must be (T) or (B, T), got %s'):format(where, format.shape(input)), 3) end
-    return input, tokenizer
+    return input:to(model:device()), tokenizer
   end
   local texts = type(input) == 'string' and {input} or input
   if type(texts) ~= 'table' or #texts == 0 then
@@ -69,7 +70,8 @@ function inputs.to_ids(model, input, tokenizer, where, padding_side)
     end
   end
   local ids, mask = pad_rows(rows, side, where)
-  return ids, tokenizer, mask
+  local device = model:device()  -- a tokenizer's ids are on the CPU; the model reads them where it is
+  return ids:to(device), tokenizer, mask and mask:to(device)
 end
 
 -- probe.to_ids(model, input, {tokenizer, padding_side = 'right'|'left'})

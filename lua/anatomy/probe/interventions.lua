@@ -154,7 +154,7 @@ function interventions.ablate(model, name, opts)
       check_batch_shape(t, ref, full, where)
       local picks = {}
       for b = 1, t:size(1) do picks[b] = draw(ref:size(1)) end
-      local idx = torch.tensor(picks, {dtype = 'int64'})
+      local idx = torch.tensor(picks, {dtype = 'int64', device = ref.device})
       view:copy_(selection(ref:index_select(1, idx), full, opts, where))
     end
   end)

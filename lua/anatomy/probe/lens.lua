@@ -155,7 +155,7 @@ function Lens:evaluate(input, opts)
   if ids:size(2) < 2 then error(('%s: the input needs 2 tokens or more (a next token to predict)'):format(where), 2) end
   local h, logits = states(self, ids, mask, where)
   local T = ids:size(2)
-  local real = mask and mask:double() or torch.ones(ids:size(1), T, {dtype = 'float64'})
+  local real = mask and mask:double() or torch.ones(ids:size(1), T, {dtype = 'float64', device = ids.device})
   local next_real = real:narrow(2, 1, T - 1) * real:narrow(2, 2, T - 1)
   local final_logp = logits:log_softmax(-1)
   local out = {layers = self.names, kl = {}, loss = {}}
@@ -203,7 +203,7 @@ function lens.tuned(model, corpus, opts)
   local params = {}
   -- the translators' width: the residual stream's, from one window
   torch.manual_seed(cfg.seed)
-  local x = corpus:batch(1, math.min(cfg.seq, 8), {split = cfg.split})
+  local x = corpus:batch(1, math.min(cfg.seq, 8), {split = cfg.split, device = model:device()})
   local h0 = states(self, x, nil, where)
   local dim, device, dtype = h0[0]:size(-1), h0[0].device, h0[0].dtype
   for i = 0, #layers - 1 do
@@ -223,7 +223,7 @@ function lens.tuned(model, corpus, opts)
   local ok, err = pcall(function()
     torch.manual_seed(cfg.seed)
     for step = 1, cfg.steps do
-      local xb = corpus:batch(cfg.batch, cfg.seq, {split = cfg.split})
+      local xb = corpus:batch(cfg.batch, cfg.seq, {split = cfg.split, device = model:device()})
       local h, logits = states(self, xb, nil, where)
       local final_logp = logits:log_softmax(-1)
       local total

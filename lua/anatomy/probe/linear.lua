@@ -71,7 +71,9 @@ local function labelled(labels, ids, pad, opts, where)
   if not classes and labels.dtype ~= 'float32' and labels.dtype ~= 'float64' then
     error(('%s: labels must be integer classes (int64) or real values (float), got %s'):format(where, labels.dtype), 3)
   end
-  local real = pad or torch.ones(B, T, {dtype = 'bool'})
+  local device = ids.device  -- the model's: the labels and every index follow the activations there
+  labels = labels:to(device)
+  local real = pad or torch.ones(B, T, {dtype = 'bool', device = device})
   local keep, y
   if labels:dim() == 1 then
     if labels:size(1) ~= B then error(('%s: labels (B) must have one per example: %d examples, %d labels'):format(where, B, labels:size(1)), 3) end
@@ -84,7 +86,7 @@ local function labelled(labels, ids, pad, opts, where)
       -- the p-th real token: padding on the left shifts it
       keep[b] = (b - 1) * T + (first - 1) + p
     end
-    keep = torch.tensor(keep, {dtype = 'int64'})
+    keep = torch.tensor(keep, {dtype = 'int64', device = device})
     y = labels
   else
     if labels:dim() ~= 2 or labels:size(1) ~= B or labels:size(2) ~= T then
@@ -96,12 +98,12 @@ local function labelled(labels, ids, pad, opts, where)
         error(('%s: mask must be a (B, T) = %s bool Tensor, got %s'):format(where, format.shape(ids),
           torch.is_tensor(opts.mask) and (opts.mask.dtype .. ' ' .. format.shape(opts.mask)) or type(opts.mask)), 3)
       end
-      real = real:logical_and(opts.mask)
+      real = real:logical_and(opts.mask:to(device))
     end
     local idx = {}
     for k, r in ipairs(real:reshape(-1):tolist()) do if r then idx[#idx + 1] = k end end
     if #idx == 0 then error(('%s: no position is labelled (the mask and padding leave none)'):format(where), 3) end
-    keep = torch.tensor(idx, {dtype = 'int64'})
+    keep = torch.tensor(idx, {dtype = 'int64', device = device})
     y = labels:reshape(-1):index_select(1, keep)
   end
   if classes then
@@ -129,8 +131,8 @@ local function fit(x, y, K, train_idx, test_idx, cfg)
   local std = ((xt - mean) * (xt - mean)):mean(1):sqrt() + 1e-5
   local function z(t) return (t - mean) / std end
   local C = x:size(2)
-  local W = torch.zeros(K, C, {dtype = x.dtype}):requires_grad_(true)
-  local b = torch.zeros(K, {dtype = x.dtype}):requires_grad_(true)
+  local W = torch.zeros(K, C, {dtype = x.dtype, device = x.device}):requires_grad_(true)
+  local b = torch.zeros(K, {dtype = x.dtype, device = x.device}):requires_grad_(true)
   local opt = Adam({W, b}, {lr = cfg.lr})
   local zt = z(xt)
   local function objective(logits, target)
@@ -222,7 +224,8 @@ function linear.probe(model, input, labels, opts)
   if #train_list == 0 or #test_list == 0 then
     error(('%s: the split leaves %d labelled positions to train and %d to test; give more examples'):format(where, #train_list, #test_list), 2)
   end
-  local train_idx, test_idx = torch.tensor(train_list, {dtype = 'int64'}), torch.tensor(test_list, {dtype = 'int64'})
+  local train_idx = torch.tensor(train_list, {dtype = 'int64', device = ids.device})
+  local test_idx = torch.tensor(test_list, {dtype = 'int64', device = ids.device})
   -- classes renumbered 1..K in sorted order
   local K, y_fit, class_values = 1, y, nil
   if classes then
@@ -233,7 +236,7 @@ function linear.probe(model, input, labels, opts)
     for i, v in ipairs(values) do index[v] = i end
     local renum = {}
     for i, v in ipairs(y:tolist()) do renum[i] = index[v] end
-    y_fit, K, class_values = torch.tensor(renum, {dtype = 'int64'}), #values, values
+    y_fit, K, class_values = torch.tensor(renum, {dtype = 'int64', device = ids.device}), #values, values
     if K < 2 then error(('%s: the labels hold one class only (%d): nothing to tell apart'):format(where, values[1]), 2) end
   else
     y_fit = y:double()
@@ -248,7 +251,7 @@ function linear.probe(model, input, labels, opts)
       if not by_type[tok] then by_type[tok] = train_labels[random(#train_labels)] end
       out[i] = by_type[tok]
     end
-    y_control = torch.tensor(out, {dtype = 'int64'})
+    y_control = torch.tensor(out, {dtype = 'int64', device = ids.device})
   end
   -- the activations, one forward
   local names = {}

@@ -106,7 +106,7 @@ function patching.run(model, clean, corrupt, metric, opts)
       grid[i][c] = runs.as_number(metric(out, mask), where)
     end
   end
-  return setmetatable({grid = torch.tensor(grid), values = grid, rows = rows, points = names, cols = cols, over = over, per = per,
+  return setmetatable({grid = torch.tensor(grid, {device = 'cpu'}), values = grid, rows = rows, points = names, cols = cols, over = over, per = per,
     clean = clean_metric, corrupt = corrupt_metric}, runs.Result)
 end
 

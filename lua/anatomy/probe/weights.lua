@@ -349,7 +349,7 @@ function weights.composition(model, mode)
   for l = 2, L do
     if per[l].heads ~= H then error(('%s: layers %s and %s have different numbers of heads (%d, %d)'):format(where, all[1][1], all[l][1], H, per[l].heads), 2) end
   end
-  local scores = torch.zeros(L, H, L, H, {dtype = 'float64'})
+  local scores = torch.zeros(L, H, L, H, {dtype = 'float64', device = per[1].W_O.device})
   for la = 1, L - 1 do
     local A = per[la]
     for lb = la + 1, L do

@@ -124,7 +124,9 @@ function Trainer:prepare()
   self.tty = torch._isatty(1) and not o.quiet
   self.started = torch._now()
   run.started, run.started_utc = self.started, os.date('!%Y-%m-%dT%H:%M:%SZ')  -- this run's own (an autopsy of it records them)
-  local device_type = torch.device():match('^cuda') and 'cuda' or 'cpu'
+  -- batches go where the model's parameters are, whatever the default device
+  self.device = model:device()
+  local device_type = self.device:match('^cuda') and 'cuda' or 'cpu'
   local autocast = o.compute_dtype ~= 'float32' and o.compute_dtype or nil
   local function forward(x, hidden)
     if not autocast then return model(x, hidden) end
@@ -147,7 +149,7 @@ function Trainer:prepare()
     local was_training = model.training
     model:eval()
     local ok, err = pcall(torch.no_grad, function()  -- the ids as inputs and as targets
-      local p = probe_ids:to(torch.device())
+      local p = probe_ids:to(self.device)
       nn.functional.cross_entropy((model(p)), p)
     end)
     model:train(was_training)
@@ -215,7 +217,7 @@ function Trainer:step(step)
   local o, world = self.o, self.world
   local lr = self.lr_at(step)
   self.opt:set_lr(lr)
-  local x, y = self.corpus:batch(o.batch * world, o.seq)
+  local x, y = self.corpus:batch(o.batch * world, o.seq, {device = self.device})
   x, y = parallel.rows(x, y, self.rank, o.batch, world)
   local r = {step = step, lr = lr, x = x}
   self.tokens = self.tokens + o.batch * world * o.seq * (1 + (o.recurrence or 0))

@@ -120,8 +120,8 @@ local function check_rest(o, world_size, model)
         and ('this LibTorch has CUDA ' .. torch.version.cuda .. ', but no GPU is visible')
         or ('this anatomy is built against LibTorch ' .. torch.__version__ .. ' without CUDA (scripts/setup --torch=cuda builds the CUDA one)')), 4)
     end
-    if not torch.device():match('^cuda') then
-      error(("train.fit: cuda_graph = true needs the model on the GPU, but the default device is '%s' (--device=cuda)"):format(torch.device()), 4)
+    if not model:device():match('^cuda') then
+      error(("train.fit: cuda_graph = true needs the model on the GPU, but its parameters are on '%s' (--device=cuda, or model:to('cuda'))"):format(model:device()), 4)
     end
     if o.recurrence then error('train.fit: cuda_graph = true cannot record recurrence (each pass depends on the last)', 4) end
     if world_size > 1 then error('train.fit: cuda_graph = true cannot record the all-reduce of a data-parallel run', 4) end

@@ -40,8 +40,7 @@ local function evaluate_texts(model, corpus, texts, seq, B, where)
       xs[#xs + 1], ys[#ys + 1] = r:narrow(1, 1, r:numel() - 1), r:narrow(1, 2, r:numel() - 1)
     end
     local x, _, mask = inputs.to_ids(model, xs, nil, where)
-    local y = inputs.to_ids(model, ys, nil, where)
-    if torch.device() ~= 'cpu' then x, y = x:to(torch.device()), y:to(torch.device()) end
+    local y = inputs.to_ids(model, ys, nil, where)  -- both on the model's device
     local logits = inputs.forward(model, x, mask and mask:to(x.device), where)
     local nll = -logits:log_softmax(-1):gather(3, y:unsqueeze(3)):squeeze(3)  -- (B, T)
     if mask then nll = nll:masked_fill(mask:to(x.device):logical_not(), 0) end
@@ -91,12 +90,13 @@ local function evaluate(model, corpus, opts)
   local was_training = model.training
   model:eval()
   local total, count = 0, 0
+  local device = model:device()  -- the corpus's windows are on the CPU
   torch.no_grad(function()
     local B = opts.batch or 16
     for first = 1, x:size(1), B do
       local n = math.min(B, x:size(1) - first + 1)
       local xb, yb = x:narrow(1, first, n), y:narrow(1, first, n)
-      if torch.device() ~= 'cpu' then xb, yb = xb:to(torch.device()), yb:to(torch.device()) end
+      xb, yb = xb:to(device), yb:to(device)
       local loss = nn.functional.cross_entropy((model(xb)), yb)  -- (...): the logits alone
       total = total + loss:item() * yb:numel()
       count = count + yb:numel()
