@@ -546,7 +546,9 @@ at::Tensor VibeAttention::forward(const at::Tensor& x) {
   const int64_t T = x.size(1), C = x.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(C));
   const at::Tensor* mask = causal ? &cached_causal_mask(mask_, T, x.device()) : nullptr;
-  if ((keep_pattern && pattern_grad) || hook) {
+  // Under autocast the composed ops too: autocast picks each op's dtype (the matmuls in bfloat16, the softmax in
+  // float32), which the one node's backward, run without autocast, could not follow.
+  if ((keep_pattern && pattern_grad) || hook || compat::autocast_enabled(x.device().type())) {
     // a probe wants gradients through the pattern, or a hook point: the composed ops, which keep it in the graph.
     // One head: scores and pattern (B, 1, T, T), z (B, T, 1, C) (q = k = v = x, and no projection after)
     at::Tensor att = at::matmul(x, x.transpose(1, 2)) * scale;  // (B, T, T)

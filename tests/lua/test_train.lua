@@ -262,6 +262,46 @@ test('SGD, Adam and a learning-rate scheduler outside train.fit', function()
   raises(function() optim.lr_scheduler({}, {steps = 3}) end, 'optim.lr_scheduler: the first argument must be an optimizer (optim.AdamW, optim.Adam, optim.SGD)')
 end)
 
+test('dtype = bf16 trains every seed architecture; VibeAttention under autocast is the composed ops', function()
+  -- VibeAttention's one-node backward ran without autocast on tensors the
+  -- forward had made in two dtypes, and failed ("expected scalar type Float
+  -- but found BFloat16"): every VibeNet, the funnel, could not train in bf16.
+  local c = data.from_string(sample_text)
+  local V = c.vocab_size
+  for name, make in pairs{
+    plain = function() return models.vibenet{vocab = V, dim = 32, layers = 2, seq = 32, block = 'plain'} end,
+    ffn = function() return models.vibenet{vocab = V, dim = 32, layers = 2, seq = 32, block = 'ffn'} end,
+    gate = function() return models.vibenet{vocab = V, dim = 32, layers = 2, seq = 32, block = 'gate'} end,
+    hyper = function() return models.vibenet{vocab = V, dim = 32, layers = 2, seq = 32, block = 'hyper', streams = 2} end,
+    funnel = function() return models.funnel{vocab = V, seq = 32, widths = {32, 16, 8}, attentions = {1, 2, 3}} end,
+    stateful = function() return models.stateful{vocab = V, dim = 32, heads = 2, layers = 2, seq = 32, ffn = 64} end,
+  } do
+    local function run(dtype)
+      torch.manual_seed(3)
+      return train.fit(make(), c, {steps = 30, batch = 8, seq = 32, lr = 3e-3, seed = 3, quiet = true, dtype = dtype, eval_every = 1000})
+    end
+    local f32, bf16 = run('float32'), run('bf16')
+    close(bf16.train[1], f32.train[1], 0.02, name .. ': first loss in bf16 against float32')
+    assert(bf16.train[30] < bf16.train[1] - 0.3, ('%s: the bf16 run learned: %.3f -> %.3f'):format(name, bf16.train[1], bf16.train[30]))
+  end
+  torch.manual_seed(4)
+  local x = torch.randn(2, 6, 8)
+  local function grad(f)
+    local xi = x:clone():requires_grad_(true)
+    local y = torch.autocast('cpu', 'bfloat16', function() return f(xi) end)
+    y:float():pow(2):sum():backward()
+    return y, xi.grad
+  end
+  local y, g = grad(nn.VibeAttention())
+  local mask = torch.ones(6, 6, {dtype = 'bool'}):triu(1)
+  local y2, g2 = grad(function(t)
+    return (t:matmul(t:transpose(2, 3)) * (1 / math.sqrt(8))):masked_fill(mask, -math.huge):softmax(-1):matmul(t)
+  end)
+  eq(y.dtype, y2.dtype, 'the output dtype autocast gives the composed ops')
+  close(y, y2, 0, 'VibeAttention under autocast: the output')
+  close(g, g2, 0, 'and the gradient')
+end)
+
 test('dtype = bf16: autocast compute, float32 master weights, the float32 loss curve within 0.02 nats over 100 steps', function()
   -- Tolerance: bfloat16 keeps 8 bits of mantissa; on this model the mean of
   -- the last 10 of 100 losses differs from float32's by ~3e-4 nats, the first
