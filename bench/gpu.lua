@@ -1,0 +1,196 @@
+-- The anatomy half of the GPU benchmark (scripts/bench-gpu runs it next to
+-- bench/gpu.py, which runs the same cases in PyTorch, and reports both).
+-- One training step (zero_grad, forward, cross-entropy, backward, AdamW) on a
+-- fixed batch already on the device, timed over windows of steps between two
+-- synchronisations; eager, and (on a GPU) the same step recorded once in a
+-- CUDA graph and replayed. Writes one JSON object to --out.
+--   anatomy --device=cuda bench/gpu.lua --out=FILE [--steps=N] [--only=NAME] [--smoke=true]
+-- --smoke=true: every case at toy sizes, on whatever device there is: it checks
+-- that the script runs, and its numbers mean nothing (the report says so).
+local cfg = torch.config.parse({
+  steps = 30,        -- timed steps per window
+  windows = 5,       -- windows per case (the median window is reported)
+  warmup = 5,        -- untimed steps first (and before a capture)
+  vocab = 16384,     -- the seed-scale models' vocabulary (scripts/bench-gpu passes the SentencePiece model's)
+  out = '',          -- JSON output file (default: stdout)
+  only = '',         -- run only the cases whose name contains this
+  smoke = false,     -- toy sizes: a check that the script runs, not a measurement
+}, arg, 'usage: anatomy --device=cuda bench/gpu.lua [--steps=N] [--windows=N] [--vocab=N] [--only=NAME] [--smoke=true] [--out=FILE]')
+
+local now = torch._now
+local device = torch.device()
+local cuda = device:match('^cuda') ~= nil
+local function sync() if cuda then torch.cuda.synchronize() end end
+if cfg.smoke then cfg.steps, cfg.windows, cfg.warmup = 2, 2, 1 end
+
+local results = {side = 'anatomy', device = device, libtorch = torch.libtorch_version, cuda = torch.version.cuda,
+  smoke = cfg.smoke, steps = cfg.steps, windows = cfg.windows, cases = {}}
+
+-- seconds per call of fn: the median over cfg.windows windows of cfg.steps
+-- calls, each window between two synchronisations (GPU work is asynchronous)
+local function per_step(fn)
+  for _ = 1, cfg.warmup do fn() end
+  sync()
+  local times = {}
+  for w = 1, cfg.windows do
+    local t0 = now()
+    for _ = 1, cfg.steps do fn() end
+    sync()
+    times[w] = (now() - t0) / cfg.steps
+  end
+  local sorted = {unpack(times)}
+  table.sort(sorted)
+  local n = #sorted
+  return {median = n % 2 == 1 and sorted[(n + 1) / 2] or (sorted[n / 2] + sorted[n / 2 + 1]) / 2,
+    min = sorted[1], max = sorted[n], times = times}
+end
+
+local function count_params(model)
+  local n = 0
+  for _, p in ipairs(model:parameters()) do n = n + p:numel() end
+  return n
+end
+
+-- one AdamW step on (x, y); dtype 'bfloat16' runs the forward under autocast
+-- (the loss in float32), as train.fit does with dtype = 'bfloat16'
+local function trainer(model, x, y, dtype)
+  local opt = optim.AdamW(model, {lr = 1e-3, weight_decay = 0.01})
+  local kind = cuda and 'cuda' or 'cpu'
+  local function forward() return model(x) end
+  return function()
+    opt:zero_grad()
+    local logits = dtype and torch.autocast(kind, dtype, forward) or forward()
+    local loss = nn.functional.cross_entropy(dtype and logits:float() or logits, y)
+    loss:backward()
+    opt:step()
+  end, opt
+end
+
+-- the same step recorded once in a CUDA graph (the optimizer capturable, as
+-- train.fit{cuda_graph = true} does) and replayed
+local function graphed(model, x, y, dtype)
+  local step, opt = trainer(model, x, y, dtype)
+  opt:set_capturable(true)
+  for _ = 1, cfg.warmup do step() end
+  sync()
+  local g = torch.cuda.CUDAGraph()
+  g:capture_begin()
+  local ok, err = pcall(step)
+  if not ok then g:reset(); error('recording the step in a CUDA graph failed: ' .. tostring(err), 0) end
+  g:capture_end()
+  return function() g:replay() end
+end
+
+local function want(name) return cfg.only == '' or name:find(cfg.only, 1, true) end
+
+-- name, model, vocab, batch, seq, dtype; the small cases are bench/bench.lua's
+local S = cfg.smoke
+local seed_vocab = S and 512 or cfg.vocab
+local cases = {
+  {'gpt', function() return models.gpt{vocab = 65, dim = 64, heads = 2, layers = 1, seq = 64, ffn = 128} end, 65, S and 2 or 32, S and 16 or 64},
+  {'vibenet_plain', function() return models.vibenet{vocab = 256, dim = 128, layers = 4, seq = 128, block = 'plain'} end, 256, S and 2 or 16, S and 16 or 128},
+  {'vibenet_gate', function() return models.vibenet{vocab = 256, dim = 128, layers = 4, seq = 128, block = 'gate'} end, 256, S and 2 or 16, S and 16 or 128},
+  {'seed_L2', function() return models.vibenet{vocab = seed_vocab, dim = S and 64 or 512, layers = 2, seq = S and 32 or 512, block = 'ffn'} end,
+    seed_vocab, S and 2 or 16, S and 32 or 512, 'bfloat16'},
+  {'seed_L12', function() return models.vibenet{vocab = seed_vocab, dim = S and 64 or 512, layers = 12, seq = S and 32 or 512, block = 'ffn'} end,
+    seed_vocab, S and 2 or 16, S and 32 or 512, 'bfloat16'},
+}
+
+local function batch(V, B, T)
+  torch.manual_seed(0)
+  return torch.randint(1, V + 1, {B, T}), torch.randint(1, V + 1, {B, T})
+end
+
+local function peak_reset() if cuda then torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats() end end
+local function peak() return cuda and torch.cuda.max_memory_allocated() or nil end
+
+local kept = {}
+for _, c in ipairs(cases) do
+  local name, make, V, B, T, dtype = unpack(c)
+  if want(name) then
+    for _, mode in ipairs{'eager', 'graph'} do
+      if mode == 'eager' or cuda then
+        collectgarbage()
+        peak_reset()
+        torch.manual_seed(1)
+        local model = make()
+        local x, y = batch(V, B, T)
+        local step = mode == 'eager' and trainer(model, x, y, dtype) or graphed(model, x, y, dtype)
+        local s = per_step(step)
+        s.peak_bytes = peak()
+        s.tokens = B * T
+        s.params = count_params(model)
+        s.dtype = dtype or 'float32'
+        s.config = {vocab = V, batch = B, seq = T, dim = model.config.dim, layers = model.config.layers,
+          block = model.config.block, heads = model.config.heads, ffn = model.config.ffn}
+        results.cases[name .. '.' .. mode] = s
+        if mode == 'eager' then kept[name] = {model = model, x = x, y = y, step = step, dtype = dtype} end
+      end
+    end
+  end
+end
+
+-- times fa() and fb() in alternating windows, so that a slow spell falls on both
+local function per_step_pair(fa, fb)
+  for _ = 1, cfg.warmup do fa(); fb() end
+  sync()
+  local a, b = {}, {}
+  for w = 1, cfg.windows do
+    for k = 0, 1 do
+      local f = (w + k) % 2 == 1 and fa or fb
+      local t0 = now()
+      for _ = 1, cfg.steps do f() end
+      sync()
+      local list = f == fa and a or b
+      list[#list + 1] = (now() - t0) / cfg.steps
+    end
+  end
+  local function med(t)
+    local s = {unpack(t)}
+    table.sort(s)
+    local n = #s
+    return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+  end
+  return {median = med(a), times = a}, {median = med(b), times = b}
+end
+
+-- the autopsy's measurements taken from a training step's own forward and
+-- backward, against the plain step (the seed-scale L2 model, else VibeNet plain)
+local base = kept.seed_L2 or kept.vibenet_plain
+if want('autopsy') and base then
+  local opt = optim.AdamW(base.model, {lr = 1e-3, weight_decay = 0.01})
+  local kind = cuda and 'cuda' or 'cpu'
+  local measured, plain = per_step_pair(function()
+    opt:zero_grad()
+    autopsy.step(base.model, function()
+      local logits = base.dtype and torch.autocast(kind, base.dtype, function() return base.model(base.x) end) or base.model(base.x)
+      local loss = nn.functional.cross_entropy(base.dtype and logits:float() or logits, base.y)
+      loss:backward()
+      return loss
+    end)
+    opt:step()
+  end, base.step)
+  results.cases.autopsy = {median = measured.median, times = measured.times, plain = plain, of = kept.seed_L2 and 'seed_L2' or 'vibenet_plain'}
+end
+
+-- a probe that does nothing on every module, against the same model without
+if want('idle') and base then
+  local probed_name = kept.seed_L2 and 'seed_L2' or 'vibenet_plain'
+  local probed
+  for _, c in ipairs(cases) do if c[1] == probed_name then torch.manual_seed(1); probed = c[2]() end end
+  local n = 0
+  for name in probed:named_modules() do
+    if name ~= '' then probe.idle(probed, name); n = n + 1 end
+  end
+  local with, plain = per_step_pair(trainer(probed, base.x, base.y, base.dtype), base.step)
+  results.cases.idle_probes = {median = with.median, times = with.times, plain = plain, probes = n, of = probed_name}
+end
+
+local text = require('anatomy.io.json').encode(results)
+if cfg.out ~= '' then
+  local f = assert(io.open(cfg.out, 'w'))
+  f:write(text, '\n')
+  f:close()
+else
+  print(text)
+end
