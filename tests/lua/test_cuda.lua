@@ -1,6 +1,8 @@
 -- torch.cuda, CUDA graphs and the GPU paths of training. Without a GPU (or
 -- without a CUDA build) the calls must refuse with errors that say which; the
--- GPU tests skip, naming what is missing. With one (scripts/gpu-check) they run.
+-- GPU tests skip, naming what is missing. With one (scripts/gpu-check) they run:
+-- CUDA graphs (with probe steps outside them), bf16 against float32 over 200
+-- steps, and a GPU model under a CPU default device against the same on the CPU.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
@@ -97,6 +99,101 @@ test('train.fit cuda_graph = true follows the eager run', function()
   end
   local eager, graphed = run(false), run(true)
   for i = 1, 30 do close(graphed.train[i], eager.train[i], 1e-3, 'loss at step ' .. i) end
+end)
+
+test('bf16 on the GPU: 200 steps follow float32 within 0.03 nats (GPT and VibeNet)', function()
+  need_gpu()
+  -- Tolerance: on the CPU (test_train) bf16's last-10 mean differs from
+  -- float32's by ~3e-4 nats over 100 steps; 0.03 over 200 steps on the GPU
+  -- fails a broken cast, a loss computed in bf16 or a model that stopped
+  -- learning, not rounding. The largest differences are printed.
+  local c = data.from_string(('to be or not to be, that is the question; whether tis nobler in the mind to suffer. '):rep(80))
+  for name, make in pairs{
+    gpt = function() return models.gpt{vocab = c.vocab_size, dim = 64, heads = 4, layers = 2, seq = 32, ffn = 256} end,
+    vibenet = function() return models.vibenet{vocab = c.vocab_size, dim = 64, layers = 2, seq = 32, block = 'ffn'} end,
+  } do
+    local function run(dtype)
+      torch.manual_seed(7)
+      return train.fit(make(), c, {steps = 200, batch = 8, seq = 32, lr = 3e-3, seed = 7, quiet = true, dtype = dtype, eval_every = 1000})
+    end
+    local f32, bf16 = run('float32'), run('bf16')
+    local function tail(r) local t = 0 for i = 181, 200 do t = t + r.train[i] end return t / 20 end
+    print(('  %s: first loss %.5f (bf16) against %.5f; mean of the last 20 %.5f against %.5f'):format(
+      name, bf16.train[1], f32.train[1], tail(bf16), tail(f32)))
+    close(bf16.train[1], f32.train[1], 0.01, name .. ': first loss')
+    close(tail(bf16), tail(f32), 0.03, name .. ': mean of the last 20 losses')
+    assert(tail(bf16) < f32.train[1] - 1, name .. ': the bf16 run learned')
+  end
+end)
+
+test('a CUDA graph with probes every 10 steps: the probe steps run outside it, the losses follow the eager run', function()
+  need_gpu()
+  local c = data.from_string(('to be or not to be, that is the question. '):rep(40))
+  local function run(graph)
+    torch.manual_seed(3)
+    local m = models.gpt{vocab = c.vocab_size, dim = 32, heads = 2, layers = 2, seq = 16, ffn = 64}
+    return train.fit(m, c, {steps = 40, batch = 8, lr = 3e-3, seed = 3, quiet = true, cuda_graph = graph, eval_every = 1000,
+      probe = {every = 10}})
+  end
+  local eager, graphed = run(false), run(true)
+  for i = 1, 40 do close(graphed.train[i], eager.train[i], 1e-3, 'loss at step ' .. i) end
+  local steps = {}
+  for i, r in ipairs(graphed.probes) do steps[i] = r.step end
+  eq(steps, {1, 10, 20, 30, 40}, 'the probe steps')
+  for i, r in ipairs(graphed.probes) do
+    for name, v in pairs(r.grad_norm) do
+      close(v, eager.probes[i].grad_norm[name], 1e-3 * math.max(1, math.abs(v)), ('step %d: grad norm of %s'):format(r.step, name))
+    end
+  end
+end)
+
+test('a model moved to the GPU under a CPU default device: training, probes, lens, SAE and autopsy as on the CPU', function()
+  need_gpu()
+  -- The class of bug where a tensor is made on the CPU (or the default
+  -- device) and mixed with a GPU model's: tests/lua/test_device.lua catches
+  -- the default-device half on the CPU; this half needs a GPU.
+  local home = torch.device()
+  torch.set_default_device('cpu')
+  local ok, err = pcall(function()
+    local c = data.from_string(('the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. '):rep(40))
+    local function make()
+      torch.manual_seed(2)
+      return models.gpt{vocab = c.vocab_size, dim = 32, heads = 2, layers = 2, seq = 16, ffn = 64, norm = 'pre'}
+    end
+    local cpu_model, gpu_model = make(), make():to('cuda')
+    eq(gpu_model:device():match('^cuda') ~= nil, true, 'the model is on the GPU')
+    local a = train.fit(cpu_model, c, {steps = 10, batch = 4, seq = 16, seed = 1, quiet = true, eval_every = 5, eval_batches = 2})
+    local b = train.fit(gpu_model, c, {steps = 10, batch = 4, seq = 16, seed = 1, quiet = true, eval_every = 5, eval_batches = 2})
+    for i = 1, 10 do close(b.train[i], a.train[i], 1e-3, 'loss at step ' .. i) end
+    cpu_model:eval(); gpu_model:eval()
+    local texts = {'the fox', 'pack my box with'}
+    local _, ca = probe.run_with_cache(cpu_model, texts, {tokenizer = c})
+    local _, cb = probe.run_with_cache(gpu_model, texts, {tokenizer = c})
+    for _, n in ipairs(ca:names()) do
+      assert(cb[n].device:match('^cuda'), n .. ' is cached on ' .. cb[n].device)
+      local got, want = cb[n]:cpu(), ca[n]  -- scores hold -inf where masked: the same places, the rest close
+      eq(got:isinf():eq(want:isinf()):all():item(), true, n .. ': -inf in the same places')
+      close(got:masked_fill(got:isinf(), 0), want:masked_fill(want:isinf(), 0), 1e-3, n)
+    end
+    local x = c:encode('the quick brown'):unsqueeze(1)
+    local x2 = c:encode('pack my box with fiv'):narrow(1, 1, x:size(2)):unsqueeze(1)
+    local metric = function(l) return l[{{}, -1, 3}]:sum() end
+    close(patching.attribute(gpu_model, x, x2, metric, {over = 'attn.z', per = 'head', method = 'atp*'}).grid,
+      patching.attribute(cpu_model, x, x2, metric, {over = 'attn.z', per = 'head', method = 'atp*'}).grid, 1e-4, 'AtP*')
+    close(lens.logit(gpu_model):evaluate(x).kl[2], lens.logit(cpu_model):evaluate(x).kl[2], 1e-4, 'logit lens')
+    local heads_a = probe.detect_heads(cpu_model, x, 'previous_token')
+    local heads_b = probe.detect_heads(gpu_model, x, 'previous_token')
+    close(heads_b.scores, heads_a.scores, 1e-4, 'head detectors')
+    local s = sae.train(gpu_model, c, {point = 'blocks.1.resid_post', steps = 5, batch = 64, width = 32, seq = 16, sequences = 4, quiet = true})
+    assert(s.W_enc.device:match('^cuda'), 'the SAE trains on the GPU')
+    sae.evaluate(gpu_model, s, c, {batches = 2, batch = 4, seq = 16})
+    local ra, rb = autopsy.run(cpu_model, c, {batch = 2, seq = 16, steps = 1}), autopsy.run(gpu_model, c, {batch = 2, seq = 16, steps = 1})
+    eq(#rb.rows, #ra.rows, 'autopsy rows')
+    print(('  GPU against CPU: largest loss difference over 10 steps %.2g'):format((function()
+      local d = 0 for i = 1, 10 do d = math.max(d, math.abs(b.train[i] - a.train[i])) end return d end)()))
+  end)
+  torch.set_default_device(home)
+  if not ok then error(err, 0) end
 end)
 
 H.done()
