@@ -346,8 +346,14 @@ void push_scalar(lua_State* L, const at::Tensor& e) {
   else lua_pushnumber(L, e.item<double>());
 }
 
+// item and tolist read values: a meta tensor has none (PyTorch's own message speaks of fake kernels)
+void require_values(const at::Tensor& t) {
+  if (t.is_meta()) throw ArgError(1, "a meta tensor has a shape and a dtype but no values to read");
+}
+
 int tensor_item(lua_State* L) {
   at::Tensor& t = check_tensor(L, 1);
+  require_values(t);
   if (t.numel() != 1)
     throw ArgError(1, "item() needs a tensor with one element, got " + std::to_string(t.numel()) + " of shape " +
                           shape_string(t.sizes()));
@@ -373,6 +379,7 @@ void push_list(lua_State* L, const at::Tensor& t, const double* data, const bool
 
 int tensor_tolist(lua_State* L) {
   at::Tensor& t = check_tensor(L, 1);
+  require_values(t);
   bool is_bool = t.scalar_type() == at::kBool;
   at::Tensor c = t.detach().to(at::kCPU, is_bool ? at::kBool : at::kDouble).contiguous();
   std::vector<int64_t> strides = c.strides().vec();

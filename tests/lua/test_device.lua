@@ -9,7 +9,7 @@
 -- --device=cuda, or moved with m:to after it was built).
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
-local test, eq, raises_part = H.test, H.eq, H.raises_part
+local test, eq, raises, raises_part = H.test, H.eq, H.raises, H.raises_part
 
 local home = torch.device()
 torch.manual_seed(0)
@@ -105,7 +105,8 @@ test('meta is a device: tensors with a shape and a dtype and no data, printed as
   eq(t.device, 'meta')
   eq(t:size(), {2, 3})
   assert(tostring(t):find('tensor(..., size=(2, 3))', 1, true), tostring(t))
-  assert(not pcall(function() return t:sum():item() end), 'a meta tensor has no value to read')
+  raises(function() return t:sum():item() end, "calling 'item' on bad self (a meta tensor has a shape and a dtype but no values to read)")
+  raises(function() return t:tolist() end, "calling 'tolist' on bad self (a meta tensor has a shape and a dtype but no values to read)")
   raises_part(function() torch.zeros(2, {device = 'tpu'}) end, "unknown device 'tpu', expected cpu, cuda, cuda:N or meta")
   raises_part(function() gpt():to('meta') end, "models.GPT:to: parameters cannot move to 'meta' in place")
   local m = built(function() torch.set_default_device('meta'); return models.gpt{vocab = V, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32} end)
