@@ -157,7 +157,10 @@ end
 -- the autopsy's measurements taken from a training step's own forward and
 -- backward, against the plain step (the seed-scale L2 model, else VibeNet plain)
 local base = kept.seed_L2 or kept.vibenet_plain
-if want('autopsy') and base then
+local base_name = kept.seed_L2 and 'seed_L2' or 'vibenet_plain'
+-- the autopsy and idle probes ride on the case they are measured against
+local function want_extra(name) return want(name) or (cfg.only ~= '' and base_name:find(cfg.only, 1, true) ~= nil) end
+if want_extra('autopsy') and base then
   local opt = optim.AdamW(base.model, {lr = 1e-3, weight_decay = 0.01})
   local kind = cuda and 'cuda' or 'cpu'
   local measured, plain = per_step_pair(function()
@@ -170,20 +173,19 @@ if want('autopsy') and base then
     end)
     opt:step()
   end, base.step)
-  results.cases.autopsy = {median = measured.median, times = measured.times, plain = plain, of = kept.seed_L2 and 'seed_L2' or 'vibenet_plain'}
+  results.cases.autopsy = {median = measured.median, times = measured.times, plain = plain, of = base_name}
 end
 
 -- a probe that does nothing on every module, against the same model without
-if want('idle') and base then
-  local probed_name = kept.seed_L2 and 'seed_L2' or 'vibenet_plain'
+if want_extra('idle') and base then
   local probed
-  for _, c in ipairs(cases) do if c[1] == probed_name then torch.manual_seed(1); probed = c[2]() end end
+  for _, c in ipairs(cases) do if c[1] == base_name then torch.manual_seed(1); probed = c[2]() end end
   local n = 0
   for name in probed:named_modules() do
     if name ~= '' then probe.idle(probed, name); n = n + 1 end
   end
   local with, plain = per_step_pair(trainer(probed, base.x, base.y, base.dtype), base.step)
-  results.cases.idle_probes = {median = with.median, times = with.times, plain = plain, probes = n, of = probed_name}
+  results.cases.idle_probes = {median = with.median, times = with.times, plain = plain, probes = n, of = base_name}
 end
 
 local text = require('anatomy.io.json').encode(results)
