@@ -232,7 +232,7 @@ test('a run resumed from its checkpoint ends with the SAE of the run that was no
     "sae.train: resume: no file '" .. dir .. "/none.safetensors'")
 end)
 
-test('the activation cache is read back by the next run (the model not rerun), and refused for another model', function()
+test('the activation cache is read back by the next run (the model not rerun), and refused for other weights', function()
   local dir = H.tmpdir() .. '/acts'
   local a = sae.train(model, corpus, with(quick, {k = 4, cache = dir}))
   eq(a.cfg.trained.rows_from_model > 0, true); eq(a.cfg.trained.rows_from_cache, 0)
@@ -241,7 +241,17 @@ test('the activation cache is read back by the next run (the model not rerun), a
   eq(b.cfg.trained.rows_from_model, 0); eq(b.cfg.trained.rows_from_cache, a.cfg.trained.rows_from_model)
   H.identical(b.W_enc, a.W_enc, 'an SAE trained from the cache')
   local other = models.gpt{vocab = corpus.vocab_size, dim = 16, heads = 2, layers = 2, seq = 16, ffn = 32}
-  raises_part(function() sae.train(other, corpus, with(quick, {cache = dir})) end, 'sae.train: the activation cache ' .. dir .. ' was written for parameter')
+  raises_part(function() sae.train(other, corpus, with(quick, {cache = dir})) end, 'sae.train: the activation cache ' .. dir .. ' was written for weights_sha256')
+  -- two rows of a weight swapped: every count and sum as before, other activations (the cache once keyed
+  -- the weights by their count and sum of absolute values, and took this model's)
+  local sd = model:state_dict()
+  local w = sd['blocks.1.mlp.fc.weight']:clone()
+  w:narrow(1, 1, 1):copy_(sd['blocks.1.mlp.fc.weight']:narrow(1, 2, 1))
+  w:narrow(1, 2, 1):copy_(sd['blocks.1.mlp.fc.weight']:narrow(1, 1, 1))
+  sd['blocks.1.mlp.fc.weight'] = w
+  local swapped = models.gpt{vocab = corpus.vocab_size, dim = 16, heads = 2, layers = 2, seq = 16, ffn = 32}
+  swapped:load_state_dict(sd)
+  raises_part(function() sae.train(swapped, corpus, with(quick, {cache = dir})) end, 'was written for weights_sha256')
 end)
 
 test('the top contexts are the largest activations of each feature, largest first, the token marked', function()

@@ -36,19 +36,15 @@ function Store.gather(model, point, ids, transcoder)
   return x, y
 end
 
--- What a cache's activations depend on: the model's weights (their count and
--- their sum of absolute values, in float64), the point, the text and how it
--- is cut; a cache written for anything else is an error, never reused.
+-- What a cache's activations depend on: the model's weights (the SHA-256 of
+-- their names, dtypes, shapes and values, as a saved lens records them), the
+-- point, the text and how it is cut; a cache written for anything else is an
+-- error, never reused.
 local function fingerprint(model, point, corpus, o)
-  local total, count = 0, 0
-  torch.no_grad(function()
-    for _, p in pairs(model:parameters()) do
-      total = total + p:double():abs():sum():item()
-      count = count + p:numel()
-    end
-  end)
+  local state = {}
+  for name, p in model:named_parameters() do state[name] = p end
   local info = corpus.file_info and corpus:file_info() or {}
-  return {point = point, transcoder = o.transcoder == true, parameters = count, parameter_abs_sum = ('%.17g'):format(total),
+  return {point = point, transcoder = o.transcoder == true, weights_sha256 = torch.tensors_sha256(state),
     text_sha256 = info.sha256, seq = o.seq, batch = o.batch, seed = o.seed}
 end
 
