@@ -52,12 +52,6 @@ local function time_pair(fa, fb)
   return summary(ta), summary(tb)
 end
 
-local function count_params(model)
-  local n = 0
-  for _, p in ipairs(model:parameters()) do n = n + p:numel() end
-  return n
-end
-
 local function batch(V, B, T)
   torch.manual_seed(0)
   return torch.randint(1, V + 1, {B, T}), torch.randint(1, V + 1, {B, T})
@@ -93,7 +87,7 @@ for _, c in ipairs(cases) do
     local step = trainer(model, x, y)
     local s = time_steps(step)
     s.tokens = B * T
-    s.params = count_params(model)
+    s.params = model:num_parameters()
     results.cases[name] = s
     steps_by_name[name] = {model = model, x = x, y = y, step = step, time = s.median}
   end

@@ -26,6 +26,13 @@ if cfg.smoke then cfg.steps, cfg.windows, cfg.warmup = 2, 2, 1 end
 local results = {side = 'anatomy', device = device, libtorch = torch.libtorch_version, cuda = torch.version.cuda,
   smoke = cfg.smoke, steps = cfg.steps, windows = cfg.windows, cases = {}}
 
+local function median(t)
+  local s = {unpack(t)}
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
 -- seconds per call of fn: the median over cfg.windows windows of cfg.steps
 -- calls, each window between two synchronisations (GPU work is asynchronous)
 local function per_step(fn)
@@ -38,17 +45,7 @@ local function per_step(fn)
     sync()
     times[w] = (now() - t0) / cfg.steps
   end
-  local sorted = {unpack(times)}
-  table.sort(sorted)
-  local n = #sorted
-  return {median = n % 2 == 1 and sorted[(n + 1) / 2] or (sorted[n / 2] + sorted[n / 2 + 1]) / 2,
-    min = sorted[1], max = sorted[n], times = times}
-end
-
-local function count_params(model)
-  local n = 0
-  for _, p in ipairs(model:parameters()) do n = n + p:numel() end
-  return n
+  return {median = median(times), min = math.min(unpack(times)), max = math.max(unpack(times)), times = times}
 end
 
 -- one AdamW step on (x, y); dtype 'bfloat16' runs the forward under autocast
@@ -119,7 +116,7 @@ for _, c in ipairs(cases) do
         local s = per_step(step)
         s.peak_bytes = peak()
         s.tokens = B * T
-        s.params = count_params(model)
+        s.params = model:num_parameters()
         s.dtype = dtype or 'float32'
         s.config = {vocab = V, batch = B, seq = T, dim = model.config.dim, layers = model.config.layers,
           block = model.config.block, heads = model.config.heads, ffn = model.config.ffn}
@@ -145,13 +142,7 @@ local function per_step_pair(fa, fb)
       list[#list + 1] = (now() - t0) / cfg.steps
     end
   end
-  local function med(t)
-    local s = {unpack(t)}
-    table.sort(s)
-    local n = #s
-    return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-  end
-  return {median = med(a), times = a}, {median = med(b), times = b}
+  return {median = median(a), times = a}, {median = median(b), times = b}
 end
 
 -- the autopsy's measurements taken from a training step's own forward and
@@ -189,10 +180,4 @@ if want_extra('idle') and base then
 end
 
 local text = require('anatomy.io.json').encode(results)
-if cfg.out ~= '' then
-  local f = assert(io.open(cfg.out, 'w'))
-  f:write(text, '\n')
-  f:close()
-else
-  print(text)
-end
+if cfg.out == '' then print(text) else require('anatomy.io.fs').write_atomic(cfg.out, text .. '\n') end
