@@ -53,8 +53,8 @@ end
 -- (the store's own generator stream: batches drawn from the corpus and the
 -- shuffles follow torch.manual_seed(seed) at creation).
 function Store.new(model, corpus, point, o)
-  local self = setmetatable({model = model, corpus = corpus, point = point, o = o, shards_read = 0, shards_written = 0,
-    rows_gathered = 0, rows_from_cache = 0}, Store)
+  local self = setmetatable({model = model, device = model:device(), corpus = corpus, point = point, o = o, shards_read = 0,
+    shards_written = 0, rows_gathered = 0, rows_from_cache = 0}, Store)
   if o.cache then
     self.key = fingerprint(model, point, corpus, o)
     local manifest = o.cache .. '/manifest.json'
@@ -89,10 +89,10 @@ function Store:chunk()
     self.rows_from_cache = self.rows_from_cache + t.x:size(1)
     -- the sequences the model would have been given are drawn all the same, so a run reads the corpus as it did
     self.corpus:batch(o.batch, o.seq, {device = 'cpu'})
-    local device = self.model:device()  -- a shard reads onto the default device; the rows belong on the model's
-    return t.x:to(device), t.y and t.y:to(device)
+    -- a shard reads onto the default device; the rows belong on the model's
+    return t.x:to(self.device), t.y and t.y:to(self.device)
   end
-  local ids = self.corpus:batch(o.batch, o.seq, {device = self.model:device()})
+  local ids = self.corpus:batch(o.batch, o.seq, {device = self.device})
   local x, y = Store.gather(self.model, self.point, ids, o.transcoder)
   self.rows_gathered = self.rows_gathered + x:size(1)
   if self.shards then

@@ -470,10 +470,21 @@ function Module:to(what)
 end
 
 -- m:device() -> the device of the module's first parameter ('cpu', 'cuda:0');
--- the default device (torch.device()) for a module without parameters.
+-- the default device (torch.device()) for a module without parameters. The
+-- walk stops at that parameter: probes and loops ask this on every call.
 function Module:device()
-  local first = self:parameters()[1]
-  return first and first.device or torch.device()
+  local function first(m)
+    for _, name in ipairs(m._params) do
+      local t = param_value(m, name)
+      if t ~= nil then return t end
+    end
+    for _, c in m:named_children() do
+      local t = first(c)
+      if t ~= nil then return t end
+    end
+  end
+  local p = first(self)
+  return p and p.device or torch.device()
 end
 
 -- m:save_pretrained(folder): a model from models.from_pretrained written back

@@ -223,7 +223,7 @@ function lens.tuned(model, corpus, opts)
   local ok, err = pcall(function()
     torch.manual_seed(cfg.seed)
     for step = 1, cfg.steps do
-      local xb = corpus:batch(cfg.batch, cfg.seq, {split = cfg.split, device = model:device()})
+      local xb = corpus:batch(cfg.batch, cfg.seq, {split = cfg.split, device = device})
       local h, logits = states(self, xb, nil, where)
       local final_logp = logits:log_softmax(-1)
       local total
