@@ -89,15 +89,20 @@ test('a CUDA graph replays its kernels on new input', function()
   raises(function() g:capture_end() end, 'no capture under way')
 end)
 
+-- A small GPT trained `steps` steps, with the step in a CUDA graph or not;
+-- extra: more train.fit options
+local function graph_run(graph, steps, extra)
+  local c = data.from_string(('to be or not to be, that is the question. '):rep(40))
+  torch.manual_seed(3)
+  local m = models.gpt{vocab = c.vocab_size, dim = 32, heads = 2, layers = 2, seq = 16, ffn = 64}
+  local o = {steps = steps, batch = 8, lr = 3e-3, seed = 3, quiet = true, cuda_graph = graph, eval_every = 1000}
+  for k, v in pairs(extra or {}) do o[k] = v end
+  return train.fit(m, c, o)
+end
+
 test('train.fit cuda_graph = true follows the eager run', function()
   need_gpu()
-  local c = data.from_string(('to be or not to be, that is the question. '):rep(40))
-  local function run(graph)
-    torch.manual_seed(3)
-    local m = models.gpt{vocab = c.vocab_size, dim = 32, heads = 2, layers = 2, seq = 16, ffn = 64}
-    return train.fit(m, c, {steps = 30, batch = 8, lr = 3e-3, seed = 3, quiet = true, cuda_graph = graph, eval_every = 1000})
-  end
-  local eager, graphed = run(false), run(true)
+  local eager, graphed = graph_run(false, 30), graph_run(true, 30)
   for i = 1, 30 do close(graphed.train[i], eager.train[i], 1e-3, 'loss at step ' .. i) end
 end)
 
@@ -128,14 +133,7 @@ end)
 
 test('a CUDA graph with probes every 10 steps: the probe steps run outside it, the losses follow the eager run', function()
   need_gpu()
-  local c = data.from_string(('to be or not to be, that is the question. '):rep(40))
-  local function run(graph)
-    torch.manual_seed(3)
-    local m = models.gpt{vocab = c.vocab_size, dim = 32, heads = 2, layers = 2, seq = 16, ffn = 64}
-    return train.fit(m, c, {steps = 40, batch = 8, lr = 3e-3, seed = 3, quiet = true, cuda_graph = graph, eval_every = 1000,
-      probe = {every = 10}})
-  end
-  local eager, graphed = run(false), run(true)
+  local eager, graphed = graph_run(false, 40, {probe = {every = 10}}), graph_run(true, 40, {probe = {every = 10}})
   for i = 1, 40 do close(graphed.train[i], eager.train[i], 1e-3, 'loss at step ' .. i) end
   local steps = {}
   for i, r in ipairs(graphed.probes) do steps[i] = r.step end
@@ -186,9 +184,21 @@ test('a model moved to the GPU under a CPU default device: training, probes, len
     close(heads_b.scores, heads_a.scores, 1e-4, 'head detectors')
     local s = sae.train(gpu_model, c, {point = 'blocks.1.resid_post', steps = 5, batch = 64, width = 32, seq = 16, sequences = 4, quiet = true})
     assert(s.W_enc.device:match('^cuda'), 'the SAE trains on the GPU')
-    sae.evaluate(gpu_model, s, c, {batches = 2, batch = 4, seq = 16})
-    local ra, rb = autopsy.run(cpu_model, c, {batch = 2, seq = 16, steps = 1}), autopsy.run(gpu_model, c, {batch = 2, seq = 16, steps = 1})
+    -- the same SAE judged on the GPU model and, copied, on the CPU one
+    local on_gpu = sae.evaluate(gpu_model, s, c, {batches = 2, batch = 4, seq = 16})
+    local s_cpu = sae.new{d_in = 32, d_sae = 32, kind = s.cfg.kind, k = s.cfg.k}
+    s_cpu:load_state_dict(s:state_dict())
+    local on_cpu = sae.evaluate(cpu_model, s_cpu, c, {batches = 2, batch = 4, seq = 16, point = 'blocks.1.resid_post'})
+    close(on_gpu.explained_variance, on_cpu.explained_variance, 1e-3, 'SAE explained variance')
+    close(on_gpu.l0, on_cpu.l0, 1e-3, 'SAE L0')
+    torch.manual_seed(5)
+    local ra = autopsy.run(cpu_model, c, {batch = 2, seq = 16, steps = 1})
+    torch.manual_seed(5)
+    local rb = autopsy.run(gpu_model, c, {batch = 2, seq = 16, steps = 1})
     eq(#rb.rows, #ra.rows, 'autopsy rows')
+    for i, row in ipairs(ra.rows) do
+      if row.act_std then close(rb.rows[i].act_std, row.act_std, 1e-3 * math.max(1, row.act_std), row.name .. ': activation std') end
+    end
     print(('  GPU against CPU: largest loss difference over 10 steps %.2g'):format((function()
       local d = 0 for i = 1, 10 do d = math.max(d, math.abs(b.train[i] - a.train[i])) end return d end)()))
   end)
