@@ -83,14 +83,17 @@ local function want(name) return cfg.only == '' or name:find(cfg.only, 1, true) 
 -- name, model, vocab, batch, seq, dtype; the small cases are bench/bench.lua's
 local S = cfg.smoke
 local seed_vocab = S and 512 or cfg.vocab
+-- VibeNet at the seed's scale: dim 512 (expansion 1536, untied head), B16 T512, bf16
+local function seed(layers)
+  return {'seed_L' .. layers, function() return models.vibenet{vocab = seed_vocab, dim = S and 64 or 512, layers = layers, seq = S and 32 or 512, block = 'ffn'} end,
+    seed_vocab, S and 2 or 16, S and 32 or 512, 'bfloat16'}
+end
 local cases = {
   {'gpt', function() return models.gpt{vocab = 65, dim = 64, heads = 2, layers = 1, seq = 64, ffn = 128} end, 65, S and 2 or 32, S and 16 or 64},
   {'vibenet_plain', function() return models.vibenet{vocab = 256, dim = 128, layers = 4, seq = 128, block = 'plain'} end, 256, S and 2 or 16, S and 16 or 128},
   {'vibenet_gate', function() return models.vibenet{vocab = 256, dim = 128, layers = 4, seq = 128, block = 'gate'} end, 256, S and 2 or 16, S and 16 or 128},
-  {'seed_L2', function() return models.vibenet{vocab = seed_vocab, dim = S and 64 or 512, layers = 2, seq = S and 32 or 512, block = 'ffn'} end,
-    seed_vocab, S and 2 or 16, S and 32 or 512, 'bfloat16'},
-  {'seed_L12', function() return models.vibenet{vocab = seed_vocab, dim = S and 64 or 512, layers = 12, seq = S and 32 or 512, block = 'ffn'} end,
-    seed_vocab, S and 2 or 16, S and 32 or 512, 'bfloat16'},
+  seed(2),
+  seed(12),
 }
 
 local function batch(V, B, T)

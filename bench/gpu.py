@@ -24,14 +24,16 @@ from peer import GPT, VibeNet  # noqa: E402  (the models bench/bench.lua compare
 def cases(smoke, vocab):
     s = smoke
     seed_vocab = 512 if s else vocab
+
+    def seed(layers):  # VibeNet at the seed's scale: dim 512 (expansion 1536, untied head), B16 T512, bf16
+        return ("seed_L%d" % layers, lambda: VibeNet(seed_vocab, 64 if s else 512, layers, 32 if s else 512, "ffn"), seed_vocab,
+                2 if s else 16, 32 if s else 512, torch.bfloat16)
     return [
         ("gpt", lambda: GPT(65, 64, 2, 1, 64, 128), 65, 2 if s else 32, 16 if s else 64, None),
         ("vibenet_plain", lambda: VibeNet(256, 128, 4, 128, "plain"), 256, 2 if s else 16, 16 if s else 128, None),
         ("vibenet_gate", lambda: VibeNet(256, 128, 4, 128, "gate"), 256, 2 if s else 16, 16 if s else 128, None),
-        ("seed_L2", lambda: VibeNet(seed_vocab, 64 if s else 512, 2, 32 if s else 512, "ffn"), seed_vocab,
-         2 if s else 16, 32 if s else 512, torch.bfloat16),
-        ("seed_L12", lambda: VibeNet(seed_vocab, 64 if s else 512, 12, 32 if s else 512, "ffn"), seed_vocab,
-         2 if s else 16, 32 if s else 512, torch.bfloat16),
+        seed(2),
+        seed(12),
     ]
 
 
