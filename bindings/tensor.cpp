@@ -214,11 +214,13 @@ int tensor_index(lua_State* L) {
     return 1;
   }
   if (at::Tensor* key = to_tensor(L, 2)) {
+    // x[idx], x[mask]: as PyTorch's advanced indexing, an index on the CPU
+    // serves a tensor anywhere (checked on the CPU, then moved)
     if (key->scalar_type() == at::kBool) {
-      push_tensor(L, t.masked_select(*key));
+      push_tensor(L, t.masked_select(key->to(t.device())));
     } else {
       if (t.dim() == 0) throw CallError("cannot index a 0-dimensional tensor");
-      push_tensor(L, t.index_select(0, zero_based_index(*key, t.size(0), 2).reshape({-1})));
+      push_tensor(L, t.index_select(0, zero_based_index(*key, t.size(0), 2).reshape({-1}).to(t.device())));
     }
     return 1;
   }
@@ -258,14 +260,14 @@ int tensor_newindex(lua_State* L) {
     return 0;
   }
   at::Tensor* key = to_tensor(L, 2);
-  if (key && key->scalar_type() == at::kBool) {
-    if (lua_type(L, 3) == LUA_TNUMBER) t.masked_fill_(*key, lua_tonumber(L, 3));
-    else t.index_put_({*key}, check_tensor(L, 3));
+  if (key && key->scalar_type() == at::kBool) {  // a CPU mask or index serves any tensor, as in x[idx] above
+    if (lua_type(L, 3) == LUA_TNUMBER) t.masked_fill_(key->to(t.device()), lua_tonumber(L, 3));
+    else t.index_put_({key->to(t.device())}, check_tensor(L, 3));
     return 0;
   }
   at::Tensor view = key ? at::Tensor() : index_view(L, t, 2);
   if (key) {
-    at::Tensor idx = zero_based_index(*key, t.size(0), 2).reshape({-1});
+    at::Tensor idx = zero_based_index(*key, t.size(0), 2).reshape({-1}).to(t.device());
     if (lua_type(L, 3) == LUA_TNUMBER) t.index_fill_(0, idx, lua_tonumber(L, 3));
     else t.index_copy_(0, idx, check_tensor(L, 3).expand_as(t.index_select(0, idx)));
     return 0;

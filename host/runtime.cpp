@@ -1,6 +1,7 @@
 // Process-wide settings: devices, threads, seed (see runtime.h).
 #include "host/runtime.h"
 
+#include "host/accel/accel.h"
 #include "host/log/log.h"
 
 #include <ATen/Context.h>
@@ -29,7 +30,7 @@ int env_int(const char* name, int fallback) {
 }  // namespace
 
 bool is_device_name(const std::string& name) {
-  return name == "cpu" || name == "meta" || name.rfind("cuda", 0) == 0;
+  return name == "cpu" || name == "meta" || name.rfind("cuda", 0) == 0 || name.rfind(accel::kName, 0) == 0;
 }
 
 c10::Device parse_device(const std::string& name) {
@@ -38,17 +39,23 @@ c10::Device parse_device(const std::string& name) {
   if (name.rfind("cuda", 0) == 0) {
     int index = -1;
     if (name.size() > 4) {
-      if (name[4] != ':' || name.size() == 5) throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda, cuda:N or meta");
+      if (name[4] != ':' || name.size() == 5) throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda, cuda:N, accel or meta");
       std::string digits = name.substr(5);
       for (char c : digits)
-        if (c < '0' || c > '9') throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda, cuda:N or meta");
+        if (c < '0' || c > '9') throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda, cuda:N, accel or meta");
       index = std::stoi(digits);
     }
     if (!at::hasCUDA())
       throw std::invalid_argument("device '" + name + "' is not available: this LibTorch has no CUDA, or no GPU is visible");
     return index < 0 ? c10::Device(c10::kCUDA) : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
-  throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda, cuda:N or meta");
+  if (name == "accel" || name == "accel:0") {
+    if (!accel::available()) throw std::invalid_argument("device '" + name + "' is not available: " + accel::unavailable_reason());
+    return c10::Device(c10::DeviceType::PrivateUse1, 0);
+  }
+  if (name.rfind("accel:", 0) == 0)
+    throw std::invalid_argument("unknown device '" + name + "', accel has one device: accel or accel:0");
+  throw std::invalid_argument("unknown device '" + name + "', expected cpu, cuda, cuda:N, accel or meta");
 }
 
 bool cuda_available() { return at::hasCUDA(); }
@@ -70,6 +77,7 @@ void set_num_threads(int64_t n) {
 }
 
 void configure_runtime(const RuntimeOptions& options) {
+  accel::install();  // before any backward: the autograd engine sizes its device threads once
   int64_t threads = options.threads > 0 ? options.threads : env_int("ANATOMY_THREADS", 0);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   set_num_threads(threads);

@@ -10,7 +10,7 @@ namespace anatomy {
 
 /// What the command line and the environment asked for; empty means "decide".
 struct RuntimeOptions {
-  /// "cpu", "cuda", "cuda:N"; empty: $ANATOMY_DEVICE, else cuda when present, else cpu.
+  /// "cpu", "cuda", "cuda:N", "accel"; empty: $ANATOMY_DEVICE, else cuda when present, else cpu.
   std::string device;
   /// CPU threads; 0: $ANATOMY_THREADS, else the machine's core count.
   int64_t threads = 0;
@@ -18,12 +18,13 @@ struct RuntimeOptions {
   std::optional<uint64_t> seed;
 };
 
-/// Parses "cpu", "cuda", "cuda:1" and "meta" (tensors with shapes and dtypes
+/// Parses "cpu", "cuda", "cuda:1", "accel" (the test device in CPU memory that
+/// refuses mixed devices as CUDA does: host/accel/accel.h) and "meta" (tensors with shapes and dtypes
 /// but no data: a whole model runs on it without memory, and any tensor a
 /// function makes on the CPU instead of its input's device is caught there);
 /// throws std::invalid_argument with a readable reason.
 c10::Device parse_device(const std::string& name);
-/// True when name starts like a device ("cpu", "cuda...", "meta") rather than
+/// True when name starts like a device ("cpu", "cuda...", "accel...", "meta") rather than
 /// a dtype: how x:to(s) and m:to(s) tell the two apart.
 bool is_device_name(const std::string& name);
 /// True when LibTorch was built with CUDA and at least one GPU is visible.

@@ -42,7 +42,7 @@ TEST_CASE("bad inputs raise Lua errors with exact texts", "[errors]") {
         "test:1: bad argument #2 to 'zeros' (unknown dtype 'float33', expected float32, float64, float16, bfloat16, "
         "int64, int32, int16, int8, uint8 or bool)");
   CHECK(error_of("local c = torch.ones(2, {device = 'tpu'})") ==
-        "test:1: bad argument #2 to 'ones' (unknown device 'tpu', expected cpu, cuda, cuda:N or meta)");
+        "test:1: bad argument #2 to 'ones' (unknown device 'tpu', expected cpu, cuda, cuda:N, accel or meta)");
   CHECK(error_of("local c = torch.ones(2, {dtyp = 'float64'})") ==
         "test:1: bad argument #2 to 'ones' (unknown option 'dtyp', expected dtype, device, requires_grad)");
   CHECK(error_of("local c = a:view(5, 5)") ==

@@ -117,7 +117,11 @@ test('x.grad takes a gradient of x\'s shape, dtype and device only', function()
   local w = torch.randn(3):requires_grad_()
   raises(function() w.grad = torch.randn(5) end, "bad argument #3 to '__newindex' (grad has shape 5, the tensor 3)")
   raises(function() w.grad = w end, "bad argument #3 to '__newindex' (a tensor cannot be its own grad)")
-  raises(function() w.grad = torch.ones(3):double() end, "bad argument #3 to '__newindex' (grad is float64 on cpu, the tensor float32 on cpu)")
+  local dev = w.device  -- the default device: cpu, accel or cuda
+  raises(function() w.grad = torch.ones(3):double() end, "bad argument #3 to '__newindex' (grad is float64 on " .. dev .. ", the tensor float32 on " .. dev .. ")")
+  if dev ~= 'cpu' then
+    raises(function() w.grad = torch.ones(3, {device = 'cpu'}) end, "bad argument #3 to '__newindex' (grad is float32 on cpu, the tensor float32 on " .. dev .. ")")
+  end
   w.grad = torch.ones(3)
   eq(w.grad:sum():item(), 3)
   w.grad = nil

@@ -30,8 +30,9 @@ test('without a GPU, torch.cuda answers and refuses clearly', function()
   for _, f in ipairs{'synchronize', 'memory_allocated', 'max_memory_allocated', 'memory_reserved', 'reset_peak_memory_stats', 'CUDAGraph'} do
     raises(function() torch.cuda[f]() end, "error in 'cuda." .. f .. "' (" .. reason .. ')')
   end
-  raises(function() torch.zeros(2):pin_memory() end, 'pin_memory: pinned memory needs a GPU, and none is visible')
-  eq(torch.zeros(2):is_pinned(), false)
+  local host = torch.zeros(2, {device = 'cpu'})  -- pinning is of CPU memory, whatever the default device
+  raises(function() host:pin_memory() end, 'pin_memory: pinned memory needs a GPU, and none is visible')
+  eq(host:is_pinned(), false)
   raises(function() torch.zeros(2):to('cuda') end, "bad argument #1 to 'to' (device 'cuda' is not available: this LibTorch has no CUDA, or no GPU is visible)")
 end)
 

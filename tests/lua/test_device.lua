@@ -107,7 +107,7 @@ test('meta is a device: tensors with a shape and a dtype and no data, printed as
   assert(tostring(t):find('tensor(..., size=(2, 3))', 1, true), tostring(t))
   raises(function() return t:sum():item() end, "calling 'item' on bad self (a meta tensor has a shape and a dtype but no values to read)")
   raises(function() return t:tolist() end, "calling 'tolist' on bad self (a meta tensor has a shape and a dtype but no values to read)")
-  raises_part(function() torch.zeros(2, {device = 'tpu'}) end, "unknown device 'tpu', expected cpu, cuda, cuda:N or meta")
+  raises_part(function() torch.zeros(2, {device = 'tpu'}) end, "unknown device 'tpu', expected cpu, cuda, cuda:N, accel or meta")
   raises_part(function() gpt():to('meta') end, "models.GPT:to: parameters cannot move to 'meta' in place")
   local m = built(function() torch.set_default_device('meta'); return models.gpt{vocab = V, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32} end)
   eq(m:device(), 'meta')

@@ -51,7 +51,7 @@ test('the provenance record: data, vocabulary, model config and parameters, trai
   eq(rec.seed, 7, 'seed')
   eq(rec.config.note, 'x', "the script's config")
   eq(rec.threads, torch.get_num_threads(), 'threads')
-  eq(rec.device, 'cpu')
+  eq(rec.device, torch.device(), 'the device it ran on')
   eq(rec.dtype, 'float32')
   eq(rec.libtorch, torch.libtorch_version)
   assert(type(rec.commit) == 'string' and #rec.commit > 0, 'commit')

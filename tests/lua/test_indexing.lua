@@ -56,6 +56,18 @@ test('bool masks and index tensors', function()
   eq(x[x:gt(6)]:tolist(), {7, 8})
   eq(x[torch.tensor({4, 1}, {dtype = 'int64'})]:tolist(), {8, 5})
   raises(function() return x[torch.tensor({0}, {dtype = 'int64'})] end, 'index 0 out of range of size 4; indices start at 1)')
+  -- as PyTorch's advanced indexing: an index or mask on the CPU serves a
+  -- tensor on any device (index_select and gather want theirs on its device)
+  local on_cpu = torch.tensor({4, 1}, {dtype = 'int64', device = 'cpu'})
+  eq(x[on_cpu]:tolist(), {8, 5})
+  eq(x[x:gt(6):to('cpu')]:tolist(), {7, 8})
+  local y = x:clone()
+  y[on_cpu] = 0
+  y[torch.tensor({false, true, false, false}, {device = 'cpu'})] = -1
+  eq(y:tolist(), {0, -1, 7, 0})
+  if x.device ~= 'cpu' then
+    H.raises_part(function() x:index_select(1, on_cpu) end, 'Expected all tensors to be on the same device, but got index is on cpu, different from other tensors on ' .. x.device)
+  end
 end)
 
 test('index_select, gather, scatter use 1-based indices', function()

@@ -44,11 +44,11 @@ test('the logit lens reads each row through the model\'s readout; the last row i
   for i = 0, 3 do
     local read = torch.no_grad(function() return model:readout(h[i]) end)
     close(e.kl[i + 1], kl_rows(logits, read):mean():item(), 1e-6, 'kl of ' .. l.names[i + 1])
-    local ce = nn.functional.cross_entropy(read:narrow(2, 1, T - 1), ids:narrow(2, 2, T - 1)):item()
+    local ce = nn.functional.cross_entropy(read:narrow(2, 1, T - 1), ids:narrow(2, 2, T - 1):to(read.device)):item()
     close(e.loss[i + 1], ce, 1e-6, 'loss of ' .. l.names[i + 1])
   end
   close(e.kl[4], 0, 1e-6, 'the last row')
-  local own = nn.functional.cross_entropy(logits:narrow(2, 1, T - 1), ids:narrow(2, 2, T - 1)):item()
+  local own = nn.functional.cross_entropy(logits:narrow(2, 1, T - 1), ids:narrow(2, 2, T - 1):to(logits.device)):item()
   close(e.loss[4], own, 1e-6, 'the last row\'s loss is the model\'s')
 end)
 

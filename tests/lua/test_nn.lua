@@ -354,7 +354,8 @@ test('an error in a tail call inside a block names the argument as written and w
 end)
 
 test('m:device(): where the parameters are, else the default device', function()
-  eq(nn.Linear(2, 3):device(), 'cpu')
+  eq(nn.Linear(2, 3):device(), torch.device(), 'built on the default device')
+  eq(nn.Linear(2, 3):to('cpu'):device(), 'cpu')
   eq(nn.ReLU():device(), torch.device(), 'no parameters')
   if torch.cuda.is_available() then eq(nn.Linear(2, 3):to('cuda'):device(), 'cuda:0') end
 end)

@@ -139,7 +139,7 @@ test('steer: a held-out logit difference moves monotonically with the coefficien
   local function metric()
     local total = 0
     for _, p in ipairs(held) do
-      local logits = torch.no_grad(function() return m(corpus:encode(p):unsqueeze(1)) end)[1]
+      local logits = torch.no_grad(function() return m(corpus:encode(p):unsqueeze(1):to(m:device())) end)[1]  -- ids from a tokenizer are on the CPU
       total = total + logits[logits:size(1)][g]:item() - logits[logits:size(1)][b]:item()
     end
     return total / #held
@@ -185,7 +185,7 @@ test('steer: through generate at every step, at chosen positions and layers, in 
   assert(differs > 0, 'the steering changed a choice')
   H.eq(corpus:decode(m:generate(prompt, {max_new = 6, temperature = 0})), plain, 'removed: generation as before')
   -- positions: only the last one moves; the others are as unsteered
-  local ids = prompt:unsqueeze(1)
+  local ids = prompt:unsqueeze(1):to(m:device())  -- called directly below: on the model's device
   local _, c0 = probe.run_with_cache(m, ids, {filter = {'blocks.1.resid_post'}})
   local h2 = steer.apply(m, v, {coefficient = 1, positions = -1, layers = {1}})
   local _, c1 = probe.run_with_cache(m, ids, {filter = {'blocks.1.resid_post'}})
@@ -364,7 +364,7 @@ test('patching.attribute: atp, atp* and ig near exact patching, the parameters\'
   -- layers: only the chosen rows, each the same as in the whole grid
   local some = patching.run(m, clean, corrupt, metric, {over = 'resid_pre', layers = {3, 'blocks.1'}})
   eq(some.rows, {'blocks.1', 'blocks.3'}, 'in the model\'s order')
-  H.close(some.grid, whole.grid:index_select(1, torch.tensor({1, 3}):long()), 0, 'the chosen layers\' rows')
+  H.close(some.grid, whole.grid:index_select(1, torch.tensor({1, 3}, {device = 'cpu'}):long()), 0, 'the chosen layers\' rows')
   local some_atp = patching.attribute(m, clean, corrupt, metric, {over = 'mlp.post', per = 'neuron', layers = 2})
   H.close(some_atp.grid, neurons.grid:narrow(1, 2, 1), 1e-6, 'the chosen layer\'s neurons')
   H.raises_part(function() patching.attribute(m, clean, corrupt, metric, {layers = 'blocks.9'}) end, "patching.attribute: no layer 'blocks.9'")

@@ -86,7 +86,7 @@ end)
 
 -- The windows sae.evaluate reads: consecutive (T + 1)-token stretches of the val split.
 local function windows(T, n)
-  local ids = corpus:tokens('val')
+  local ids = corpus:tokens('val'):to(model:device())  -- fed to the model directly: on its device
   n = math.min(n, math.floor((ids:numel() - 1) / T))
   return ids:narrow(1, 1, n * T):view(n, T), ids:narrow(1, 2, n * T):view(n, T)
 end

@@ -48,10 +48,13 @@ test('safe_open reads the header, then one tensor at a time', function()
   eq(f:get_tensor('a'):tolist(), {{1, 2, 3}, {4, 5, 6}})
   eq(f:get_tensor('b'):tolist(), {true, false})
   eq(f:metadata().who, 'me')
-  local p = torch.zeros(2, 3, {dtype = 'int64'})
+  local p = torch.zeros(2, 3, {dtype = 'int64', device = 'cpu'})  -- in place: into CPU memory only
   eq(f:read_into('a', p), true, 'same dtype and shape: read in place')
+  if torch.device() ~= 'cpu' then
+    eq(f:read_into('a', torch.zeros(2, 3, {dtype = 'int64'})), false, 'a tensor on ' .. torch.device() .. ': not in place')
+  end
   eq(p:tolist(), {{1, 2, 3}, {4, 5, 6}})
-  local wrong = torch.zeros(3, 2, {dtype = 'int64'})
+  local wrong = torch.zeros(3, 2, {dtype = 'int64', device = 'cpu'})
   eq(f:read_into('a', wrong), false, 'another shape: nothing read')
   eq(wrong:sum():item(), 0)
   raises(function() f:get_tensor('c') end, "bad argument #1 to 'get_tensor' (no tensor c in '" .. path .. "')")

@@ -126,10 +126,13 @@ test('cat and stack (dim 1 by default)', function()
 end)
 
 test('printing: header then a PyTorch-style body', function()
-  local s = tostring(torch.tensor({{1.5, -2}, {3, 4}}))
+  local s = tostring(torch.tensor({{1.5, -2}, {3, 4}}, {device = 'cpu'}))
   eq(s, '[Tensor 2x2 float32 cpu]\ntensor([[ 1.5000, -2.0000],\n        [ 3.0000,  4.0000]])')
-  local g = torch.ones(2, {requires_grad = true})
-  eq(tostring(g * g):match('^[^\n]*'), '[Tensor 2 float32 cpu requires_grad grad_fn=MulBackward0]')
+  local g = torch.ones(2, {requires_grad = true})  -- on the default device: its name in the header
+  eq(tostring(g * g):match('^[^\n]*'), '[Tensor 2 float32 ' .. torch.device() .. ' requires_grad grad_fn=MulBackward0]')
+  if torch.device() ~= 'cpu' then
+    eq(tostring(torch.tensor({{1.5, -2}, {3, 4}})), '[Tensor 2x2 float32 ' .. torch.device() .. ']\ntensor([[ 1.5000, -2.0000],\n        [ 3.0000,  4.0000]])')
+  end
   torch.set_printoptions({precision = 2})
   eq(tostring(torch.tensor({1.5, 2.25})):match('\n(.*)'), 'tensor([1.50, 2.25])')
   torch.set_printoptions({precision = 4})
@@ -165,13 +168,13 @@ test('torch.cpu: freed buffers of 1 MiB and more are reused, up to a limit; empt
   torch.cpu.empty_cache()
   local before = torch.cpu.memory_stats()  -- limit 0 in a sanitizer build: set one here
   torch.cpu.set_cache_limit(64 * 2 ^ 20)
-  drop(torch.full({n}, 7))
+  drop(torch.full({n}, 7, {device = 'cpu'}))
   local s = torch.cpu.memory_stats()
   assert(s.pooled_bytes >= 4 * n, 'the freed buffer is pooled: ' .. s.pooled_bytes)
-  local z = torch.zeros(n)  -- the same size class: the pooled buffer, cleared by zeros
+  local z = torch.zeros(n, {device = 'cpu'})  -- the same size class: the pooled buffer, cleared by zeros
   eq(torch.cpu.memory_stats().reused, s.reused + 1, 'served from the pool')
   eq(z:abs():sum():item(), 0, 'a reused buffer holds what the factory wrote')
-  local e = torch.empty(n - 1000)  -- within an eighth: the same class
+  local e = torch.empty(n - 1000, {device = 'cpu'})  -- within an eighth: the same class
   eq(e:numel(), n - 1000)
   z, e = nil, nil
   drop()

@@ -1,0 +1,25 @@
+// accel: a second device that lives in CPU memory, so that every CI run can
+// check that the library keeps a model's tensors on the model's device. It is
+// LibTorch's PrivateUse1 backend under the name "accel" (`--device=accel`,
+// `m:to('accel')`); its kernels are the CPU's, reached through a boxed
+// fallback that first refuses, with CUDA's message, an operation whose tensors
+// sit on two devices. A CPU tensor mixed into a model on a GPU fails here too.
+#pragma once
+
+#include <string>
+
+namespace anatomy::accel {
+
+/// The device's name, as `x.device` prints it ("accel:0") without the index.
+inline const char* const kName = "accel";
+
+/// Registers the backend's name, allocator, device guard, hooks and kernels;
+/// idempotent. False where this LibTorch cannot host it (before 2.1): then
+/// "accel" stays an unknown device.
+bool install();
+/// True once install() succeeded.
+bool available();
+/// Why accel is unavailable, for an error message; empty when it is available.
+std::string unavailable_reason();
+
+}  // namespace anatomy::accel
