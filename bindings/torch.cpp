@@ -10,6 +10,7 @@
 #include "bindings/common.h"
 #include "bindings/bindings.h"
 #include "bindings/parts.h"
+#include "host/accel/accel.h"
 #include "host/runtime.h"
 #include "host/tensor_format.h"
 #include "host/torch_compat.h"
@@ -307,24 +308,37 @@ int torch_enable_grad(lua_State* L) { return run_with_grad_mode(L, true); }
 
 // ---- autocast ---------------------------------------------------------------
 
+// The device type autocast is set for: 'cpu', 'cuda', or 'accel' (the test
+// device, which casts as cuda does).
+at::DeviceType autocast_device_type(const std::string& device, bool need_gpu) {
+  if (device == "cpu") return at::kCPU;
+  if (device == "cuda") {
+    if (need_gpu && !at::hasCUDA()) throw ArgError(1, "'cuda' autocast needs a GPU, and none is visible");
+    return at::kCUDA;
+  }
+  if (device == accel::kName) {
+    if (!accel::available()) throw ArgError(1, "'accel' autocast needs the accel device: " + accel::unavailable_reason());
+    return c10::DeviceType::PrivateUse1;
+  }
+  throw ArgError(1, "device_type must be 'cpu', 'cuda' or 'accel', got '" + device + "'");
+}
+
 // torch.autocast(device_type, dtype, fn, ...) -> fn(...): runs fn with
-// autocast on for 'cpu' or 'cuda' (dtype: 'bfloat16', or 'float16'; nil means
-// PyTorch's default, bfloat16 on cpu and float16 on cuda), restoring the
-// previous state afterwards, also when fn raises. As in PyTorch, ops autocast
-// lists compute in the lower precision; parameters keep their own dtype.
+// autocast on for 'cpu', 'cuda' or 'accel' (dtype: 'bfloat16', or 'float16';
+// nil means PyTorch's default, bfloat16 on cpu and float16 on cuda and accel),
+// restoring the previous state afterwards, also when fn raises. As in PyTorch,
+// ops autocast lists compute in the lower precision; parameters keep their own dtype.
 int torch_autocast(lua_State* L) {
   std::string device = check_string(L, 1);
-  if (device != "cpu" && device != "cuda") throw ArgError(1, "device_type must be 'cpu' or 'cuda', got '" + device + "'");
-  bool cuda = device == "cuda";
-  at::ScalarType dtype = cuda ? at::kHalf : at::kBFloat16;
+  at::DeviceType type = autocast_device_type(device, false);
+  at::ScalarType dtype = type == at::kCPU ? at::kBFloat16 : at::kHalf;
   if (!lua_isnil(L, 2)) {
     dtype = parse_dtype(check_string(L, 2), 2);
     if (dtype != at::kBFloat16 && dtype != at::kHalf)
       throw ArgError(2, std::string("autocast computes in bfloat16 or float16, got ") + dtype_name(dtype));
   }
   if (lua_type(L, 3) != LUA_TFUNCTION) throw ArgError(3, "function expected, got " + type_name(L, 3));
-  if (cuda && !at::hasCUDA()) throw ArgError(1, "'cuda' autocast needs a GPU, and none is visible");
-  at::DeviceType type = cuda ? at::kCUDA : at::kCPU;
+  autocast_device_type(device, true);
   bool was_enabled = compat::autocast_enabled(type);
   at::ScalarType was_dtype = compat::autocast_dtype(type);
   compat::set_autocast(type, true, dtype);
@@ -338,11 +352,10 @@ int torch_autocast(lua_State* L) {
   return lua_gettop(L) - 2;
 }
 
-// torch.is_autocast_enabled(device_type = 'cpu') -> boolean, dtype name
+// torch.is_autocast_enabled(device_type = 'cpu') -> boolean
 int torch_is_autocast_enabled(lua_State* L) {
   std::string device = lua_isnoneornil(L, 1) ? "cpu" : check_string(L, 1);
-  if (device != "cpu" && device != "cuda") throw ArgError(1, "device_type must be 'cpu' or 'cuda', got '" + device + "'");
-  lua_pushboolean(L, compat::autocast_enabled(device == "cuda" ? at::kCUDA : at::kCPU));
+  lua_pushboolean(L, compat::autocast_enabled(autocast_device_type(device, false)));
   return 1;
 }
 

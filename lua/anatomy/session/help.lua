@@ -59,8 +59,8 @@ end
 local own_signatures = {
   no_grad = 'torch.no_grad(fn, ...) -> fn(...): runs fn without recording gradients (PyTorch\'s `with torch.no_grad():`)',
   enable_grad = 'torch.enable_grad(fn, ...) -> fn(...): runs fn with gradients recorded, inside a no_grad',
-  autocast = 'torch.autocast(device_type, dtype, fn, ...) -> fn(...): runs fn under autocast on \'cpu\' or \'cuda\' '
-    .. '(dtype \'bfloat16\' or \'float16\'; nil: bfloat16 on cpu, float16 on cuda), as PyTorch\'s `with torch.autocast(...)`; '
+  autocast = 'torch.autocast(device_type, dtype, fn, ...) -> fn(...): runs fn under autocast on \'cpu\', \'cuda\' or \'accel\' '
+    .. '(dtype \'bfloat16\' or \'float16\'; nil: bfloat16 on cpu, float16 on cuda and accel), as PyTorch\'s `with torch.autocast(...)`; '
     .. 'the previous state comes back afterwards, also after an error',
   safe_open = 'torch.safe_open(path) -> f: a safetensors file\'s header read and checked, its tensors read one at a time: '
     .. 'f:keys(), f:get_tensor(name), f:shape(name), f:dtype(name), f:metadata(), f:read_into(name, t) (straight into a '

@@ -126,7 +126,7 @@ function Trainer:prepare()
   run.started, run.started_utc = self.started, os.date('!%Y-%m-%dT%H:%M:%SZ')  -- this run's own (an autopsy of it records them)
   -- batches go where the model's parameters are, whatever the default device
   self.device = model:device()
-  local device_type = self.device:match('^cuda') and 'cuda' or 'cpu'
+  local device_type = self.device:match('^%a+')  -- 'cpu', 'cuda' or 'accel' (autocast's device type)
   local autocast = o.compute_dtype ~= 'float32' and o.compute_dtype or nil
   local function forward(x, hidden)
     if not autocast then return model(x, hidden) end
@@ -141,16 +141,15 @@ function Trainer:prepare()
   -- back to the host. Every id of a batch is one of the corpus's, so the
   -- corpus's smallest and largest id go through the model once, checked; the
   -- run then trains with GPU ids trusted (host/runtime.h, TrustedIds).
-  local gpu_paths = device_type == 'cuda' or o._gpu_paths
+  local gpu_paths = device_type ~= 'cpu' or o._gpu_paths  -- accel, the test device, takes them as cuda does
   if gpu_paths then
     local ids = self.corpus:tokens()
-    local probe_ids = torch.full({1, o.seq}, ids:min():item(), {dtype = 'int64'})
+    local probe_ids = torch.full({1, o.seq}, ids:min():item(), {dtype = 'int64', device = self.device})  -- not the default device
     probe_ids:narrow(2, o.seq, 1):fill_(ids:max():item())
     local was_training = model.training
     model:eval()
     local ok, err = pcall(torch.no_grad, function()  -- the ids as inputs and as targets
-      local p = probe_ids:to(self.device)
-      nn.functional.cross_entropy((model(p)), p)
+      nn.functional.cross_entropy((model(probe_ids)), probe_ids)
     end)
     model:train(was_training)
     if not ok then
@@ -163,12 +162,22 @@ function Trainer:prepare()
   -- On a GPU the loss and gradient norm of a step are read back one step
   -- late, once the next step's work is queued, so the GPU never waits for the
   -- host (a step with an evaluation, a checkpoint or on_step is read at once).
-  self.defer = gpu_paths and not o.on_step and self.world == 1
+  self.defer = gpu_paths and not o.on_step and not o.sync and self.world == 1
   if o.cuda_graph then self.opt:set_capturable(true) end
 end
 
-function Trainer:check_loss(value, step, x)
+-- late: the loss was read after the optimizer took the step (a deferred read,
+-- or a CUDA graph's step): the parameters now hold that step's non-finite
+-- update, so a search for the first non-finite output would blame whichever
+-- module reads them first. The message says so instead of naming one.
+function Trainer:check_loss(value, step, x, late)
   if value ~= value or value == math.huge or value == -math.huge then
+    if late then
+      error(('train.fit: the loss is %s at step %d; it was read after the optimizer had taken that step (on %s the '
+        .. 'loss is read one step late, so that the device never waits), so the module whose output first went '
+        .. 'non-finite cannot be named from the parameters now: rerun with sync = true%s to find it'):format(
+        tostring(value), step, self.device, self.o.cuda_graph and ' and without cuda_graph' or ''), 0)
+    end
     local where = Trainer.find_nonfinite(self.model, x)
     error(('train.fit: the loss is %s at step %d; first non-finite value in the output of %s'):format(
       tostring(value), step, where or 'no module (the loss itself)'), 0)
@@ -278,7 +287,7 @@ function Trainer:report(r)
   local o, run, step = self.o, self.run, r.step
   if not r.value then
     r.value = r.loss:item()
-    self:check_loss(r.value, step, r.x)
+    self:check_loss(r.value, step, r.x, true)
   end
   if not r.norm_value then
     r.norm_value = r.norm:item()

@@ -41,6 +41,7 @@ local settings = {
   {'recurrence', nil, 'count', 'k extra passes of a stateful model, fed its previous pass\'s hidden states'},
   {'dtype', nil, nil, "'float32' (default), or 'bf16': the forward under autocast, float32 master weights"},
   {'cuda_graph', nil, nil, 'on a GPU: one whole step recorded after two warm-up steps and replayed'},
+  {'sync', nil, 'boolean', "off the CPU: read each step's loss before its optimizer step, not one step late (the device waits; a non-finite loss is traced to its module)"},
   {'bucket_mb', nil, nil, 'data-parallel: the size of a gradient bucket in MiB (default 25)'},
   {'_gpu_paths', nil, nil, "tests only: the GPU's bookkeeping (one-step-late reads, trusted ids) on any device"},
 }
