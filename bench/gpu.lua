@@ -3,7 +3,8 @@
 -- One training step (zero_grad, forward, cross-entropy, backward, AdamW) on a
 -- fixed batch already on the device, timed over windows of steps between two
 -- synchronisations; eager, and (on a GPU) the same step recorded once in a
--- CUDA graph and replayed. Writes one JSON object to --out.
+-- CUDA graph and replayed. Writes one JSON object to --out, again after each
+-- case (a run cut short keeps what finished).
 --   anatomy --device=cuda bench/gpu.lua --out=FILE [--steps=N] [--only=NAME] [--smoke=true]
 -- --smoke=true: every case at toy sizes, on whatever device there is: it checks
 -- that the script runs, and its numbers mean nothing (the report says so).
@@ -49,22 +50,28 @@ local function per_step(fn)
 end
 
 -- one AdamW step on (x, y); dtype 'bfloat16' runs the forward under autocast
--- (the loss in float32), as train.fit does with dtype = 'bfloat16'
+-- (the loss in float32), as train.fit does with dtype = 'bfloat16'. The batch's
+-- ids are checked once here; the step trusts them, as train.fit's does (a
+-- range check of ids on the device would read them back to the host).
+local kind = device:match('^%a+')  -- autocast's device type
 local function trainer(model, x, y, dtype)
   local opt = optim.AdamW(model, {lr = 1e-3, weight_decay = 0.01})
-  local kind = cuda and 'cuda' or 'cpu'
+  local V = model.config.vocab
+  assert(x:min():item() >= 1 and x:max():item() <= V and y:min():item() >= 1 and y:max():item() <= V, 'the batch fits the vocabulary')
   local function forward() return model(x) end
-  return function()
+  local function step()
     opt:zero_grad()
     local logits = dtype and torch.autocast(kind, dtype, forward) or forward()
     local loss = nn.functional.cross_entropy(dtype and logits:float() or logits, y)
     loss:backward()
     opt:step()
-  end, opt
+  end
+  return function() torch._native.with_trusted_ids(step) end, opt
 end
 
 -- the same step recorded once in a CUDA graph (the optimizer capturable, as
--- train.fit{cuda_graph = true} does) and replayed
+-- train.fit{cuda_graph = true} does) and replayed; called on a side stream
+-- (torch.cuda.side_stream), where the warm-up steps run too
 local function graphed(model, x, y, dtype)
   local step, opt = trainer(model, x, y, dtype)
   opt:set_capturable(true)
@@ -101,8 +108,28 @@ local function batch(V, B, T)
   return torch.randint(1, V + 1, {B, T}), torch.randint(1, V + 1, {B, T})
 end
 
-local function peak_reset() if cuda then torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats() end end
-local function peak() return cuda and torch.cuda.max_memory_allocated() or nil end
+-- Peak memory on a GPU: a counter that cannot be read leaves the figure
+-- empty and says why, rather than stopping the run.
+local peak_error
+local function peak_reset()
+  if not cuda then return end
+  torch.cuda.synchronize()
+  local ok, err = pcall(torch.cuda.reset_peak_memory_stats)
+  peak_error = not ok and tostring(err) or nil
+end
+local function peak()
+  if not cuda or peak_error then return nil end
+  local ok, v = pcall(torch.cuda.max_memory_allocated)
+  if not ok then peak_error = tostring(v) return nil end
+  return v
+end
+
+-- the results so far, written atomically (after each case and at the end)
+local function save()
+  local text = require('anatomy.io.json').encode(results)
+  if cfg.out ~= '' then require('anatomy.io.fs').write_atomic(cfg.out, text .. '\n') end
+  return text
+end
 
 local kept = {}
 for _, c in ipairs(cases) do
@@ -115,16 +142,24 @@ for _, c in ipairs(cases) do
         torch.manual_seed(1)
         local model = make()
         local x, y = batch(V, B, T)
-        local step = mode == 'eager' and trainer(model, x, y, dtype) or graphed(model, x, y, dtype)
-        local s = per_step(step)
+        local s, eager_step
+        if mode == 'eager' then
+          eager_step = trainer(model, x, y, dtype)
+          s = per_step(eager_step)
+        else
+          local ok, err = pcall(torch.cuda.side_stream, function() s = per_step(graphed(model, x, y, dtype)) end)
+          if not ok then s = {error = tostring(err)} end  -- the eager figure stands; the graph's says why it is missing
+        end
         s.peak_bytes = peak()
+        s.peak_error = peak_error
         s.tokens = B * T
         s.params = model:num_parameters()
         s.dtype = dtype or 'float32'
         s.config = {vocab = V, batch = B, seq = T, dim = model.config.dim, layers = model.config.layers,
           block = model.config.block, heads = model.config.heads, ffn = model.config.ffn}
         results.cases[name .. '.' .. mode] = s
-        if mode == 'eager' then kept[name] = {model = model, x = x, y = y, step = step, dtype = dtype} end
+        save()
+        if mode == 'eager' then kept[name] = {model = model, x = x, y = y, step = eager_step, dtype = dtype} end
       end
     end
   end
@@ -156,10 +191,9 @@ local base_name = kept.seed_L2 and 'seed_L2' or 'vibenet_plain'
 local function want_extra(name) return want(name) or (cfg.only ~= '' and base_name:find(cfg.only, 1, true) ~= nil) end
 if want_extra('autopsy') and base then
   local opt = optim.AdamW(base.model, {lr = 1e-3, weight_decay = 0.01})
-  local kind = cuda and 'cuda' or 'cpu'
   local measured, plain = per_step_pair(function()
     opt:zero_grad()
-    autopsy.step(base.model, function()
+    torch._native.with_trusted_ids(autopsy.step, base.model, function()  -- the batch's ids were checked once, as the plain step's
       local logits = base.dtype and torch.autocast(kind, base.dtype, function() return base.model(base.x) end) or base.model(base.x)
       local loss = nn.functional.cross_entropy(base.dtype and logits:float() or logits, base.y)
       loss:backward()
@@ -168,6 +202,7 @@ if want_extra('autopsy') and base then
     opt:step()
   end, base.step)
   results.cases.autopsy = {median = measured.median, times = measured.times, plain = plain, of = base_name}
+  save()
 end
 
 -- a probe that does nothing on every module, against the same model without
@@ -182,5 +217,5 @@ if want_extra('idle') and base then
   results.cases.idle_probes = {median = with.median, times = with.times, plain = plain, probes = n, of = base_name}
 end
 
-local text = require('anatomy.io.json').encode(results)
-if cfg.out == '' then print(text) else require('anatomy.io.fs').write_atomic(cfg.out, text .. '\n') end
+local text = save()
+if cfg.out == '' then print(text) end

@@ -64,6 +64,22 @@ int cuda_reset_peak_memory_stats(lua_State* L) {
   return 0;
 }
 
+// torch.cuda.side_stream(fn, ...) -> fn(...): runs fn with a side stream from
+// LibTorch's pool as the current stream (it first waits for the work queued
+// before; the previous stream waits for its work afterwards, also when fn
+// raises). What PyTorch writes `with torch.cuda.stream(torch.cuda.Stream()):`;
+// the steps before a CUDA graph's capture run there (host/cuda/cuda.h).
+int cuda_side_stream(lua_State* L) {
+  if (lua_type(L, 1) != LUA_TFUNCTION) throw ArgError(1, "function expected, got " + type_name(L, 1));
+  int status;
+  {
+    cuda::SideStream side;
+    status = lua_pcall(L, lua_gettop(L) - 1, LUA_MULTRET, 0);
+  }
+  if (status != 0) return lua_error(L);
+  return lua_gettop(L);
+}
+
 int graph_new(lua_State* L) {
   push_userdata<GraphPtr>(L, kGraphMeta, std::make_unique<cuda::Graph>());
   return 1;
@@ -96,6 +112,7 @@ const luaL_Reg cuda_functions[] = {
     {"max_memory_allocated", guarded<cuda_max_memory_allocated>},
     {"memory_reserved", guarded<cuda_memory_reserved>},
     {"reset_peak_memory_stats", guarded<cuda_reset_peak_memory_stats>},
+    {"side_stream", guarded<cuda_side_stream>},
     {"CUDAGraph", guarded<graph_new>},
     {nullptr, nullptr},
 };

@@ -4,6 +4,9 @@
 // the rest throws NotAvailable.
 #include "host/cuda/cuda.h"
 
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -11,6 +14,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <memory>
+#include <mutex>
 #include <optional>
 
 namespace anatomy::cuda {
@@ -19,6 +24,10 @@ namespace {
 void require() {
   if (!is_available())
     throw NotAvailable("no GPU is visible (this LibTorch has CUDA " + version() + ", but no device answers)");
+  // CUDA's state (the caching allocator among it) is made on first use, as
+  // torch.cuda's calls make it: before it, the allocator's statistics refuse
+  // every device ("Invalid device argument").
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
 }
 
 c10::DeviceIndex device_of(int device) {
@@ -57,10 +66,44 @@ void reset_peak_memory_stats(int device) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(device_of(device));
 }
 
+struct SideStream::Impl {
+  c10::cuda::CUDAStream previous;
+  c10::cuda::CUDAStream side;
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+  Impl(c10::cuda::CUDAStream p, c10::cuda::CUDAStream s) : previous(p), side(s) {}
+};
+
+namespace {
+// `waiting` waits for the work queued on `done` so far (an event, no host wait).
+void stream_wait(const c10::cuda::CUDAStream& waiting, const c10::cuda::CUDAStream& done) {
+  at::cuda::CUDAEvent event;
+  event.record(done);
+  event.block(waiting);
+}
+}  // namespace
+
+SideStream::SideStream(int device) {
+  c10::DeviceIndex d = device_of(device);
+  auto previous = c10::cuda::getCurrentCUDAStream(d);
+  impl_ = std::make_unique<Impl>(previous, c10::cuda::getStreamFromPool(false, d));
+  stream_wait(impl_->side, previous);
+  impl_->guard.emplace(impl_->side);
+}
+
+SideStream::~SideStream() {
+  impl_->guard.reset();
+  try {
+    stream_wait(impl_->previous, impl_->side);
+  } catch (const std::exception&) {  // a destructor must not throw: the next sync reports a CUDA error
+  }
+}
+
 struct Graph::Impl {
-  at::cuda::CUDAGraph graph;
+  std::unique_ptr<at::cuda::CUDAGraph> graph = std::make_unique<at::cuda::CUDAGraph>();
   std::optional<c10::cuda::CUDAStreamGuard> on_side_stream;  // held from capture_begin to capture_end
+  bool capturing = false;
   bool captured = false;
+  std::string failed_begin;  // why the last capture_begin failed, for capture_end
 };
 
 Graph::Graph() {
@@ -70,37 +113,80 @@ Graph::Graph() {
 Graph::~Graph() = default;
 
 void Graph::capture_begin() {
-  if (impl_->on_side_stream) throw std::logic_error("CUDAGraph:capture_begin: a capture is already under way");
+  if (impl_->capturing) throw std::logic_error("CUDAGraph:capture_begin: a capture is already under way");
   if (impl_->captured) throw std::logic_error("CUDAGraph:capture_begin: this graph holds a capture already (reset it first)");
-  // Capture cannot happen on the default stream; work queued before it must finish first.
+  impl_->failed_begin.clear();
+  // As torch.cuda.graph: the work queued before the capture finishes first,
+  // and the capture runs on a side stream (the current one if it is one).
   c10::cuda::device_synchronize();
-  impl_->on_side_stream.emplace(c10::cuda::getStreamFromPool());
-  impl_->graph.capture_begin();
+  auto current = c10::cuda::getCurrentCUDAStream();
+  if (current == c10::cuda::getDefaultCUDAStream()) impl_->on_side_stream.emplace(c10::cuda::getStreamFromPool());
+  try {
+    impl_->graph->capture_begin();
+  } catch (const std::exception& e) {
+    impl_->failed_begin = e.what();
+    impl_->on_side_stream.reset();
+    throw;
+  }
+  impl_->capturing = true;
 }
 
 void Graph::capture_end() {
-  if (!impl_->on_side_stream) throw std::logic_error("CUDAGraph:capture_end: no capture under way");
-  impl_->graph.capture_end();
+  if (!impl_->capturing)
+    throw std::logic_error(impl_->failed_begin.empty()
+                               ? std::string("CUDAGraph:capture_end: no capture under way")
+                               : "CUDAGraph:capture_end: no capture under way (capture_begin failed: " + impl_->failed_begin + ")");
+  try {
+    impl_->graph->capture_end();
+  } catch (const std::exception&) {
+    reset();  // the stream leaves capture mode, the generator its capture state
+    throw;
+  }
   impl_->on_side_stream.reset();
+  impl_->capturing = false;
   impl_->captured = true;
 }
 
 void Graph::replay() {
   if (!impl_->captured) throw std::logic_error("CUDAGraph:replay: nothing captured yet");
-  impl_->graph.replay();
+  impl_->graph->replay();
 }
 
 void Graph::reset() {
-  if (impl_->on_side_stream) {
-    // Abandoning a capture: end it so the stream leaves capture mode, then drop it.
-    try { impl_->graph.capture_end(); } catch (const std::exception&) {}
+  if (impl_->capturing) {
+    // Abandoning a capture: end the stream's capture (CUDA returns the error
+    // that invalidated it, already reported), give the allocator's pool back
+    // its stream, and give the default generator a state out of capture mode:
+    // LibTorch ends that mode only in a capture_end that succeeds, and until
+    // then every random op refuses to run ("Offset increment outside graph
+    // capture encountered unexpectedly").
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    cudaGraph_t abandoned = nullptr;
+    if (cudaStreamEndCapture(stream, &abandoned) == cudaSuccess && abandoned) cudaGraphDestroy(abandoned);
+    (void)cudaGetLastError();
+    try {  // LibTorch's capture_end may have ended the pool's recording before it failed
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(stream.device_index(), impl_->graph->pool());
+    } catch (const c10::Error&) {
+    }
+    try {  // and what the abandoned capture allocated goes back
+      c10::cuda::CUDACachingAllocator::releasePool(stream.device_index(), impl_->graph->pool());
+    } catch (const c10::Error&) {
+    }
+    auto gen = at::cuda::detail::getDefaultCUDAGenerator(stream.device_index());
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.graphsafe_set_state(gen.clone());
+    }
     impl_->on_side_stream.reset();
+    impl_->capturing = false;
+    impl_->graph = std::make_unique<at::cuda::CUDAGraph>();  // LibTorch's reset() keeps a capture that never ended
+  } else {
+    impl_->graph->reset();
   }
-  impl_->graph.reset();
   impl_->captured = false;
 }
 
-bool Graph::capturing() const { return impl_->on_side_stream.has_value(); }
+bool Graph::capturing() const { return impl_->capturing; }
 bool Graph::captured() const { return impl_->captured; }
 
 }  // namespace anatomy::cuda

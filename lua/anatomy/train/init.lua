@@ -42,7 +42,13 @@ function train.fit(model, corpus, opts)
   local trainer = Trainer.new(model, corpus, o)
   trainer:resume()
   trainer:prepare()
-  trainer:loop()
+  if o.cuda_graph then
+    -- every step on one side stream, the warm-up steps as the captured one
+    -- (host/cuda/cuda.h: a captured backward must not join the legacy stream)
+    torch.cuda.side_stream(trainer.loop, trainer)
+  else
+    trainer:loop()
+  end
   return trainer:close()
 end
 
