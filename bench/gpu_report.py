@@ -27,11 +27,18 @@ def load_rounds(out, pattern):
     return [json.load(open(f)) for f in sorted(glob.glob(os.path.join(out, pattern)))]
 
 
-def merge(runs):
-    """One entry per case: every round's window times pooled, their median and range."""
+FAILED = {}  # "anatomy seed_L2.graph" -> why that case has no time (a capture that failed)
+
+
+def merge(runs, side="anatomy"):
+    """One entry per case: every round's window times pooled, their median and range.
+    A case that failed in a round (no times, an error) is left out and noted in FAILED."""
     cases = {}
     for r in runs:
         for name, c in r["cases"].items():
+            if "times" not in c:
+                FAILED["%s %s" % (side, name)] = c.get("error", "no times")
+                continue
             m = cases.setdefault(name, dict(c, times=[]))
             m["times"] = m["times"] + c["times"]
             if isinstance(c.get("plain"), dict):
@@ -78,7 +85,7 @@ def main():
         raise SystemExit("gpu_report.py: no anatomy.N.json in " + args.out)
     theirs = {m: load_rounds(args.out, "pytorch-%s.*.json" % m) for m in MODES}
     a = merge(ours)
-    p = {m: merge(r) for m, r in theirs.items() if r}
+    p = {m: merge(r, "PyTorch " + m) for m, r in theirs.items() if r}
     py = next((r[0] for r in theirs.values() if r), {})
     gpu = py.get("device", "?")
     smoke = ours[0].get("smoke") or not ours[0]["device"].startswith("cuda")
@@ -138,6 +145,13 @@ def main():
                 key, what + (", %d probes" % c["probes"] if c.get("probes") else ""), c["median"] * 1e3,
                 c["plain_median"] * 1e3, c["median"] / c["plain_median"] - 1, ", on " + c.get("of", "?")))
             data[key] = c
+    for key, why in sorted(FAILED.items()):
+        lines += ["", "%s: no time (%s)." % (key, why.splitlines()[0] if why else "?")]
+    for n in names:
+        for mode in ("eager", "graph"):
+            c = a.get(n + "." + mode)
+            if c and c.get("peak_error"):
+                lines += ["", "%s.%s: no peak memory (%s)." % (n, mode, c["peak_error"].splitlines()[0])]
     rounds = len(ours)
     lines += ["", "%d round%s of %d windows of %d steps per case, the windows' median; anatomy %s (LibTorch %s, CUDA %s), "
               "PyTorch %s; %s, driver %s; commit %s; %s%s." % (
