@@ -146,6 +146,7 @@ for _, c in ipairs(cases) do
         if mode == 'eager' then
           eager_step = trainer(model, x, y, dtype)
           s = per_step(eager_step)
+          s.count = torch.profiler.count_ops(eager_step)  -- one more step: its operators and host syncs
         else
           local ok, err = pcall(torch.cuda.side_stream, function() s = per_step(graphed(model, x, y, dtype)) end)
           if not ok then s = {error = tostring(err)} end  -- the eager figure stands; the graph's says why it is missing
@@ -191,7 +192,7 @@ local base_name = kept.seed_L2 and 'seed_L2' or 'vibenet_plain'
 local function want_extra(name) return want(name) or (cfg.only ~= '' and base_name:find(cfg.only, 1, true) ~= nil) end
 if want_extra('autopsy') and base then
   local opt = optim.AdamW(base.model, {lr = 1e-3, weight_decay = 0.01})
-  local measured, plain = per_step_pair(function()
+  local function autopsy_step()
     opt:zero_grad()
     torch._native.with_trusted_ids(autopsy.step, base.model, function()  -- the batch's ids were checked once, as the plain step's
       local logits = base.dtype and torch.autocast(kind, base.dtype, function() return base.model(base.x) end) or base.model(base.x)
@@ -200,8 +201,10 @@ if want_extra('autopsy') and base then
       return loss
     end)
     opt:step()
-  end, base.step)
-  results.cases.autopsy = {median = measured.median, times = measured.times, plain = plain, of = base_name}
+  end
+  local measured, plain = per_step_pair(autopsy_step, base.step)
+  results.cases.autopsy = {median = measured.median, times = measured.times, plain = plain, of = base_name,
+    count = torch.profiler.count_ops(autopsy_step)}
   save()
 end
 

@@ -3,7 +3,11 @@ models as bench/peer.py, the same batch, AdamW settings and bf16 autocast)
 in eager mode, through torch.compile, and through
 torch.compile(mode='reduce-overhead') (CUDA graphs), timed the same way: the
 median of windows of steps, each window between two synchronisations.
-Compilation falls in the warm-up. Writes one JSON object to --out.
+Compilation falls in the warm-up. In eager mode, one more step is counted:
+the operators it dispatches ("aten::" events of torch.profiler, nested ones
+included, as anatomy's torch.profiler.count_ops counts them) and, on a GPU,
+its host synchronisations (what torch.cuda.set_sync_debug_mode flags).
+Writes one JSON object to --out.
 
     PYTHON bench/gpu.py --mode eager|compile|reduce-overhead --out FILE [--steps N] [--vocab N] [--smoke]
 """
@@ -13,6 +17,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +76,27 @@ def main():
             times.append((time.perf_counter() - t0) / args.steps)
         return {"median": statistics.median(times), "min": min(times), "max": max(times), "times": times}
 
+    def count(fn):
+        """Operators and host synchronisations of one call of fn."""
+        from torch.profiler import ProfilerActivity, profile
+        sync()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    fn()
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+        by_name = {}
+        for e in prof.events():
+            if e.name.startswith("aten::"):
+                by_name[e.name] = by_name.get(e.name, 0) + 1
+        syncs = sum(1 for w in caught if "synchronizing" in str(w.message)) if cuda else None
+        return {"ops": sum(by_name.values()), "syncs": syncs, "by_name": by_name}
+
     results = {"side": "pytorch", "mode": args.mode, "torch": torch.__version__, "cuda": torch.version.cuda,
                "device": torch.cuda.get_device_name(0) if cuda else "cpu", "smoke": args.smoke,
                "steps": args.steps, "windows": args.windows, "cases": {}}
@@ -99,6 +125,8 @@ def main():
             opt.step()
 
         s = per_step(step)
+        if args.mode == "eager":
+            s["count"] = count(step)
         s["peak_bytes"] = torch.cuda.max_memory_allocated() if cuda else None
         s["tokens"], s["params"], s["dtype"] = B * T, params, "bfloat16" if dtype else "float32"
         results["cases"][name + "." + args.mode] = s

@@ -136,6 +136,28 @@ def main():
             mfu = " (%.0f%% MFU)" % (100 * flops / c["median"] / peak) if peak and ae["dtype"] == "bfloat16" else ""
             return tok_s(c) + mfu
         lines.append("| %s | %s |" % (n, " | ".join(cell(c) for c in row)))
+    # what one step asks of LibTorch: operators dispatched and host synchronisations
+    on_device = not ours[0]["device"].startswith("cpu")
+    lines += ["", "One training step, counted: the operators dispatched (\"aten::\" events, nested ones included: anatomy's "
+              "torch.profiler.count_ops, PyTorch's torch.profiler) and the host synchronisations among them (anatomy: reads "
+              "of a device tensor to the host and operators sized by its values; PyTorch: what "
+              "torch.cuda.set_sync_debug_mode flags)%s:" % ("" if on_device else "; on the CPU there is no device to wait for"),
+              "", "| step | anatomy ops | PyTorch eager ops | anatomy / PyTorch | anatomy syncs | PyTorch eager syncs |",
+              "|---|---|---|---|---|---|"]
+
+    def count_cells(ours_count, theirs_count):
+        def n(c, k):
+            return "—" if not c or c.get(k) is None or (k == "syncs" and not on_device) else "%d" % c[k]
+        ratio = "%.2f" % (ours_count["ops"] / theirs_count["ops"]) if ours_count and theirs_count and theirs_count["ops"] else "—"
+        return "%s | %s | %s | %s | %s" % (n(ours_count, "ops"), n(theirs_count, "ops"), ratio, n(ours_count, "syncs"),
+                                          n(theirs_count, "syncs"))
+    for n in names:
+        theirs_eager = p.get("eager", {}).get(n + ".eager") or {}
+        lines.append("| %s | %s |" % (n, count_cells(a[n + ".eager"].get("count"), theirs_eager.get("count"))))
+        data["cases"][n]["count"] = {"anatomy": a[n + ".eager"].get("count"), "pytorch": theirs_eager.get("count")}
+    if a.get("autopsy", {}).get("count"):
+        of = a["autopsy"].get("of", "?")
+        lines.append("| %s with the autopsy's probes | %s |" % (of, count_cells(a["autopsy"]["count"], None)))
     for key, what in [("autopsy", "the autopsy's measurements taken from the step's own forward and backward"),
                       ("idle_probes", "a probe that does nothing on every module")]:
         c = a.get(key)

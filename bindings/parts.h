@@ -41,6 +41,8 @@ void register_linalg(lua_State* L, int torch);
 int luaopen_anatomy_metrics(lua_State* L);
 /// Pushes torch.cuda (availability, synchronize, memory counters, CUDAGraph).
 int luaopen_anatomy_cuda(lua_State* L);
+/// Pushes torch.profiler (count_ops).
+int luaopen_anatomy_profiler(lua_State* L);
 /// Pushes torch._dist, the native half of `dist` (dist.cpp).
 int luaopen_anatomy_dist(lua_State* L);
 /// Pushes the table of optimizer constructors (torch._optim).

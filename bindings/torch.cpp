@@ -476,6 +476,8 @@ int luaopen_anatomy_core(lua_State* L) {
   register_linalg(L, torch);
   luaopen_anatomy_cuda(L);
   lua_setfield(L, -2, "cuda");
+  luaopen_anatomy_profiler(L);
+  lua_setfield(L, -2, "profiler");
   register_safetensors(L, lua_gettop(L));
   luaopen_anatomy_blocks(L);
   lua_setfield(L, -2, "_native");

@@ -100,6 +100,14 @@ struct AccelHooks final : at::PrivateUse1HooksInterface {
 };
 AccelHooks g_hooks;
 
+thread_local int g_device_code = 0;
+
+// Marks accel's own work inside an operator (see in_device_code).
+struct DeviceCode {
+  DeviceCode() { ++g_device_code; }
+  ~DeviceCode() { --g_device_code; }
+};
+
 // A CPU tensor over the same memory: how the kernels below reach the data.
 at::Tensor as_cpu(const at::Tensor& t) {
   return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
@@ -127,6 +135,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
 // the accel sides, with LibTorch's own copy (dtype conversion, strides, and
 // another device such as cuda on the far side).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  DeviceCode inside;
   at::Tensor src = self.device().type() == kType ? as_cpu(self) : self;
   at::Tensor out = dst.device().type() == kType ? as_cpu(dst) : dst;
   out.copy_(src, non_blocking);
@@ -134,6 +143,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
 }
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  DeviceCode inside;
   at::native::resize_(dst, self.sizes(), std::nullopt);
   return copy_from(self, dst, false);
 }
@@ -206,6 +216,7 @@ void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack
 
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_devices(op, *stack);
+  DeviceCode inside;
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 
@@ -250,6 +261,8 @@ bool install() {
 
 bool available() { return g_installed; }
 
+bool in_device_code() { return g_device_code > 0; }
+
 std::string unavailable_reason() {
   return g_installed ? std::string() : std::string("accel was not installed");
 }
@@ -291,6 +304,7 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 namespace anatomy::accel {
 bool install() { return false; }
 bool available() { return false; }
+bool in_device_code() { return false; }
 std::string unavailable_reason() {
   return "this LibTorch (" + std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) +
          ") cannot host the accel device (LibTorch 2.1 or later registers a PrivateUse1 backend from C++)";

@@ -21,5 +21,9 @@ bool install();
 bool available();
 /// Why accel is unavailable, for an error message; empty when it is available.
 std::string unavailable_reason();
+/// True (on this thread) while accel's own code runs inside an operator: its
+/// fallback's conversions and CPU kernels, which a GPU would do in one kernel.
+/// host/profile's counts leave them out.
+bool in_device_code();
 
 }  // namespace anatomy::accel

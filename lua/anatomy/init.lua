@@ -119,6 +119,7 @@ do
   record(torch, '')
   record(torch.linalg, 'linalg.')
   record(torch.cuda, 'cuda.')
+  record(torch.profiler, 'profiler.')
   record(torch._native, 'nn.')
   record(torch._data, 'data.')
   record(torch._optim, 'optim.')

@@ -68,4 +68,29 @@ test('ANATOMY_MAX_ALLOCATION caps one allocation with an error that names it', f
   assert(out:find('\n1048576', 1, true), 'smaller allocations go on: ' .. out)
 end)
 
+test('torch.profiler.count_ops counts the operators of a call and the reads of a device tensor to the host', function()
+  local x = torch.ones(64, 64)  -- past the few elements host/small_arith.cpp computes without the dispatcher
+  local c, a, b = torch.profiler.count_ops(function(y) return (x + y):sum(), 'second' end, x)
+  eq(a:item(), 2 * 64 * 64, "fn's results come after the counts")
+  eq(b, 'second')
+  assert((c.by_name['aten::add'] or 0) >= 1 and (c.by_name['aten::sum'] or 0) >= 1, 'x + y, then sum')
+  local total = 0
+  for _, n in pairs(c.by_name) do total = total + n end
+  eq(c.ops, total, 'ops is the sum over names')
+  eq(c.syncs, 0, 'no read back to the host')
+  -- item() of a tensor on a device waits for it; on the CPU nothing waits
+  local on_device = x.device ~= 'cpu'
+  local r = torch.profiler.count_ops(function() return x:sum():item() + x:max():item() end)
+  eq(r.syncs, on_device and 2 or 0, 'two items on ' .. x.device)
+  eq(r.syncs_by_name['aten::_local_scalar_dense'], on_device and 2 or nil)
+  local host = torch.profiler.count_ops(function() return x:to('cpu') end)
+  eq(host.syncs, on_device and 1 or 0, 'a copy to the CPU')
+  -- an error in fn propagates, and the count stops with it
+  raises(function() torch.profiler.count_ops(function() error('inside') end) end, 'inside')
+  assert(torch.profiler.count_ops(function() return x * x end).by_name['aten::mul'], 'a new count after an error')
+  raises(function() torch.profiler.count_ops(42) end, "bad argument #1 to 'profiler.count_ops' (function expected, got number)")
+  raises(function() torch.profiler.count_ops(function() torch.profiler.count_ops(function() end) end) end,
+    "error in 'profiler.count_ops' (an operator count is already under way (one at a time))")
+end)
+
 H.done()

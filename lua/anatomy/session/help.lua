@@ -67,6 +67,13 @@ local own_signatures = {
     .. 'tensor of the same dtype and shape; false when it does not fit). As safetensors\' safe_open',
   ['cuda.CUDAGraph'] = 'torch.cuda.CUDAGraph() -> g: g:capture_begin(), the work to record, g:capture_end(), then g:replay() '
     .. 'reruns it on the same memory (copy new input into the captured tensors first); g:reset() drops it. Needs a GPU',
+  ['cuda.side_stream'] = 'torch.cuda.side_stream(fn, ...) -> fn(...): runs fn with a side stream of LibTorch\'s pool as the '
+    .. 'current stream (it waits for the work queued before; the previous stream waits for its work afterwards), as '
+    .. 'PyTorch\'s `with torch.cuda.stream(torch.cuda.Stream()):`; a CUDA graph and the steps that warm it up run there. Needs a GPU',
+  ['profiler.count_ops'] = 'torch.profiler.count_ops(fn, ...) -> counts, fn(...): the operators LibTorch dispatched while fn ran '
+    .. '(on every thread; counts.ops, counts.by_name) and the host synchronisations among them (counts.syncs, '
+    .. 'counts.syncs_by_name: item and other reads of a device tensor to the host, copies to the CPU, nonzero, '
+    .. 'masked_select, unique), as PyTorch\'s torch.profiler lists the "aten::" events',
 }
 
 -- help.doc(f) -> the documentation of a function (nil when it has none)
@@ -131,7 +138,8 @@ end
 local start = [[
 anatomy: LuaJIT over LibTorch. Globals, each with help(name):
   torch       tensors and autograd, PyTorch's names, 1-based dims and indices (help(torch.Tensor));
-              torch.cuda (is_available, synchronize, memory counters, CUDAGraph), torch.autocast
+              torch.cuda (is_available, synchronize, memory counters, side_stream, CUDAGraph), torch.autocast,
+              torch.profiler.count_ops; devices cpu, cuda, accel (a test device in CPU memory) and meta
   nn          modules: nn.Linear, nn.Sequential, nn.block, ... (help(nn.Module): the model protocol)
   models      the seed architectures: models.gpt, models.vibenet, models.funnel, models.stateful, models.build;
               models.from_pretrained('EleutherAI/pythia-70m') (a folder, or a Hub name at a revision)
