@@ -174,7 +174,9 @@ def main():
             c = a.get(n + "." + mode)
             if c and c.get("peak_error"):
                 lines += ["", "%s.%s: no peak memory (%s)." % (n, mode, c["peak_error"].splitlines()[0])]
-    rounds = len(ours)
+    # rounds: how many runs timed each case (scripts/gpu-run runs the cases in
+    # separate files, one round each)
+    rounds = max((sum(1 for r in ours if name in r["cases"]) for name in a), default=len(ours))
     lines += ["", "%d round%s of %d windows of %d steps per case, the windows' median; anatomy %s (LibTorch %s, CUDA %s), "
               "PyTorch %s; %s, driver %s; commit %s; %s%s." % (
                   rounds, "" if rounds == 1 else "s", ours[0]["windows"], ours[0]["steps"], ours[0]["device"],
