@@ -49,6 +49,23 @@ local function per_step(fn)
   return {median = median(times), min = math.min(unpack(times)), max = math.max(unpack(times)), times = times}
 end
 
+-- The host's share of a step: the median time to queue one step after a
+-- synchronisation (the device idle), and of the step to its end. When the
+-- first is close to the second the step is bound by the host's work (Lua,
+-- the dispatcher, kernel launches), not by the device's.
+local function enqueue_time(fn)
+  local queued, whole = {}, {}
+  for i = 1, math.max(3, cfg.windows) do
+    sync()
+    local t0 = now()
+    fn()
+    queued[i] = now() - t0
+    sync()
+    whole[i] = now() - t0
+  end
+  return {queued = median(queued), whole = median(whole)}
+end
+
 -- one AdamW step on (x, y); dtype 'bfloat16' runs the forward under autocast
 -- (the loss in float32), as train.fit does with dtype = 'bfloat16'. The batch's
 -- ids are checked once here; the step trusts them, as train.fit's does (a
@@ -147,6 +164,7 @@ for _, c in ipairs(cases) do
           eager_step = trainer(model, x, y, dtype)
           s = per_step(eager_step)
           s.count = torch.profiler.count_ops(eager_step)  -- one more step: its operators and host syncs
+          s.enqueue = enqueue_time(eager_step)
         else
           local ok, err = pcall(torch.cuda.side_stream, function() s = per_step(graphed(model, x, y, dtype)) end)
           if not ok then s = {error = tostring(err)} end  -- the eager figure stands; the graph's says why it is missing

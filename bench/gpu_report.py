@@ -142,8 +142,9 @@ def main():
               "torch.profiler.count_ops, PyTorch's torch.profiler) and the host synchronisations among them (anatomy: reads "
               "of a device tensor to the host and operators sized by its values; PyTorch: what "
               "torch.cuda.set_sync_debug_mode flags)%s:" % ("" if on_device else "; on the CPU there is no device to wait for"),
-              "", "| step | anatomy ops | PyTorch eager ops | anatomy / PyTorch | anatomy syncs | PyTorch eager syncs |",
-              "|---|---|---|---|---|---|"]
+              "", "| step | anatomy ops | PyTorch eager ops | anatomy / PyTorch | anatomy syncs | PyTorch eager syncs | "
+              "anatomy: time to queue the step / the step (after a sync) |",
+              "|---|---|---|---|---|---|---|"]
 
     def count_cells(ours_count, theirs_count):
         def n(c, k):
@@ -151,13 +152,17 @@ def main():
         ratio = "%.2f" % (ours_count["ops"] / theirs_count["ops"]) if ours_count and theirs_count and theirs_count["ops"] else "—"
         return "%s | %s | %s | %s | %s" % (n(ours_count, "ops"), n(theirs_count, "ops"), ratio, n(ours_count, "syncs"),
                                           n(theirs_count, "syncs"))
+    def enqueue_cell(c):
+        e = c.get("enqueue")
+        return "%.2f / %.2f ms" % (e["queued"] * 1e3, e["whole"] * 1e3) if e else "—"
     for n in names:
         theirs_eager = p.get("eager", {}).get(n + ".eager") or {}
-        lines.append("| %s | %s |" % (n, count_cells(a[n + ".eager"].get("count"), theirs_eager.get("count"))))
+        lines.append("| %s | %s | %s |" % (n, count_cells(a[n + ".eager"].get("count"), theirs_eager.get("count")),
+                                          enqueue_cell(a[n + ".eager"])))
         data["cases"][n]["count"] = {"anatomy": a[n + ".eager"].get("count"), "pytorch": theirs_eager.get("count")}
     if a.get("autopsy", {}).get("count"):
         of = a["autopsy"].get("of", "?")
-        lines.append("| %s with the autopsy's probes | %s |" % (of, count_cells(a["autopsy"]["count"], None)))
+        lines.append("| %s with the autopsy's probes | %s | — |" % (of, count_cells(a["autopsy"]["count"], None)))
     for key, what in [("autopsy", "the autopsy's measurements taken from the step's own forward and backward"),
                       ("idle_probes", "a probe that does nothing on every module")]:
         c = a.get(key)

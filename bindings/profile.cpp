@@ -22,7 +22,8 @@ void push_counts_by_name(lua_State* L, const std::map<std::string, int64_t>& m) 
 // torch.profiler.count_ops(fn, ...) -> counts, fn(...): runs fn and counts the
 // operators LibTorch dispatched meanwhile, on every thread: counts.ops,
 // counts.syncs (reads of a device tensor back to the host: item, copies to
-// the CPU, nonzero, masked_select, unique), counts.by_name and
+// the CPU; blocking copies from the CPU; nonzero, masked_select, unique),
+// counts.by_name and
 // counts.syncs_by_name ({['aten::mm'] = 3, ...}). An error in fn propagates
 // after the count stops.
 int profiler_count_ops(lua_State* L) {

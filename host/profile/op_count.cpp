@@ -36,8 +36,14 @@ bool is_sync(const at::RecordFunction& fn) {
   const char* name = fn.name();
   auto in = fn.inputs();
   if (std::strcmp(name, "aten::_local_scalar_dense") == 0) return !in.empty() && on_device(in[0]);
-  if (std::strcmp(name, "aten::copy_") == 0)  // copy_(self, src): into the CPU from a device
-    return in.size() >= 2 && in[0].isTensor() && in[0].toTensor().is_cpu() && on_device(in[1]);
+  if (std::strcmp(name, "aten::copy_") == 0 && in.size() >= 2 && in[0].isTensor() && in[1].isTensor()) {
+    // copy_(self, src, non_blocking): into the CPU from a device waits for
+    // the device; into a device from the CPU waits too unless non_blocking
+    // (PyTorch synchronises the stream after a blocking host-to-device copy)
+    bool non_blocking = in.size() >= 3 && in[2].isBool() && in[2].toBool();
+    if (in[0].toTensor().is_cpu() && on_device(in[1])) return true;
+    return on_device(in[0]) && in[1].toTensor().is_cpu() && !non_blocking;
+  }
   return data_dependent(name) && !in.empty() && on_device(in[0]);
 }
 

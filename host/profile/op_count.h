@@ -1,8 +1,9 @@
 // Counting what one piece of work asks of LibTorch: every operator the
 // dispatcher runs (nested ones included, as PyTorch's profiler lists them)
 // and the host synchronisations among them: reads of a device tensor back to
-// the host (item, a copy to the CPU) and operators whose output size depends
-// on a device tensor's values (nonzero, masked_select, unique). Through
+// the host (item, a copy to the CPU), blocking copies from the CPU to a device
+// (PyTorch waits for the stream after one), and operators whose output size
+// depends on a device tensor's values (nonzero, masked_select, unique). Through
 // LibTorch's RecordFunction callbacks, on every thread (the autograd engine
 // runs a device's backward on a thread of its own).
 #pragma once

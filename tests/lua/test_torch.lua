@@ -85,6 +85,8 @@ test('torch.profiler.count_ops counts the operators of a call and the reads of a
   eq(r.syncs_by_name['aten::_local_scalar_dense'], on_device and 2 or nil)
   local host = torch.profiler.count_ops(function() return x:to('cpu') end)
   eq(host.syncs, on_device and 1 or 0, 'a copy to the CPU')
+  local cpu = torch.ones(8, {device = 'cpu'})
+  eq(torch.profiler.count_ops(function() return cpu:to(x.device) end).syncs, on_device and 1 or 0, 'a blocking copy from the CPU')
   -- an error in fn propagates, and the count stops with it
   raises(function() torch.profiler.count_ops(function() error('inside') end) end, 'inside')
   assert(torch.profiler.count_ops(function() return x * x end).by_name['aten::mul'], 'a new count after an error')

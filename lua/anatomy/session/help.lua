@@ -72,7 +72,7 @@ local own_signatures = {
     .. 'PyTorch\'s `with torch.cuda.stream(torch.cuda.Stream()):`; a CUDA graph and the steps that warm it up run there. Needs a GPU',
   ['profiler.count_ops'] = 'torch.profiler.count_ops(fn, ...) -> counts, fn(...): the operators LibTorch dispatched while fn ran '
     .. '(on every thread; counts.ops, counts.by_name) and the host synchronisations among them (counts.syncs, '
-    .. 'counts.syncs_by_name: item and other reads of a device tensor to the host, copies to the CPU, nonzero, '
+    .. 'counts.syncs_by_name: item and other reads of a device tensor to the host, copies to the CPU, blocking copies from it, nonzero, '
     .. 'masked_select, unique), as PyTorch\'s torch.profiler lists the "aten::" events',
 }
 
