@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 namespace anatomy::metrics {
@@ -27,13 +28,14 @@ void check_same_shape(const at::Tensor& a, const at::Tensor& b) {
   if (!a.sizes().equals(b.sizes())) throw std::invalid_argument("input and output must have the same shape");
 }
 
-// exp of the entropy of the normalised singular values s (float64); 0 for a zero matrix
-double erank_of_singular_values(const at::Tensor& s) {
-  double total = s.sum().item<double>();
-  if (total <= 0) return 0.0;
-  at::Tensor p = s / total;
-  p = p.masked_select(p.gt(0));  // 0 log 0 = 0
-  return std::exp(-(p * p.log()).sum().item<double>());
+// exp of the entropy of the normalised singular values s (float64); 0 for a
+// zero matrix. A 0-dim tensor on s's device: nothing is read back here, so
+// that many ranks are read together (on a GPU each read waits for the device).
+at::Tensor erank_of_singular_values(const at::Tensor& s) {
+  at::Tensor total = s.sum();
+  at::Tensor p = s / total.clamp_min(std::numeric_limits<double>::min());
+  at::Tensor h = -at::special_xlogy(p, p).sum();  // 0 log 0 = 0
+  return at::where(total.gt(0), h.exp(), at::zeros_like(h));
 }
 
 }  // namespace
@@ -41,7 +43,7 @@ double erank_of_singular_values(const at::Tensor& s) {
 double effective_rank(const at::Tensor& x) {
   if (x.dim() < 2) throw std::invalid_argument("effective rank needs a matrix or an activation of 2+ dimensions");
   at::Tensor m = x.dim() == 2 ? x.detach().to(at::kDouble) : tokens(x);
-  return erank_of_singular_values(at::linalg_svdvals(m));
+  return erank_of_singular_values(at::linalg_svdvals(m)).item<double>();
 }
 
 std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
@@ -67,7 +69,13 @@ std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
     for (size_t k; (k = next++) < n;) eigenvalues[order[k]] = at::linalg_eigvalsh(grams[order[k]]);
   });
   std::vector<double> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = erank_of_singular_values(eigenvalues[i].clamp_min(0).sqrt());
+  if (n == 0) return out;
+  std::vector<at::Tensor> ranks(n);
+  for (size_t i = 0; i < n; ++i) ranks[i] = erank_of_singular_values(eigenvalues[i].clamp_min(0).sqrt());
+  // every matrix's rank read back at once, to the CPU with its dtype (float64)
+  at::Tensor all = at::stack(ranks).to(at::kCPU).contiguous();
+  const double* v = all.data_ptr<double>();
+  for (size_t i = 0; i < n; ++i) out[i] = v[i];
   return out;
 }
 
@@ -106,11 +114,14 @@ double diagonal_mass(const at::Tensor& pattern) {
 ActivationStats activation_stats(const at::Tensor& x) {
   at::Tensor d = x.detach().to(at::kDouble);
   if (d.numel() == 0) throw std::invalid_argument("activation statistics of an empty tensor");
+  // the four computed where x is and read back together
+  at::Tensor all = at::stack({d.mean(), d.std(/*unbiased=*/false), d.abs().max(), d.pow(2).mean().sqrt()}).to(at::kCPU);
+  const double* v = all.data_ptr<double>();
   ActivationStats s;
-  s.mean = d.mean().item<double>();
-  s.std = d.std(/*unbiased=*/false).item<double>();
-  s.max_abs = d.abs().max().item<double>();
-  s.rms = d.pow(2).mean().sqrt().item<double>();
+  s.mean = v[0];
+  s.std = v[1];
+  s.max_abs = v[2];
+  s.rms = v[3];
   return s;
 }
 

@@ -347,4 +347,20 @@ test("a pretrained model's autopsy refuses a corpus read with another tokenizer 
   autopsy.run(model, data.text(text, {tokenizer = data.tokenizer(folder)}), {batch = 2, seq = 8})  -- the same tokenizer read again
 end)
 
+test('the per-step metrics read their results back once each, not once a number (a device waits at every read)', function()
+  local ws = {torch.randn(16, 8), torch.randn(8, 16), torch.randn(12, 12)}
+  local on_device = ws[1].device ~= 'cpu'
+  local c, ranks = torch.profiler.count_ops(torch.metrics.eranks, ws)
+  eq(#ranks, 3)
+  eq(c.syncs, on_device and 1 or 0, 'three effective ranks, one read')
+  eq(c.by_name['aten::masked_select'], nil, 'no operator sized by the values')
+  local s = torch.profiler.count_ops(torch.metrics.activation_stats, torch.randn(4, 8))
+  eq(s.syncs, on_device and 1 or 0, 'mean, std, max and rms: one read')
+  -- the same numbers as the definitions: exp of the entropy of the normalised singular values
+  local sv = torch.linalg.svdvals(ws[3]:double())
+  local p = sv / sv:sum()
+  close(ranks[3], math.exp(-(p * p:log()):sum():item()), 1e-9, 'erank of the third')
+  close(torch.metrics.eranks({torch.zeros(3, 3)})[1], 0, 0, 'a zero matrix has rank 0')
+end)
+
 H.done()
