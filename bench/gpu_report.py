@@ -140,7 +140,7 @@ def main():
     on_device = not ours[0]["device"].startswith("cpu")
     lines += ["", "One training step, counted: the operators dispatched (\"aten::\" events, nested ones included: anatomy's "
               "torch.profiler.count_ops, PyTorch's torch.profiler) and the host synchronisations among them (anatomy: reads "
-              "of a device tensor to the host and operators sized by its values; PyTorch: what "
+              "of a device tensor to the host, blocking copies from it, operators sized by a device tensor's values; PyTorch: what "
               "torch.cuda.set_sync_debug_mode flags)%s:" % ("" if on_device else "; on the CPU there is no device to wait for"),
               "", "| step | anatomy ops | PyTorch eager ops | anatomy / PyTorch | anatomy syncs | PyTorch eager syncs | "
               "anatomy: time to queue the step / the step (after a sync) |",
