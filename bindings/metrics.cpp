@@ -107,9 +107,46 @@ int metrics_norms(lua_State* L) {
   return 1;
 }
 
+// step_values(weights, grads, outputs, patterns) -> {eranks, norms, stats,
+// entropy, diag}: the autopsy's numbers of a step, read back in one copy
+// (host/metrics/metrics.h); false in grads, outputs or patterns for a missing
+// one (NaN, or a stats entry of NaNs).
+int metrics_step_values(lua_State* L) {
+  auto weights = tensor_list_with_holes(L, 1);
+  for (size_t i = 0; i < weights.size(); ++i)
+    if (!weights[i].defined()) throw ArgError(1, "entry " + std::to_string(i + 1) + " is not a tensor");
+  auto grads = tensor_list_with_holes(L, 2), outputs = tensor_list_with_holes(L, 3), patterns = tensor_list_with_holes(L, 4);
+  auto v = checked([&] { return metrics::step_values(weights, grads, outputs, patterns); });
+  lua_createtable(L, 0, 5);
+  push_numbers(L, v.eranks);
+  lua_setfield(L, -2, "eranks");
+  push_numbers(L, v.norms);
+  lua_setfield(L, -2, "norms");
+  lua_createtable(L, static_cast<int>(v.stats.size()), 0);
+  for (size_t i = 0; i < v.stats.size(); ++i) {
+    lua_createtable(L, 0, 4);
+    lua_pushnumber(L, v.stats[i].mean);
+    lua_setfield(L, -2, "mean");
+    lua_pushnumber(L, v.stats[i].std);
+    lua_setfield(L, -2, "std");
+    lua_pushnumber(L, v.stats[i].max_abs);
+    lua_setfield(L, -2, "max_abs");
+    lua_pushnumber(L, v.stats[i].rms);
+    lua_setfield(L, -2, "rms");
+    lua_rawseti(L, -2, static_cast<int>(i + 1));
+  }
+  lua_setfield(L, -2, "stats");
+  push_numbers(L, v.entropy);
+  lua_setfield(L, -2, "entropy");
+  push_numbers(L, v.diag);
+  lua_setfield(L, -2, "diag");
+  return 1;
+}
+
 const luaL_Reg metrics_functions[] = {
     {"eranks", guarded<metrics_eranks>},
     {"norms", guarded<metrics_norms>},
+    {"step_values", guarded<metrics_step_values>},
     {"erank", guarded<metrics_erank>},
     {"attention_entropy", guarded<metrics_attention_entropy>},
     {"diagonal_mass", guarded<metrics_diagonal_mass>},

@@ -46,7 +46,10 @@ double effective_rank(const at::Tensor& x) {
   return erank_of_singular_values(at::linalg_svdvals(m)).item<double>();
 }
 
-std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
+namespace {
+
+// effective_ranks, left on the matrices' device (1-D, float64)
+at::Tensor effective_ranks_unread(const std::vector<at::Tensor>& matrices) {
   const size_t n = matrices.size();
   // σ² are the eigenvalues of the smaller Gram matrix (in float64, so that
   // squaring loses nothing that matters here): one small symmetric
@@ -68,28 +71,53 @@ std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (size_t k; (k = next++) < n;) eigenvalues[order[k]] = at::linalg_eigvalsh(grams[order[k]]);
   });
-  std::vector<double> out(n);
-  if (n == 0) return out;
   std::vector<at::Tensor> ranks(n);
   for (size_t i = 0; i < n; ++i) ranks[i] = erank_of_singular_values(eigenvalues[i].clamp_min(0).sqrt());
-  // every matrix's rank read back at once, to the CPU with its dtype (float64)
-  at::Tensor all = at::stack(ranks).to(at::kCPU).contiguous();
-  const double* v = all.data_ptr<double>();
-  for (size_t i = 0; i < n; ++i) out[i] = v[i];
-  return out;
+  return at::stack(ranks);
 }
 
-std::vector<double> norms(const std::vector<at::Tensor>& tensors) {
+// a 1-D float64 tensor's values on the host (one copy)
+std::vector<double> read(const at::Tensor& t) {
+  at::Tensor c = t.to(at::kCPU, at::kDouble).contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+// norms, left on their device: NaN for an undefined tensor
+at::Tensor norms_unread(const std::vector<at::Tensor>& tensors, const at::TensorOptions& where) {
   std::vector<at::Tensor> defined;
   for (const auto& t : tensors)
     if (t.defined()) defined.push_back(t.detach());
-  std::vector<double> out(tensors.size(), std::nan(""));
-  if (defined.empty()) return out;
-  at::Tensor all = at::stack(at::_foreach_norm(defined)).to(at::kCPU, at::kDouble).contiguous();  // read on the host
-  const double* v = all.data_ptr<double>();
-  for (size_t i = 0, j = 0; i < tensors.size(); ++i)
-    if (tensors[i].defined()) out[i] = v[j++];
-  return out;
+  std::vector<at::Tensor> found = defined.empty() ? std::vector<at::Tensor>() : at::_foreach_norm(defined);
+  std::vector<at::Tensor> out;
+  at::Tensor nan = at::full({}, std::nan(""), where);
+  for (size_t i = 0, j = 0; i < tensors.size(); ++i) out.push_back(tensors[i].defined() ? found[j++].to(where) : nan);
+  return out.empty() ? at::empty({0}, where) : at::stack(out);
+}
+
+// mean, population std, max |x|, rms, left on x's device (4, float64)
+at::Tensor activation_stats_unread(const at::Tensor& x) {
+  at::Tensor d = x.detach().to(at::kDouble);
+  if (d.numel() == 0) throw std::invalid_argument("activation statistics of an empty tensor");
+  return at::stack({d.mean(), d.std(/*unbiased=*/false), d.abs().max(), d.pow(2).mean().sqrt()});
+}
+
+at::Tensor diagonal_mass_unread(const at::Tensor& pattern) {
+  check_pattern(pattern);
+  return pattern.detach().diagonal(0, -2, -1).to(at::kDouble).mean();
+}
+
+}  // namespace
+
+std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
+  if (matrices.empty()) return {};
+  return read(effective_ranks_unread(matrices));  // every matrix's rank in one copy
+}
+
+std::vector<double> norms(const std::vector<at::Tensor>& tensors) {
+  at::TensorOptions where = at::TensorOptions().dtype(at::kDouble);
+  for (const auto& t : tensors)
+    if (t.defined()) { where = where.device(t.device()); break; }
+  return read(norms_unread(tensors, where));  // read on the host, once
 }
 
 at::Tensor attention_entropy_per_head(const at::Tensor& pattern) {
@@ -106,22 +134,42 @@ at::Tensor attention_entropy_per_head(const at::Tensor& pattern) {
 
 double attention_entropy(const at::Tensor& pattern) { return attention_entropy_per_head(pattern).mean().item<double>(); }
 
-double diagonal_mass(const at::Tensor& pattern) {
-  check_pattern(pattern);
-  return pattern.detach().diagonal(0, -2, -1).to(at::kDouble).mean().item<double>();
-}
+double diagonal_mass(const at::Tensor& pattern) { return diagonal_mass_unread(pattern).item<double>(); }
 
 ActivationStats activation_stats(const at::Tensor& x) {
-  at::Tensor d = x.detach().to(at::kDouble);
-  if (d.numel() == 0) throw std::invalid_argument("activation statistics of an empty tensor");
-  // the four computed where x is and read back together
-  at::Tensor all = at::stack({d.mean(), d.std(/*unbiased=*/false), d.abs().max(), d.pow(2).mean().sqrt()}).to(at::kCPU);
-  const double* v = all.data_ptr<double>();
-  ActivationStats s;
-  s.mean = v[0];
-  s.std = v[1];
-  s.max_abs = v[2];
-  s.rms = v[3];
+  std::vector<double> v = read(activation_stats_unread(x));  // the four computed where x is, read together
+  return ActivationStats{v[0], v[1], v[2], v[3]};
+}
+
+StepValues step_values(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
+                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns) {
+  // every number on one device (the first tensor's), then one copy
+  at::TensorOptions where = at::TensorOptions().dtype(at::kDouble);
+  for (const auto* list : {&weights, &grads, &outputs, &patterns}) {
+    bool found = false;
+    for (const auto& t : *list)
+      if (t.defined()) { where = where.device(t.device()); found = true; break; }
+    if (found) break;
+  }
+  at::Tensor nan = at::full({1}, std::nan(""), where);
+  std::vector<at::Tensor> parts;
+  if (!weights.empty()) parts.push_back(effective_ranks_unread(weights).to(where));
+  parts.push_back(norms_unread(grads, where));
+  for (const auto& o : outputs) parts.push_back(o.defined() ? activation_stats_unread(o).to(where) : nan.expand({4}));
+  for (const auto& p : patterns) {
+    parts.push_back(p.defined() ? attention_entropy_per_head(p).mean().reshape({1}).to(where) : nan);
+    parts.push_back(p.defined() ? diagonal_mass_unread(p).reshape({1}).to(where) : nan);
+  }
+  std::vector<double> v = read(at::cat(parts));
+  StepValues s;
+  size_t k = 0;
+  for (size_t i = 0; i < weights.size(); ++i) s.eranks.push_back(v[k++]);
+  for (size_t i = 0; i < grads.size(); ++i) s.norms.push_back(v[k++]);
+  for (size_t i = 0; i < outputs.size(); ++i, k += 4) s.stats.push_back(ActivationStats{v[k], v[k + 1], v[k + 2], v[k + 3]});
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    s.entropy.push_back(v[k++]);
+    s.diag.push_back(v[k++]);
+  }
   return s;
 }
 

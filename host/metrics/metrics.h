@@ -36,6 +36,19 @@ struct ActivationStats {
 };
 ActivationStats activation_stats(const at::Tensor& x);
 
+/// The autopsy's numbers of one training step, each by the definition above:
+/// the effective rank of every weight, the norm of every gradient (NaN where
+/// undefined), the activation statistics of every layer's output, and the
+/// attention entropy and diagonal mass of every layer's pattern (NaN where a
+/// layer has none). Computed where the tensors are and read back in one copy:
+/// on a device each read waits for it, and one step has dozens of numbers.
+struct StepValues {
+  std::vector<double> eranks, norms;
+  std::vector<ActivationStats> stats;   ///< NaNs for a missing output
+  std::vector<double> entropy, diag;
+};
+StepValues step_values(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
+                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns);
 /// Block influence (ShortGPT): 1 − mean over tokens of cos(input, output),
 /// both flattened to (tokens, channels).
 double block_influence(const at::Tensor& input, const at::Tensor& output);

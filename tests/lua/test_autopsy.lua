@@ -216,6 +216,32 @@ test('autopsy.step measures from the training step itself; idle probes change no
   close(snap.weight_erank['head.weight'], torch.metrics.erank(m.head.weight), 1e-6)
   assert(snap.layers[1].entropy and snap.layers[1].diag and snap.layers[2].act_std, 'per-layer attention and activation stats')
   assert(loss:item() > 0)
+  -- each number is its metric's own, and all of them come back in one read
+  -- (0 on the CPU, where nothing waits); the step itself reads nothing, its
+  -- ids trusted as train.fit's are (their range check reads them back)
+  local pattern, out
+  local counts = torch.profiler.count_ops(torch._native.with_trusted_ids, function()
+    snap = autopsy.step(m, function()
+      pattern = probe.capture(m, {filter = {'blocks.1.*.pattern', 'blocks.2'}}, function()
+        local l = nn.functional.cross_entropy(m(x), y)
+        l:backward()
+        return l
+      end)
+    end)
+  end)
+  eq(counts.syncs, x.device ~= 'cpu' and 1 or 0, 'reads back to the host in the step with the autopsy')
+  for name, t in pairs(pattern) do
+    if name:find('pattern$') then
+      close(snap.layers[1].entropy, torch.metrics.attention_entropy(t), 1e-12, 'entropy of blocks.1')
+      close(snap.layers[1].diag, torch.metrics.diagonal_mass(t), 1e-12, 'diagonal mass of blocks.1')
+    elseif name == 'blocks.2' then
+      out = torch.metrics.activation_stats(t)
+    end
+  end
+  assert(out, 'the output of blocks.2 was captured')
+  close({snap.layers[2].act_mean, snap.layers[2].act_std, snap.layers[2].act_max, snap.layers[2].act_rms},
+    {out.mean, out.std, out.max_abs, out.rms}, 1e-12, 'activation statistics of blocks.2')
+  close(snap.grad_norm['expand.weight'], m.expand.weight.grad:norm():item(), 1e-5, 'a gradient norm')
   eq(rawget(m.blocks[1], '_probes'), nil, 'the capture is removed afterwards')
   local before = m(x)
   local h = probe.idle(m, 'blocks.1')
@@ -237,7 +263,7 @@ test('a block whose removal costs almost nothing is a passenger; unknown plot co
   local b = autopsy.run(m, {ids, y}, {thresholds = {passenger = 0, passenger_grad = 0, passenger_removal = cost + 1e-6}})
   eq(b.rows[2].verdict, 'passenger', ('removing it costs %.3g of the loss'):format(cost))
   assert(tostring(b):find('or removal_loss - loss < ', 1, true), 'the rule is printed')
-  raises(function() a:plot('nonsense') end, "test_autopsy.lua:240: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
+  raises(function() a:plot('nonsense') end, "test_autopsy.lua:266: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
     .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, lens_kl, tuned_lens_loss, tuned_kl, removal_loss, f_residual, f_influence, f_removal_loss, gate_identity_loss, gate_grad, gate_identity)")
 end)
 

@@ -113,7 +113,9 @@ end
 -- snapshot = {grad_norm = {param = ‖grad‖}, weight_erank = {param = erank of
 -- every 2-D weight}, layers = {{name, act_mean, act_std, act_max, act_rms,
 -- entropy, diag}, ...}}. Weight ranks come from one batched Gram-matrix
--- eigendecomposition per weight shape; gradient norms from one fused pass.
+-- eigendecomposition per weight shape; gradient norms from one fused pass;
+-- every number computed where the model is and read back in one copy
+-- (torch.metrics.step_values: on a device each read waits for it).
 function measure.step(model, fn)
   local layers = measure.layers(model)
   local filter = {'*.pattern'}
@@ -122,29 +124,40 @@ function measure.step(model, fn)
   local ok, result = pcall(fn)
   handle:remove()
   if not ok then error(result, 0) end
-  local weights, weight_names = {}, {}
+  local weights, weight_names, grads, grad_names = {}, {}, {}, {}
   for name, p in model:named_parameters() do
     if p:dim() == 2 then
       weights[#weights + 1] = p
       weight_names[#weights] = name
     end
+    grad_names[#grad_names + 1] = name
+    grads[#grad_names] = p.grad or false
   end
-  local snap = {grad_norm = measure.grad_norms(model), weight_erank = {}, layers = {}}
-  for i, r in ipairs(torch.metrics.eranks(weights)) do snap.weight_erank[weight_names[i]] = r end
+  -- each layer's output, and its attention pattern when it has one (false: none)
+  local outputs, patterns = {}, {}
   for i, l in ipairs(layers) do
-    local row = {name = l[1]}
-    local out = capture[l[1]]
-    if out then
-      local st = torch.metrics.activation_stats(out)
-      row.act_mean, row.act_std, row.act_max, row.act_rms = st.mean, st.std, st.max_abs, st.rms
-    end
+    outputs[i] = torch.is_tensor(capture[l[1]]) and capture[l[1]] or false
+    patterns[i] = false
     for name, pattern in pairs(capture) do
       if name ~= 'grads' and name:find('%.pattern$') and measure.starts_with(name, l[1] .. '.') then
-        row.entropy = torch.metrics.attention_entropy(pattern)
-        row.diag = torch.metrics.diagonal_mass(pattern)
+        patterns[i] = pattern
         break
       end
     end
+  end
+  local v = torch.metrics.step_values(weights, grads, outputs, patterns)
+  local snap = {grad_norm = {}, weight_erank = {}, layers = {}}
+  for i, n in ipairs(v.norms) do
+    if n == n then snap.grad_norm[grad_names[i]] = n end
+  end
+  for i, r in ipairs(v.eranks) do snap.weight_erank[weight_names[i]] = r end
+  for i, l in ipairs(layers) do
+    local row = {name = l[1]}
+    if outputs[i] then
+      local st = v.stats[i]
+      row.act_mean, row.act_std, row.act_max, row.act_rms = st.mean, st.std, st.max_abs, st.rms
+    end
+    if patterns[i] then row.entropy, row.diag = v.entropy[i], v.diag[i] end
     snap.layers[i] = row
   end
   return snap, result
