@@ -247,6 +247,15 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
+// Operators whose kernel for a device without its own is a loop of other
+// operators (the foreach ops' slow path): through the fallback instead, one
+// operator as on CUDA, where each is one kernel.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const char* op : {"_foreach_add_.Scalar", "_foreach_add_.List", "_foreach_mul_.Scalar", "_foreach_mul_.Tensor",
+                         "_foreach_zero_", "_foreach_norm.Scalar", "_foreach_add.Scalar", "_foreach_mul.Scalar"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
 bool install() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -39,11 +39,63 @@ AdamW::AdamW(std::vector<at::Tensor> decayed, std::vector<at::Tensor> plain, con
 
 void AdamW::step() {
   if (capturable_) capturable_step();
-  else adamw_->step();
+  else if (!fused_step()) adamw_->step();
+}
+
+// PyTorch's fused AdamW kernel (LibTorch 2.4 and later) for parameters on a
+// device: per group, the step counts advanced in one call and the update in
+// another. False where it does not apply (the CPU, whose numbers stay
+// LibTorch's AdamW's, as torch.optim.AdamW's default; or an older LibTorch).
+bool AdamW::fused_step() {
+#if ANATOMY_TORCH_AT_LEAST(2, 4)
+  const at::Tensor* first = nullptr;
+  for (auto& group : adamw_->param_groups())
+    for (auto& p : group.params())
+      if (!first) first = &p;
+  if (!first || first->is_cpu() || first->is_meta()) return false;
+  at::NoGradGuard no_grad;
+  auto& states = adamw_->state();
+  for (auto& group : adamw_->param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    for (auto& p : group.params()) {
+      const auto& grad = p.grad();
+      if (!grad.defined()) continue;
+      TORCH_CHECK(p.device() == first->device(), "AdamW: parameters on ", first->device(), " and ", p.device(),
+                  " (one device per optimizer)");
+      auto it = states.find(key_of(p));
+      if (it == states.end()) {
+        auto state = std::make_unique<torch::optim::AdamWParamState>();
+        state->step(0);
+        state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+        state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        it = states.emplace(key_of(p), std::move(state)).first;
+      }
+      auto& state = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      at::Tensor& count = fused_steps_[p.unsafeGetTensorImpl()];
+      if (!count.defined() || count.device() != p.device())  // new, or the parameter moved
+        count = at::full({}, static_cast<double>(state.step()), at::TensorOptions().dtype(at::kFloat).device(p.device()));
+      state.step(state.step() + 1);  // the host's count, for state(); the device's follows below
+      params.push_back(p);
+      grads.push_back(grad);
+      exp_avgs.push_back(state.exp_avg());
+      exp_avg_sqs.push_back(state.exp_avg_sq());
+      steps.push_back(count);
+    }
+    if (params.empty()) continue;
+    at::_foreach_add_(steps, 1);
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, {}, steps, o.lr(), std::get<0>(o.betas()),
+                      std::get<1>(o.betas()), o.weight_decay(), o.eps(), /*amsgrad=*/false, /*maximize=*/false);
+  }
+  return true;
+#else
+  return false;
+#endif
 }
 
 void AdamW::set_capturable(bool on) {
   if (on == capturable_) return;
+  fused_steps_.clear();  // the counts are read from the states again
   auto& states = adamw_->state();
   if (on) {
     std::optional<int64_t> step;
@@ -148,6 +200,7 @@ std::vector<std::optional<ParamState>> AdamW::state() const {
 }
 
 void AdamW::load_state(const std::vector<std::optional<ParamState>>& states) {
+  fused_steps_.clear();
   bool was_capturable = capturable_;
   if (was_capturable) {  // the counts come from `states`: nothing to write back
     capturable_ = false;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 namespace anatomy::optim {
@@ -44,7 +45,10 @@ class AdamW {
   /// setting or when both groups are empty.
   AdamW(std::vector<at::Tensor> decayed, std::vector<at::Tensor> plain, const AdamWOptions& options);
 
-  /// One step: LibTorch's AdamW, or in capturable mode the same update made of
+  /// One step: LibTorch's AdamW on the CPU; on a device (cuda, accel)
+  /// PyTorch's fused AdamW kernel, one call for a whole group instead of a
+  /// dozen operators a parameter (the same update up to rounding, as
+  /// torch.optim.AdamW(fused=True)); in capturable mode the update made of
   /// tensor ops only (see set_capturable).
   void step();
   /// Drops every gradient (PyTorch's set_to_none).
@@ -72,7 +76,11 @@ class AdamW {
 
  private:
   void capturable_step();
+  bool fused_step();
   std::unique_ptr<torch::optim::AdamW> adamw_;
+  // the fused kernel's step counts: a float32 scalar a parameter on its
+  // device, kept equal to the state's count (dropped when states are loaded)
+  std::unordered_map<const void*, at::Tensor> fused_steps_;
   bool capturable_ = false;
   at::Tensor step_t_, lr_t_;  // capturable mode: float64 scalars on the parameters' device
 };

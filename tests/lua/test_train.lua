@@ -377,6 +377,41 @@ test('capturable AdamW (for CUDA graphs) takes the same steps as LibTorch AdamW'
   raises(function() ob:set_capturable(1) end, "bad argument #1 to 'set_capturable' (boolean expected, got number)")
 end)
 
+test('AdamW on a device is one fused call a group: the same steps as on the CPU, its state read and restored', function()
+  local ok = pcall(torch.device, 'accel')
+  if not ok then H.skip('no second device here (accel needs LibTorch 2.1 or later; its fused kernel 2.4)') end
+  local dev = torch.device() ~= 'cpu' and torch.device() or 'accel'
+  local function run(device, steps)
+    local was = torch.device()
+    torch.set_default_device('cpu')  -- the same initial weights and batch, moved
+    torch.manual_seed(1)
+    local m = nn.Sequential{nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 4), nn.Linear(4, 4)}
+    local x = torch.randn(8, 6)
+    torch.set_default_device(was)
+    m:to(device)
+    x = x:to(device)
+    local opt = optim.AdamW(m, {lr = 1e-2, weight_decay = 0.1, decay = 'matrices'})
+    local counts
+    for s = 1, steps do
+      if s == 12 then opt:set_lr(3e-3) end
+      opt:zero_grad()
+      m(x):pow(2):mean():backward()
+      if s == 2 then counts = torch.profiler.count_ops(opt.step, opt) else opt:step() end
+    end
+    return m, opt, counts
+  end
+  local a, oa = run('cpu', 20)
+  local b, ob, counts = run(dev, 20)
+  local pa, pb = a:parameters(), b:parameters()
+  for i = 1, #pa do close((pa[i] - pb[i]:to('cpu')):abs():max():item(), 0, 1e-6, 'parameter ' .. i) end
+  -- 6 parameters in two groups: one count update and one fused update each, not a dozen operators a parameter
+  eq(counts.by_name['aten::_fused_adamw_'], 2, 'one fused call a group')
+  assert(counts.ops <= 8, 'operators in one step on ' .. dev .. ': ' .. counts.ops)
+  eq(counts.syncs, 0, 'and nothing read back')
+  eq(ob:state_tensors()['optim.1.step']:item(), 20, 'the host keeps the count')
+  close(ob:state_tensors()['optim.1.exp_avg']:to('cpu'), oa:state_tensors()['optim.1.exp_avg'], 1e-6, 'the moments')
+end)
+
 test("the GPU's bookkeeping (losses read one step late, ids checked once) gives the same run", function()
   -- train.fit's GPU path, run on the CPU: every loss, evaluation and checkpoint
   -- must be those of the ordinary path, to the bit.
