@@ -107,15 +107,20 @@ int metrics_norms(lua_State* L) {
   return 1;
 }
 
-// step_values(weights, grads, outputs, patterns) -> {eranks, norms, stats,
-// entropy, diag}: the autopsy's numbers of a step, read back in one copy
-// (host/metrics/metrics.h); false in grads, outputs or patterns for a missing
-// one (NaN, or a stats entry of NaNs).
+// step_values(weights, grads, outputs, patterns [, read = true]) -> {eranks,
+// norms, stats, entropy, diag}: the autopsy's numbers of a step, read back in
+// one copy (host/metrics/metrics.h); false in grads, outputs or patterns for
+// a missing one (NaN, or a stats entry of NaNs). With read = false: the one
+// float64 tensor they are read from, left on the device.
 int metrics_step_values(lua_State* L) {
   auto weights = tensor_list_with_holes(L, 1);
   for (size_t i = 0; i < weights.size(); ++i)
     if (!weights[i].defined()) throw ArgError(1, "entry " + std::to_string(i + 1) + " is not a tensor");
   auto grads = tensor_list_with_holes(L, 2), outputs = tensor_list_with_holes(L, 3), patterns = tensor_list_with_holes(L, 4);
+  if (!lua_isnoneornil(L, 5) && !lua_toboolean(L, 5)) {
+    push_tensor(L, checked([&] { return metrics::step_values_unread(weights, grads, outputs, patterns); }));
+    return 1;
+  }
   auto v = checked([&] { return metrics::step_values(weights, grads, outputs, patterns); });
   lua_createtable(L, 0, 5);
   push_numbers(L, v.eranks);

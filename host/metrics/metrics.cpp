@@ -141,8 +141,8 @@ ActivationStats activation_stats(const at::Tensor& x) {
   return ActivationStats{v[0], v[1], v[2], v[3]};
 }
 
-StepValues step_values(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
-                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns) {
+at::Tensor step_values_unread(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
+                              const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns) {
   // every number on one device (the first tensor's), then one copy
   at::TensorOptions where = at::TensorOptions().dtype(at::kDouble);
   for (const auto* list : {&weights, &grads, &outputs, &patterns}) {
@@ -160,7 +160,12 @@ StepValues step_values(const std::vector<at::Tensor>& weights, const std::vector
     parts.push_back(p.defined() ? attention_entropy_per_head(p).mean().reshape({1}).to(where) : nan);
     parts.push_back(p.defined() ? diagonal_mass_unread(p).reshape({1}).to(where) : nan);
   }
-  std::vector<double> v = read(at::cat(parts));
+  return at::cat(parts);
+}
+
+StepValues step_values(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
+                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns) {
+  std::vector<double> v = read(step_values_unread(weights, grads, outputs, patterns));
   StepValues s;
   size_t k = 0;
   for (size_t i = 0; i < weights.size(); ++i) s.eranks.push_back(v[k++]);

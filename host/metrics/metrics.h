@@ -49,6 +49,11 @@ struct StepValues {
 };
 StepValues step_values(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
                        const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns);
+/// The same numbers left where they were computed, in one float64 tensor:
+/// the ranks, the norms, 4 statistics an output, then entropy and diagonal
+/// mass a pattern. Reading it is the caller's one copy, when it wants to.
+at::Tensor step_values_unread(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
+                              const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns);
 /// Block influence (ShortGPT): 1 − mean over tokens of cos(input, output),
 /// both flattened to (tokens, channels).
 double block_influence(const at::Tensor& input, const at::Tensor& output);

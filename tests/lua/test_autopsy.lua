@@ -216,9 +216,9 @@ test('autopsy.step measures from the training step itself; idle probes change no
   close(snap.weight_erank['head.weight'], torch.metrics.erank(m.head.weight), 1e-6)
   assert(snap.layers[1].entropy and snap.layers[1].diag and snap.layers[2].act_std, 'per-layer attention and activation stats')
   assert(loss:item() > 0)
-  -- each number is its metric's own, and all of them come back in one read
-  -- (0 on the CPU, where nothing waits); the step itself reads nothing, its
-  -- ids trusted as train.fit's are (their range check reads them back)
+  -- each number is its metric's own; the step itself reads nothing back (its
+  -- ids trusted as train.fit's are: their range check reads them), and all
+  -- of them come back in one read when the snapshot is first looked at
   local pattern, out
   local counts = torch.profiler.count_ops(torch._native.with_trusted_ids, function()
     snap = autopsy.step(m, function()
@@ -229,7 +229,8 @@ test('autopsy.step measures from the training step itself; idle probes change no
       end)
     end)
   end)
-  eq(counts.syncs, x.device ~= 'cpu' and 1 or 0, 'reads back to the host in the step with the autopsy')
+  eq(counts.syncs, 0, 'reads back to the host in the step with the autopsy')
+  eq(torch.profiler.count_ops(function() return snap.layers end).syncs, x.device ~= 'cpu' and 1 or 0, 'the snapshot read in one copy')
   for name, t in pairs(pattern) do
     if name:find('pattern$') then
       close(snap.layers[1].entropy, torch.metrics.attention_entropy(t), 1e-12, 'entropy of blocks.1')
@@ -263,7 +264,7 @@ test('a block whose removal costs almost nothing is a passenger; unknown plot co
   local b = autopsy.run(m, {ids, y}, {thresholds = {passenger = 0, passenger_grad = 0, passenger_removal = cost + 1e-6}})
   eq(b.rows[2].verdict, 'passenger', ('removing it costs %.3g of the loss'):format(cost))
   assert(tostring(b):find('or removal_loss - loss < ', 1, true), 'the rule is printed')
-  raises(function() a:plot('nonsense') end, "test_autopsy.lua:266: bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
+  raises(function() a:plot('nonsense') end, "test_autopsy.lua:" .. debug.getinfo(1, 'l').currentline .. ": bad argument #1 to 'plot' (unknown column 'nonsense'; the columns are grad_norm, erank, entropy, diag, "
     .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, lens_kl, tuned_lens_loss, tuned_kl, removal_loss, f_residual, f_influence, f_removal_loss, gate_identity_loss, gate_grad, gate_identity)")
 end)
 

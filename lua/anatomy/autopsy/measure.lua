@@ -114,8 +114,10 @@ end
 -- every 2-D weight}, layers = {{name, act_mean, act_std, act_max, act_rms,
 -- entropy, diag}, ...}}. Weight ranks come from one batched Gram-matrix
 -- eigendecomposition per weight shape; gradient norms from one fused pass;
--- every number computed where the model is and read back in one copy
--- (torch.metrics.step_values: on a device each read waits for it).
+-- every number computed where the model is (torch.metrics.step_values) and
+-- read back in one copy when a field of the snapshot is first looked at, not
+-- in the step: on a device a read waits for it, and a training step that
+-- queues its work without waiting keeps the device busy.
 function measure.step(model, fn)
   local layers = measure.layers(model)
   local filter = {'*.pattern'}
@@ -145,21 +147,33 @@ function measure.step(model, fn)
       end
     end
   end
-  local v = torch.metrics.step_values(weights, grads, outputs, patterns)
-  local snap = {grad_norm = {}, weight_erank = {}, layers = {}}
-  for i, n in ipairs(v.norms) do
-    if n == n then snap.grad_norm[grad_names[i]] = n end
-  end
-  for i, r in ipairs(v.eranks) do snap.weight_erank[weight_names[i]] = r end
-  for i, l in ipairs(layers) do
-    local row = {name = l[1]}
-    if outputs[i] then
-      local st = v.stats[i]
-      row.act_mean, row.act_std, row.act_max, row.act_rms = st.mean, st.std, st.max_abs, st.rms
+  local flat = torch.metrics.step_values(weights, grads, outputs, patterns, false)
+  -- the snapshot's fields, from the one read (the layout of step_values)
+  local function fill(snap)
+    local v, k = flat:tolist(), 0
+    local function take() k = k + 1; return v[k] end
+    snap.weight_erank, snap.grad_norm, snap.layers = {}, {}, {}
+    for i = 1, #weights do snap.weight_erank[weight_names[i]] = take() end
+    for i = 1, #grad_names do
+      local n = take()
+      if n == n then snap.grad_norm[grad_names[i]] = n end
     end
-    if patterns[i] then row.entropy, row.diag = v.entropy[i], v.diag[i] end
-    snap.layers[i] = row
+    for i, l in ipairs(layers) do
+      local row = {name = l[1]}
+      local mean, std, max, rms = take(), take(), take(), take()
+      if outputs[i] then row.act_mean, row.act_std, row.act_max, row.act_rms = mean, std, max, rms end
+      snap.layers[i] = row
+    end
+    for i = 1, #layers do
+      local entropy, diag = take(), take()
+      if patterns[i] then snap.layers[i].entropy, snap.layers[i].diag = entropy, diag end
+    end
   end
+  local snap = setmetatable({}, {__index = function(t, key)
+    setmetatable(t, nil)
+    fill(t)
+    return rawget(t, key)
+  end})
   return snap, result
 end
 
