@@ -39,10 +39,8 @@ int metrics_diagonal_mass(lua_State* L) {
   return 1;
 }
 
-// activation_stats(x) -> {mean, std, max_abs, rms}
-int metrics_activation_stats(lua_State* L) {
-  at::Tensor& x = check_tensor(L, 1);
-  auto s = checked([&] { return metrics::activation_stats(x); });
+// {mean, std, max_abs, rms}
+void push_stats(lua_State* L, const metrics::ActivationStats& s) {
   lua_createtable(L, 0, 4);
   lua_pushnumber(L, s.mean);
   lua_setfield(L, -2, "mean");
@@ -52,6 +50,12 @@ int metrics_activation_stats(lua_State* L) {
   lua_setfield(L, -2, "max_abs");
   lua_pushnumber(L, s.rms);
   lua_setfield(L, -2, "rms");
+}
+
+// activation_stats(x) -> {mean, std, max_abs, rms}
+int metrics_activation_stats(lua_State* L) {
+  at::Tensor& x = check_tensor(L, 1);
+  push_stats(L, checked([&] { return metrics::activation_stats(x); }));
   return 1;
 }
 
@@ -129,15 +133,7 @@ int metrics_step_values(lua_State* L) {
   lua_setfield(L, -2, "norms");
   lua_createtable(L, static_cast<int>(v.stats.size()), 0);
   for (size_t i = 0; i < v.stats.size(); ++i) {
-    lua_createtable(L, 0, 4);
-    lua_pushnumber(L, v.stats[i].mean);
-    lua_setfield(L, -2, "mean");
-    lua_pushnumber(L, v.stats[i].std);
-    lua_setfield(L, -2, "std");
-    lua_pushnumber(L, v.stats[i].max_abs);
-    lua_setfield(L, -2, "max_abs");
-    lua_pushnumber(L, v.stats[i].rms);
-    lua_setfield(L, -2, "rms");
+    push_stats(L, v.stats[i]);
     lua_rawseti(L, -2, static_cast<int>(i + 1));
   }
   lua_setfield(L, -2, "stats");
