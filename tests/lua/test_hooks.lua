@@ -54,7 +54,8 @@ test("an attention's per-head result is cached only when the filter names it", f
   local out, c = probe.run_with_cache(m, x)
   close(out, plain, 1e-5, 'output with every hook point but result')
   assert(c['blocks.1.attn.z'] ~= nil, 'z is cached by default')
-  eq(c['blocks.1.attn.result'], nil)
+  eq(c:get('blocks.1.attn.result'), nil)
+  H.raises_part(function() return c['blocks.1.attn.result'] end, "probe cache: 'blocks.1.attn.result' is a point of the model the run did not record")
   for _, n in ipairs(c:names()) do assert(not n:find('result', 1, true), n .. ' cached without being asked for') end
   local _, all = probe.run_with_cache(m, x, {filter = {'*', '*.result'}})
   eq(all['blocks.1.attn.result']:size(), {2, 6, 4, 16})
@@ -213,8 +214,7 @@ test('bad interventions are clear errors and leave the model working', function(
   raises(function() probe.replace(m, 'embed.q', function() end) end,
     "no hook point 'q' in embed (nn.Embedding): it has none (its output is the probe point 'embed')")
   raises(function() probe.replace(m, 'nowhere.q', function() end) end, "no module or hook point named 'nowhere.q' in models.GPT "
-    .. "(modules: embed, blocks, blocks.1, blocks.1.attn, blocks.1.ln1, blocks.1.mlp, blocks.1.ln2, blocks.2, blocks.2.attn, "
-    .. "blocks.2.ln1, blocks.2.mlp, blocks.2.ln2, ...; a block's hook points: probe.names(model))")
+    .. "(probe.names(model) lists them; TransformerLens's names: probe.transformer_lens_names(model))")
   raises(function() probe.ablate(m, 'blocks.1.mlp.post', {head = 1}) end,
     "probe.ablate: 'blocks.1.mlp.post' has no head dimension (heads: q, k, v, rot_q, rot_k, scores, pattern, z, result)")
   -- the range is the block's: checked when attached (below)
@@ -559,6 +559,60 @@ test("the cache's TransformerLens methods: the decomposition sums to the stream,
   local _, bare = probe.run_with_cache(m, ids)
   raises(function() bare:stack_head_results() end,
     "cache:stack_head_results: the cache has no 'blocks.1.attn.result' (blocks.0.attn.hook_result): run probe.run_with_cache without a filter, or with it in the filter")
+end)
+
+test("TransformerLens names and globs work in every filter and cache key of a model built in Lua; a miss names the closest", function()
+  local m, x = tiny(), ids(1, 6)
+  local _, c = probe.run_with_cache(m, x, {filter = {'blocks.0.hook_resid_post', 'blocks.*.attn.hook_pattern'}})
+  eq(c:names(), {'blocks.1.attn.pattern', 'blocks.1.resid_post', 'blocks.2.attn.pattern'})
+  close(c['blocks.0.hook_resid_post'], c['blocks.1.resid_post'], 0, 'a TransformerLens key reads the same tensor')
+  close(c['blocks.1.attn.hook_pattern'], c['blocks.2.attn.pattern'], 0, "TransformerLens's layer 1 is anatomy's 2")
+  local tl = probe.transformer_lens_names(m)
+  eq(tl[1], {'hook_embed', 'embed'})
+  eq(tl[#tl], {'ln_final.hook_normalized', 'ln_f.normalized'})
+  -- a typo, a 0-based anatomy name, a TransformerLens glob that matches nothing: errors, never an empty cache
+  H.raises_part(function() probe.run_with_cache(m, x, {filter = {'blocks.1.attn.patern'}}) end,
+    "probe.run_with_cache: the filter entry 'blocks.1.attn.patern' matches no probe point of models.GPT; did you mean 'blocks.1.attn.pattern'?")
+  H.raises_part(function() probe.run_with_cache(m, x, {filter = 'blocks.0.resid_post'}) end,
+    "anatomy counts layers from 1: write 'blocks.1.resid_post', or TransformerLens's 'blocks.0.hook_resid_post'")
+  H.raises_part(function() probe.run_with_cache(m, x, {filter = 'blocks.*.hook_resid_pots'}) end,
+    "the filter entry 'blocks.*.hook_resid_pots' matches no probe point")
+  H.raises_part(function() probe.run_with_cache(m, x, {filter = 'blocks.*.resid_pots'}) end,
+    "the filter entry 'blocks.*.resid_pots' matches no probe point of models.GPT; did you mean 'blocks.1.resid_post'?")
+  H.raises_part(function() probe.run_with_cache(m, x, {filter = 'blocks.2.hook_resid_post'}) end,
+    'TransformerLens counts layers from 0, so blocks.2 is layer 3, and the model has 2')
+  H.raises_part(function() probe.capture(m, {filter = 'blocks.1.resid_pots'}, function() m(x) end) end,
+    "probe.capture: the filter entry 'blocks.1.resid_pots' matches no probe point")
+  H.raises_part(function() return c['blocks.1.attn.patern'] end,
+    "probe cache: the key 'blocks.1.attn.patern' matches no probe point of models.GPT; did you mean 'blocks.1.attn.pattern'?")
+  H.raises_part(function() return c['blocks.0.resid_post'] end, "write 'blocks.1.resid_post'")
+  eq(c:get('blocks.1.attn.z'), nil)
+  H.raises_part(function() probe.replace(m, 'blocks.0.attn.z', function() end) end,
+    "no module or hook point named 'blocks.0.attn.z' in models.GPT; anatomy counts layers from 1: write 'blocks.1.attn.z', "
+    .. "or TransformerLens's 'blocks.0.attn.hook_z'")
+end)
+
+test("patching.run's over: a point within each layer in any spelling, the role names across families, one layer's name refused", function()
+  local m, clean, corrupt = tiny(), ids(1, 6, 1), ids(1, 6, 2)
+  local metric = patching.logit_diff(3, 4)
+  local function points_of(model, over, a, b)
+    return table.concat(patching.run(model, a or clean, b or corrupt, metric, {over = over}).points, ',')
+  end
+  eq(points_of(m, 'attn.hook_z'), 'blocks.1.attn.z,blocks.2.attn.z')
+  eq(points_of(m, 'hook_resid_pre'), 'blocks.1.resid_pre,blocks.2.resid_pre')
+  eq(points_of(m, 'hook_attn_out'), 'blocks.1.attn,blocks.2.attn')
+  eq(points_of(m, 'attn'), 'blocks.1.attn,blocks.2.attn')
+  local z = patching.run(m, clean, corrupt, metric, {over = 'attn.z'}).grid
+  close(patching.run(m, clean, corrupt, metric, {over = 'attn.hook_z'}).grid, z, 0, 'attn.hook_z patches what attn.z does')
+  H.raises_part(function() patching.run(m, clean, corrupt, metric, {over = 'blocks.0.attn.hook_z'}) end,
+    "patching.run: over = 'blocks.0.attn.hook_z' names one layer's point; over is the point within each layer (here 'attn.hook_z'), "
+    .. 'and layers = {1} keeps that layer alone')
+  H.raises_part(function() patching.run(m, clean, corrupt, metric, {over = 'blocks.2.attn.z'}) end, 'layers = {2} keeps that layer alone')
+  torch.manual_seed(0)
+  local llama = models.llama{vocab = 13, dim = 16, heads = 4, kv_heads = 2, layers = 2, ffn = 32, seq = 8}
+  eq(points_of(llama, 'attn'), 'blocks.1.self_attn,blocks.2.self_attn')
+  eq(points_of(llama, 'attn.hook_z'), 'blocks.1.self_attn.z,blocks.2.self_attn.z')
+  eq(points_of(llama, 'mlp.hook_post'), 'blocks.1.mlp.post,blocks.2.mlp.post')
 end)
 
 H.done()

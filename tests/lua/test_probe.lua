@@ -92,8 +92,8 @@ test('zero-ablation changes the loss; patching a run into itself does not', func
   h = probe.replace(m, 'blocks.1.attn', function() return cap['blocks.1.attn'] end)
   close(loss(), base, 1e-6, 'patching in the same activation changes nothing')
   h:remove()
-  raises(function() probe.skip(m, 'blocks.9') end, "no module or hook point named 'blocks.9' in models.GPT (modules: embed, blocks, blocks.1, blocks.1.attn, "
-    .. "blocks.1.ln1, blocks.1.mlp, blocks.1.ln2, blocks.2, blocks.2.attn, blocks.2.ln1, blocks.2.mlp, blocks.2.ln2, ...; a block's hook points: probe.names(model))")
+  raises(function() probe.skip(m, 'blocks.9') end, "no module or hook point named 'blocks.9' in models.GPT; did you mean 'blocks.1'? "
+    .. "(probe.names(model) lists them; TransformerLens's names: probe.transformer_lens_names(model))")
 end)
 
 test('batched ranks and norms agree with the one-at-a-time kernels', function()

@@ -54,7 +54,10 @@ local GPT = nn.block('models.GPT', function(self, cfg)
   rawset(self, 'config', cfg)
   self.embed = nn.Embedding(cfg.vocab, cfg.dim, {positions = cfg.seq})
   self.blocks = nn.Repeat(cfg.layers, function() return GPTBlock(cfg) end)
-  if norm == 'pre' then self.ln_f = nn.LayerNorm(cfg.dim) end
+  if norm == 'pre' then
+    self.ln_f = nn.LayerNorm(cfg.dim)
+    rawset(self, 'final_norm', 'ln_f')  -- TransformerLens's ln_final
+  end
   self.head = nn.Linear(cfg.dim, cfg.vocab)
 end)
 models.GPT = GPT

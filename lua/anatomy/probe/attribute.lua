@@ -32,7 +32,7 @@ end
 local function qk_fix(name, clean_cache, corrupt_cache, grad_pattern, per, layout, where)
   local attn, which = name:match('^(.*)%.([qk])$')
   local function get(cache, point)
-    local rot = cache[attn .. '.rot_' .. point]
+    local rot = rawget(cache, '_tensors')[attn .. '.rot_' .. point]
     return rot or cache[attn .. '.' .. point]
   end
   local q, k = get(corrupt_cache, 'q'):double(), get(corrupt_cache, 'k'):double()     -- (B, T, H, D), (B, T, KV, D)
@@ -110,9 +110,13 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   if fixed and per == 'neuron' then error(("%s: per = 'neuron' has no meaning for a query or key"):format(where), 2) end
   local extra = {}
   if fixed then
+    local known = {}
+    for _, n in ipairs(points.names(model)) do known[n] = true end
     for _, name in ipairs(names) do
       local attn = name:match('^(.*)%.[qk]$')
-      for _, p in ipairs{'q', 'k', 'rot_q', 'rot_k', 'scores', 'pattern'} do extra[#extra + 1] = attn .. '.' .. p end
+      for _, p in ipairs{'q', 'k', 'rot_q', 'rot_k', 'scores', 'pattern'} do
+        if known[attn .. '.' .. p] then extra[#extra + 1] = attn .. '.' .. p end  -- rot_q, rot_k: a rotary attention's
+      end
     end
   end
   local filter = {}

@@ -17,25 +17,44 @@ Cache.methods = methods  -- what help(cache) lists
 -- cache[name]: the tensor published at name, in anatomy's spelling,
 -- TransformerLens's (cache['blocks.0.attn.hook_z'], layers from 0) or, for
 -- a model from models.from_pretrained, the checkpoint's
--- (cache['transformer.h.0.attn.z'] is cache['h.1.attn.z']).
+-- (cache['transformer.h.0.attn.z'] is cache['h.1.attn.z']). A name that is
+-- no point of the model is an error naming the closest, and so is a point
+-- the run did not record (the filter left it out), as a TransformerLens
+-- cache raises; cache:get(name) is nil for that one instead.
+local fields = {mask = true}  -- fields a cache may lack (nil without padding)
+
+-- The tensor at key in any spelling, or nil and anatomy's name of it when
+-- the model has that point but the run did not record it; an error at
+-- `level` when the model has no such point.
+local function lookup(self, key, level)
+  local tensors = rawget(self, '_tensors')
+  local t = tensors[key]
+  if t ~= nil then return t end
+  local model = rawget(self, '_model')
+  local ok, name = pcall(points.canonical, model, key)
+  if not ok then error(('probe cache: %s'):format(tostring(name):gsub('^[^:]*:%d+: ', '')), level + 1) end
+  if name == nil then error(('probe cache: %s'):format(points.missing(model, key, 'the key')), level + 1) end
+  return tensors[name], name
+end
+
 Cache.__index = function(self, key)
   local m = methods[key]
   if m ~= nil then return m end
-  local tensors = rawget(self, '_tensors')
-  local t = tensors[key]
-  if t == nil and type(key) == 'string' then
-    local model = rawget(self, '_model')
-    local tl = model and points.from_transformer_lens(model, key, 1)  -- 'blocks.0.attn.hook_z'
-    if tl then
-      t = tensors[tl]
-    elseif model and rawget(model, 'hf_config') then
-      local name = points.canonical(model, key)
-      if name then t = tensors[name] end
-    end
+  if type(key) ~= 'string' or fields[key] then return nil end
+  local t, name = lookup(self, key, 2)
+  if t == nil then
+    error(("probe cache: '%s'%s is a point of the model the run did not record (run_with_cache's filter left it out; "
+      .. "cache:get(name) is nil for it)"):format(key, name ~= key and (' (' .. name .. ')') or ''), 2)
   end
   return t
 end
 
+-- cache:get(name) -> the tensor at name in any spelling, nil when the run did
+-- not record that point; a name that is no point of the model is an error.
+function methods:get(name)
+  if type(name) ~= 'string' then error(('cache:get: name must be a string, got %s'):format(type(name)), 2) end
+  return (lookup(self, name, 2))
+end
 
 -- probe.Cache.new(model, capture, order, ids, tok) -> a cache over what hooks.attach_capture recorded
 -- (capture, in the order `order`) for the input ids; run_with_cache makes it
@@ -339,13 +358,15 @@ function Cache.run_with_cache(model, input, opts)
     if mask then error(('%s: attention_mask is for ids; the input was padded here already'):format(where), 2) end
     mask = inputs.check_mask(ids, opts.attention_mask, where)
   end
-  local capture, handle, order = hooks.attach_capture(model, {filter = opts.filter, grad = opts.grad})
+  local capture, handle, order, groups = hooks.attach_capture(model, {filter = opts.filter, grad = opts.grad, strict = true,
+    where = where, level = 2})
   local ok, out = pcall(function()
     if opts.grad then return inputs.forward(model, ids, mask, where) end
     return torch.no_grad(function() return inputs.forward(model, ids, mask, where) end)
   end)
   handle:remove()
   if not ok then error(out, 0) end
+  points.check_hits(model, groups, order, where, 2)
   local cache = Cache.new(model, capture, order, ids, tok)
   rawset(cache, 'mask', mask)
   return out, cache

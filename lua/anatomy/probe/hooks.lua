@@ -15,6 +15,7 @@
 local points = require('anatomy.probe.points')
 local nn = require('anatomy.nn')
 local format = require('anatomy.render.format')
+local options = require('anatomy.torch.options')
 local hooks = {}
 
 
@@ -229,35 +230,20 @@ function hooks.clear(model)
   end
 end
 
--- Translates a capture filter's checkpoint names (transformer.h.0.attn) into
--- anatomy's; globs stay as they are.
-local function translate_filter(model, filter)
-  if type(filter) == 'string' then filter = {filter} end
-  if type(filter) ~= 'table' or not rawget(model, 'hf_config') then return filter end
-  local translated = {}
-  for i, f in ipairs(filter) do
-    local base, last = f:match('^(.*)%.([^%.]+)$')
-    if f:find('[%*%?]') then
-      translated[i] = f
-    elseif points.resolve_name(model, f) ~= f or not base then
-      translated[i] = points.resolve_name(model, f)
-    else
-      translated[i] = points.resolve_name(model, base) .. '.' .. last  -- a hook point of a checkpoint-named module
-    end
-  end
-  return translated
-end
-
--- probe.attach_capture(model, {filter, grad}) -> capture, handle, order:
--- records into capture until handle:remove(); order lists the names in the
--- order they were recorded. Module outputs and hook points alike: a built-in
+-- probe.attach_capture(model, {filter, grad, strict, where, level}) -> capture,
+-- handle, order, groups: records into capture until handle:remove(); order
+-- lists the names in the order they were recorded. The filter is in any
+-- spelling (points.expand_filter); strict: an entry that can match nothing
+-- is an error in `where`'s name, and groups let points.check_hits say which
+-- entry recorded nothing. Module outputs and hook points alike: a built-in
 -- block's points only when the filter asks for one of them (each asked-for
 -- point switches it to its explicit path), a Lua block's whenever the filter
 -- may match a name it passes to self:hook. Used by probe.capture,
 -- probe.run_with_cache, the autopsy and train.fit.
 function hooks.attach_capture(model, opts)
   opts = opts or {}
-  local filter = translate_filter(model, opts.filter)
+  local filter, groups = points.expand_filter(model, opts.filter, opts.where or 'probe.attach_capture', (opts.level or 1) + 1,
+    opts.strict)
   local want = points.matcher(filter)
   -- an attention's per-head result only where the filter names it (a last
   -- part 'result': 'h.1.attn.result', '*.result'), as TransformerLens's
@@ -318,7 +304,7 @@ function hooks.attach_capture(model, opts)
       handle.attached[#handle.attached + 1] = {m, hooks.attach(m, name, entry)}
     end
   end
-  return capture, handle, order
+  return capture, handle, order, groups
 end
 
 -- probe.capture(model, {filter = {'blocks.*', '*.pattern'}, grad = false}, fn)
@@ -327,10 +313,13 @@ end
 -- grad = true, capture.grads[name] its gradient once fn has run backward.
 function hooks.capture(model, opts, fn)
   if type(fn) ~= 'function' then error('probe.capture: the third argument must be a function', 2) end
-  local capture, handle = hooks.attach_capture(model, opts)
+  opts = options.check(opts, {'filter', 'grad'}, 'probe.capture', 2)
+  local capture, handle, order, groups = hooks.attach_capture(model, {filter = opts.filter, grad = opts.grad, strict = true,
+    where = 'probe.capture', level = 2})
   local results = {pcall(fn)}
   handle:remove()
   if not results[1] then error(results[2], 0) end
+  points.check_hits(model, groups, order, 'probe.capture', 2)
   return capture, unpack(results, 2)
 end
 

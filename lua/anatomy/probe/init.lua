@@ -36,6 +36,7 @@ local probe = {
   resolve_name = points.resolve_name,
   canonical = points.canonical,
   from_transformer_lens = points.from_transformer_lens,
+  transformer_lens_names = points.transformer_lens_names,
   checkpoint_spelling = points.checkpoint_spelling,
   layout = points.layout,
   -- attaching and removing (hooks.lua)

@@ -85,13 +85,13 @@ end
 -- The activation at `name` over a reference batch (ids, or a cache holding it).
 local function reference(model, name, over, where)
   if type(over) == 'table' and getmetatable(over) == Cache then
-    local t = over[name]
+    local t = over:get(name)
     if t == nil then error(("%s: the cache has no '%s' (run probe.run_with_cache with it in the filter)"):format(where, name), 4) end
     return t
   end
   if not torch.is_tensor(over) then error(('%s: over must be ids (B, T) or a cache, got %s'):format(where, type(over)), 4) end
   local _, cache = Cache.run_with_cache(model, over, {filter = name})
-  local t = cache[name]
+  local t = cache:get(name)
   if t == nil then error(("%s: running the reference batch published nothing at '%s'"):format(where, name), 4) end
   return t
 end

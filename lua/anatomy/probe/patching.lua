@@ -82,7 +82,7 @@ function patching.run(model, clean, corrupt, metric, opts)
   local function run_corrupt() return torch.no_grad(function() return inputs.forward(model, corrupt_ids, mask, where) end) end
   local clean_metric = runs.as_number(metric(clean_out, mask), where)
   local corrupt_metric = runs.as_number(metric(run_corrupt(), mask), where)
-  local first = cache[names[1]]
+  local first = cache:get(names[1])
   if first == nil then error(("%s: the clean run published nothing at '%s'"):format(where, names[1]), 2) end
   local cols, key = {'all'}, nil
   local layout = points.layout(names[1])

@@ -5,6 +5,7 @@
 -- ('blocks.*', '*.pattern') select several.
 local models = require('anatomy.models')
 local nn = require('anatomy.nn')
+local options = require('anatomy.torch.options')
 local points = {}
 
 -- Turns a glob ('blocks.*', '*.pattern') into an anchored Lua pattern.
@@ -96,6 +97,7 @@ local function role_child(block, role)
   end
   return nil
 end
+points.role_child = role_child
 
 -- probe.from_transformer_lens(model, name) -> anatomy's name for a
 -- TransformerLens hook name, nil when name is not one; an error naming what
@@ -185,17 +187,82 @@ function points.resolve_name(model, name, level)
   return name
 end
 
--- The module at a dotted path, or an error that lists the nearest names.
-local function module_names(model)
-  local names = {}
-  for n in model:named_modules() do if n ~= '' then names[#names + 1] = n end end
-  return names
+-- points.transformer_lens_names(model) -> {{tl, anatomy}, ...}: every
+-- TransformerLens hook name the model has a point for, in TransformerLens's
+-- order, with anatomy's name of it ('blocks.0.attn.hook_z', 'blocks.1.attn.z').
+-- What globs of TransformerLens names ('blocks.*.hook_resid_post') match.
+local tl_layer_order = {'hook_resid_pre', 'ln1.hook_scale', 'ln1.hook_normalized', 'attn.hook_q', 'attn.hook_k',
+  'attn.hook_v', 'attn.hook_rot_q', 'attn.hook_rot_k', 'attn.hook_attn_scores', 'attn.hook_pattern', 'attn.hook_z',
+  'attn.hook_result', 'hook_attn_out', 'hook_resid_mid', 'ln2.hook_scale', 'ln2.hook_normalized', 'mlp.hook_pre',
+  'mlp.hook_post', 'hook_mlp_out', 'hook_resid_post'}
+
+function points.transformer_lens_names(model)
+  local known = {}
+  for _, n in ipairs(points.names(model)) do known[n] = true end
+  local out = {}
+  local function try(tl)
+    local ok, name = pcall(points.from_transformer_lens, model, tl, 1)
+    if ok and name and known[name] then out[#out + 1] = {tl, name} end
+  end
+  try('hook_embed')
+  try('hook_pos_embed')
+  local layers = model:layers()
+  for i = 0, layers and #layers - 1 or -1 do
+    for _, h in ipairs(tl_layer_order) do try(('blocks.%d.%s'):format(i, h)) end
+  end
+  try('ln_final.hook_scale')
+  try('ln_final.hook_normalized')
+  return out
+end
+
+-- The TransformerLens spelling of anatomy's name, or nil.
+local function tl_spelling(model, name)
+  for _, pair in ipairs(points.transformer_lens_names(model)) do
+    if pair[2] == name then return pair[1] end
+  end
+  return nil
+end
+
+-- Every name a point of the model answers to: probe.names, the points
+-- attached entries publish, and the TransformerLens names.
+local function every_name(model)
+  local out = points.names(model)
+  for n, m in model:named_modules() do
+    for _, e in ipairs(rawget(m, '_probes') or {}) do
+      for _, p in ipairs(e.publishes or {}) do out[#out + 1] = n == '' and p or n .. '.' .. p end
+    end
+  end
+  for _, pair in ipairs(points.transformer_lens_names(model)) do out[#out + 1] = pair[1] end
+  return out
+end
+
+-- points.missing(model, name, what) -> the message for a name (or glob)
+-- that matches nothing: the closest name, and for a layer counted from 0 in
+-- anatomy's spelling the same point one layer up in both spellings.
+function points.missing(model, name, what)
+  local names = every_name(model)
+  local set = {}
+  for _, n in ipairs(names) do set[n] = true end
+  local hint
+  if type(name) == 'string' and not name:find('hook_', 1, true) then
+    local up = name:gsub('%f[%w](%d+)%f[^%w]', function(d) return tostring(tonumber(d) + 1) end)
+    if up ~= name and set[up] and name:find('%f[%w]0%f[^%w]') then
+      local tl = tl_spelling(model, up)
+      hint = ("anatomy counts layers from 1: write '%s'%s"):format(up, tl and (", or TransformerLens's '" .. tl .. "'") or '')
+    end
+  end
+  if not hint then
+    local near = options.closest(name, names)
+    if near then hint = ("did you mean '%s'?"):format(near) end
+  end
+  local head = what and ("%s '%s' matches no probe point of %s"):format(what, tostring(name), nn.typename(model))
+    or ("no module or hook point named '%s' in %s"):format(tostring(name), nn.typename(model))
+  return ("%s%s (probe.names(model) lists them; TransformerLens's names: probe.transformer_lens_names(model))"):format(
+    head, hint and ('; ' .. hint) or '')
 end
 
 local function no_such(model, name, level)
-  local names = module_names(model)
-  error(("no module or hook point named '%s' in %s (modules: %s; a block's hook points: probe.names(model))"):format(
-    name, nn.typename(model), table.concat(names, ', ', 1, math.min(#names, 12)) .. (#names > 12 and ', ...' or '')), level + 1)
+  error(points.missing(model, name), level + 1)
 end
 
 -- points.module(model, name) -> the module at name (either spelling), or an error that lists the names
@@ -353,6 +420,91 @@ function points.pick_layers(model, layers, where, level, low)
   end
   table.sort(chosen)
   return chosen, all
+end
+
+-- points.expand_filter(model, filter, where, level, strict) -> the filter in
+-- anatomy's names: a name or glob, or a list of them, in any spelling. A
+-- TransformerLens name ('blocks.0.hook_resid_post') or glob
+-- ('blocks.*.attn.hook_pattern') becomes the anatomy names it matches, for
+-- every model; a checkpoint's name (transformer.h.0.attn) becomes anatomy's.
+-- Also returns the groups: {{entry, {translated...}}, ...} for
+-- points.check_hits. strict: an entry that can match no point is an error
+-- at `level` naming the closest (a glob, or a name under a Lua block that
+-- declares no hook points, is checked after the forward by check_hits).
+function points.expand_filter(model, filter, where, level, strict)
+  level = (level or 1) + 1
+  if filter == nil then return nil, {} end
+  if type(filter) == 'string' then filter = {filter} end
+  if type(filter) ~= 'table' then error(('%s: filter must be a name, a glob or a list of them, got %s'):format(where, type(filter)), level) end
+  local out, groups = {}, {}
+  local names, set, open
+  local function known()
+    if names then return end
+    names, set, open = points.names(model), {}, {}
+    for n, m in model:named_modules() do
+      set[n] = true
+      if not points.declared(m) and not nn.is_instance(m, nn.Native) then open[n] = true end
+      for _, e in ipairs(rawget(m, '_probes') or {}) do
+        for _, p in ipairs(e.publishes or {}) do names[#names + 1] = n == '' and p or n .. '.' .. p end
+      end
+    end
+    for _, n in ipairs(names) do set[n] = true end
+  end
+  for i, f in ipairs(filter) do
+    if type(f) ~= 'string' then error(('%s: filter[%d] must be a string, got %s'):format(where, i, type(f)), level) end
+    local translated = {}
+    if f:find('hook_', 1, true) then
+      if f:find('*', 1, true) then
+        local pattern = glob(f)
+        for _, pair in ipairs(points.transformer_lens_names(model)) do
+          if pair[1]:match(pattern) then translated[#translated + 1] = pair[2] end
+        end
+        if #translated == 0 then error(('%s: %s'):format(where, points.missing(model, f, 'the filter entry')), level) end
+      else
+        local ok, name = pcall(points.from_transformer_lens, model, f, 1)
+        if not ok then error(('%s: %s'):format(where, name:gsub('^[^:]*:%d+: ', '')), level) end
+        translated[1] = name
+      end
+    elseif f:find('*', 1, true) then
+      translated[1] = f
+    else
+      local base, last = f:match('^(.*)%.([^%.]+)$')
+      local ok, resolved = pcall(points.resolve_name, model, f, 1)
+      if not ok then error(('%s: %s'):format(where, resolved:gsub('^[^:]*:%d+: ', '')), level) end
+      if resolved ~= f or not base then
+        translated[1] = resolved
+      else
+        local ok2, b = pcall(points.resolve_name, model, base, 1)
+        translated[1] = (ok2 and b or base) .. '.' .. last  -- a hook point of a checkpoint-named module
+      end
+      if strict then
+        known()
+        local t = translated[1]
+        local owner = t:match('^(.*)%.[^%.]+$') or ''
+        if not set[t] and not open[owner] then error(('%s: %s'):format(where, points.missing(model, f, 'the filter entry')), level) end
+      end
+    end
+    for _, t in ipairs(translated) do out[#out + 1] = t end
+    groups[#groups + 1] = {f, translated}
+  end
+  return out, groups
+end
+
+-- points.check_hits(model, groups, recorded, where, level): an error naming
+-- the closest point for the first filter entry that matched none of the
+-- names a run recorded.
+function points.check_hits(model, groups, recorded, where, level)
+  for _, g in ipairs(groups) do
+    local hit = false
+    for _, t in ipairs(g[2]) do
+      local pattern = glob(t)
+      for _, n in ipairs(recorded) do
+        if n:match(pattern) then hit = true break end
+      end
+      if hit then break end
+    end
+    if not hit then error(('%s: %s'):format(where, points.missing(model, g[1], 'the filter entry')), (level or 1) + 1) end
+  end
 end
 
 return points

@@ -12,24 +12,59 @@ local format = require('anatomy.render.format')
 
 local runs = {}
 
--- The hook point `over` names in layer `layer`: '<layer>.<over>' when that is
--- a probe point; else, for 'attn.*' or 'mlp.*', the layer's attention (the
--- child with a 'z' hook point) or MLP (with 'post') under its own name, so
--- 'attn.z' reaches Llama's self_attn and GPT-NeoX's attention too.
-function runs.point(model, layer, over)
+-- runs.point(model, layer, over[, index]) -> the point `over` names in the
+-- layer at path `layer` (index: its place in model:layers(), found when not
+-- given). over is a point within each layer, in any spelling:
+-- '<layer>.<over>' when that is a probe point ('resid_pre', 'attn.z');
+-- TransformerLens's relative name ('attn.hook_z', 'hook_resid_pre',
+-- 'hook_attn_out') with the layer counted as TransformerLens counts it;
+-- else a role and a rest ('attn.z', 'mlp.post', 'ln1.scale') or a role
+-- alone ('attn', 'mlp', 'ln1', 'ln2': that child's output), the role being
+-- the layer's attention (the child publishing z), MLP (publishing post) or
+-- first or second norm under whatever name the family gives it, so 'attn'
+-- reaches Llama's self_attn and GPT-NeoX's attention too. A whole name of
+-- one layer's point ('blocks.0.attn.hook_z', 'h.1.attn.z') is an error that
+-- says what to write.
+function runs.point(model, layer, over, index)
+  if type(over) ~= 'string' then error(('over must be the name of a point within each layer, got %s'):format(type(over)), 0) end
+  local all = model:layers() or {}
+  if not index then
+    for i, l in ipairs(all) do if l[1] == layer then index = i end end
+  end
+  local tl_layer = over:match('^blocks%.(%d+)%.') or over:match('^blocks%.(%d+)$')
+  local one = tl_layer and over:find('hook_', 1, true) and tonumber(tl_layer) + 1
+  local rest
+  for i, l in ipairs(all) do
+    if over == l[1] or over:sub(1, #l[1] + 1) == l[1] .. '.' then one, rest = i, over:sub(#l[1] + 2) end
+  end
+  local resolved = not one and not over:find('hook_', 1, true) and select(2, pcall(points.resolve_name, model, over, 1))
+  if type(resolved) == 'string' and resolved ~= over then  -- a checkpoint's name of a layer's part
+    for i, l in ipairs(all) do
+      if resolved == l[1] or resolved:sub(1, #l[1] + 1) == l[1] .. '.' then one, rest = i, resolved:sub(#l[1] + 2) end
+    end
+  end
+  if one then
+    rest = rest or over:gsub('^blocks%.%d+%.?', '')
+    error(("over = '%s' names one layer's point; over is the point within each layer (here '%s'), "
+      .. "and layers = {%d} keeps that layer alone (layers count from 1)"):format(over, rest ~= '' and rest or 'its output', one), 0)
+  end
+  if over:find('hook_', 1, true) then
+    if not index then error(("'%s' is not a layer of the model"):format(layer), 0) end
+    local ok, name = pcall(points.from_transformer_lens, model, ('blocks.%d.%s'):format(index - 1, over), 1)
+    if not ok then error((tostring(name):gsub('^[^:]*:%d+: ', '')), 0) end
+    return name
+  end
   local name = layer .. '.' .. over
   if pcall(points.locate, model, name, 1) then return name end
-  local role, rest = over:match('^(%w+)%.(.+)$')
-  local mod
-  for n, m in model:named_modules() do if n == layer then mod = m end end
-  if mod and (role == 'attn' or role == 'mlp') then
-    for child_name, child in mod:named_children() do
-      for _, p in ipairs(child:hook_points()) do
-        if (role == 'attn' and p == 'z') or (role == 'mlp' and p == 'post') then
-          local candidate = layer .. '.' .. child_name .. '.' .. rest
-          if pcall(points.locate, model, candidate, 1) then return candidate end
-        end
-      end
+  local role, tail = over:match('^(%w+)%.(.+)$')
+  role = role or over
+  local block
+  for n, m in model:named_modules() do if n == layer then block = m end end
+  if block and (role == 'attn' or role == 'mlp' or role == 'ln1' or role == 'ln2') then
+    local child = points.role_child(block, role)
+    if child then
+      local candidate = layer .. '.' .. child .. (tail and ('.' .. tail) or '')
+      if pcall(points.locate, model, candidate, 1) then return candidate end
     end
   end
   local _, err = pcall(points.locate, model, name, 1)
@@ -78,15 +113,15 @@ end
 -- that says to choose those layers.
 function runs.layer_points(model, over, where, layers)
   local chosen, all = points.pick_layers(model, layers, where, 3)
-  local names, rows = {}, {}
+  local names, rows, failed = {}, {}, nil
   for i, index in ipairs(chosen) do
     local l = all[index]
-    local ok, name = pcall(runs.point, model, l[1], over)
-    if not ok then
-      local hint = layers == nil and (' (choose the layers that have it with {layers = ...})') or ''
-      error(('%s: %s%s'):format(where, name, hint), 3)
-    end
-    names[i], rows[i] = name, l[1]
+    local ok, name = pcall(runs.point, model, l[1], over, index)
+    if ok then names[#names + 1], rows[#rows + 1] = name, l[1] else failed = failed or name end
+  end
+  if failed then
+    local hint = #names > 0 and layers == nil and (' (only some layers have it: choose them with {layers = ...})') or ''
+    error(('%s: %s%s'):format(where, failed, hint), 3)
   end
   return names, rows
 end

@@ -67,7 +67,7 @@ local function activations(model, list, where_list, reduce)
   for i, ids in ipairs(list) do
     local _, cache = Cache.run_with_cache(model, ids, {filter = names})
     for _, t in ipairs(where_list) do
-      local a = cache[t[2]]
+      local a = cache:get(t[2])
       if a == nil or a:dim() ~= 3 then
         error(("steer.vector: '%s' is not a (B, T, C) activation here (got %s)"):format(t[2], a and format.shape(a) or 'nothing'), 0)
       end
