@@ -16,6 +16,8 @@ namespace {
 lua_State* g_running = nullptr;                     // the state a Ctrl-C stops
 pthread_t g_thread;                                 // the thread that runs it
 volatile std::sig_atomic_t g_prompt_interrupted = 0;
+volatile std::sig_atomic_t g_holding = 0;  // hold(true): Ctrl-C only marks g_held
+volatile std::sig_atomic_t g_held = 0;
 
 void stop_hook(lua_State* L, lua_Debug*) { raise_in(L); }
 
@@ -30,6 +32,10 @@ void on_sigint(int) {
     return;
   }
   std::signal(SIGINT, SIG_DFL);
+  if (g_holding) {  // the code running said when it may stop: it asks take_held()
+    g_held = 1;
+    return;
+  }
   pending = 1;
   if (g_running) lua_sethook(g_running, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
@@ -58,7 +64,25 @@ Running::Running(lua_State* L) : L_(L), saved_state_(g_running), saved_thread_(g
   saved_handler_ = std::signal(SIGINT, on_sigint);
 }
 
+void hold(bool on) {
+  g_holding = on ? 1 : 0;
+  if (!on && g_held) {  // one came while held and nobody took it: it interrupts now
+    g_held = 0;
+    pending = 1;
+    if (g_running) lua_sethook(g_running, stop_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+  }
+}
+
+bool take_held() {
+  bool was = g_held != 0;
+  g_held = 0;
+  if (was && g_running) std::signal(SIGINT, on_sigint);  // the next Ctrl-C interrupts again rather than ending the process
+  return was;
+}
+
 Running::~Running() {
+  g_holding = 0;
+  g_held = 0;
   std::signal(SIGINT, saved_handler_);
   g_running = saved_state_;
   g_thread = saved_thread_;

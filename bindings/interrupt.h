@@ -23,6 +23,14 @@ extern volatile std::sig_atomic_t pending;
 /// (the kernel's input): `return interrupt::raise_in(L);`.
 int raise_in(lua_State* L);
 
+/// hold(true): until hold(false), Ctrl-C only marks that it came (a second
+/// one still ends the process), so that the code running stops where it
+/// chooses by asking take_held(); hold(false) with a mark nobody took
+/// interrupts at once.
+void hold(bool on);
+/// Whether Ctrl-C came while held; clears the mark.
+bool take_held();
+
 /// While a Running lives, Ctrl-C interrupts the Lua code running in L (the
 /// previous handler and state come back when it ends; Runnings nest).
 class Running {

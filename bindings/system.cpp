@@ -6,6 +6,7 @@
 
 #include "bindings/parts.h"
 #include "bindings/common.h"
+#include "bindings/interrupt.h"
 #include "host/io/digest.h"
 #include "host/io/durable.h"
 #include "host/runtime.h"
@@ -129,7 +130,23 @@ int torch_cpu_pool_set_limit(lua_State* L) {
   return 0;
 }
 
+// torch._hold_interrupts(on) -> with on, Ctrl-C only marks that it came
+// until torch._hold_interrupts(false), which returns whether one came (and
+// clears the mark): train.fit stops between steps, never inside one.
+int torch_hold_interrupts(lua_State* L) {
+  bool on = lua_toboolean(L, 1) != 0;
+  if (on) {
+    interrupt::hold(true);
+    return 0;
+  }
+  bool came = interrupt::take_held();
+  interrupt::hold(false);
+  lua_pushboolean(L, came);
+  return 1;
+}
+
 const luaL_Reg functions[] = {
+    {"_hold_interrupts", torch_hold_interrupts},
     {"_cpu_pool", guarded<torch_cpu_pool>},
     {"_cpu_pool_empty", guarded<torch_cpu_pool_empty>},
     {"_cpu_pool_set_limit", guarded<torch_cpu_pool_set_limit>},
@@ -147,7 +164,7 @@ const luaL_Reg functions[] = {
 
 }  // namespace
 
-/// Adds _cpu_pool, _cpu_pool_empty, _cpu_pool_set_limit, _show_config, _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
+/// Adds _hold_interrupts, _cpu_pool, _cpu_pool_empty, _cpu_pool_set_limit, _show_config, _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
 void register_system(lua_State* L, int torch) {
   lua_pushvalue(L, torch);
   luaL_register(L, nullptr, functions);

@@ -344,7 +344,7 @@ test('autopsy.series refuses what cannot be a series, before loading anything', 
   raises(function() autopsy.series(dir, {revisions = {'step1'}}, batch) end, ("autopsy.series: revisions are a Hub repository's; '%s' is a local folder"):format(dir))
   raises(function() autopsy.series('org/name', {}, batch) end, "autopsy.series: a Hub repository needs opts.revisions, a list such as {'step1000', 'step2000'} (hub.list_repo_refs lists them)")
   raises(function() autopsy.series('org/name', {revisions = {'a', 3}}, batch) end, 'autopsy.series: revisions[2] must be a branch, tag or commit name, got 3')
-  raises(function() autopsy.series('org/name', {revision = 'a'}, batch) end, "autopsy.series: unknown option 'revision' (expected cache_dir, dtype, local_files_only, model, quiet, revisions, seed, steps, token)")
+  raises(function() autopsy.series('org/name', {revision = 'a'}, batch) end, "autopsy.series: unknown option 'revision', did you mean 'revisions'? (expected cache_dir, dtype, local_files_only, model, quiet, revisions, seed, steps, token)")
   raises(function() autopsy.series('org/name', {revisions = {'a'}}) end, 'autopsy.series: data (a corpus or {inputs, targets}) is required')
   raises(function() autopsy.series('org/name', {revisions = {'a'}, seed = 0 / 0}, batch) end, 'autopsy.series: seed must be an integer, got nan')
   fs.write_atomic(dir .. '/run.step5.safetensors', 'x')

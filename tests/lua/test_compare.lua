@@ -69,7 +69,7 @@ test('bad input is an error naming what was expected', function()
   raises(function() autopsy.compare({a, 42}) end, 'autopsy.compare: run 2 must be an autopsy, the path of its JSON, or {label, autopsy}; got number')
   local path = H.tmpfile('{"not": "an autopsy"}')
   raises(function() autopsy.compare({a, path}) end, ("autopsy.compare: run 2: %s is not an autopsy's JSON (a:json writes one)"):format(path))
-  raises(function() autopsy.compare({a, b}, {label = {}}) end, "autopsy.compare: unknown option 'label' (expected labels)")
+  raises(function() autopsy.compare({a, b}, {label = {}}) end, "autopsy.compare: unknown option 'label', did you mean 'labels'? (expected labels)")
 end)
 
 H.done()

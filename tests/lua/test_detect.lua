@@ -93,7 +93,7 @@ test('bad kinds and inputs are errors', function()
   raises(function() probe.detect_heads(model, torch.tensor({{1, 2, 3}}, {dtype = 'int64'}), 'induction') end,
     'probe.detect_heads: no query in the input has a key the induction pattern names (the input is too short, or no token repeats)')
   raises(function() probe.detect_heads(model, ids, 'induction', {tokenzier = 1}) end,
-    "probe.detect_heads: unknown option 'tokenzier' (expected padding_side, tokenizer)")
+    "probe.detect_heads: unknown option 'tokenzier', did you mean 'tokenizer'? (expected padding_side, tokenizer)")
   -- with a list of kinds too, an error names the caller's line
   local ok, err = pcall(function() probe.detect_heads(model, torch.tensor({{1, 2, 3}}, {dtype = 'int64'}), {'previous_token', 'induction'}) end)
   if ok or not tostring(err):find('^[^\n]*test_detect%.lua:%d+: probe%.detect_heads: no query') then error('wrong position: ' .. tostring(err)) end

@@ -194,6 +194,20 @@ test('clamp keeps integer tensors integer; flip, median and dropout follow PyTor
   eq(nn.functional.dropout(x, 0.25, false) == x, true, 'not training: the input itself')
   raises(function() nn.functional.mse_loss(x, x, {reduction = 'avg'}) end, "bad argument #3 to 'mse_loss' (reduction must be 'mean', 'sum' or 'none', got 'avg')")
   raises(function() nn.functional.linear('x', x) end, "bad argument #1 to 'linear' (Tensor expected, got string)")
+  -- every option of cross_entropy is checked: a misspelt key, a bad value, a reduction it lacks
+  local logits, classes = torch.randn(3, 4), torch.tensor({1, 4, 2}):long()
+  raises(function() nn.functional.cross_entropy(logits, classes, {reducton = 'none'}) end,
+    "cross_entropy: unknown option 'reducton', did you mean 'reduction'? (expected ignore_index, label_smoothing, reduction, weight)")
+  raises(function() nn.functional.cross_entropy(logits, classes, {reduction = 'avg'}) end,
+    "bad argument #3 to 'cross_entropy' (reduction must be 'mean', 'sum' or 'none', got 'avg')")
+  raises(function() nn.functional.cross_entropy(logits, classes, {label_smoothing = 1.5}) end,
+    "bad argument #3 to 'cross_entropy' (label_smoothing must be in [0, 1], got 1.5)")
+  raises(function() nn.functional.cross_entropy(logits, classes, {weight = torch.ones(3)}) end,
+    'weight has shape 3, expected 4 (a weight a class))')
+  raises(function() nn.functional.mse_loss(x, x, {reduce = false}) end, "mse_loss: unknown option 'reduce' (expected reduction)")
+  eq(nn.functional.cross_entropy(logits, classes, {reduction = 'none'}):size(), {3}, "reduction = 'none': a loss a target")
+  H.raises_part(function() train.fit(models.gpt{vocab = 5, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8}, torch.ones(10):long(), {learning_rate = 1e-3}) end,
+    "train.fit: unknown option 'learning_rate', did you mean 'lr'?")
 end)
 
 -- A hardware trap pcall cannot catch: on integers, the smallest value modulo

@@ -185,7 +185,7 @@ test('bad inputs name the block and both shapes', function()
   raises(function() emb(torch.tensor({{0, 3}}, {dtype = 'int64'})) end, '(token id 0 is out of range 1..10 (ids are 1-based))')
   raises(function() emb(torch.tensor({{1, 3}})) end, "(Embedding expects int64 token ids, got float32 (use {dtype = 'int64'} or x:long()))")
   raises(function() nn.Attention(10, 3) end, "bad argument #2 to 'nn.Attention' (dim 10 is not divisible by 3 heads)")
-  raises(function() nn.Linear(3, 4, {biass = false}) end, "nn.Linear: unknown option 'biass' (expected bias)")
+  raises(function() nn.Linear(3, 4, {biass = false}) end, "nn.Linear: unknown option 'biass', did you mean 'bias'? (expected bias)")
   raises(function() nn.Sequential{nn.Linear(2, 2), 'x'} end, 'nn.Sequential: entry 2 is string, not a module')
   raises(function() models.gpt{vocab = 5} end, 'models.gpt: config needs dim')
   raises(function() models.vibenet{vocab = 5, dim = 4, layers = 1, seq = 4, block = 'wide'} end,

@@ -134,7 +134,7 @@ test('train.evaluate on texts of different lengths: the same as judging each alo
   eq(r.tokens, count, 'every next token, no padding')
   close(r.nats, total / count, 1e-5, 'the token-weighted mean of each alone')
   raises(function() train.evaluate(m, corpus, {texts = {'to be', 'q'}}) end, 'train.evaluate: texts[2] has fewer than 2 tokens')
-  raises(function() train.evaluate(m, corpus, {txt = 'to be'}) end, "train.evaluate: unknown option 'txt' (expected batch, batches, seq, split, text, texts)")
+  raises(function() train.evaluate(m, corpus, {txt = 'to be'}) end, "train.evaluate: unknown option 'txt', did you mean 'text'? (expected batch, batches, seq, split, text, texts)")
 end)
 
 test('the autopsy of texts of different lengths: every column from the real positions alone', function()
@@ -182,7 +182,7 @@ test('the autopsy of texts of different lengths: every column from the real posi
   raises(function() autopsy.run(m, {'some text'}) end,
     'autopsy.run: texts need a tokenizer: pass {tokenizer = tok}, or use a model from models.from_pretrained')
   raises(function() autopsy.run(m, {torch.randint(1, V + 1, {2, 8}), torch.randint(1, V + 1, {2, 8})}, {step = 2}) end,
-    "autopsy.run: unknown option 'step' (expected batch, config, history, k, lens, metrics, probe_text, saes, seq, steps, thresholds, tokenizer)")
+    "autopsy.run: unknown option 'step', did you mean 'steps'? (expected batch, config, history, k, lens, metrics, probe_text, saes, seq, steps, thresholds, tokenizer)")
 end)
 
 H.done()

@@ -112,6 +112,46 @@ test('a resumed run gives bit-identical losses', function()
   os.remove(path)
 end)
 
+test('a run stopped by Ctrl-C or by its time budget leaves a checkpoint at its last whole step, and resumes exactly', function()
+  local c = data.from_string(sample_text)
+  local path = os.tmpname()
+  os.remove(path)
+  local function model() torch.manual_seed(7); return models.vibenet{vocab = c.vocab_size, dim = 16, layers = 2, seq = 16, block = 'gate'} end
+  local opts = {steps = 20, batch = 4, lr = 3e-3, warmup = 3, eval_every = 5, seed = 11, quiet = true}
+  local whole = train.fit(model(), c, opts)
+  local function continued(from, stop)
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.checkpoint = path
+    for k, v in pairs(stop) do o[k] = v end
+    local first = train.fit(model(), c, o)
+    eq(first.steps, from, 'the step the run stopped after')
+    assert(io.open(path, 'rb'), 'a checkpoint is written when the run stops early')
+    o.on_step, o.seconds = nil, nil
+    o.resume = true
+    local resumed = train.fit(model(), c, o)
+    eq(resumed.resumed_from, from)
+    for i = 1, 20 - from do
+      if resumed.train[i] ~= whole.train[from + i] then
+        error(('step %d: resumed %.17g, uninterrupted %.17g'):format(from + i, resumed.train[i], whole.train[from + i]))
+      end
+    end
+    os.remove(path)
+    return first
+  end
+  -- Ctrl-C inside step 7 (its report): the step finishes, the run stops after it. (system() ignores
+  -- SIGINT while its child runs: the signal comes from a background shell while this waits in Lua.)
+  local stopped = continued(7, {on_step = function(step)
+    if step ~= 7 then return end
+    os.execute('(sleep 0.1; kill -INT $PPID) &')
+    local t = torch._now()
+    while torch._now() - t < 1 do end
+  end})
+  eq(stopped.interrupted, true)
+  -- a budget of no time: one step, then the checkpoint
+  continued(1, {seconds = 1e-9})
+end)
+
 test('a NaN from a Lua block is reported with the block\'s name', function()
   local Bad = nn.block('Bad', function(self) self.fc = nn.Linear(16, 16) end)
   function Bad:forward(x) return self.fc(x):log() end     -- log of negatives: NaN
@@ -188,7 +228,7 @@ end)
 test('options are checked', function()
   local c = data.from_string(sample_text)
   local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 1, seq = 16, ffn = 32}
-  raises(function() train.fit(m, c, {stepz = 3}) end, "train.fit: unknown option 'stepz' (expected batch, betas, "
+  raises(function() train.fit(m, c, {stepz = 3}) end, "train.fit: unknown option 'stepz', did you mean 'steps'? (expected batch, betas, "
     .. 'bucket_mb, checkpoint, checkpoint_every, clip, cuda_graph, decay, dtype, eval_batches, eval_every, keep_checkpoints, log, log_every, lr, on_step, probe, quiet, '
     .. 'recurrence, resume, schedule, seconds, seed, seq, steps, sync, warmup, weight_decay)')
   local empty = os.tmpname()

@@ -116,6 +116,14 @@ def reference():
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         return s.softmax(-1) @ v
+    classes = torch.tensor([0, 2, 4, 1])
+    r["ce_mean"] = F.cross_entropy(A, classes)
+    r["ce_none"] = F.cross_entropy(A, classes, reduction="none")
+    r["ce_sum"] = F.cross_entropy(A, classes, reduction="sum")
+    r["ce_ignore"] = F.cross_entropy(A, torch.tensor([0, -100, 4, -100]))
+    r["ce_ignore_none"] = F.cross_entropy(A, torch.tensor([0, -100, 4, -100]), reduction="none")
+    r["ce_smooth_weight"] = F.cross_entropy(A, classes, label_smoothing=0.1, weight=P[0])
+    r["ce_3d_none"] = F.cross_entropy(X3.reshape(-1, 4), torch.tensor([0, 3, 1, 2, 2, 0]), reduction="none").reshape(2, 3)
     r["sdpa"] = sdpa(X3, X3, X3)
     r["sdpa_causal"] = sdpa(X3, X3, X3, causal=True)
     r["sdpa_mask"] = sdpa(X3, X3, X3, mask=torch.ones(3, 3, dtype=torch.bool).tril(), scale=0.5)

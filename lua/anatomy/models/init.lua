@@ -35,9 +35,7 @@ function models.check_config(name, cfg, required, optional)
   for _, k in ipairs(optional) do known[k] = true end
   local k, listed, names = options.unknown(cfg, known)
   if k then
-    local near = options.closest(k, names)
-    error(("models.%s: unknown config key '%s'%s (expected %s)"):format(name, k, near and (", did you mean '" .. near .. "'?") or '',
-      listed), level)
+    error(("models.%s: unknown config key '%s'%s (expected %s)"):format(name, k, options.did_you_mean(k, names), listed), level)
   end
   for _, k in ipairs(required) do
     if cfg[k] == nil then error(('models.%s: config needs %s'):format(name, k), level) end

@@ -13,19 +13,52 @@ local function check_tensor(v, arg, fname)
   end
 end
 
--- cross_entropy(logits (..., V), targets (...) int64 class ids, 1-based) -> mean loss
-function F.cross_entropy(logits, targets) return torch._cross_entropy(logits, targets) end
+local reductions = {none = 0, mean = 1, sum = 2}
+
+local function check_reduction(r, fname)
+  if r == nil then return 'mean' end
+  if reductions[r] == nil then
+    error(("bad argument #3 to '%s' (reduction must be 'mean', 'sum' or 'none', got %s)"):format(fname,
+      type(r) == 'string' and ("'" .. r .. "'") or tostring(r)), 3)
+  end
+  return r
+end
+
+-- cross_entropy(logits (..., V), targets (...) int64 class ids, 1-based,
+-- {reduction = 'mean'|'sum'|'none', ignore_index, label_smoothing = 0,
+-- weight (V)}) -> the loss, as torch.nn.functional.cross_entropy with the
+-- classes last: 'none' gives one loss a target (targets' shape); 'mean'
+-- averages over the targets not ignored (weighted by their class's weight
+-- where weight is given); ignore_index is a target value whose positions
+-- count for nothing (it need not be a class id: 0 or -100 work).
+function F.cross_entropy(logits, targets, opts)
+  check_tensor(logits, 1, 'cross_entropy')
+  check_tensor(targets, 2, 'cross_entropy')
+  opts = options.check(opts, {'reduction', 'ignore_index', 'label_smoothing', 'weight'}, 'cross_entropy', 2)
+  local reduction = check_reduction(opts.reduction, 'cross_entropy')
+  local ii, ls, w = opts.ignore_index, opts.label_smoothing, opts.weight
+  if ii ~= nil and (type(ii) ~= 'number' or ii % 1 ~= 0) then
+    error(("bad argument #3 to 'cross_entropy' (ignore_index must be a whole number, got %s)"):format(tostring(ii)), 2)
+  end
+  if ls ~= nil and (type(ls) ~= 'number' or not (ls >= 0 and ls <= 1)) then
+    error(("bad argument #3 to 'cross_entropy' (label_smoothing must be in [0, 1], got %s)"):format(tostring(ls)), 2)
+  end
+  if w ~= nil and not torch.is_tensor(w) then
+    error(("bad argument #3 to 'cross_entropy' (weight must be a Tensor (V), got %s)"):format(nn.typename(w)), 2)
+  end
+  return torch._cross_entropy(logits, targets, reductions[reduction], ii, ls or 0, w)
+end
 
 -- mse_loss(input, target, {reduction = 'mean'|'sum'|'none'})
 function F.mse_loss(input, target, opts)
   check_tensor(input, 1, 'mse_loss')
   check_tensor(target, 2, 'mse_loss')
-  local reduction = opts and opts.reduction or 'mean'
+  opts = options.check(opts, {'reduction'}, 'mse_loss', 2)
+  local reduction = check_reduction(opts.reduction, 'mse_loss')
   local d = (input - target) ^ 2
   if reduction == 'mean' then return d:mean() end
   if reduction == 'sum' then return d:sum() end
-  if reduction == 'none' then return d end
-  error(("bad argument #3 to 'mse_loss' (reduction must be 'mean', 'sum' or 'none', got '%s')"):format(tostring(reduction)), 2)
+  return d
 end
 
 -- gelu(x, approximate = 'none'|'tanh')

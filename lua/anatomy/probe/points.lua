@@ -187,15 +187,16 @@ function points.resolve_name(model, name, level)
   return name
 end
 
--- points.transformer_lens_names(model) -> {{tl, anatomy}, ...}: every
--- TransformerLens hook name the model has a point for, in TransformerLens's
--- order, with anatomy's name of it ('blocks.0.attn.hook_z', 'blocks.1.attn.z').
--- What globs of TransformerLens names ('blocks.*.hook_resid_post') match.
+-- The names of a layer's TransformerLens hook points, in TransformerLens's order.
 local tl_layer_order = {'hook_resid_pre', 'ln1.hook_scale', 'ln1.hook_normalized', 'attn.hook_q', 'attn.hook_k',
   'attn.hook_v', 'attn.hook_rot_q', 'attn.hook_rot_k', 'attn.hook_attn_scores', 'attn.hook_pattern', 'attn.hook_z',
   'attn.hook_result', 'hook_attn_out', 'hook_resid_mid', 'ln2.hook_scale', 'ln2.hook_normalized', 'mlp.hook_pre',
   'mlp.hook_post', 'hook_mlp_out', 'hook_resid_post'}
 
+-- probe.transformer_lens_names(model) -> {{tl, anatomy}, ...}: every
+-- TransformerLens hook name the model has a point for, in TransformerLens's
+-- order, with anatomy's name of it ('blocks.0.attn.hook_z', 'blocks.1.attn.z').
+-- What globs of TransformerLens names ('blocks.*.hook_resid_post') match.
 function points.transformer_lens_names(model)
   local known = {}
   for _, n in ipairs(points.names(model)) do known[n] = true end

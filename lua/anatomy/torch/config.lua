@@ -27,7 +27,8 @@ function config.parse(defaults, args, usage)
       local keys = {}
       for k in pairs(defaults) do keys[#keys + 1] = k end
       table.sort(keys)
-      error(("unknown option --%s (known: %s)"):format(key, table.concat(keys, ', ')), 0)
+      error(("unknown option --%s%s (known: %s)"):format(key, require('anatomy.torch.options').did_you_mean(key, keys),
+        table.concat(keys, ', ')), 0)
     end
     if type(default) == 'number' then
       local n = tonumber(value)

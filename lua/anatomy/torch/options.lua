@@ -31,9 +31,29 @@ function options.check(opts, allowed, where, level)
   level = (level or 2) + 1
   if opts == nil then return {} end
   if type(opts) ~= 'table' then error(('%s: options must be a table, got %s'):format(where, type(opts)), level) end
-  local k, names = options.unknown(opts, allowed)
-  if k then error(("%s: unknown option '%s' (expected %s)"):format(where, k, names), level) end
+  local k, names, list = options.unknown(opts, allowed)
+  if k then error(("%s: unknown option '%s'%s (expected %s)"):format(where, k, options.did_you_mean(k, list), names), level) end
   return opts
+end
+
+-- The names other libraries give to what anatomy calls otherwise (PyTorch's
+-- and nanoGPT's, Hugging Face's config keys): suggested when one of them is
+-- an unknown key and anatomy's name is allowed there.
+options.aliases = {learning_rate = 'lr', lr_rate = 'lr', n_layer = 'layers', n_layers = 'layers', num_layers = 'layers',
+  num_hidden_layers = 'layers', n_head = 'heads', num_heads = 'heads', num_attention_heads = 'heads', n_embd = 'dim',
+  d_model = 'dim', hidden_size = 'dim', block_size = 'seq', n_ctx = 'seq', max_position_embeddings = 'seq',
+  vocab_size = 'vocab', d_mlp = 'ffn', intermediate_size = 'ffn', max_steps = 'steps', max_iters = 'steps',
+  num_steps = 'steps', torch_dtype = 'dtype', batch = 'batch_size', random_seed = 'seed'}
+
+-- options.did_you_mean(key, names) -> " (did you mean 'x'?)" naming the allowed
+-- name nearest to key, or the one an alias names; '' when there is none.
+function options.did_you_mean(key, names)
+  local alias = options.aliases[key]
+  if alias then
+    for _, n in ipairs(names) do if n == alias then return (", did you mean '%s'?"):format(alias) end end
+  end
+  local near = options.closest(key, names)
+  return near and (", did you mean '%s'?"):format(near) or ''
 end
 
 -- options.whole(v, name, where, default, low, level) -> v, or default when

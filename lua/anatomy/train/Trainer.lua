@@ -343,6 +343,7 @@ function Trainer:save(step, elapsed)
   -- the log first: once the checkpoint names a step, the log holds it
   if self.log then fs.sync(self.o.log) end
   checkpoint.save(self.o.checkpoint, self.model, self.opt, step, meta)
+  self.saved_step = step
   -- kept by step: a second name for the file just written, which the next
   -- checkpoint's rename over the first name leaves as it is
   if self.o.keep_checkpoints then torch._hardlink(self.o.checkpoint, checkpoint.at_step(self.o.checkpoint, step)) end
@@ -360,7 +361,15 @@ end
 function Trainer:loop()
   local o, run = self.o, self.run
   local pending
+  -- one process: Ctrl-C is held while a step runs and taken between steps,
+  -- so the model, the optimizer and the generator are those of a whole step
+  -- and the checkpoint written then resumes exactly (a second Ctrl-C still
+  -- ends the process). Several processes stop together or not at all: there
+  -- it interrupts where it lands, and the run ends with an error.
+  local hold = self.world == 1
+  local stopped
   for step = run.first_step, o.steps do
+    if hold then torch._hold_interrupts(true) end
     local ok, err = pcall(function()
       local r = self:step(step)
       if pending then
@@ -370,19 +379,30 @@ function Trainer:loop()
       end
       if self.defer and not self:due(step) then pending = r else self:report(r) end
     end)
+    local came = hold and torch._hold_interrupts(false)
     if not ok then
       if tostring(err):match('interrupted$') and self.world == 1 then
         if pending then pcall(self.report, self, pending) end
         run.interrupted = true
         if self.tty then io.write('\n') end
         print(('interrupted at step %d: the model keeps what it learned in %d steps'):format(step, step - 1))
-        pending = nil
+        pending = nil  -- stopped inside a step (an interrupt that came before it): no checkpoint of a half step
         break
       end
       if self.log then self.log:close() end
       error(err, 0)
     end
-    if o.seconds and torch._now() - self.started >= o.seconds then break end
+    if came then
+      run.interrupted = true
+      stopped = 'interrupted'
+      if self.tty then io.write('\n') end
+      print(('interrupted after step %d: the model keeps what it learned in %d steps'):format(step, step))
+      break
+    end
+    if o.seconds and step < o.steps and torch._now() - self.started >= o.seconds then
+      stopped = 'seconds'
+      break
+    end
   end
   if pending then
     local ok, err = pcall(self.report, self, pending)
@@ -390,6 +410,12 @@ function Trainer:loop()
       if self.log then self.log:close() end
       error(err, 0)
     end
+  end
+  -- a run that stops early keeps what it did: its checkpoint at the last
+  -- step it finished, so that resume = true goes on from there
+  if stopped and self.main and o.checkpoint and run.steps and run.steps >= run.first_step and self.saved_step ~= run.steps then
+    self:save(run.steps, torch._now() - self.started)
+    if not o.quiet then print(('checkpoint at step %d: %s (resume = true goes on from it)'):format(run.steps, o.checkpoint)) end
   end
 end
 

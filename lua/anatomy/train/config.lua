@@ -14,7 +14,7 @@ local settings = {
   {'steps', 1000, 'count', 'optimizer steps'},
   {'batch', 32, 'count', 'sequences per step (per rank in a data-parallel run)'},
   {'seq', nil, 'count', "tokens per sequence (default: the model's context, else 64)"},
-  {'seconds', nil, 'positive', 'a time budget: stop after the first step that ends past it'},
+  {'seconds', nil, 'positive', 'a time budget: stop after the first step that ends past it (and checkpoint there)'},
   {'seed', nil, 'integer', 'torch.manual_seed before anything else'},
   -- the optimizer (AdamW) and its schedule
   {'lr', 3e-3, 'positive', 'peak learning rate'},
