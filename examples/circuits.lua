@@ -94,8 +94,9 @@ for l = 1, cfg.layers do
   end
 end
 
--- the library's detectors (probe.detect_heads) on the same sequences, every query that has a target: the same heads?
-local detected = probe.detect_heads(model, input, {'previous_token', 'induction'})
+-- the library's detectors (probe.detect_heads) on the same sequences, every query that has a target (measure =
+-- 'targeted'; TransformerLens's 'mul' would divide by the first copy's queries too, which have none): the same heads?
+local detected = probe.detect_heads(model, input, {'previous_token', 'induction'}, {measure = 'targeted', baseline = false})
 print('\n' .. tostring(detected.previous_token) .. '\n' .. tostring(detected.induction))
 local function names_of(list)
   local out = {}

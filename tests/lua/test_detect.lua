@@ -33,9 +33,12 @@ test('a head made to attend to p - 1 scores 1 as a previous-token head; an induc
     for j = 1, q - 2 do if ids[b][j]:item() == ids[b][q]:item() then best = j + 1 end end
     return best
   end)
-  local s = probe.detect_heads(model, ids, {'previous_token', 'induction', 'duplicate_token'})
+  local s = probe.detect_heads(model, ids, {'previous_token', 'induction', 'duplicate_token'}, {measure = 'targeted'})
+  local mul = probe.detect_heads(model, ids, 'previous_token')
   h1:remove(); h2:remove()
   close(s.previous_token.scores[1][1], 1, 1e-6, 'layer 1 head 1, previous token')
+  -- TransformerLens's mul divides by every query's attention: the first query has no previous token
+  close(mul.scores[1][1], (T - 1) / T, 1e-6, "layer 1 head 1, previous token, TransformerLens's mul")
   close(s.induction.scores[2][1], 1, 1e-6, 'layer 2 head 1, induction')
   eq(s.previous_token:top(1)[1].name, 'blocks.1 head 1')
   eq(s.induction:heads(0.9)[1].name, 'blocks.2 head 1')
@@ -45,7 +48,7 @@ test('a head made to attend to p - 1 scores 1 as a previous-token head; an induc
 end)
 
 test('on the model\'s own patterns, each score is the mean over queries of the attention on their targets, computed here', function()
-  local s = probe.detect_heads(model, ids, {'previous_token', 'duplicate_token', 'induction'})
+  local s = probe.detect_heads(model, ids, {'previous_token', 'duplicate_token', 'induction'}, {measure = 'targeted'})
   local _, cache = probe.run_with_cache(model, ids, {filter = '*.pattern'})
   local rows = ids:tolist()
   for _, kind in ipairs{'previous_token', 'duplicate_token', 'induction'} do
@@ -74,10 +77,80 @@ test('on the model\'s own patterns, each score is the mean over queries of the a
   end
 end)
 
+test("TransformerLens's mul: each sequence's attention on the targets over all its attention, then the mean over sequences", function()
+  local s = probe.detect_heads(model, ids, {'previous_token', 'duplicate_token', 'induction'},
+    {exclude_current_token = false})
+  local bos = probe.detect_heads(model, ids, 'duplicate_token', {exclude_bos = true, exclude_current_token = true})
+  local _, cache = probe.run_with_cache(model, ids, {filter = '*.pattern'})
+  local rows = ids:tolist()
+  for _, kind in ipairs{'previous_token', 'duplicate_token', 'induction', 'excluded'} do
+    for l = 1, 2 do
+      local p = cache:heads('pattern', l):double()
+      for h = 1, 4 do
+        local mean = 0
+        for b = 1, 3 do
+          local on, all = 0, 0
+          for q = 1, T do
+            for k = 1, q do
+              local w = p[h][b][q][k]:item()
+              local target = (kind == 'previous_token' and k == q - 1)
+                or ((kind == 'duplicate_token' or kind == 'excluded') and k < q and rows[b][k] == rows[b][q])
+                or (kind == 'induction' and k >= 2 and rows[b][k - 1] == rows[b][q])  -- k = q too
+              if kind == 'excluded' and (k == 1 or k == q) then w = 0 end
+              all = all + w
+              if target then on = on + w end
+            end
+          end
+          mean = mean + on / all / 3
+        end
+        local got = kind == 'excluded' and bos.scores[l][h] or s[kind].scores[l][h]
+        close(got, mean, 1e-9, ('%s layer %d head %d'):format(kind, l, h))
+      end
+    end
+  end
+  -- the chance levels: the head on shuffled tokens, and a head attending evenly
+  local shuffled = s.induction.shuffled
+  eq(#shuffled, 2)
+  assert(tostring(s.induction):find('a head attending evenly to every key it may see scores', 1, true), tostring(s.induction))
+  assert(s.induction.uniform > 0 and s.induction.uniform < 0.2, 'even attention: ' .. s.induction.uniform)
+  eq(probe.detect_heads(model, ids, 'induction', {baseline = false}).shuffled, nil)
+end)
+
+test('a forced induction head keeps its score on shuffled tokens only where it attends by position', function()
+  -- attend to the key after the earlier copy of the query's token, found in the tokens the model reads
+  local seen
+  local h0 = probe.replace(model, 'embed', function(y, _, x) seen = x:tolist(); return y end)
+  local h2 = probe.replace(model, 'blocks.2.attn.pattern', function(p)
+    local out = p:clone()
+    local forced = torch.zeros(p:size(1), T, T)
+    for b = 1, p:size(1) do
+      for q = 1, T do
+        local best
+        for j = 1, q - 2 do if seen[b][j] == seen[b][q] then best = j + 1 end end
+        forced[b][q][best or q] = 1
+      end
+    end
+    out:select(2, 1):copy_(forced)
+    return out
+  end)
+  local s = probe.detect_heads(model, ids, 'induction', {measure = 'targeted'})
+  h0:remove(); h2:remove()
+  close(s.scores[2][1], 1, 1e-6, 'the forced head on the input')
+  assert(s.shuffled[2][1] < 0.5, ('on shuffled tokens its keys move with the tokens: %.3f'):format(s.shuffled[2][1]))
+end)
+
 test('a padded batch: each example counts its real queries and keys only', function()
   local a, b = ids[1]:narrow(1, 1, 12), ids[2]
-  local padded = probe.detect_heads(model, {a, b}, 'duplicate_token', {padding_side = 'left'})
-  local one, two = probe.detect_heads(model, a, 'duplicate_token'), probe.detect_heads(model, b, 'duplicate_token')
+  local mul = probe.detect_heads(model, {a, b}, 'duplicate_token', {padding_side = 'left'})
+  local mul_one, mul_two = probe.detect_heads(model, a, 'duplicate_token'), probe.detect_heads(model, b, 'duplicate_token')
+  for l = 1, 2 do
+    for h = 1, 4 do
+      close(mul.scores[l][h], (mul_one.scores[l][h] + mul_two.scores[l][h]) / 2, 1e-5, ('mul: layer %d head %d'):format(l, h))
+    end
+  end
+  local padded = probe.detect_heads(model, {a, b}, 'duplicate_token', {padding_side = 'left', measure = 'targeted'})
+  local one = probe.detect_heads(model, a, 'duplicate_token', {measure = 'targeted'})
+  local two = probe.detect_heads(model, b, 'duplicate_token', {measure = 'targeted'})
   eq(padded.queries, one.queries + two.queries)
   for l = 1, 2 do
     for h = 1, 4 do
@@ -93,7 +166,11 @@ test('bad kinds and inputs are errors', function()
   raises(function() probe.detect_heads(model, torch.tensor({{1, 2, 3}}, {dtype = 'int64'}), 'induction') end,
     'probe.detect_heads: no query in the input has a key the induction pattern names (the input is too short, or no token repeats)')
   raises(function() probe.detect_heads(model, ids, 'induction', {tokenzier = 1}) end,
-    "probe.detect_heads: unknown option 'tokenzier', did you mean 'tokenizer'? (expected padding_side, tokenizer)")
+    "probe.detect_heads: unknown option 'tokenzier', did you mean 'tokenizer'? (expected baseline, exclude_bos, exclude_current_token, measure, padding_side, seed, tokenizer)")
+  raises(function() probe.detect_heads(model, ids, 'induction', {measure = 'abs'}) end,
+    "probe.detect_heads: measure must be 'mul' (TransformerLens's) or 'targeted', got abs")
+  raises(function() probe.detect_heads(model, ids, 'induction', {exclude_bos = 1}) end,
+    'probe.detect_heads: exclude_bos must be true or false, got 1')
   -- with a list of kinds too, an error names the caller's line
   local ok, err = pcall(function() probe.detect_heads(model, torch.tensor({{1, 2, 3}}, {dtype = 'int64'}), {'previous_token', 'induction'}) end)
   if ok or not tostring(err):find('^[^\n]*test_detect%.lua:%d+: probe%.detect_heads: no query') then error('wrong position: ' .. tostring(err)) end

@@ -18,6 +18,10 @@ attention, weights as the checkpoint has them), on the same ids.
    cache:stack_head_results (each head's result; with apply_ln)
    tok:to_str_tokens, probe.test_prompt (rank, logit, probability of each
    answer token, from TransformerLens's own printout).
+3. probe.detect_heads against TransformerLens's detect_head (its 'mul'
+   measure, a list of two texts of different lengths, each with its BOS;
+   with and without exclude_bos and exclude_current_token): every head's
+   score to 1e-5.
    anatomy's layers count from 1: TransformerLens's layer=1 is anatomy's
    layer = 2, its label '0_pre' anatomy's '1_pre', its rank 0 anatomy's rank 1.
 Tolerance (float32): |anatomy - TL| <= 1e-5 + 1e-4 |TL| (masked scores: -inf,
@@ -37,10 +41,15 @@ import tempfile
 
 import tl_side  # exits 77 without transformers and transformer-lens
 from tl_side import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, TransformerBridge, gpt2_like, torch, transformers
+from transformer_lens.head_detector import detect_head
 from transformer_lens.utilities import test_prompt
 
 import safetensors_io
 TEXT, ANSWER = "the quick brown", "fox"
+# two texts of different lengths with repeats, for the head detectors (anatomy pads them; TransformerLens runs each alone)
+DETECT_TEXTS = ["the quick brown fox jumps the quick brown fox jumps over", "a dog and a cat and a dog"]
+DETECT_VARIANTS = {"plain": {}, "no_bos": {"exclude_bos": True}, "no_current": {"exclude_current_token": True},
+                   "no_both": {"exclude_bos": True, "exclude_current_token": True}}
 
 
 # the names every model with layers maps (the docs' table), each of which must be found
@@ -139,8 +148,15 @@ def main():
             with contextlib.redirect_stdout(printed):
                 test_prompt(TEXT, ANSWER, bridge, prepend_bos=False, top_k=3)
             str_tokens = bridge.to_str_tokens(TEXT, prepend_bos=False)
+            # head detectors: TransformerLens's detect_head on a list of texts (each with its BOS), per kind and options
+            detect_ids = [bridge.to_tokens(t)[0] for t in DETECT_TEXTS]
+            detected = {}
+            for kind in ("previous_token", "duplicate_token", "induction"):
+                for variant, opts in DETECT_VARIANTS.items():
+                    detected[f"detect_{kind}_{variant}"] = detect_head(bridge, DETECT_TEXTS, kind + "_head", **opts)
         ids_path, out = os.path.join(tmp, "ids.safetensors"), os.path.join(tmp, "out.safetensors")
-        safetensors_io.save(ids_path, {"ids": ids + 1})
+        detect_tensors = {f"detect_ids_{i + 1}": t + 1 for i, t in enumerate(detect_ids)}
+        safetensors_io.save(ids_path, {"ids": ids + 1, **detect_tensors})
         p = subprocess.run([exe, "--threads=1", os.path.join(here, "tl_cache_parity.lua"), folder, ids_path, TEXT, ANSWER, out],
                            capture_output=True, text=True)
         if p.returncode != 0:
@@ -166,6 +182,14 @@ def main():
         else:
             passed += 1
             print(f"ok    {name} {tuple(a.shape)} {' '.join(expected_labels)}")
+    for name, w in detected.items():
+        a, w = got[name].double(), w.double()
+        d = (a - w).abs().max().item()
+        if a.shape != w.shape or d > 1e-5:
+            failed.append(f"{name}: largest difference {d:.3g} (anatomy {a.tolist()}, TransformerLens {w.tolist()})")
+        else:
+            passed += 1
+            print(f"ok    {name}: largest difference {d:.3g} over {tuple(a.shape)} heads (scores {w.min().item():.4f} to {w.max().item():.4f})")
     if json.loads(meta["str_tokens"]) == str_tokens:
         passed += 1
         print(f"ok    to_str_tokens: {str_tokens}")

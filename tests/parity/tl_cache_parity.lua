@@ -16,6 +16,17 @@ keep('decompose_ln', cache:decompose_resid({apply_ln = true}))
 keep('decompose_2_mlp_ln', cache:decompose_resid({layer = 2, mlp_input = true, apply_ln = true}))
 keep('heads', cache:stack_head_results())
 keep('heads_ln', cache:stack_head_results({apply_ln = true}))
+-- the head detectors on the texts TransformerLens scored, given as its ids (BOS first), padded on the right
+local inputs = torch.load_safetensors(ids_path)
+local texts = {}
+for i = 1, 10 do texts[i] = inputs['detect_ids_' .. i] end
+local variants = {plain = {}, no_bos = {exclude_bos = true}, no_current = {exclude_current_token = true},
+  no_both = {exclude_bos = true, exclude_current_token = true}}
+for variant, opts in pairs(variants) do
+  opts.baseline = false
+  local s = probe.detect_heads(model, texts, {'previous_token', 'duplicate_token', 'induction'}, opts)
+  for kind, scores in pairs(s) do keep(('detect_%s_%s'):format(kind, variant), torch.tensor(scores.scores, {dtype = 'float64'})) end
+end
 local r = probe.test_prompt(model, text, answer, {top_k = 3, quiet = true})
 local ranks = {}
 for i, a in ipairs(r.answers) do ranks[i] = {a.token, a.rank, a.logit, a.prob} end
