@@ -163,6 +163,8 @@ c10::ScalarType parse_dtype(const std::string& name, int arg) {
       {"float16", at::kHalf},  {"half", at::kHalf},      {"bfloat16", at::kBFloat16}, {"int64", at::kLong},
       {"long", at::kLong},     {"int32", at::kInt},      {"int", at::kInt},        {"int16", at::kShort},
       {"int8", at::kChar},     {"uint8", at::kByte},     {"bool", at::kBool},
+      // the short names mixed-precision settings use (train.fit's dtype = 'bf16')
+      {"bf16", at::kBFloat16}, {"fp16", at::kHalf},      {"fp32", at::kFloat},
   };
   std::string n = name.rfind("torch.", 0) == 0 ? name.substr(6) : name;
   for (const auto& e : table)

@@ -294,7 +294,7 @@ try:
             break
     said = "".join(c["text"] for c in of(msgs, "stream"))
     check("interrupt during train.fit: the cell ends normally, the run says it was interrupted",
-          reply["status"] == "ok" and "interrupted at step" in said
+          reply["status"] == "ok" and "interrupted after step" in said
           and of(msgs, "execute_result")[0]["data"]["text/plain"] == "true", (reply, said[-300:]))
     reply, msgs = run("long.steps > 1 and #long.train == long.steps")
     check("... and keeps the steps it trained", of(msgs, "execute_result")[0]["data"]["text/plain"] == "true",

@@ -33,9 +33,12 @@ test('a head made to attend to p - 1 scores 1 as a previous-token head; an induc
     for j = 1, q - 2 do if ids[b][j]:item() == ids[b][q]:item() then best = j + 1 end end
     return best
   end)
-  local s = probe.detect_heads(model, ids, {'previous_token', 'induction', 'duplicate_token'}, {measure = 'targeted'})
-  local mul = probe.detect_heads(model, ids, 'previous_token')
-  h1:remove(); h2:remove()
+  -- forced on purpose: inside probe.with, which removes them on return
+  local s, mul = probe.with({h1, h2}, function()
+    return probe.detect_heads(model, ids, {'previous_token', 'induction', 'duplicate_token'}, {measure = 'targeted'}),
+      probe.detect_heads(model, ids, 'previous_token')
+  end)
+  eq(#probe.list(model), 0, 'probe.with removed the forced patterns')
   close(s.previous_token.scores[1][1], 1, 1e-6, 'layer 1 head 1, previous token')
   -- TransformerLens's mul divides by every query's attention: the first query has no previous token
   close(mul.scores[1][1], (T - 1) / T, 1e-6, "layer 1 head 1, previous token, TransformerLens's mul")
@@ -133,8 +136,7 @@ test('a forced induction head keeps its score on shuffled tokens only where it a
     out:select(2, 1):copy_(forced)
     return out
   end)
-  local s = probe.detect_heads(model, ids, 'induction', {measure = 'targeted'})
-  h0:remove(); h2:remove()
+  local s = probe.with({h0, h2}, function() return probe.detect_heads(model, ids, 'induction', {measure = 'targeted'}) end)
   close(s.scores[2][1], 1, 1e-6, 'the forced head on the input')
   assert(s.shuffled[2][1] < 0.5, ('on shuffled tokens its keys move with the tokens: %.3f'):format(s.shuffled[2][1]))
 end)

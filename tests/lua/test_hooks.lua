@@ -615,4 +615,50 @@ test("patching.run's over: a point within each layer in any spelling, the role n
   eq(points_of(llama, 'mlp.hook_post'), 'blocks.1.mlp.post,blocks.2.mlp.post')
 end)
 
+test('a forgotten ablation is refused by the analyses, shown by print(model) and probe.list; probe.with and run_with_hooks remove what they attach', function()
+  local m, clean, corrupt = tiny(), ids(2, 6, 1), ids(2, 6, 2)
+  local metric = patching.logit_diff(3, 4)
+  local base = patching.run(m, clean, corrupt, metric)
+  local h = probe.ablate(m, 'blocks.1.attn.z', {head = 2})
+  eq(#probe.list(m), 1)
+  eq(probe.list(m)[1].kind, 'replace')
+  eq(probe.list(m)[1].at, 'blocks.1.attn.z')
+  local shown = tostring(m)
+  assert(shown:find('attached: replace at blocks.1.attn.z (probe.list(model); probe.clear(model) removes everything)', 1, true), shown)
+  local refusal = "the model has replace at blocks.1.attn.z attached, so this would measure the changed model"
+  H.raises_part(function() patching.run(m, clean, corrupt, metric) end, 'patching.run: ' .. refusal)
+  H.raises_part(function() probe.detect_heads(m, clean, 'previous_token') end, 'probe.detect_heads: ' .. refusal)
+  H.raises_part(function() autopsy.run(m, {clean, corrupt}) end, 'autopsy.run: ' .. refusal)
+  H.raises_part(function() train.evaluate(m, data.from_string(('abcdefghijklm'):rep(20)), {seq = 6, batches = 1}) end,
+    'train.evaluate: ' .. refusal)
+  H.raises_part(function() patching.run(m, clean, corrupt, metric) end, 'or run this inside probe.with(handles, fn) to mean it')
+  -- meant: inside probe.with, the analysis runs on the ablated model, and the ablation is gone afterwards
+  local ablated = probe.with(h, function() return patching.run(m, clean, corrupt, metric) end)
+  eq(#probe.list(m), 0, 'probe.with removed the ablation')
+  assert(not tostring(m):find('attached', 1, true), 'print(model) shows nothing attached')
+  assert(math.abs(ablated.clean - base.clean) > 1e-6, 'the ablation changed the clean metric inside probe.with')
+  close(patching.run(m, clean, corrupt, metric).grid, base.grid, 0, 'and patching after it is the clean model again')
+  -- removed on error too
+  local h2 = probe.skip(m, 'blocks.2')
+  local ok, err = pcall(probe.with, {h2}, function() error('inside') end)
+  assert(not ok and tostring(err):find('inside', 1, true), tostring(err))
+  eq(#probe.list(m), 0, 'probe.with removed the skip after the error')
+  raises(function() probe.with({'x'}, function() end) end, 'probe.with: handles[1] is a string, not a handle (probe.replace, probe.ablate, ... return one)')
+  -- run_with_hooks: TransformerLens's names and globs, one forward, nothing left behind
+  local plain = torch.no_grad(function() return m(clean) end)
+  local seen = {}
+  local out = probe.run_with_hooks(m, clean, {{'blocks.*.hook_resid_post', function(t, name) seen[#seen + 1] = name end},
+    {'blocks.0.attn.hook_z', function(z) return z * 0 end}})
+  eq(seen, {'blocks.1.resid_post', 'blocks.2.resid_post'})
+  local zeroed = probe.with(probe.replace(m, 'blocks.1.attn.z', function(z) return z * 0 end), function() return m(clean) end)
+  close(out, zeroed, 0, "run_with_hooks = the same replacement attached by hand")
+  assert((out - plain):abs():max():item() > 1e-4, 'the hook changed the output')
+  eq(#probe.list(m), 0, 'run_with_hooks removed its hooks')
+  H.raises_part(function() probe.run_with_hooks(m, clean, {{'blocks.1.attn.patern', function() end}}) end,
+    "probe.run_with_hooks: the name 'blocks.1.attn.patern' matches no probe point of models.GPT; did you mean 'blocks.1.attn.pattern'?")
+  H.raises_part(function() probe.run_with_hooks(m, clean, {{'blocks.1.attn.z', function() error('in the hook') end}}) end, 'in the hook')
+  eq(#probe.list(m), 0, 'run_with_hooks removed its hooks after the error')
+  h:remove()
+end)
+
 H.done()

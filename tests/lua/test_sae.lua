@@ -304,6 +304,21 @@ test('SAELens\'s format round trip in anatomy, and refusals of what it cannot re
   s:save(dir)
   local back = sae.load(dir)
   eq(back.cfg.point, POINT); eq(back.cfg.kind, 'topk'); eq(back.cfg.k, 4)
+  -- cfg.json names the point as SAELens and TransformerLens do; anatomy's name is in the metadata, and either reads back
+  local written = require('anatomy.io.json').decode(fs.read(dir .. '/cfg.json'))
+  eq(written.metadata.hook_name, 'blocks.0.hook_resid_post')
+  eq(written.metadata.anatomy_point, POINT)
+  eq(back.cfg.hook_name, 'blocks.0.hook_resid_post')
+  written.metadata.anatomy_point = nil
+  fs.write_atomic(dir .. '/cfg.json', require('anatomy.io.json').encode(written))
+  local tl_named = sae.load(dir)
+  eq(tl_named.cfg.point, 'blocks.0.hook_resid_post')
+  local hook = sae.attach(model, tl_named)
+  eq(probe.list(model)[1].at, POINT, "an SAE named by TransformerLens's name attaches at anatomy's point")
+  hook:remove()
+  local bare = sae.new{d_in = 16, d_sae = 8, point = POINT}
+  bare:save(dir .. '2', {model = model})
+  eq(require('anatomy.io.json').decode(fs.read(dir .. '2/cfg.json')).metadata.hook_name, 'blocks.0.hook_resid_post')
   local x = torch.randn(9, 16)
   H.identical(back:encode(x), s:encode(x), 'features after a round trip')
   raises(function() sae.load(H.tmpdir()) end, "has no cfg.json (an SAELens folder holds cfg.json and sae_weights.safetensors)")

@@ -388,7 +388,7 @@ test('dtype = bf16: autocast compute, float32 master weights, the float32 loss c
   raises(function() torch.autocast('cpu', 'int64', function() end) end, "bad argument #2 to 'autocast' (autocast computes in bfloat16 or float16, got int64)")
   raises(function() train.fit(m, c, {steps = 1, dtype = 'float16', quiet = true}) end,
     "train.fit: dtype 'float16' needs loss scaling, which train.fit does not do; use dtype = 'bf16' (same range as float32)")
-  raises(function() train.fit(m, c, {steps = 1, dtype = 'int8', quiet = true}) end, "train.fit: unknown dtype 'int8', expected 'float32' or 'bf16'")
+  raises(function() train.fit(m, c, {steps = 1, dtype = 'int8', quiet = true}) end, "train.fit: unknown dtype 'int8', expected 'float32' or 'bf16' (also spelt 'bfloat16')")
 end)
 
 test('capturable AdamW (for CUDA graphs) takes the same steps as LibTorch AdamW', function()

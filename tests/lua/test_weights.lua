@@ -131,4 +131,33 @@ test('composition scores equal |OV_a R_b| / (|OV_a| |R_b|) on full matrices, and
   raises(function() weights.composition(model, 'Qk') end, "weights.composition: mode must be 'q', 'k' or 'v' (or 'Q', 'K', 'V'), got Qk")
 end)
 
+test('grouped-query attention with query biases (Qwen2): each bias is its own heads\' (the query\'s as it is, keys and values shared)', function()
+  local pretrained = require('anatomy.models.pretrained')
+  local F = require(pretrained.families.qwen2)
+  torch.manual_seed(3)
+  local m = F.build(F.check({model_type = 'qwen2', vocab_size = 20, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16}, 'test'))
+  local attn
+  for n, mod in m:named_modules() do if n == 'blocks.1.self_attn' then attn = mod end end
+  local params = {}
+  for n, p in attn:named_parameters() do params[n] = p:detach():double() end
+  torch.no_grad(function()  -- random biases: a zero one would hide a mixed-up head
+    for n, p in attn:named_parameters() do if n:find('bias', 1, true) then p:copy_(torch.randn(p:size(1))) end end
+  end)
+  for n, p in attn:named_parameters() do params[n] = p:detach():double() end
+  local w = weights.attention(m, 1)
+  eq(w.heads, 4); eq(w.kv_heads, 2); eq(w.head_dim, 8)
+  eq(w.b_Q:size(), {4, 8}); eq(w.b_K:size(), {4, 8}); eq(w.b_V:size(), {4, 8})
+  for h = 1, 4 do
+    local kv = math.floor((h - 1) / 2) + 1  -- query heads 1, 2 read kv head 1; 3, 4 read kv head 2
+    close(w.b_Q[h], params['q.bias']:narrow(1, (h - 1) * 8 + 1, 8), 0, 'query bias of head ' .. h)
+    close(w.b_K[h], params['k.bias']:narrow(1, (kv - 1) * 8 + 1, 8), 0, 'key bias of head ' .. h)
+    close(w.b_V[h], params['v.bias']:narrow(1, (kv - 1) * 8 + 1, 8), 0, 'value bias of head ' .. h)
+  end
+  -- and everything built on it runs
+  eq(tostring(weights.ov(m, 2, 3)), 'weights.Factored: OV circuit of blocks.2 head 3, 32 x 32 through 8 (float64)')
+  eq(tostring(weights.qk(m, 2, 3)), 'weights.Factored: QK circuit of blocks.2 head 3, 32 x 32 through 8 (float64)')
+  eq(weights.composition(m, 'k').scores:size(), {2, 4, 2, 4})
+end)
+
 H.done()

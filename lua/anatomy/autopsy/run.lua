@@ -513,6 +513,7 @@ end
 -- (sae.evaluate): its layer's row gains sae_alive, sae_l0, sae_ev and
 -- sae_ce_recovered, how many features the layer uses beside its erank.
 local function run(model, source, opts)
+  probe.require_clean(model, 'autopsy.run', 2)
   opts = options.check(opts, {'metrics', 'steps', 'batch', 'seq', 'thresholds', 'k', 'history', 'probe_text', 'config', 'tokenizer', 'lens',
     'saes'}, 'autopsy.run', 2)
   check_lens(model, opts.lens)
@@ -548,5 +549,7 @@ local function run(model, source, opts)
     started = started, started_utc = started_utc}
   return a
 end
+
+probe.analysis(run)
 
 return run

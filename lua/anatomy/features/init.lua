@@ -7,6 +7,7 @@
 --   splice.lua     sae.attach (the reconstruction in the model) and sae.evaluate
 --   inspect.lua    top-activating contexts, feature pages
 local options = require('anatomy.torch.options')
+local nn = require('anatomy.nn')
 local SAE = require('anatomy.features.SAE')
 local saelens = require('anatomy.features.saelens')
 local training = require('anatomy.features.train')
@@ -46,7 +47,8 @@ end
 function SAE._trained(o, D, point, model)
   -- a transcoder's b_dec lies in the output's space: not subtracted from the input
   return SAE({d_in = D, d_sae = o.width, kind = o.kind, k = o.k, point = point, apply_b_dec_to_input = not o.transcoder,
-    transcoder = o.transcoder or nil, model_name = model.config and model.config.name_or_path or nil}, model:device())
+    transcoder = o.transcoder or nil, model_name = model.config and model.config.name_or_path or nil,
+    hook_name = points.to_transformer_lens(model, point)}, model:device())
 end
 
 -- sae.load(folder) -> an SAE from SAELens's format (cfg.json and
@@ -70,11 +72,23 @@ function sae.load(folder)
   return s
 end
 
--- s:save(folder) -> folder: the SAE in SAELens's format (cfg.json and
--- sae_weights.safetensors, float32), which SAELens's SAE.load_from_disk reads;
--- a BatchTopK SAE is written as the JumpReLU it computes after training
-function SAE:save(folder)
+-- s:save(folder, {model}) -> folder: the SAE in SAELens's format (cfg.json
+-- and sae_weights.safetensors, float32), which SAELens's SAE.load_from_disk
+-- reads; a BatchTopK SAE is written as the JumpReLU it computes after
+-- training. cfg.json's hook_name is TransformerLens's name of the point
+-- ('blocks.0.hook_resid_post'), as SAELens and TransformerLens attach it,
+-- where it is known (sae.train and sae.attach learn it from the model; so
+-- does {model = ...} here); anatomy's own name is metadata.anatomy_point,
+-- and sae.load reads either.
+function SAE:save(folder, opts)
   if type(folder) ~= 'string' or folder == '' then error(('sae:save: folder must be a string, got %s'):format(tostring(folder)), 2) end
+  opts = options.check(opts, {'model'}, 'sae:save', 2)
+  if opts.model ~= nil then
+    if not nn.is_module(opts.model) then error(('sae:save: model must be a model, got %s'):format(type(opts.model)), 2) end
+    local name = self.cfg.point and points.canonical(opts.model, self.cfg.point)
+    if not name then error(("sae:save: the SAE's point '%s' is no point of the model"):format(tostring(self.cfg.point)), 2) end
+    self.cfg.hook_name = points.to_transformer_lens(opts.model, name) or self.cfg.hook_name
+  end
   saelens.write(self, folder)
   return folder
 end

@@ -23,6 +23,10 @@ local function point_of(model, s, point, where)
   end
   local canonical, why = points.canonical(model, point)
   if not canonical then error(('%s: point: %s'):format(where, why), 3) end
+  local own_ok, own = pcall(points.canonical, model, s.cfg.point or '')
+  if canonical == s.cfg.point or (own_ok and canonical == own) then
+    s.cfg.hook_name = s.cfg.hook_name or points.to_transformer_lens(model, canonical)  -- what sae:save writes for SAELens
+  end
   local _, _, hook = points.locate(model, canonical, 2)
   if s.cfg.transcoder and hook then
     error(("%s: a transcoder goes in place of a module's output; '%s' is a hook point"):format(where, canonical), 3)

@@ -321,8 +321,10 @@ function pretrained.from_pretrained(name, opts)
   opts = options.check(opts, {dtype = true, device = true, revision = true, token = true, cache_dir = true,
     local_files_only = true, fold_ln = true, center_writing_weights = true, center_unembed = true, fold_value_biases = true}, where, 2)
   local processing = process.check(opts, where, 2)  -- checked now, done once the weights are in
-  if opts.dtype and opts.dtype ~= 'float32' and opts.dtype ~= 'bfloat16' and opts.dtype ~= 'float16' then
-    error(("%s: dtype must be 'float32', 'bfloat16' or 'float16', got '%s'"):format(where, tostring(opts.dtype)), 2)
+  local dtypes = {float32 = 'float32', float = 'float32', fp32 = 'float32', bfloat16 = 'bfloat16', bf16 = 'bfloat16',
+    float16 = 'float16', fp16 = 'float16', half = 'float16'}
+  if opts.dtype ~= nil and not dtypes[opts.dtype] then
+    error(("%s: dtype must be 'float32', 'bfloat16' (or 'bf16') or 'float16' (or 'fp16'), got '%s'"):format(where, tostring(opts.dtype)), 2)
   end
   for _, k in ipairs{'revision', 'cache_dir'} do
     if opts[k] ~= nil and (type(opts[k]) ~= 'string' or opts[k] == '') then
@@ -400,7 +402,8 @@ function pretrained.from_pretrained(name, opts)
     local ok, err = pcall(process.process_weights, model, processing)
     if not ok then error((tostring(err):gsub('^[^\n]-:%d+: ', '')):gsub('^models%.process_weights', where), 2) end
   end
-  if opts.dtype and opts.dtype ~= 'float32' then model:to(opts.dtype) end
+  local dtype = dtypes[opts.dtype or 'float32']
+  if dtype ~= 'float32' then model:to(dtype) end
   if opts.device then model:to(opts.device) end
   rawset(model, 'hf_config', config)
   rawset(model, 'hf_folder', folder)

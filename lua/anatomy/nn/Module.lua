@@ -527,10 +527,26 @@ local function own_shapes(m)
   return table.concat(parts, ', ')
 end
 
+-- What is attached to the model (probe.list), as print(model)'s last
+-- line: nothing when nothing is, or the probe library is not loaded.
+local function attached_line(model)
+  local hooks = package.loaded['anatomy.probe.hooks']
+  if not hooks then return nil end
+  local list = hooks.list(model)
+  if #list == 0 then return nil end
+  return ('attached: %s (probe.list(model); probe.clear(model) removes everything)'):format(hooks.describe(list))
+end
+
 -- The module tree, like PyTorch's print(model), with parameter shapes and
 -- counts; runs of identical numbered children print once ("(1-12): 12 x ...").
+-- At the top, a last line lists what probes, interventions and SAEs are
+-- attached.
 function Module:tostring(indent)
-  indent = indent or ''
+  if indent == nil then
+    local tree = self:tostring('')
+    local line = attached_line(self)
+    return line and (tree .. '\n' .. line) or tree
+  end
   local n = self:num_parameters()
   local count_note = n > 0 and ('  -- ' .. count(n) .. ' params') or ''
   if #self._children == 0 then

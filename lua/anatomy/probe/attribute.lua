@@ -88,6 +88,7 @@ end
 -- layer: one cell a feature).
 function attribute.attribute(model, clean, corrupt, metric, opts)
   local where = 'patching.attribute'
+  hooks.require_clean(model, where, 2)
   opts = options.check(opts, {'over', 'per', 'layers', 'method', 'steps', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> a one-element tensor, got %s'):format(where, type(metric)), 2) end
   local over, per, method = opts.over or 'resid_pre', opts.per or 'layer', opts.method or 'atp'
@@ -194,5 +195,7 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   if not ok then error(result, 0) end
   return result
 end
+
+hooks.analysis(attribute.attribute)
 
 return attribute

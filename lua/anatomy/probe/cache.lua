@@ -372,4 +372,48 @@ function Cache.run_with_cache(model, input, opts)
   return out, cache
 end
 
+-- probe.run_with_hooks(model, input, fwd_hooks, {tokenizer, padding_side,
+-- attention_mask}) -> output: one forward with fwd_hooks attached, removed
+-- again when it returns or raises, as TransformerLens's run_with_hooks.
+-- fwd_hooks: {{name, fn}, ...}; name a point in any spelling
+-- ('blocks.0.attn.hook_z', 'blocks.1.attn.z') or a glob of them
+-- ('blocks.*.hook_resid_post'); fn(activation, name) returns the
+-- activation to use instead, or nil to keep it (probe.replace's rule).
+-- The gradient flows as in any forward.
+function Cache.run_with_hooks(model, input, fwd_hooks, opts)
+  local where = 'probe.run_with_hooks'
+  opts = options.check(opts, {'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
+  if type(fwd_hooks) ~= 'table' then
+    error(('%s: fwd_hooks must be a list of {name, fn}, got %s'):format(where, type(fwd_hooks)), 2)
+  end
+  local wanted = {}
+  for i, h in ipairs(fwd_hooks) do
+    if type(h) ~= 'table' or type(h[1]) ~= 'string' or type(h[2]) ~= 'function' then
+      error(('%s: fwd_hooks[%d] must be {name, fn(activation, name)}, got %s'):format(where, i,
+        type(h) == 'table' and ('{%s, %s}'):format(type(h[1]), type(h[2])) or type(h)), 2)
+    end
+    local names
+    if h[1]:find('*', 1, true) then
+      local translated = points.expand_filter(model, h[1], where, 2, true)
+      names = {}
+      local match = points.matcher(translated)
+      for _, n in ipairs(points.names(model)) do if match(n) then names[#names + 1] = n end end
+      if #names == 0 then error(('%s: %s'):format(where, points.missing(model, h[1], 'the name')), 2) end
+    else
+      local name, why = points.canonical(model, h[1])
+      if not name then error(('%s: %s'):format(where, points.missing(model, h[1], 'the name')), 2) end
+      names = {name}
+    end
+    for _, n in ipairs(names) do wanted[#wanted + 1] = {n, h[2]} end
+  end
+  local ids, _, mask = inputs.to_ids(model, input, opts.tokenizer, where, opts.padding_side)
+  if opts.attention_mask ~= nil then
+    if mask then error(('%s: attention_mask is for ids; the input was padded here already'):format(where), 2) end
+    mask = inputs.check_mask(ids, opts.attention_mask, where)
+  end
+  local handles = {}
+  for _, w in ipairs(wanted) do handles[#handles + 1] = hooks.replace(model, w[1], w[2]) end
+  return hooks.with(handles, function() return inputs.forward(model, ids, mask, where) end)
+end
+
 return Cache

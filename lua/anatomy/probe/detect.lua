@@ -15,6 +15,7 @@
 -- show it, and is not TransformerLens's number.
 local inputs = require('anatomy.probe.inputs')
 local Cache = require('anatomy.probe.cache')
+local hooks = require('anatomy.probe.hooks')
 local options = require('anatomy.torch.options')
 local charts = require('anatomy.render.charts')
 
@@ -91,6 +92,7 @@ end
 -- scores:heads(threshold) those above it; scores:svg() the heatmap.
 function detect.heads(model, input, kind, opts)
   local where = 'probe.detect_heads'
+  hooks.require_clean(model, where, 2)
   opts = options.check(opts, {'tokenizer', 'padding_side', 'measure', 'exclude_bos', 'exclude_current_token', 'baseline',
     'seed'}, where, 2)
   local kinds = type(kind) == 'table' and kind or {kind}
@@ -266,5 +268,7 @@ function Scores:svg()
     {xlabel = 'head', ylabel = 'layer', value = 'attention', note = self.measure == 'targeted' and ('over %d queries'):format(self.queries)
       or ("TransformerLens's mul, over %d sequences; even attention scores %.3f"):format(self.sequences, self.uniform)})
 end
+
+hooks.analysis(detect.heads)
 
 return detect

@@ -191,6 +191,7 @@ end
 -- blocks whose residual stream is the sum of those outputs (checked).
 function edges.edges(model, clean, corrupt, metric, opts)
   local where = 'patching.edges'
+  hooks.require_clean(model, where, 2)
   opts = options.check(opts, {'method', 'steps', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> a one-element tensor, got %s'):format(where, type(metric)), 2) end
   local method = opts.method or 'eap'
@@ -433,5 +434,7 @@ end
 function Graph:report(path)
   return fs.write_atomic(path, page.new('Edge attribution', self:svg()))
 end
+
+hooks.analysis(edges.edges)
 
 return edges

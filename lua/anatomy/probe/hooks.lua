@@ -230,6 +230,86 @@ function hooks.clear(model)
   end
 end
 
+-- probe.list(model) -> {{kind, at, scoped, path}, ...}: everything attached
+-- to the model and its modules, in module order: kind 'replace' (an
+-- ablation, a patch, a steering vector, probe.replace), 'skip', 'SAE',
+-- 'capture', 'idle'; at: the point or module; scoped: attached for a
+-- probe.with or run_with_hooks that removes it on return.
+function hooks.list(model)
+  local out = {}
+  for name, m in model:named_modules() do
+    for _, e in ipairs(rawget(m, '_probes') or {}) do
+      out[#out + 1] = {kind = e.sae and 'SAE' or e.kind or 'probe', at = e.label or e.name or (name ~= '' and name or 'the model'),
+        scoped = e.scoped == true, path = name}
+    end
+  end
+  return out
+end
+
+-- hooks.describe(list[, most]) -> 'replace at blocks.1.attn.z, skip at blocks.2' (and N more)
+function hooks.describe(list, most)
+  most = most or 6
+  local shown = {}
+  for i = 1, math.min(#list, most) do shown[i] = ('%s at %s'):format(list[i].kind, list[i].at) end
+  if #list > most then shown[#shown + 1] = ('and %d more'):format(#list - most) end
+  return table.concat(shown, ', ')
+end
+
+-- The analysis functions (registered by hooks.analysis): one running further
+-- up the stack has checked the model already and attaches its own entries.
+local analysis_functions = setmetatable({}, {__mode = 'k'})
+
+-- probe.analysis(fn) -> fn, marked as an analysis that assumes the model as
+-- it is, without forgotten interventions (hooks.require_clean).
+function hooks.analysis(fn)
+  analysis_functions[fn] = true
+  return fn
+end
+
+-- probe.require_clean(model, where, level): an error at `level` when
+-- something that changes the model's output (a replacement, a skip; an
+-- attached SAE is meant to and counts as the model) was attached outside
+-- probe.with or run_with_hooks, naming it: an analysis of a model with a
+-- forgotten ablation measures the ablated model. Inside another analysis
+-- (its own patches attached) it checks nothing.
+function hooks.require_clean(model, where, level)
+  for l = (level or 2) + 1, 60 do
+    local info = debug.getinfo(l, 'f')
+    if not info then break end
+    if analysis_functions[info.func] then return end
+  end
+  local live = {}
+  for _, e in ipairs(hooks.list(model)) do
+    if (e.kind == 'replace' or e.kind == 'skip') and not e.scoped then live[#live + 1] = e end
+  end
+  if #live == 0 then return end
+  error(("%s: the model has %s attached, so this would measure the changed model; remove %s (handle:remove(), or "
+    .. "probe.clear(model)), or run this inside probe.with(handles, fn) to mean it"):format(where, hooks.describe(live),
+    #live == 1 and 'it' or 'them'), (level or 2) + 1)
+end
+
+-- probe.with(handles, fn) -> fn's results: runs fn with what the handles
+-- attached (a handle, or a list of them: probe.ablate(...), probe.replace(...),
+-- steering, SAEs) and removes all of it when fn returns or raises, as
+-- TransformerLens's `with model.hooks(...)`. Analyses inside fn (patching,
+-- detectors, lenses, the autopsy, evaluate) accept what the handles attached.
+function hooks.with(handles, fn)
+  if type(fn) ~= 'function' then error(('probe.with: the second argument must be a function, got %s'):format(type(fn)), 2) end
+  if getmetatable(handles) == Handle then handles = {handles} end
+  if type(handles) ~= 'table' then error(('probe.with: handles must be a handle or a list of them, got %s'):format(type(handles)), 2) end
+  for i, h in ipairs(handles) do
+    if getmetatable(h) ~= Handle then
+      for _, other in ipairs(handles) do if getmetatable(other) == Handle then other:remove() end end
+      error(('probe.with: handles[%d] is a %s, not a handle (probe.replace, probe.ablate, ... return one)'):format(i, type(h)), 2)
+    end
+    for _, pair in ipairs(h.attached) do pair[2].scoped = true end
+  end
+  local results = {pcall(fn)}
+  for _, h in ipairs(handles) do h:remove() end
+  if not results[1] then error(results[2], 0) end
+  return unpack(results, 2)
+end
+
 -- probe.attach_capture(model, {filter, grad, strict, where, level}) -> capture,
 -- handle, order, groups: records into capture until handle:remove(); order
 -- lists the names in the order they were recorded. The filter is in any

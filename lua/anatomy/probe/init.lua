@@ -37,6 +37,7 @@ local probe = {
   canonical = points.canonical,
   from_transformer_lens = points.from_transformer_lens,
   transformer_lens_names = points.transformer_lens_names,
+  to_transformer_lens = points.to_transformer_lens,
   checkpoint_spelling = points.checkpoint_spelling,
   layout = points.layout,
   -- attaching and removing (hooks.lua)
@@ -47,12 +48,17 @@ local probe = {
   group = hooks.group,
   clear = hooks.clear,
   attach_capture = hooks.attach_capture,
+  with = hooks.with,
+  require_clean = hooks.require_clean,
+  analysis = hooks.analysis,
+  list = hooks.list,
   capture = hooks.capture,
   -- inputs (inputs.lua)
   to_ids = inputs.public_to_ids,
   forward = inputs.forward,
   -- the cache (cache.lua)
   run_with_cache = Cache.run_with_cache,
+  run_with_hooks = Cache.run_with_hooks,
   Cache = Cache,
   -- interventions (interventions.lua)
   ablate = interventions.ablate,

@@ -150,6 +150,7 @@ end
 -- prediction of the next token (the last position predicts nothing).
 function Lens:evaluate(input, opts)
   local where = 'lens:evaluate'
+  hooks.require_clean(self.model, where, 2)
   opts = options.check(opts, {'tokenizer', 'padding_side'}, where, 2)
   local ids, _, mask = batch_of(self, input, opts, where, 2)
   if ids:size(2) < 2 then error(('%s: the input needs 2 tokens or more (a next token to predict)'):format(where), 2) end
@@ -180,6 +181,7 @@ end
 -- the seed. The model is frozen (its gradients and mode restored after).
 function lens.tuned(model, corpus, opts)
   local where = 'lens.tuned'
+  hooks.require_clean(model, where, 2)
   local layers = layers_of(model, where)
   opts = options.check(opts, {'steps', 'batch', 'seq', 'lr', 'weight_decay', 'seed', 'split', 'quiet', 'log_every'}, where, 2)
   if type(corpus) ~= 'table' or type(corpus.batch) ~= 'function' then
@@ -363,5 +365,8 @@ function Lens:__tostring()
     c.steps and (', trained %d steps of %d x %d tokens at lr %g, seed %s'):format(c.steps, c.batch, c.seq, c.lr, tostring(c.seed)) or '',
     tostring(self.weights_sha256):sub(1, 16))
 end
+
+hooks.analysis(Lens.evaluate)
+hooks.analysis(lens.tuned)
 
 return lens

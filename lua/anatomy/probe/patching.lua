@@ -70,6 +70,7 @@ patching.Result = runs.Result
 -- the way from corrupt (0) to clean (1); print(result), result:report(path).
 function patching.run(model, clean, corrupt, metric, opts)
   local where = 'patching.run'
+  hooks.require_clean(model, where, 2)
   opts = options.check(opts, {'over', 'per', 'layers', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> number, got %s'):format(where, type(metric)), 2) end
   local over, per = opts.over or 'resid_pre', opts.per or 'layer'
@@ -167,6 +168,7 @@ patching.PathResult = PathResult
 -- result:normalized() the share of the way from corrupt (0) to clean (1).
 function patching.path(model, clean, corrupt, metric, opts)
   local where = 'patching.path'
+  hooks.require_clean(model, where, 2)
   opts = options.check(opts, {'sender', 'receivers', 'via', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> number, got %s'):format(where, type(metric)), 2) end
   local via = opts.via or 'resid'
@@ -283,5 +285,8 @@ end
 -- the estimates from gradients: attribution patching (attribute.lua) and edge attribution (edges.lua)
 patching.attribute = require('anatomy.probe.attribute').attribute
 patching.edges = require('anatomy.probe.edges').edges
+
+hooks.analysis(patching.run)
+hooks.analysis(patching.path)
 
 return patching

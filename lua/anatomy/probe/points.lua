@@ -216,13 +216,16 @@ function points.transformer_lens_names(model)
   return out
 end
 
--- The TransformerLens spelling of anatomy's name, or nil.
+-- probe.to_transformer_lens(model, name) -> TransformerLens's spelling of
+-- anatomy's name ('blocks.1.resid_post' -> 'blocks.0.hook_resid_post'), or
+-- nil where TransformerLens has no name for the point.
 local function tl_spelling(model, name)
   for _, pair in ipairs(points.transformer_lens_names(model)) do
     if pair[2] == name then return pair[1] end
   end
   return nil
 end
+points.to_transformer_lens = tl_spelling
 
 -- Every name a point of the model answers to: probe.names, the points
 -- attached entries publish, and the TransformerLens names.

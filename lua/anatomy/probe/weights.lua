@@ -159,7 +159,11 @@ local function read_attention(model, layer, where, level)
   end
   local params = {}
   for pname, p in attn:named_parameters() do params[pname] = p end
-  local function bias(b, n) return b and expand(b:detach():double():reshape(n, D)) or nil end
+  local function bias(b, n)  -- (n*D) -> (H, D): a query's bias as it is, a shared key's or value's expanded to its query heads
+    if not b then return nil end
+    local t = b:detach():double():reshape(n, D)
+    return n == H and t or expand(t)
+  end
   if out.rotary then
     out.W_Q, out.W_K, out.W_V = per_head(params['q.weight'], H), expand(per_head(params['k.weight'], KV)), expand(per_head(params['v.weight'], KV))
     out.b_Q, out.b_K, out.b_V = bias(params['q.bias'], H), bias(params['k.bias'], KV), bias(params['v.bias'], KV)

@@ -39,7 +39,7 @@ local settings = {
   -- what the run measures and how it computes
   {'probe', nil, 'table', '{every = 50, filter, grad, fn(step, capture, record)}: captures during that step\'s own pass'},
   {'recurrence', nil, 'count', 'k extra passes of a stateful model, fed its previous pass\'s hidden states'},
-  {'dtype', nil, nil, "'float32' (default), or 'bf16': the forward under autocast, float32 master weights"},
+  {'dtype', nil, nil, "'float32' (default), or 'bf16' (or 'bfloat16'): the forward under autocast, float32 master weights"},
   {'cuda_graph', nil, nil, 'on a GPU: one whole step recorded after two warm-up steps and replayed'},
   {'sync', nil, 'boolean', "off the CPU: read each step's loss before its optimizer step, not one step late (the device waits; a non-finite loss is traced to its module)"},
   {'bucket_mb', nil, nil, 'data-parallel: the size of a gradient bucket in MiB (default 25)'},
@@ -55,7 +55,7 @@ end
 
 -- train.fit's dtype: what the forward pass computes in. Parameters, gradients
 -- and the optimizer's state stay float32 (master weights) in every case.
-local compute_dtypes = {float32 = 'float32', float = 'float32', bf16 = 'bfloat16', bfloat16 = 'bfloat16'}
+local compute_dtypes = {float32 = 'float32', float = 'float32', fp32 = 'float32', bf16 = 'bfloat16', bfloat16 = 'bfloat16'}
 
 local function check_kind(key, v)
   local kind = kinds[key]
@@ -110,7 +110,7 @@ local function check_rest(o, world_size, model)
   end
   o.compute_dtype = compute_dtypes[dtype]
   if not o.compute_dtype then
-    error(("train.fit: unknown dtype '%s', expected 'float32' or 'bf16'"):format(tostring(dtype)), 4)
+    error(("train.fit: unknown dtype '%s', expected 'float32' or 'bf16' (also spelt 'bfloat16')"):format(tostring(dtype)), 4)
   end
   if o.cuda_graph ~= nil and type(o.cuda_graph) ~= 'boolean' then
     error(('train.fit: cuda_graph must be a boolean, got %s'):format(type(o.cuda_graph)), 4)

@@ -59,6 +59,7 @@ end
 -- token of each: batched with padding that no loss counts, the same as
 -- judging each alone and weighting by its tokens.
 local function evaluate(model, corpus, opts)
+  require('anatomy.probe.hooks').require_clean(model, 'train.evaluate', 2)
   opts = options.check(opts, {'split', 'text', 'texts', 'seq', 'batches', 'batch', '_world'}, 'train.evaluate', 2)
   if opts.text ~= nil and opts.texts ~= nil then error('train.evaluate: give text or texts, not both', 2) end
   if opts.texts ~= nil then
@@ -107,5 +108,7 @@ local function evaluate(model, corpus, opts)
   local nats = total / count
   return {nats = nats, bits = nats / math.log(2), tokens = count}
 end
+
+require('anatomy.probe.hooks').analysis(evaluate)
 
 return evaluate

@@ -52,4 +52,7 @@ function train.fit(model, corpus, opts)
   return trainer:close()
 end
 
+-- train.fit evaluates the model with whatever its caller attached (training with a layer skipped is a choice)
+require('anatomy.probe.hooks').analysis(train.fit)
+
 return train
