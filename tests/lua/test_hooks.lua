@@ -661,4 +661,53 @@ test('a forgotten ablation is refused by the analyses, shown by print(model) and
   h:remove()
 end)
 
+test('patching output cannot mislead: the effect and the shares with clean and corrupt stated, and a grid within the noise says so', function()
+  local m = tiny()
+  local a, b = ids(1, 6, 1), ids(1, 6, 2)
+  local metric = patching.logit_diff(3, 4)
+  local r = patching.run(m, torch.cat({a, b}, 1), torch.cat({b, a}, 1), metric, {over = 'attn.z', per = 'head'})
+  -- swapped pairs: clean - corrupt is d and -d, mean 0, its standard error |d|
+  assert(math.abs(r.difference) < 1e-6, 'clean - corrupt of swapped pairs: ' .. r.difference)
+  eq(r.examples, 2)
+  eq(r.meaningful, false)
+  H.raises_part(function() r:normalized() end, 'patching: no normalized result: ')
+  H.raises_part(function() r:normalized() end, 'read result.effect (patched - corrupt) instead')
+  local text = tostring(r)
+  assert(text:find('NOT MEANINGFUL: ', 1, true), text)
+  assert(text:find('effect: patched - corrupt (not normalized)', 1, true), text)
+  close(r.effect, r.grid - r.corrupt, 0, 'the effect')
+  -- a real difference: shares, with clean, corrupt and the spread printed
+  local good = patching.run(m, a, b, metric, {over = 'attn.z', per = 'head'})
+  local shown = tostring(good)
+  assert(shown:find(('clean %.6g, corrupt %.6g: clean - corrupt = %.4g (one example: no spread to judge the noise by)'):format(
+    good.clean, good.corrupt, good.difference), 1, true), shown)
+  assert(shown:find('share of clean - corrupt restored', 1, true), shown)
+  close(good:normalized(), good.effect / (good.clean - good.corrupt), 0, 'normalized = effect / (clean - corrupt)')
+  -- the page's table shows the printed numbers
+  local page = H.read(good:report(os.tmpname() .. '.html'))
+  local first = good:normalized()[1][1]:item()
+  assert(page:find(('<td>%.4f</td>'):format(first), 1, true), 'the table holds the shares print shows')
+  -- the same clean and corrupt: nothing to normalise by
+  local same = patching.run(m, a, a, metric)
+  eq(same.meaningful, false)
+  H.raises_part(function() same:normalized() end, 'clean and corrupt give the same metric')
+end)
+
+test("per = 'head_position': one head at one position a run, TransformerLens's (layer, position, head) grid", function()
+  local m, clean, corrupt = tiny(), ids(1, 5, 1), ids(1, 5, 2)
+  local metric = patching.logit_diff(3, 4)
+  local r = patching.run(m, clean, corrupt, metric, {over = 'attn.hook_z', per = 'head_position'})
+  eq(r.grid:size(), {8, 5}, 'a row a (layer, head), a column a position')
+  eq(r.rows[6], 'blocks.2 head 2')
+  eq(r.layer_position_head:size(), {2, 5, 4})
+  local cache = select(2, probe.run_with_cache(m, clean, {filter = 'blocks.2.attn.z'}))
+  local h = probe.patch(m, 'blocks.2.attn.z', cache, {head = 2, position = 4})
+  local want = probe.with(h, function() return metric(torch.no_grad(function() return m(corrupt) end)):item() end)
+  close(r.layer_position_head[2][4][2], want, 1e-6, 'layer 2, position 4, head 2 patched alone')
+  close(r.grid[6][4], want, 1e-6, 'the same cell in the printed grid')
+  -- the heads at each position add up to the whole position only where the metric is linear; here each cell is its own run
+  H.raises_part(function() patching.run(m, clean, corrupt, metric, {over = 'resid_pre', per = 'head_position'}) end,
+    "patching.run: per = 'head_position' needs a point with heads")
+end)
+
 H.done()

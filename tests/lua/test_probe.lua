@@ -287,7 +287,7 @@ test('patching.edges: every edge once, the logits\' edges sum to AtP of the last
   local sum = 0
   for _, e in ipairs(g.edges) do if e.to == 'logits' then sum = sum + e.score end end
   local atp = patching.attribute(m, clean, corrupt, metric, {over = 'resid_post'})
-  close(sum, atp.grid[2][1]:item() - atp.corrupt, 1e-5, 'the logits\' edges against AtP of blocks.2.resid_post')
+  close(sum, atp.grid[2][1]:item(), 1e-5, 'the logits\' edges against AtP of blocks.2.resid_post')
   close(g.corrupt, atp.corrupt, 1e-6, 'the corrupt metric')
   close(g:score('embed', 'blocks.1 head 2', 'k'), g:score('embed', 'blocks.1 head 2', 'k'), 0)
   raises(function() g:score('blocks.2 mlp', 'blocks.1 mlp') end, 'graph:score: no edge blocks.2 mlp -> blocks.1 mlp')
@@ -348,17 +348,19 @@ test('patching.attribute: atp, atp* and ig near exact patching, the parameters\'
   local star = patching.attribute(m, clean, corrupt, metric, {over = 'attn.k', per = 'head', method = 'atp*'})
   H.identical(p1.grad, torch.ones_like(p1), "the parameters' gradients")
   H.close(atp.corrupt, exact.corrupt, 1e-5, 'the same corrupt run (the cached run takes the hook points\' path)')
-  local e, a, s = (exact.grid - exact.corrupt):abs(), (atp.grid - exact.grid):abs(), (star.grid - exact.grid):abs()
+  local e, a, s = exact.effect:abs(), (atp.effect - exact.effect):abs(), (star.effect - exact.effect):abs()
+  close(atp.metric, atp.effect + atp.corrupt, 0, "an estimate's metric is the corrupt one plus its effect")
+  close(exact.effect, exact.grid - exact.corrupt, 0, "patching's effect is its metric less the corrupt one")
   print(('  attn.k per head: |atp - exact| %.3g, |atp* - exact| %.3g (cells up to %.3g)'):format(a:max():item(), s:max():item(), e:max():item()))
   assert(s:sum():item() < a:sum():item(), 'the fix brings the estimate closer to exact patching')
   -- an estimate is titled as one, in print and in the chart
-  H.raises_part(function() error(tostring(star)) end, 'attribution patching (atp*) of attn.k per head: the metric estimated')
-  assert(star:svg():find('Attribution patching (atp*): attn.k per head', 1, true), 'the chart says estimate')
-  assert(tostring(exact):find('^activation patching of attn.k'), 'exact patching keeps its title')
+  H.raises_part(function() error(tostring(star)) end, 'attribution patching (atp*) of attn.k per head, each part patched from the clean run, estimated from gradients')
+  assert(star:svg():find('Attribution patching (atp*) of attn.k per head', 1, true), 'the chart says estimate')
+  assert(tostring(exact):find('\nactivation patching of attn.k'), 'exact patching keeps its title')
   -- ig over a whole layer is exact up to its steps' quadrature (completeness)
   local whole = patching.run(m, clean, corrupt, metric, {over = 'resid_pre'})
   local ig = patching.attribute(m, clean, corrupt, metric, {over = 'resid_pre', method = 'ig', steps = 32})
-  H.close(ig.grid, whole.grid, 5e-3, 'ig of a whole layer is the exact patch')
+  H.close(ig.effect, whole.effect, 5e-3, 'ig of a whole layer is the exact patch')
   local neurons = patching.attribute(m, clean, corrupt, metric, {over = 'mlp.post', per = 'neuron'})
   eq(neurons.grid:size(), {3, 32}, 'a column a neuron')
   -- layers: only the chosen rows, each the same as in the whole grid

@@ -93,7 +93,7 @@ def atp(model, clean, corrupt, point, per):
     _, c = run(model, clean, pts)
     m, a = run(model, corrupt, pts, grad=True)
     m.backward()
-    return [[m.item() + v for v in reduce((c[l] - a[l]).detach() * a[l].grad, per)] for l in pts]
+    return [[v for v in reduce((c[l] - a[l]).detach() * a[l].grad, per)] for l in pts]  # the effects
 
 
 def atp_star(model, clean, corrupt, which, per):
@@ -116,7 +116,7 @@ def atp_star(model, clean, corrupt, which, per):
             qq, kk = (q + d, k) if which == "q" else (q, k + d)
             s = torch.einsum("bqhd,bkhd->bhqk", qq, kk) / math.sqrt(d_head)
             s = s.masked_fill(mask, float("-inf"))
-            row.append(m.item() + ((s.softmax(-1) - p) * gp).sum().item())
+            row.append(((s.softmax(-1) - p) * gp).sum().item())
         grid.append(row)
     return grid
 
@@ -126,7 +126,7 @@ def ig(model, clean, corrupt, steps):
     for l, blk in enumerate(model.blocks):
         pts = {"x": blk.hook_resid_pre}
         _, c = run(model, clean, pts)
-        m0, a = run(model, corrupt, pts)
+        _, a = run(model, corrupt, pts)
         delta, base = (c["x"] - a["x"]).detach(), a["x"].detach()
         total = torch.zeros_like(base)
         for k in range(steps):
@@ -135,7 +135,7 @@ def ig(model, clean, corrupt, steps):
             m, _ = run(model, corrupt, pts, grad=True, replace={"x": lambda out: leaf})
             m.backward()
             total += leaf.grad
-        grid.append([m0.item() + (delta * total / steps).sum().item()])
+        grid.append([(delta * total / steps).sum().item()])
     return grid
 
 

@@ -1,5 +1,5 @@
 -- attribute: patching estimated from gradients. patching.attribute gives
--- patching.run's grid from two forwards and one backward (AtP), with
+-- the effects patching.run measures from two forwards and one backward (AtP), with
 -- AtP*'s fix for queries and keys, or from integrated gradients.
 local points = require('anatomy.probe.points')
 local Cache = require('anatomy.probe.cache')
@@ -68,11 +68,15 @@ end
 
 -- patching.attribute(model, clean, corrupt, metric, {over = 'resid_pre',
 -- per = 'layer'|'head'|'position'|'neuron', method = 'atp'|'atp*'|'ig',
--- steps = 8, layers, tokenizer}) -> result, as patching.run's (grid, normalized,
--- print, report), estimated from gradients instead of one run per cell:
+-- steps = 8, layers, tokenizer}) -> result, as patching.run's (effect,
+-- normalized, print, report), estimated from gradients instead of one run
+-- per cell. result.grid is the estimated effect of each patch (patched -
+-- corrupt, as other attribution-patching tools give it; patching.run's
+-- grid is the patched metric), result.metric the estimated metric
+-- (corrupt + effect):
 --   atp: attribution patching. From the clean run, the corrupt run and one
---        backward of metric on the corrupt run, each cell is
---        corrupt + (clean - corrupt activation) . d metric / d activation,
+--        backward of metric on the corrupt run, each cell's effect is
+--        (clean - corrupt activation) . d metric / d activation,
 --        summed over the cell (a head, a position, a neuron, the layer);
 --   atp*: for a query or key point (attn.q, attn.k), the attention pattern
 --        recomputed with the cell's clean query or key and the linear term
@@ -176,7 +180,7 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
         values = reduce_to((clean_cache[name] - corrupt_cache[name]):double() * grads[name]:double(), per, layout)
       end
       grid[i] = {}
-      for c, v in ipairs(values) do grid[i][c] = corrupt_metric + v end
+      for c, v in ipairs(values) do grid[i][c] = v end
       if not cols then
         cols = {}
         if per == 'layer' then cols[1] = 'all'
@@ -187,8 +191,11 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
         else for n = 1, #values do cols[n] = 'neuron ' .. n end end
       end
     end
-    return setmetatable({grid = torch.tensor(grid, {device = 'cpu'}), values = grid, rows = rows, points = names, cols = cols, over = over, per = per,
-      clean = clean_metric, corrupt = corrupt_metric, method = method, steps = method == 'ig' and steps or nil}, runs.Result)
+    local effect = torch.tensor(grid, {device = 'cpu', dtype = 'float64'})
+    local noise, examples = runs.spread(metric, clean_out, corrupt_out, mask, where)
+    return runs.result{grid = effect, values = grid, effect = effect, metric = effect + corrupt_metric, rows = rows, points = names,
+      cols = cols, over = over, per = per, clean = clean_metric, corrupt = corrupt_metric, noise = noise, examples = examples,
+      method = method, steps = method == 'ig' and steps or nil}
   end)
   model:train(was_training)
   for _, pg in ipairs(saved) do pg[1].grad = pg[2] end

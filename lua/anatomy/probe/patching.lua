@@ -59,56 +59,93 @@ patching.point = runs.point
 patching.Result = runs.Result
 
 -- patching.run(model, clean, corrupt, metric, {over = 'resid_pre', per =
--- 'layer'|'head'|'position', layers, tokenizer}) -> result. clean and
+-- 'layer'|'head'|'position'|'head_position', layers, tokenizer}) -> result. clean and
 -- corrupt: ids or texts of one shape; metric(logits) -> a number. For each
 -- layer of model:layers() (or of `layers`, numbers or names as steer.vector
 -- takes them, kept in the model's order: a point that only some layers
 -- have, such as an attached SAE's 'resid_post.sae.acts', needs them) and
 -- each head or position of it, the corrupt input runs with that part of
 -- `over` patched in from the clean run. result.grid (a row per layer
--- patched x columns) holds the metric, result:normalized() the share of
--- the way from corrupt (0) to clean (1); print(result), result:report(path).
+-- patched x columns) holds the metric, as TransformerLens's patching
+-- returns it; result.effect the metric less the corrupt run's;
+-- result:normalized() the share of the way from corrupt (0) to clean (1),
+-- an error when clean and corrupt differ by no more than the metric's noise
+-- (result.meaningful, result.why: twice the standard error of clean -
+-- corrupt over the examples, result.noise); print(result) shows the shares
+-- (or the effect, saying the grid means nothing), result:report(path).
+-- per = 'head_position' patches one head at one position a run: a row a
+-- (layer, head), a column a position, and result.layer_position_head the
+-- (L, T, H) grid of TransformerLens's get_act_patch_attn_head_out_by_pos
+-- (over = 'attn.z').
 function patching.run(model, clean, corrupt, metric, opts)
   local where = 'patching.run'
   hooks.require_clean(model, where, 2)
   opts = options.check(opts, {'over', 'per', 'layers', 'tokenizer', 'padding_side', 'attention_mask'}, where, 2)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> number, got %s'):format(where, type(metric)), 2) end
   local over, per = opts.over or 'resid_pre', opts.per or 'layer'
-  if per ~= 'layer' and per ~= 'head' and per ~= 'position' then
-    error(("%s: per must be 'layer', 'head' or 'position', got '%s'"):format(where, tostring(per)), 2)
+  if per ~= 'layer' and per ~= 'head' and per ~= 'position' and per ~= 'head_position' then
+    error(("%s: per must be 'layer', 'head', 'position' or 'head_position', got '%s'"):format(where, tostring(per)), 2)
   end
   local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
   local names, rows = runs.layer_points(model, over, where, opts.layers)
   local clean_out, cache = Cache.run_with_cache(model, clean_ids, {filter = names, attention_mask = mask})
   local function run_corrupt() return torch.no_grad(function() return inputs.forward(model, corrupt_ids, mask, where) end) end
   local clean_metric = runs.as_number(metric(clean_out, mask), where)
-  local corrupt_metric = runs.as_number(metric(run_corrupt(), mask), where)
+  local corrupt_out = run_corrupt()
+  local corrupt_metric = runs.as_number(metric(corrupt_out, mask), where)
+  local noise, examples = runs.spread(metric, clean_out, corrupt_out, mask, where)
   local first = cache:get(names[1])
   if first == nil then error(("%s: the clean run published nothing at '%s'"):format(where, names[1]), 2) end
   local cols, key = {'all'}, nil
   local layout = points.layout(names[1])
+  local function positions()
+    local out, tokens = {}, cache.tokens[1]
+    for t = 1, first:size(layout.pos) do out[t] = ('%d %s'):format(t, terminal.token_label(tokens[t] or '', 8)) end
+    return out
+  end
+  if (per == 'head' or per == 'head_position') and not layout.head then
+    error(("%s: per = '%s' needs a point with heads (attn.q, k, v, z, result, pattern, scores), got '%s'"):format(where, per, over), 2)
+  end
   if per == 'head' then
-    if not layout.head then error(("%s: per = 'head' needs a point with heads (attn.q, k, v, z, result, pattern, scores), got '%s'"):format(where, over), 2) end
     cols, key = {}, 'head'
     for h = 1, first:size(layout.head) do cols[h] = 'head ' .. h end
   elseif per == 'position' then
-    cols, key = {}, 'position'
-    local tokens = cache.tokens[1]
-    for t = 1, first:size(layout.pos) do cols[t] = ('%d %s'):format(t, terminal.token_label(tokens[t] or '', 8)) end
+    cols, key = positions(), 'position'
+  elseif per == 'head_position' then
+    cols = positions()
   end
-  local grid = {}
-  for i, name in ipairs(names) do
-    grid[i] = {}
-    for c = 1, #cols do
-      local handle = interventions.patch(model, name, cache, key and {[key] = c} or nil)
-      local ok, out = pcall(run_corrupt)
-      handle:remove()
-      if not ok then error(out, 0) end
-      grid[i][c] = runs.as_number(metric(out, mask), where)
+  local function patched(name, selection)
+    local handle = interventions.patch(model, name, cache, selection)
+    local ok, out = pcall(run_corrupt)
+    handle:remove()
+    if not ok then error(out, 0) end
+    return runs.as_number(metric(out, mask), where)
+  end
+  local grid, row_names = {}, rows
+  if per == 'head_position' then  -- a row a (layer, head), a column a position
+    row_names = {}
+    local H = first:size(layout.head)
+    for i, name in ipairs(names) do
+      for h = 1, H do
+        local row = {}
+        for c = 1, #cols do row[c] = patched(name, {head = h, position = c}) end
+        grid[#grid + 1], row_names[#row_names + 1] = row, ('%s head %d'):format(rows[i], h)
+      end
+    end
+  else
+    for i, name in ipairs(names) do
+      grid[i] = {}
+      for c = 1, #cols do grid[i][c] = patched(name, key and {[key] = c} or nil) end
     end
   end
-  return setmetatable({grid = torch.tensor(grid, {device = 'cpu'}), values = grid, rows = rows, points = names, cols = cols, over = over, per = per,
-    clean = clean_metric, corrupt = corrupt_metric}, runs.Result)
+  local t = torch.tensor(grid, {device = 'cpu', dtype = 'float64'})
+  local r = runs.result{grid = t, values = grid, effect = t - corrupt_metric, rows = row_names, points = names, cols = cols,
+    over = over, per = per, clean = clean_metric, corrupt = corrupt_metric, noise = noise, examples = examples}
+  if per == 'head_position' then
+    -- TransformerLens's layout of get_act_patch_attn_head_out_by_pos: (layer, position, head)
+    r.layer_position_head = t:reshape(#names, -1, #cols):permute(1, 3, 2):contiguous()
+  end
+  return r
 end
 
 -- A head given as {layer, head}: layer a number (1..L) or a layer's name,

@@ -145,56 +145,126 @@ function runs.as_scalar(v, where)
   return v:reshape({})
 end
 
+-- runs.spread(metric, clean_out, corrupt_out, mask, where) -> the standard
+-- error of the mean of clean - corrupt over the examples (the metric of
+-- each example alone; the metrics of patching average over examples), and
+-- the number of examples; nil with one example, or a metric that cannot
+-- read one example alone.
+function runs.spread(metric, clean_out, corrupt_out, mask, where)
+  local B = clean_out:size(1)
+  if B < 2 then return nil, B end
+  local diffs, mean = {}, 0
+  for b = 1, B do
+    local m = mask and mask:narrow(1, b, 1) or nil
+    local ok, d = pcall(function()
+      return runs.as_number(metric(clean_out:narrow(1, b, 1):detach(), m), where)
+        - runs.as_number(metric(corrupt_out:narrow(1, b, 1):detach(), m), where)
+    end)
+    if not ok or d ~= d then return nil, B end
+    diffs[b], mean = d, mean + d / B
+  end
+  local var = 0
+  for _, d in ipairs(diffs) do var = var + (d - mean) ^ 2 / (B - 1) end
+  return math.sqrt(var / B), B
+end
+
+-- runs.judge(r): whether clean and corrupt differ by more than the metric's
+-- noise, and why: more than twice the standard error of their difference
+-- over the examples (r.noise), and more than float32's rounding of the
+-- metric (1e-6 of its size). With one example there is no spread to judge
+-- from; only the rounding is checked, and the print says so.
+function runs.judge(r)
+  local d = r.clean - r.corrupt
+  local rounding = 1e-6 * (1 + math.abs(r.clean) + math.abs(r.corrupt))
+  if d ~= d then return false, 'the metric is NaN' end
+  if math.abs(d) <= rounding then
+    return false, ('clean and corrupt give the same metric (difference %.3g, within float rounding)'):format(d)
+  end
+  if r.noise and math.abs(d) <= 2 * r.noise then
+    return false, ('clean - corrupt = %.4g is within twice its standard error over the %d examples (%.3g)'):format(d, r.examples, r.noise)
+  end
+  return true, nil
+end
+
 local Result = {}
 Result.__index = Result
 runs.Result = Result
 
--- result:normalized() -> (grid - corrupt) / (clean - corrupt): 0 where the
--- patch changes nothing, 1 where it restores the clean metric.
+-- runs.result(fields) -> a Result: fields with grid (the measured metric,
+-- or for an estimate the estimated effect), effect (patched - corrupt),
+-- clean, corrupt, noise and examples; meaningful and why are added.
+function runs.result(r)
+  r.difference = r.clean - r.corrupt
+  r.meaningful, r.why = runs.judge(r)
+  return setmetatable(r, Result)
+end
+
+-- result:normalized() -> effect / (clean - corrupt): 0 where the patch
+-- changes nothing, 1 where it restores the clean metric. An error when clean
+-- and corrupt differ by no more than the metric's noise (runs.judge):
+-- shares of that difference would be noise; result.effect is still there.
 function Result:normalized()
-  local span = self.clean - self.corrupt
-  if span == 0 then error('patching: clean and corrupt give the same metric; nothing to normalise by', 2) end
-  return (self.grid - self.corrupt) / span
+  if not self.meaningful then
+    error(('patching: no normalized result: %s; read result.effect (patched - corrupt) instead'):format(self.why), 2)
+  end
+  return self.effect / self.difference
 end
 
 -- What the grid holds: activation patching's measured metric, or the
--- estimate of it (patching.attribute's method, with its steps).
+-- estimate of the effect (patching.attribute's method, with its steps).
 local function kind(r)
-  if not r.method then return 'activation patching', 'the metric with each part patched from clean into corrupt',
-    'the metric with that part of %s patched from the clean run' end
+  if not r.method then return 'activation patching', 'patched from the clean run' end
   local m = r.method .. (r.steps and (', %d steps'):format(r.steps) or '')
-  return ('attribution patching (%s)'):format(m), 'the metric estimated with each part patched from clean into corrupt',
-    'the metric estimated from gradients with that part of %s patched from the clean run'
+  return ('attribution patching (%s)'):format(m), 'patched from the clean run, estimated from gradients'
 end
+
+-- What print, the chart and the page show, from one computation: the share
+-- of clean - corrupt each patch restores where that difference is more than
+-- noise, else the effect itself (patched - corrupt); the caption's lines.
+local function shown(self)
+  local name, how = kind(self)
+  local values, what
+  if self.meaningful then
+    values, what = (self.effect / self.difference):tolist(), 'share of clean - corrupt restored (0: none, 1: all)'
+  else
+    values, what = self.effect:tolist(), 'effect: patched - corrupt (not normalized)'
+  end
+  local spread = self.noise and (' ± %.3g (standard error over %d examples)'):format(self.noise, self.examples)
+    or (' (one example: no spread to judge the noise by)')
+  local lines = {('clean %.6g, corrupt %.6g: clean - corrupt = %.4g%s'):format(self.clean, self.corrupt, self.difference, spread)}
+  if not self.meaningful then
+    lines[#lines + 1] = ('NOT MEANINGFUL: %s, so no cell can mean anything beyond noise'):format(self.why)
+  end
+  return values, ('%s of %s per %s, each part %s: %s'):format(name, self.over, self.per, how, what), lines
+end
+runs.shown = shown
 
 function Result:__tostring()
-  local name, what = kind(self)
-  local title = ('%s of %s per %s: %s (clean %.4g, corrupt %.4g)'):format(name, self.over, self.per, what, self.clean, self.corrupt)
-  return terminal.heatmap(title, self.rows, self.cols, self.values)
+  local values, title, lines = shown(self)
+  return table.concat(lines, '\n') .. '\n' .. terminal.heatmap(title, self.rows, self.cols, values, '%.4f')
 end
 
--- result:svg() -> the grid as a labelled heatmap (charts.heatmap)
+-- result:svg() -> the grid as a labelled heatmap (charts.heatmap), the same values print shows
 function Result:svg()
-  local name, _, cell = kind(self)
-  local note = ('metric: clean %.4g, corrupt %.4g; each cell: ' .. cell):format(self.clean, self.corrupt, self.over)
-  return charts.heatmap(('%s: %s per %s'):format(name:gsub('^%l', string.upper), self.over, self.per), self.rows, self.cols,
-    self.values, false, note)
+  local values, title, lines = shown(self)
+  return charts.heatmap(title:gsub('^%l', string.upper), self.rows, self.cols, values, false, table.concat(lines, '; '))
 end
 
 -- result:report(path) -> path: a self-contained HTML page with the heatmap
 -- and the grid as a table (written atomically)
 function Result:report(path)
   local esc = charts.esc
+  local values, title, lines = shown(self)
   local head = {'<tr><th>layer</th>'}
   for _, c in ipairs(self.cols) do head[#head + 1] = '<th>' .. esc(c) .. '</th>' end
   local body = {}
   for i, r in ipairs(self.rows) do
     local tds = {'<tr><td>' .. esc(r) .. '</td>'}
-    for _, v in ipairs(self.values[i]) do tds[#tds + 1] = ('<td>%.4g</td>'):format(v) end
+    for _, v in ipairs(values[i]) do tds[#tds + 1] = ('<td>%.4f</td>'):format(v) end
     body[#body + 1] = table.concat(tds) .. '</tr>'
   end
-  local html = page.new((kind(self):gsub('^%l', string.upper)), self:svg() ..
-    '<table><thead>' .. table.concat(head) .. '</tr></thead><tbody>' .. table.concat(body) .. '</tbody></table>')
+  local html = page.new((kind(self):gsub('^%l', string.upper)), '<p>' .. esc(title) .. '</p><p>' .. esc(table.concat(lines, ' ')) .. '</p>'
+    .. self:svg() .. '<table><thead>' .. table.concat(head) .. '</tr></thead><tbody>' .. table.concat(body) .. '</tbody></table>')
   return fs.write_atomic(path, html)
 end
 

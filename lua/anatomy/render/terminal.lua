@@ -64,10 +64,12 @@ function terminal.attention_map(m, tokens, title, numbers)
   return table.concat(lines, '\n')
 end
 
--- terminal.heatmap(title, row_labels, col_labels, matrix) -> text: each value
--- printed (3 significant digits) with a shade of its place between the
--- matrix's smallest and largest values.
-function terminal.heatmap(title, row_labels, col_labels, matrix)
+-- terminal.heatmap(title, row_labels, col_labels, matrix[, number]) -> text:
+-- each value printed (`number`, a format; 3 significant digits unless
+-- given) with a shade of its place between the matrix's smallest and
+-- largest values.
+function terminal.heatmap(title, row_labels, col_labels, matrix, number)
+  number = number or '%.3g'
   local lo, hi = math.huge, -math.huge
   for _, row in ipairs(matrix) do
     for _, v in ipairs(row) do
@@ -76,7 +78,7 @@ function terminal.heatmap(title, row_labels, col_labels, matrix)
   end
   local lw = 4
   for _, l in ipairs(row_labels) do lw = math.max(lw, width_of(l)) end
-  local cw = 8
+  local cw = number == '%.3g' and 8 or 10
   for _, l in ipairs(col_labels) do cw = math.max(cw, math.min(12, width_of(l) + 1)) end
   local lines = {('%s  (shade: %.3g to %.3g)'):format(title, lo, hi)}
   local head = {(' '):rep(lw + 1)}
@@ -86,7 +88,7 @@ function terminal.heatmap(title, row_labels, col_labels, matrix)
     local parts = {pad(row_labels[r], lw) .. ' '}
     for _, v in ipairs(row) do
       local level = hi > lo and math.floor((v - lo) / (hi - lo) * (#shades - 1) + 0.5) + 1 or 1
-      parts[#parts + 1] = lpad(('%.3g'):format(v), cw - 1) .. (v == v and shades[math.max(1, math.min(#shades, level))] or ' ')
+      parts[#parts + 1] = lpad(number:format(v), cw - 1) .. (v == v and shades[math.max(1, math.min(#shades, level))] or ' ')
     end
     lines[#lines + 1] = table.concat(parts)
   end
