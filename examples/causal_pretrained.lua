@@ -21,7 +21,7 @@
 --   2. induction and previous-token scores of every head (attention from p
 --      to the token after p's earlier occurrence, and to p - 1);
 --   3. exact patching of each head's output (attn.z) from r r into a run
---      whose first copy has every other token replaced, and its AtP*
+--      whose first copy has every other token replaced, and its AtP
 --      estimate: the same heads, in the same order?
 --   4. edge attribution (EAP-IG): where do the previous-token heads write?
 --   5. generation with the cache: the model continues a repeated run, and
@@ -129,14 +129,14 @@ for _, hd in ipairs(heads) do
   if hd.previous > 0.3 and hd.induction <= 0.3 then previous[#previous + 1] = hd end
 end
 
--- 3. exact patching and AtP* on the every-other corruption, log-probability of the right token over the second copy
+-- 3. exact patching and AtP on the every-other corruption, log-probability of the right token over the second copy
 local broken = x:clone()
 for i = 1, n, 2 do broken:narrow(2, i, 1):copy_(torch.randint(1, V + 1, {cfg.eval_batch, 1})) end
 broken = broken:narrow(2, 1, T)
 local targets = x:narrow(2, n + 2, n - 1):unsqueeze(3)
 local function right_logprob(l) return l:narrow(2, n + 1, n - 1):log_softmax(-1):gather(3, targets):mean() end
 local exact = patching.run(model, input, broken, function(l) return right_logprob(l):item() end, {over = 'attn.z', per = 'head'})
-local estimated = patching.attribute(model, input, broken, right_logprob, {over = 'attn.z', per = 'head', method = 'atp*'})
+local estimated = patching.attribute(model, input, broken, right_logprob, {over = 'attn.z', per = 'head', method = 'atp'})
 local ex, est = exact:normalized():tolist(), estimated:normalized():tolist()
 local exact_cells, est_cells, names = {}, {}, {}
 for i, hd in ipairs(heads) do
@@ -220,8 +220,8 @@ r:add('the model copies from context: the second copy of a repeated span is far 
 r:add('it has induction heads (attention to the token after the earlier occurrence > 0.3), after a previous-token head\'s layer',
   'induction heads', ('%s; previous-token heads: %s'):format(list(induction, 'induction'), list(previous, 'previous')),
   #induction > 0 and #previous > 0 and induction[1].layer > previous[1].layer and 'reproduced' or 'differs')
-r:add('attribution patching (AtP*) ranks the heads as exact patching does: Spearman >= 0.9 and the same top three heads',
-  'Spearman >= 0.9, same top 3', ('Spearman %.3f; top 3: exact %s, AtP* %s'):format(rho, top(exact_cells, 3), top(est_cells, 3)),
+r:add('attribution patching (AtP) ranks the heads as exact patching does: Spearman >= 0.9 and the same top three heads',
+  'Spearman >= 0.9, same top 3', ('Spearman %.3f; top 3: exact %s, AtP %s'):format(rho, top(exact_cells, 3), top(est_cells, 3)),
   rho >= 0.9 and top(exact_cells, 3) == top(est_cells, 3) and 'reproduced' or 'differs')
 r:add('edge attribution (EAP-IG): each previous-token head\'s three largest edges go into induction heads\' keys',
   'into induction heads via k', #edge_text > 0 and table.concat(edge_text, '; ') or 'none', into_keys and 'reproduced' or 'differs')
@@ -229,7 +229,7 @@ r:add('greedy generation continues a repeated run, and does not with the inducti
   'continues; ablated: far less', ('%.0f%% of the tokens copied; ablated: %s'):format(100 * continued,
     ablated and ('%.0f%%'):format(100 * ablated) or 'no induction heads to ablate'),
   continued >= 0.8 and ablated and ablated < 0.5 * continued and 'reproduced' or 'differs')
-r:note(('Measured on %d sequences of %d tokens: a span of %d tokens of the validation split repeated once, then the text that followed it. Patching, AtP* and edges: '
+r:note(('Measured on %d sequences of %d tokens: a span of %d tokens of the validation split repeated once, then the text that followed it. Patching, AtP and edges: '
   .. 'the share of the way from a run whose first copy has every other token replaced back to the clean run, the metric the '
   .. 'log-probability of the right next token over the second copy. Generation: the first sequence\'s span shown once and its first %d '
   .. 'tokens again, %d greedy tokens. The autopsy: the first %d lines of %s of at least 20 characters, one padded batch.'):format(
@@ -238,8 +238,8 @@ local rows = {}
 for i, hd in ipairs(heads) do
   rows[i] = {hd.name, ('%.3f'):format(hd.induction), ('%.3f'):format(hd.previous), ('%.3f'):format(hd.exact), ('%.3f'):format(hd.atp)}
 end
-r:note('Per head: induction and previous-token scores, exact patching (share restored) and its AtP* estimate:\n\n' ..
-  require('anatomy.experiment.results').markdown_table({'head', 'induction', 'previous token', 'patching', 'AtP*'}, rows))
+r:note('Per head: induction and previous-token scores, exact patching (share restored) and its AtP estimate:\n\n' ..
+  require('anatomy.experiment.results').markdown_table({'head', 'induction', 'previous token', 'patching', 'AtP'}, rows))
 print('\n' .. tostring(r))
 local charts = require('anatomy.render.charts')
 local Figure = require('anatomy.render.figure')
@@ -253,6 +253,6 @@ local function share_map(title, result)
       range = {-extent, extent}}), tostring(result))
 end
 share_map('Exact patching of attn.z per head', exact):save(cfg.out .. '/patching_exact.svg')
-share_map('AtP* estimate of the same grid', estimated):save(cfg.out .. '/patching_atp.svg')
+share_map('AtP estimate of the same grid', estimated):save(cfg.out .. '/patching_atp.svg')
 a:report(cfg.out .. '/autopsy.html')
 r:save(cfg.out, {config = cfg})

@@ -21,7 +21,7 @@
 --   5. path patching from the previous-token heads into the induction heads:
 --      their clean output restores the right logit through the induction
 --      heads' keys (K-composition), far more than through queries or values;
---   6. attribution patching (AtP*) estimates a per-head patching grid from
+--   6. attribution patching (AtP) estimates a per-head patching grid from
 --      one backward: its ranking of the heads matches the exact one;
 --   7. edge attribution (EAP-IG) scores every connection between heads: the
 --      previous-token heads' strongest edges go into the induction heads' keys;
@@ -210,10 +210,17 @@ end
 local function right_logprob(l) return l:narrow(2, n + 1, n - 1):log_softmax(-1):gather(3, targets):mean() end
 local function right_logit_tensor(l) return l:narrow(2, n + 1, n - 1):gather(3, targets):mean() end
 local exact = patching.run(model, input, broken, function(l) return right_logprob(l):item() end, {over = 'attn.z', per = 'head'})
-local estimated = patching.attribute(model, input, broken, right_logprob, {over = 'attn.z', per = 'head', method = 'atp*'})
-local estimated_rr = patching.attribute(model, input, corrupt:narrow(2, 1, T), right_logit_tensor, {over = 'attn.z', per = 'head', method = 'atp*'})
+local estimated = patching.attribute(model, input, broken, right_logprob, {over = 'attn.z', per = 'head', method = 'atp'})
+local estimated_rr = patching.attribute(model, input, corrupt:narrow(2, 1, T), right_logit_tensor, {over = 'attn.z', per = 'head', method = 'atp'})
 print('\n' .. tostring(exact))
 print('\n' .. tostring(estimated))
+-- the induction heads' keys (layer 2): exact patching, AtP, and AtP with AtP*'s QK fix (the pattern recomputed
+-- from the clean key, then linear): where each estimate lands against the exact share
+local key_exact = patching.run(model, input, broken, function(l) return right_logprob(l):item() end,
+  {over = 'attn.k', per = 'head', layers = 2}):normalized():tolist()[1]
+local key_atp = patching.attribute(model, input, broken, right_logprob, {over = 'attn.k', per = 'head', layers = 2}):normalized():tolist()[1]
+local key_qk = patching.attribute(model, input, broken, right_logprob,
+  {over = 'attn.k', per = 'head', layers = 2, method = 'atp-qk'}):normalized():tolist()[1]
 
 -- 7. edge attribution on the same corruption and metric: every edge from the
 -- embedding, a head or an MLP into a head's q, k or v, an MLP or the logits
@@ -261,7 +268,7 @@ local function top3(v)
   return table.concat(out, ', ')
 end
 local rho, rho_rr = spearman(exact_cells, estimated_cells), spearman(rr_exact, rr_estimated)
--- AtP*'s size against exact patching's, over the circuit's heads: the order can be right and the size not
+-- AtP's size against exact patching's, over the circuit's heads: the order can be right and the size not
 -- (a ratio to a share near zero says nothing: only the heads that restore at least 0.05 of the way)
 local low, high = 0 / 0, 0 / 0
 for _, hd in ipairs(circuit) do
@@ -351,8 +358,8 @@ r:add('the induction heads write the right logit directly more than any other he
 r:add('the previous-token heads reach the induction heads through their keys (K-composition): path patching via k restores more than via q or v',
   'via k', paths.k and ('k %.2f, q %.2f, v %.2f'):format(paths.k, paths.q, paths.v) or 'none',
   paths.k and paths.k > paths.q and paths.k > paths.v and 'reproduced' or 'differs')
-r:add('attribution patching (AtP*) ranks the heads as exact patching does: Spearman >= 0.9 and the same top three heads',
-  'Spearman >= 0.9, same top 3', ('Spearman %.3f; top 3: exact %s, AtP* %s'):format(rho, top3(exact_cells), top3(estimated_cells)),
+r:add('attribution patching (AtP) ranks the heads as exact patching does: Spearman >= 0.9 and the same top three heads',
+  'Spearman >= 0.9, same top 3', ('Spearman %.3f; top 3: exact %s, AtP %s'):format(rho, top3(exact_cells), top3(estimated_cells)),
   rho >= 0.9 and top3(exact_cells) == top3(estimated_cells) and 'reproduced' or 'differs')
 r:add('edge attribution (EAP-IG) finds K-composition: each previous-token head\'s three largest edges go into induction heads\' keys',
   'into induction heads via k', #edge_text > 0 and table.concat(edge_text, '; ') or 'none', k_composition and 'reproduced' or 'differs')
@@ -384,10 +391,10 @@ r:note(('The linear probes: %d fresh sequences (runs of %d), every position but 
 r:note(('%d steps of AdamW (lr %g, batch %d) on %d-token sequences (a run of %d..%d random tokens of %d, repeated, then filler); '
   .. 'models.llama with dim %d, %d heads, ffn %d; measured on %d fresh sequences with runs of %d (DLA averaged over the first %d, '
   .. 'at the second copy\'s last input position). Patching: share of the way from the corrupt run (r\' r) to the clean one; path patching, '
-  .. 'AtP* and edge attribution: the same share (edges: metric units), from a run whose first copy has every other token (positions 1, 3, 5, ...) '
-  .. 'replaced, with the log-probability of the right token as the metric. On the r\' r corruption (right logit) AtP* against exact patching '
+  .. 'AtP and edge attribution: the same share (edges: metric units), from a run whose first copy has every other token (positions 1, 3, 5, ...) '
+  .. 'replaced, with the log-probability of the right token as the metric. On the r\' r corruption (right logit) AtP against exact patching '
   .. 'has Spearman %.3f, top 3 %s vs %s (the most a previous-token head restores there: %s). '
-  .. 'On the every-other corruption, AtP*\'s estimate is %s to %s of the exact share over the circuit\'s heads that restore at least 0.05 '
+  .. 'On the every-other corruption, AtP\'s estimate is %s to %s of the exact share over the circuit\'s heads that restore at least 0.05 '
   .. '(it is linear in each head\'s output, from the gradient at the corrupt run). '
   .. 'Edge scores in brackets: plain EAP (the gradient on the corrupt run alone).'):format(
   cfg.steps, cfg.lr, cfg.batch, T, cfg.min_run, cfg.max_run, V, cfg.dim, cfg.heads, cfg.ffn, cfg.eval_batch, n, n_dla,
@@ -398,8 +405,15 @@ for i, hd in ipairs(heads) do
     ('%.3f'):format(hd.patching), ('%.3f'):format(hd.atp_rr), ('%.3f'):format(hd.exact), ('%.3f'):format(hd.atp), ('%+.3f'):format(hd.dla)}
 end
 r:note('Per head: induction and previous-token scores (mean attention), the loss on the second copy with the head zero-ablated, '
-  .. 'patching (share restored) and its AtP* estimate on each corruption, direct logit attribution:\n\n' .. require('anatomy.experiment.results').markdown_table(
-  {'head', 'induction', 'previous token', 'loss ablated', "patching r' r", "AtP* r' r", 'patching every other', 'AtP* every other', 'DLA'}, per_head))
+  .. 'patching (share restored) and its AtP estimate on each corruption, direct logit attribution:\n\n' .. require('anatomy.experiment.results').markdown_table(
+  {'head', 'induction', 'previous token', 'loss ablated', "patching r' r", "AtP r' r", 'patching every other', 'AtP every other', 'DLA'}, per_head))
+local key_rows = {}
+for h = 1, #key_exact do
+  key_rows[h] = {('blocks.2 head %d'):format(h), ('%.3f'):format(key_exact[h]), ('%.3f'):format(key_atp[h]), ('%.3f'):format(key_qk[h])}
+end
+r:note('The induction heads\' keys (attn.k, layer 2) on the every-other corruption, share restored: exact patching, AtP, and AtP with '
+  .. 'AtP*\'s QK fix (atp-qk: the pattern recomputed with the clean key, the metric linear from the pattern on):\n\n'
+  .. require('anatomy.experiment.results').markdown_table({'head', 'exact', 'AtP', 'AtP with the QK fix'}, key_rows))
 print('\n' .. tostring(r))
 patched:report(cfg.out .. '/patching.html')
 -- the two grids as shares restored (one colour scale for both, symmetric about 0, so that a colour means the
@@ -417,7 +431,7 @@ end
 local pruned = graph:prune{top = 20}
 local figures = {
   share_map('Exact patching of attn.z per head (every other first-copy token replaced)', exact),
-  share_map('AtP* estimate of the same grid (two forwards, one backward)', estimated),
+  share_map('AtP estimate of the same grid (two forwards, one backward)', estimated),
   Figure.new('Edge attribution (EAP-IG, 8 steps), the 20 largest edges', pruned:svg(), tostring(pruned)),
   Figure.new('Linear probes for the previous token, by layer', probes:svg(), tostring(probes)),
   Figure.new('K-composition scores from the weights (weights.composition)', comp.k:svg(), tostring(comp.k)),

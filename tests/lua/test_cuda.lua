@@ -207,8 +207,8 @@ test('a model moved to the GPU under a CPU default device: training, probes, len
     local x = c:encode('the quick brown'):unsqueeze(1)
     local x2 = c:encode('pack my box with fiv'):narrow(1, 1, x:size(2)):unsqueeze(1)
     local metric = function(l) return l[{{}, -1, 3}]:sum() end
-    close(patching.attribute(gpu_model, x, x2, metric, {over = 'attn.z', per = 'head', method = 'atp*'}).grid,
-      patching.attribute(cpu_model, x, x2, metric, {over = 'attn.z', per = 'head', method = 'atp*'}).grid, 1e-4, 'AtP*')
+    close(patching.attribute(gpu_model, x, x2, metric, {over = 'attn.k', per = 'head', method = 'atp-qk'}).grid,
+      patching.attribute(cpu_model, x, x2, metric, {over = 'attn.k', per = 'head', method = 'atp-qk'}).grid, 1e-4, 'AtP with the QK fix')
     close(lens.logit(gpu_model):evaluate(x).kl[2], lens.logit(cpu_model):evaluate(x).kl[2], 1e-4, 'logit lens')
     local heads_a = probe.detect_heads(cpu_model, x, 'previous_token')
     local heads_b = probe.detect_heads(gpu_model, x, 'previous_token')

@@ -154,7 +154,7 @@ both('activation patching, AtP, AtP*, integrated gradients, edges and paths', fu
     head = patching.run(model, x, x2, item, {over = 'attn.z', per = 'head'}).grid,
     position = patching.run(model, x, x2, item, {over = 'resid_post', per = 'position'}).grid,
     atp = patching.attribute(model, x, x2, metric, {over = 'attn.z', per = 'head'}).grid,
-    atp_star = patching.attribute(model, x, x2, metric, {over = 'attn.z', per = 'head', method = 'atp*'}).grid,
+    atp_star = patching.attribute(model, x, x2, metric, {over = 'attn.k', per = 'head', method = 'atp-qk'}).grid,
     ig = patching.attribute(model, x, x2, metric, {over = 'resid_pre', per = 'layer', method = 'ig'}).grid,
     edges = patching.edges(model, x, x2, metric).edges,
     edges_ig = patching.edges(model, x, x2, metric, {method = 'eap-ig'}).edges,

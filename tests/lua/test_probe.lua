@@ -335,7 +335,37 @@ test('patching.edges: every edge once, the logits\' edges sum to AtP of the last
   eq(n, 0, 'nothing left attached')
 end)
 
-test('patching.attribute: atp, atp* and ig near exact patching, the parameters\' gradients untouched, arguments named', function()
+test("atp-qk is the metric's first-order change along the exact pattern change that patching a key makes; the rest is the metric's curvature", function()
+  torch.manual_seed(2)
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 3, seq = 8, ffn = 32}
+  local clean, corrupt = torch.tensor({{1, 2, 3, 4, 5}}):long(), torch.tensor({{6, 2, 7, 4, 8}}):long()
+  local metric = patching.logit_diff(2, 3)
+  local number = function(l) return metric(l):item() end
+  local qk = patching.attribute(m, clean, corrupt, metric, {over = 'attn.k', per = 'head', method = 'atp-qk'})
+  local exact = patching.run(m, clean, corrupt, number, {over = 'attn.k', per = 'head'})
+  local _, clean_cache = probe.run_with_cache(m, clean, {filter = 'blocks.2.attn.k'})
+  local _, corrupt_cache = probe.run_with_cache(m, corrupt, {filter = 'blocks.2.attn.pattern'})
+  -- the pattern after patching head 1's key of layer 2 from the clean run
+  local patched_pattern
+  probe.with({probe.patch(m, 'blocks.2.attn.k', clean_cache, {head = 1}),
+      probe.replace(m, 'blocks.2.attn.pattern', function(p) patched_pattern = p:clone() end)}, function()
+    torch.no_grad(function() return m(corrupt) end)
+  end)
+  local p0 = corrupt_cache['blocks.2.attn.pattern']
+  local dp = patched_pattern - p0
+  local function along(eps)  -- the metric with layer 2's pattern moved eps of the way
+    return probe.with(probe.replace(m, 'blocks.2.attn.pattern', function() return p0 + dp * eps end), function()
+      return number(torch.no_grad(function() return m(corrupt) end))
+    end)
+  end
+  -- the whole way is exact patching of the key: a key acts through the pattern alone
+  close(along(1) - exact.corrupt, exact.effect[2][1], 1e-5, 'patching the key = moving the pattern the whole way')
+  -- the first-order term along that change is atp-qk's cell (central difference)
+  local eps = 1e-3
+  close((along(eps) - along(-eps)) / (2 * eps), qk.effect[2][1], 1e-3, "atp-qk = the derivative along the pattern change")
+end)
+
+test('patching.attribute: atp, atp-qk and ig near exact patching, the parameters\' gradients untouched, arguments named', function()
   torch.manual_seed(2)
   local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 3, seq = 8, ffn = 32}
   local clean, corrupt = torch.tensor({{1, 2, 3, 4, 5}}):long(), torch.tensor({{6, 2, 7, 4, 8}}):long()
@@ -345,17 +375,17 @@ test('patching.attribute: atp, atp* and ig near exact patching, the parameters\'
   p1.grad = torch.ones_like(p1)
   local exact = patching.run(m, clean, corrupt, metric, {over = 'attn.k', per = 'head'})
   local atp = patching.attribute(m, clean, corrupt, metric, {over = 'attn.k', per = 'head'})
-  local star = patching.attribute(m, clean, corrupt, metric, {over = 'attn.k', per = 'head', method = 'atp*'})
+  local star = patching.attribute(m, clean, corrupt, metric, {over = 'attn.k', per = 'head', method = 'atp-qk'})
   H.identical(p1.grad, torch.ones_like(p1), "the parameters' gradients")
   H.close(atp.corrupt, exact.corrupt, 1e-5, 'the same corrupt run (the cached run takes the hook points\' path)')
   local e, a, s = exact.effect:abs(), (atp.effect - exact.effect):abs(), (star.effect - exact.effect):abs()
   close(atp.metric, atp.effect + atp.corrupt, 0, "an estimate's metric is the corrupt one plus its effect")
   close(exact.effect, exact.grid - exact.corrupt, 0, "patching's effect is its metric less the corrupt one")
-  print(('  attn.k per head: |atp - exact| %.3g, |atp* - exact| %.3g (cells up to %.3g)'):format(a:max():item(), s:max():item(), e:max():item()))
+  print(('  attn.k per head: |atp - exact| %.3g, |atp-qk - exact| %.3g (cells up to %.3g)'):format(a:max():item(), s:max():item(), e:max():item()))
   assert(s:sum():item() < a:sum():item(), 'the fix brings the estimate closer to exact patching')
   -- an estimate is titled as one, in print and in the chart
-  H.raises_part(function() error(tostring(star)) end, 'attribution patching (atp*) of attn.k per head, each part patched from the clean run, estimated from gradients')
-  assert(star:svg():find('Attribution patching (atp*) of attn.k per head', 1, true), 'the chart says estimate')
+  H.raises_part(function() error(tostring(star)) end, 'attribution patching (atp-qk) of attn.k per head, each part patched from the clean run, estimated from gradients')
+  assert(star:svg():find('Attribution patching (atp-qk) of attn.k per head', 1, true), 'the chart says estimate')
   assert(tostring(exact):find('\nactivation patching of attn.k'), 'exact patching keeps its title')
   -- ig over a whole layer is exact up to its steps' quadrature (completeness)
   local whole = patching.run(m, clean, corrupt, metric, {over = 'resid_pre'})
@@ -374,12 +404,18 @@ test('patching.attribute: atp, atp* and ig near exact patching, the parameters\'
   raises(function() patching.attribute(m, clean, corrupt, function(l) return metric(l):item() end, {over = 'attn.z'}) end,
     'patching.attribute: the metric must return a one-element tensor that carries the gradient (patching.logit_diff does; a number, :item(), has none), got number')
   raises(function() patching.attribute(m, clean, corrupt, metric, {method = 'eap'}) end,
-    "patching.attribute: method must be 'atp', 'atp*' or 'ig', got 'eap'")
+    "patching.attribute: method must be 'atp', 'atp-qk' or 'ig', got 'eap'")
+  raises(function() patching.attribute(m, clean, corrupt, metric, {method = 'atp*'}) end,
+    "patching.attribute: method = 'atp*' would be Kramar et al.'s AtP*, the QK fix and GradDrop; anatomy computes the QK fix alone, "
+    .. "as method = 'atp-qk' (for attn.q and attn.k), and not GradDrop")
+  raises(function() patching.attribute(m, clean, corrupt, metric, {over = 'attn.z', method = 'atp-qk'}) end,
+    "patching.attribute: method = 'atp-qk' recomputes the attention pattern for a query or key (attn.q, attn.k); over 'attn.z' is neither, "
+    .. "and there it would be method = 'atp'")
   raises(function() patching.attribute(m, clean, corrupt, metric, {per = 'row'}) end,
     "patching.attribute: per must be 'layer', 'head', 'position' or 'neuron', got 'row'")
   raises(function() patching.attribute(m, clean, corrupt, metric, {method = 'ig', steps = 0}) end,
     'patching.attribute: steps must be a positive integer, got 0')
-  raises(function() patching.attribute(m, clean, corrupt, metric, {over = 'attn.q', per = 'neuron', method = 'atp*'}) end,
+  raises(function() patching.attribute(m, clean, corrupt, metric, {over = 'attn.q', per = 'neuron', method = 'atp-qk'}) end,
     "patching.attribute: per = 'neuron' has no meaning for a query or key")
   local n = 0
   for _, mod in m:named_modules() do for _ in pairs(rawget(mod, '_probes') or {}) do n = n + 1 end end

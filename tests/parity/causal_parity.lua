@@ -30,8 +30,8 @@ local settings = {
   {'atp_resid_pre_position', {over = 'resid_pre', per = 'position'}},
   {'atp_z_head', {over = 'attn.z', per = 'head'}},
   {'atp_mlp_post_neuron', {over = 'mlp.post', per = 'neuron'}},
-  {'atpstar_k_head', {over = 'attn.k', per = 'head', method = 'atp*'}},
-  {'atpstar_q_position', {over = 'attn.q', per = 'position', method = 'atp*'}},
+  {'atpstar_k_head', {over = 'attn.k', per = 'head', method = 'atp-qk'}},
+  {'atpstar_q_position', {over = 'attn.q', per = 'position', method = 'atp-qk'}},
   {'ig_resid_pre_layer', {over = 'resid_pre', per = 'layer', method = 'ig', steps = 4}},
 }
 for _, s in ipairs(settings) do

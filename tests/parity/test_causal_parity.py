@@ -16,7 +16,7 @@ Attribution patching (patching.attribute), each cell corrupt + its contribution:
   atp:  (clean - corrupt activation) . d metric / d activation on the corrupt
         run, summed over the cell (a position of resid_pre, a head of attn.z,
         a neuron of mlp.post);
-  atp*: for attn.k per head and attn.q per position, the pattern recomputed
+  atp-qk (AtP*'s QK fix): for attn.k per head and attn.q per position, the pattern recomputed
         from the corrupt q and k with the cell's clean k or q (scaled by
         1/sqrt(d), causally masked), (pattern' - pattern) . d metric / d pattern;
   ig:   per layer, resid_pre moved from corrupt to clean in 4 midpoint steps

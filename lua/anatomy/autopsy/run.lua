@@ -495,6 +495,30 @@ local function check_lens(model, l)
   end
 end
 
+-- The history option: a train.fit run as it is, or the records of
+-- train.read_metrics (a log written by train.fit) as the run's losses.
+local function history_of(h)
+  local where = 'autopsy.run'
+  if type(h) ~= 'table' then
+    error(('%s: history must be the run train.fit returned, or train.read_metrics(path)\'s records, got %s'):format(where, type(h)), 3)
+  end
+  if type(h.train) == 'table' then return h end
+  if type(h[1]) ~= 'table' or type(h[1].step) ~= 'number' or type(h[1].loss) ~= 'number' then
+    error(('%s: history must be the run train.fit returned (with .train), or train.read_metrics(path)\'s records ({step, loss, ...}); '
+      .. 'got a table without either'):format(where), 3)
+  end
+  local out = {train = {}, val = {}, first_step = h[1].step, steps = h[#h].step}
+  for i, r in ipairs(h) do
+    if r.step ~= h[1].step + i - 1 then
+      error(('%s: history: record %d is step %s, expected %d (the log of one run, a record a step)'):format(where, i, tostring(r.step),
+        h[1].step + i - 1), 3)
+    end
+    out.train[i] = r.loss
+    if type(r.val_loss) == 'number' then out.val[#out.val + 1] = {step = r.step, loss = r.val_loss} end
+  end
+  return out
+end
+
 -- autopsy.run(model, data, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text, config, tokenizer, lens, saes})
 -- data: a corpus (batches from its val split), {inputs, targets}, or a
 -- list of texts (with tokenizer, or the model's own) or of 1-D ids of any
@@ -516,6 +540,12 @@ local function run(model, source, opts)
   probe.require_clean(model, 'autopsy.run', 2)
   opts = options.check(opts, {'metrics', 'steps', 'batch', 'seq', 'thresholds', 'k', 'history', 'probe_text', 'config', 'tokenizer', 'lens',
     'saes'}, 'autopsy.run', 2)
+  if opts.history ~= nil then
+    local given = opts
+    opts = {}
+    for k, v in pairs(given) do opts[k] = v end
+    opts.history = history_of(opts.history)
+  end
   check_lens(model, opts.lens)
   local saes = check_saes(model, opts.saes, source)
   local padded = padded_source(model, source, opts)

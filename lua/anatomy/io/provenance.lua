@@ -252,7 +252,9 @@ function provenance.fields(rec)
     out[#out + 1] = {'data', ('%s (%s bytes, sha256 %s), %s tokenizer, vocabulary %d, %s train + %s val tokens'):format(
       d.path, count(d.bytes), d.sha256, d.tokenizer, d.vocab_size, count(d.tokens and d.tokens.train or 0), count(d.tokens and d.tokens.val or 0))}
   end
-  out[#out + 1] = {'seed', rec.seed and tostring(rec.seed) or 'not given (train.fit ran without a seed)'}
+  local trained = rec.training or (rec.runs and rec.runs[1] and rec.runs[1].training)
+  out[#out + 1] = {'seed', rec.seed and tostring(rec.seed)
+    or trained and 'not given (train.fit ran without a seed)' or 'none recorded (no training run in this record)'}
   out[#out + 1] = {'device', ('%s, %s, %d thread%s'):format(rec.device, rec.dtype, rec.threads, rec.threads == 1 and '' or 's')}
   out[#out + 1] = {'software', ('anatomy %s (commit %s), LibTorch %s%s, %s'):format(rec.anatomy, rec.commit, rec.libtorch,
     rec.cuda and (' (CUDA ' .. rec.cuda .. ')') or '', rec.lua)}

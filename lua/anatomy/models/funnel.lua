@@ -36,6 +36,7 @@ models.Funnel = Funnel
 
 -- ids (B, T) int64, 1-based -> logits (B, T, V)
 function Funnel:forward(ids)
+  models.check_ids(self, ids)
   return self.head(self.act(self.expand(self.stages(self.embed(ids)))))
 end
 

@@ -66,6 +66,7 @@ GPT.incremental = true
 
 -- ids (B, T) int64, 1-based -> logits (B, T, V)
 function GPT:forward(ids)
+  models.check_ids(self, ids)
   local x = self.blocks(self.embed(ids))
   if self.ln_f then x = self.ln_f(x) end
   return self.head(x)

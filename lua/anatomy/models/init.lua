@@ -24,6 +24,28 @@ function models.llama(cfg)
   return m
 end
 
+-- models.check_ids(model, ids): a model's input is token ids (B, T) of
+-- int64; text, 1-D ids or floats are an error at the user's line that says
+-- what to pass (what would otherwise fail deep inside the first block).
+function models.check_ids(model, ids)
+  local where = nn.typename(model)
+  if type(ids) == 'string' then
+    error(("%s: the input is text ('%s'); a model takes token ids (B, T): tok:encode(text), or probe.to_ids(model, text, "
+      .. "{tokenizer = tok}) (probe.run_with_cache and probe.test_prompt take text themselves)"):format(where,
+      #ids > 24 and ids:sub(1, 24) .. '...' or ids), options.user_level())
+  end
+  if not torch.is_tensor(ids) then
+    error(('%s: the input must be token ids (B, T), an int64 Tensor, got %s'):format(where, nn.typename(ids)), options.user_level())
+  end
+  if ids.dtype ~= 'int64' then
+    error(('%s: token ids must be int64, got %s (ids:long() converts whole numbers)'):format(where, ids.dtype), options.user_level())
+  end
+  if ids:dim() ~= 2 then
+    error(('%s: token ids must be (B, T), got %s%s'):format(where, ids:dim() == 0 and 'a scalar' or table.concat(ids:size(), 'x'),
+      ids:dim() == 1 and ': ids:unsqueeze(1) makes a batch of one' or ''), options.user_level())
+  end
+end
+
 -- Checks a config table: required keys present, no unknown keys.
 -- Unknown keys come first (a misspelt dimm is the reason dim is missing),
 -- with the closest valid name; every error points at the user's line.

@@ -74,6 +74,7 @@ function pretrained.decoder(cls, names)
   end
   -- ids (B, T) int64, 1-based -> logits (B, T, V)
   cls.forward = function(self, ids)
+    models.check_ids(self, ids)
     local y = self:readout(self:hidden_from(1, self:embed(ids)))
     return y
   end

@@ -45,6 +45,7 @@ end
 
 -- ids (B, T), hidden (B, T, C) or nil -> logits (B, T, V), hidden (B, T, C)
 function Stateful:forward(ids, hidden)
+  models.check_ids(self, ids)
   local x = self.embed(ids)
   if hidden ~= nil then x = self.enrich(x, shift_right(hidden)) end
   local h = self.blocks(x)

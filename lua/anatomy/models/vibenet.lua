@@ -63,6 +63,7 @@ models.VibeNet = VibeNet
 
 -- ids (B, T) int64, 1-based -> logits (B, T, V)
 function VibeNet:forward(ids)
+  models.check_ids(self, ids)
   local x = self.embed(ids)                 -- (B, T, C)
   if self.split then x = self.split(x) end  -- (B, T, n, C)
   x = self.blocks(x)

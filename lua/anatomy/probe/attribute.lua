@@ -67,7 +67,7 @@ local function qk_fix(name, clean_cache, corrupt_cache, grad_pattern, per, layou
 end
 
 -- patching.attribute(model, clean, corrupt, metric, {over = 'resid_pre',
--- per = 'layer'|'head'|'position'|'neuron', method = 'atp'|'atp*'|'ig',
+-- per = 'layer'|'head'|'position'|'neuron', method = 'atp'|'atp-qk'|'ig',
 -- steps = 8, layers, tokenizer}) -> result, as patching.run's (effect,
 -- normalized, print, report), estimated from gradients instead of one run
 -- per cell. result.grid is the estimated effect of each patch (patched -
@@ -78,9 +78,11 @@ end
 --        backward of metric on the corrupt run, each cell's effect is
 --        (clean - corrupt activation) . d metric / d activation,
 --        summed over the cell (a head, a position, a neuron, the layer);
---   atp*: for a query or key point (attn.q, attn.k), the attention pattern
+--   atp-qk: for a query or key point (attn.q, attn.k), the attention pattern
 --        recomputed with the cell's clean query or key and the linear term
---        taken from the pattern on (Kramar et al., 2024); elsewhere atp;
+--        taken from the pattern on: the QK fix of Kramar et al.'s AtP*
+--        (2024), without its GradDrop (which anatomy does not compute, so
+--        the name AtP* is not used); only for queries and keys;
 --   ig:  integrated gradients: the same product with the gradient averaged
 --        over `steps` runs in which that layer's activation goes from the
 --        corrupt one to the clean one (midpoints), every other layer left
@@ -99,8 +101,12 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   if per ~= 'layer' and per ~= 'head' and per ~= 'position' and per ~= 'neuron' then
     error(("%s: per must be 'layer', 'head', 'position' or 'neuron', got '%s'"):format(where, tostring(per)), 2)
   end
-  if method ~= 'atp' and method ~= 'atp*' and method ~= 'ig' then
-    error(("%s: method must be 'atp', 'atp*' or 'ig', got '%s'"):format(where, tostring(method)), 2)
+  if method == 'atp*' then
+    error(("%s: method = 'atp*' would be Kramar et al.'s AtP*, the QK fix and GradDrop; anatomy computes the QK fix alone, "
+      .. "as method = 'atp-qk' (for attn.q and attn.k), and not GradDrop"):format(where), 2)
+  end
+  if method ~= 'atp' and method ~= 'atp-qk' and method ~= 'ig' then
+    error(("%s: method must be 'atp', 'atp-qk' or 'ig', got '%s'"):format(where, tostring(method)), 2)
   end
   local steps = opts.steps or 8
   if type(steps) ~= 'number' or steps % 1 ~= 0 or steps < 1 then error(('%s: steps must be a positive integer, got %s'):format(where, tostring(steps)), 2) end
@@ -110,8 +116,12 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   if per == 'head' and not layout.head then
     error(("%s: per = 'head' needs a point with heads (attn.q, k, v, z, result, pattern, scores), got '%s'"):format(where, over), 2)
   end
-  -- AtP*: a query or key point is scored through its attention's pattern
-  local fixed = method == 'atp*' and (over:match('%.q$') or over:match('%.k$') or over == 'q' or over == 'k') and true or false
+  -- the QK fix: a query or key point is scored through its attention's pattern
+  local fixed = method == 'atp-qk'
+  if fixed and not names[1]:match('%.[qk]$') then
+    error(("%s: method = 'atp-qk' recomputes the attention pattern for a query or key (attn.q, attn.k); over '%s' is neither, "
+      .. "and there it would be method = 'atp'"):format(where, over), 2)
+  end
   if fixed and per == 'neuron' then error(("%s: per = 'neuron' has no meaning for a query or key"):format(where), 2) end
   local extra = {}
   if fixed then

@@ -117,6 +117,11 @@ function Lens:readout(layer, h)
     error(('lens:readout: layer must be 0 (embed) .. %d, got %s'):format(#self.names - 1, tostring(layer)), 2)
   end
   if not torch.is_tensor(h) then error(('lens:readout: h must be a Tensor, got %s'):format(type(h)), 2) end
+  local w = self.model:parameters()[1]
+  if w and (h.dtype ~= w.dtype or h.device ~= w.device) then
+    error(('lens:readout: h is %s on %s, the model %s on %s (h:to(%s) converts it)'):format(h.dtype, h.device, w.dtype, w.device,
+      h.device ~= w.device and ("'" .. w.device .. "'") or ("'" .. w.dtype .. "'")), 2)
+  end
   local t = self.translators[layer]
   if t then
     if h:size(-1) ~= t.weight:size(1) then

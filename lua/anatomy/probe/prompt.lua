@@ -87,7 +87,13 @@ function prompt.test_prompt(model, text, answer, opts)
   lines[#lines + 1] = 'Ranks of the answer tokens: [' .. table.concat(ranks, ', ') .. ']'
   result.text = table.concat(lines, '\n')
   if not opts.quiet then print(result.text) end
-  return result
+  -- shown at the prompt after the report it printed: a line, not the report again
+  local printed = not opts.quiet
+  return setmetatable(result, {__tostring = function(r)
+    if not printed then return r.text end
+    return ('probe.test_prompt: %d answer token%s, ranks %s (the report is printed above; r.text holds it, r.answers each one)'):format(
+      #r.answers, #r.answers == 1 and '' or 's', table.concat(ranks, ', '))
+  end})
 end
 
 return prompt

@@ -148,10 +148,12 @@ anatomy: LuaJIT over LibTorch. Globals, each with help(name):
   train       train.fit, train.evaluate, checkpoints
   dist        data-parallel training across processes (anatomy --nproc N): dist.all_reduce, ...
   optim       optim.AdamW, optim.Adam, optim.SGD, optim.lr_scheduler
-  probe       probe.capture, probe.replace, probe.skip: hook points on every module;
-              probe.run_with_cache, probe.ablate, probe.patch, probe.logit_attribution;
+  probe       probe.capture, probe.replace, probe.skip: hook points on every module (TransformerLens's names too);
+              probe.run_with_cache, probe.run_with_hooks, probe.with (hooks removed on return), probe.list;
+              probe.ablate, probe.patch, probe.logit_attribution, probe.test_prompt;
               probe.linear (a probe per layer), probe.detect_heads (previous-token, induction heads)
-  patching    activation patching: patching.run, patching.path (path patching), patching.logit_diff
+  patching    patching.run (activation patching), patching.path (path patching), patching.attribute
+              (attribution patching: atp, atp with the QK fix, ig), patching.edges (edge attribution), patching.logit_diff
   steer       steering vectors: steer.vector (from contrasting texts), steer.apply (added while the model runs)
   lens        what each layer predicts: lens.logit, lens.tuned (trained translators), l:trajectory, l:table
   weights     what a head does from its weights: weights.ov, weights.qk (factored), f:tokens, weights.composition
