@@ -18,12 +18,21 @@ local configs = {
     initializer_range = 0.3},
   llama = {model_type = 'llama', vocab_size = V, max_position_embeddings = 16, hidden_size = 16, num_hidden_layers = 2,
     num_attention_heads = 4, num_key_value_heads = 2, intermediate_size = 32, tie_word_embeddings = true, initializer_range = 0.3},
+  qwen2 = {model_type = 'qwen2', vocab_size = V, max_position_embeddings = 16, hidden_size = 16, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, intermediate_size = 32, initializer_range = 0.3},
 }
 local ALL = {fold_ln = true, center_writing_weights = true, center_unembed = true, fold_value_biases = true}
 
 -- a model of the config whose norms and biases are away from 1 and 0 (so that folding them shows)
 local function make(name)
-  local m = models.from_config(configs[name], {seed = 5})
+  local m
+  if name == 'gpt' then  -- built in Lua
+    torch.manual_seed(5)
+    m = models.gpt{vocab = V, dim = 16, heads = 4, layers = 2, seq = 16, ffn = 32, norm = 'pre', activation = 'gelu'}
+    m:eval()
+  else
+    m = models.from_config(configs[name], {seed = 5})
+  end
   torch.manual_seed(6)
   torch.no_grad(function()
     for pname, p in m:named_parameters() do
@@ -36,10 +45,11 @@ end
 local ids = torch.randint(1, V + 1, {2, 12})
 local function logprobs(m) return m(ids):double():log_softmax(-1) end
 
-test('each step alone and all together keep the log-probabilities (GPT-2, GPT-NeoX, grouped-query Llama)', function()
-  for _, name in ipairs({'gpt2', 'neox', 'llama'}) do
+test('each step alone and all together keep the log-probabilities (GPT-2, GPT-NeoX, grouped-query Llama and Qwen2, models.gpt)', function()
+  for _, name in ipairs({'gpt2', 'neox', 'llama', 'qwen2', 'gpt'}) do
     local want = logprobs(make(name))
-    local steps = name == 'llama' and {'fold_ln', 'center_unembed', 'fold_value_biases'}
+    local steps = name == 'llama' and {'fold_ln', 'center_unembed'}  -- RMSNorm, no value biases
+      or name == 'qwen2' and {'fold_ln', 'center_unembed', 'fold_value_biases'}  -- RMSNorm; value biases, no output bias
       or {'fold_ln', 'center_writing_weights', 'center_unembed', 'fold_value_biases'}
     for _, k in ipairs(steps) do
       local m = models.process_weights(make(name), {[k] = true})
@@ -104,11 +114,22 @@ test('what cannot be done is an error naming it', function()
   local once = models.process_weights(make('gpt2'), {fold_ln = true})
   raises(function() models.process_weights(once, {fold_ln = true}) end, 'models.process_weights: the model is processed already (fold_ln)')
   raises(function() models.process_weights(models.gpt{vocab = 8, dim = 8, heads = 2, layers = 1, seq = 8, ffn = 16}, ALL) end,
-    'models.process_weights: models.GPT did not come from models.from_pretrained (anatomy knows the layout of those only)')
-  local qwen = models.from_config({model_type = 'qwen2', vocab_size = V, max_position_embeddings = 16, hidden_size = 16,
-    num_hidden_layers = 1, num_attention_heads = 4, num_key_value_heads = 2, intermediate_size = 32}, {seed = 1})
-  raises(function() models.process_weights(qwen, {fold_value_biases = true}) end,
-    'models.process_weights: fold_value_biases: blocks.1.self_attn.o has value biases but no output bias to take them')
+    "models.process_weights: a post-norm models.gpt (its norms read the residual sums, not the attention's and MLP's inputs) has no "
+    .. "weights to fold them into; build it with norm = 'pre'")
+  raises(function() models.process_weights(nn.Sequential{nn.Linear(2, 2)}, ALL) end,
+    'models.process_weights: nn.Sequential declares no layout to process: a model from models.from_pretrained, models.gpt '
+    .. "(norm = 'pre'), or a class with processing_names() -> {embed, stack, norm, head} (the names of its children)")
+  -- a bias-free Llama has no value biases: refused, not marked as processed
+  local llama = make('llama')
+  raises(function() models.process_weights(llama, {fold_value_biases = true}) end,
+    'models.process_weights: fold_value_biases: models.Llama has no value biases, so there is nothing to fold (leave the step out)')
+  eq(llama.processed, nil, 'nothing marked as done')
+  -- Qwen2's value biases go into an output bias added for them, as TransformerLens's b_O
+  local qwen = models.process_weights(make('qwen2'), {fold_value_biases = true})
+  local p = {}
+  for n, t in qwen:named_parameters() do p[n] = t end
+  eq(p['blocks.1.self_attn.v.bias']:abs():max():item(), 0, 'the value bias is folded away')
+  assert(p['blocks.1.self_attn.o.bias'] ~= nil and p['blocks.1.self_attn.o.bias']:abs():max():item() > 0, 'into a new output bias')
   raises(function() models.process_weights(make('gpt2'), {fold_ln = 'yes'}) end, 'models.process_weights: fold_ln must be true or false, got yes')
 end)
 

@@ -2,9 +2,12 @@
 {fold_ln, center_writing_weights, center_unembed, fold_value_biases}) against
 TransformerLens 4.3 itself.
 
-A tiny GPT-2 (LayerNorm, every step) and a tiny Llama with grouped keys and
-values (RMSNorm: fold_ln, center_unembed and fold_value_biases; TransformerLens
-does not centre writing weights under RMSNorm, and anatomy refuses to), written
+A tiny GPT-2 (LayerNorm, every step), a tiny Llama with grouped keys and
+values (RMSNorm: fold_ln and center_unembed; TransformerLens does not centre
+writing weights under RMSNorm, and anatomy refuses to; it has no value
+biases to fold) and a tiny Qwen2 (the same, with value biases and no output
+bias, which both give it for the fold: fold_ln, center_unembed,
+fold_value_biases), written
 by `transformers`, booted in TransformerLens's TransformerBridge and processed
 with enable_compatibility_mode() (its defaults: all four), are compared on:
   - every processed weight in TransformerLens's layout: W_E, W_pos, W_Q, W_K,
@@ -102,7 +105,9 @@ def main():
     cases = [("gpt2", lambda: perturbed(tl_side.tiny("gpt2", V, 2, 0.3), lambda n: "ln" in n or n.endswith("bias")),
               ["fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases"]),
              ("llama-gqa", lambda: perturbed(tl_side.tiny("llama", V, 2, 0.3), lambda n: "norm" in n),
-              ["fold_ln", "center_unembed", "fold_value_biases"])]
+              ["fold_ln", "center_unembed"]),  # no value biases: anatomy refuses a fold of nothing
+             ("qwen2-gqa", lambda: perturbed(tl_side.tiny("qwen2", V, 2, 0.3), lambda n: "norm" in n or n.endswith("bias")),
+              ["fold_ln", "center_unembed", "fold_value_biases"])]  # value biases into an output bias it gains
     report = tl_side.Report()
     with tempfile.TemporaryDirectory() as tmp:
         for name, make, steps in cases:

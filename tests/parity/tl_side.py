@@ -29,7 +29,13 @@ def tokenizer():
 
 
 def tiny(kind, vocab, layers, init):
-    """A fresh tiny model: 'gpt2' (4 heads, width 32) or 'llama' (4 query heads over 2 key/value heads)."""
+    """A fresh tiny model: 'gpt2' (4 heads, width 32), 'llama' (4 query heads over 2 key/value heads) or 'qwen2'
+    (the same, with query, key and value biases and no output bias)."""
+    if kind == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, initializer_range=init, bos_token_id=0, eos_token_id=0,
+            tie_word_embeddings=False))
     if kind == "gpt2":
         return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=64, n_embd=32, n_layer=layers, n_head=4,
                                           initializer_range=init, bos_token_id=0, eos_token_id=0))

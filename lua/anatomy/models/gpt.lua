@@ -72,6 +72,18 @@ function GPT:forward(ids)
   return self.head(x)
 end
 
+-- model:processing_names() -> the children models.process_weights folds
+-- and centres ({embed, stack, norm, head}), or nil and why: a post-norm
+-- block's norms read the sums, not the attention's and MLP's inputs, so
+-- there is nothing to fold them into.
+function GPT:processing_names()
+  if not self.ln_f then
+    return nil, "a post-norm models.gpt (its norms read the residual sums, not the attention's and MLP's inputs) has no "
+      .. "weights to fold them into; build it with norm = 'pre'"
+  end
+  return {embed = 'embed', stack = 'blocks', norm = 'ln_f', head = 'head'}
+end
+
 -- The head applied to a hidden state (B, T, C): the logit lens.
 function GPT:readout(h)
   if self.ln_f then h = self.ln_f(h) end

@@ -36,9 +36,41 @@ end
 local function set(p, value) torch.no_grad(function() p:copy_(value:to(p.dtype)) end) end
 local function f64(p) return p:detach():double() end
 
+-- The value bias of an attention (C, or kv_heads x D), or nil.
+local function value_bias(attn)
+  local p, made = params_of(attn), rawget(attn, '_made_with') or {}
+  if nn.typename(attn) == 'nn.Attention' then
+    return p['qkv.bias'] and p['qkv.bias']:narrow(1, 2 * made.dim + 1, made.dim) or nil
+  end
+  return p['v.bias']
+end
+
+-- A rotary attention without an output bias, made again with one (zero),
+-- its other weights copied, in its block's place: where folded value biases go.
+local function with_out_bias(block, part)
+  local old = part[2]
+  local made = {}
+  for k, v in pairs(rawget(old, '_made_with') or {}) do made[k] = v end
+  made.out_bias = true
+  local dim, heads = made.dim, made.heads
+  made.dim, made.heads = nil, nil
+  local new = nn.RoPEAttention(dim, heads, made)
+  local w = old:parameters()[1]
+  new:to(w.dtype)
+  if w.device ~= 'cpu' then new:to(w.device) end
+  local own = params_of(old)
+  torch.no_grad(function()
+    for name, p in new:named_parameters() do
+      if own[name] then p:copy_(own[name]) else p:zero_() end
+    end
+  end)
+  block[part[1]] = new
+  return new
+end
+
 -- A block's parts: {ln1, attn, ln2, mlp} by the types of its children, in order.
 local function parts_of(path, block, where, level)
-  local out, norms = {path = path}, {}
+  local out, norms = {path = path, block = block}, {}
   for name, c in block:named_children() do
     local t = nn.typename(c)
     if t == 'nn.LayerNorm' or t == 'nn.RMSNorm' then norms[#norms + 1] = {name, c}
@@ -129,20 +161,28 @@ end
 
 -- models.process_weights(model, {fold_ln, center_writing_weights,
 -- center_unembed, fold_value_biases}) -> model: TransformerLens's weight
--- processing (its process_weights, in its order) on a model from
--- models.from_pretrained, in place; the model computes the same
--- probabilities (the logits move by one amount per position where
--- center_unembed is on). model.processed records what was done;
--- save_pretrained refuses a processed model (transformers has no place for
--- what it becomes). center_writing_weights needs LayerNorm (RMSNorm does not
--- take the mean out); a step the model has nothing for is an error.
+-- processing (its process_weights, in its order) in place, on a model from
+-- models.from_pretrained, a pre-norm models.gpt, or any model whose class
+-- names its parts (model:processing_names() -> {embed, stack, norm, head},
+-- pre-norm blocks of two norms, an attention and an MLP); the model
+-- computes the same probabilities (the logits move by one amount per
+-- position where center_unembed is on). model.processed records what was
+-- done; save_pretrained refuses a processed model (transformers has no
+-- place for what it becomes). center_writing_weights needs LayerNorm
+-- (RMSNorm does not take the mean out); a step the model has nothing for is
+-- an error (fold_value_biases without value biases); value biases with no
+-- output bias to take them (Qwen2) get one, zero before they are folded in,
+-- as TransformerLens's b_O.
 function process.process_weights(model, opts)
   local where = 'models.process_weights'
   opts = options.check(opts, KEYS, where, 2)
   process.check(opts, where, 2)
-  local names = rawget(model, 'pretrained_names') or model.pretrained_names
+  local names, why = rawget(model, 'pretrained_names') or model.pretrained_names, nil
+  if type(names) ~= 'table' and type(model.processing_names) == 'function' then names, why = model:processing_names() end
   if type(names) ~= 'table' then
-    error(('%s: %s did not come from models.from_pretrained (anatomy knows the layout of those only)'):format(where, nn.typename(model)), 2)
+    error(('%s: %s'):format(where, why or ('%s declares no layout to process: a model from models.from_pretrained, models.gpt '
+      .. "(norm = 'pre'), or a class with processing_names() -> {embed, stack, norm, head} (the names of its children)")
+      :format(nn.typename(model))), 2)
   end
   local done = rawget(model, 'processed') or {}
   for _, k in ipairs(KEYS) do
@@ -157,14 +197,11 @@ function process.process_weights(model, opts)
       :format(where, nn.typename(model), nn.typename(final[2])), 2)
   end
   if opts.fold_value_biases then
-    for _, b in ipairs(blocks) do
-      local attn = {b.path .. '.' .. b.attn[1], b.attn[2]}
-      local _, out_bias, out_name = writer(attn)
-      local has_v = false
-      for _, r in ipairs(readers(attn)) do has_v = has_v or r[2] ~= nil end
-      if has_v and not out_bias then
-        error(('%s: fold_value_biases: %s has value biases but no output bias to take them'):format(where, out_name), 2)
-      end
+    local any = false
+    for _, b in ipairs(blocks) do any = any or value_bias(b.attn[2]) ~= nil end
+    if not any then
+      error(('%s: fold_value_biases: %s has no value biases, so there is nothing to fold (leave the step out)'):format(where,
+        nn.typename(model)), 2)
     end
   end
   if opts.fold_ln then
@@ -201,16 +238,16 @@ function process.process_weights(model, opts)
   if opts.fold_value_biases then
     for _, b in ipairs(blocks) do
       local attn = b.attn[2]
-      local p, made = params_of(attn), rawget(attn, '_made_with') or {}
-      local W_O, b_O = writer(b.attn)
-      local bv
-      if nn.typename(attn) == 'nn.Attention' then
-        local C = made.dim
-        bv = p['qkv.bias'] and p['qkv.bias']:narrow(1, 2 * C + 1, C)
-      else
-        bv = p['v.bias']
-      end
+      local made = rawget(attn, '_made_with') or {}
+      local bv = value_bias(attn)
       if bv then
+        local W_O, b_O = writer(b.attn)
+        if not b_O then  -- an output bias to take them, zero, as TransformerLens's b_O (Qwen2 has none)
+          attn = with_out_bias(b.block, b.attn)
+          b.attn[2] = attn
+          bv = value_bias(attn)
+          W_O, b_O = writer(b.attn)
+        end
         local H, KV = made.heads, made.kv_heads or made.heads
         local v = f64(bv)
         if KV ~= H then  -- each query head's value bias: its group's
