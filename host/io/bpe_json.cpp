@@ -370,11 +370,32 @@ void BpeTokenizer::read_added_tokens(const std::string& vocab_json) {
       found[content] = {content, id, flag(a, "special", special.count(content) > 0), flag(a, "lstrip", false), flag(a, "rstrip", false)};
     }
   }
+  // The named special tokens as transformers reads them, from
+  // tokenizer_config.json too (bos_token, eos_token, ...), in its order. One
+  // the vocabulary lacks is appended after everything else (GPT2Tokenizer:
+  // id = len(tokenizer) then), as one token.
+  std::vector<std::string> named;
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+    for (const json* from : {&config, &entries}) {
+      if (from->is_object() && from->contains(key) && !(*from)[key].is_null()) {
+        std::string content = content_of((*from)[key]);
+        special.insert(content);
+        if (std::find(named.begin(), named.end(), content) == named.end()) named.push_back(content);
+        break;
+      }
+    }
+  }
   // special tokens that are in the vocabulary itself (GPT-2's <|endoftext|>): never split either
   special.insert("<|endoftext|>");
   for (const auto& content : special) {
     auto it = vocab_.find(content);
     if (it != vocab_.end() && !found.count(content)) found[content] = {content, it->second, true, false, false};
+  }
+  int64_t next = 0;
+  for (const auto& [token, id] : vocab_) next = std::max(next, id + 1);
+  for (const auto& [content, a] : found) next = std::max(next, a.id + 1);
+  for (const auto& content : named) {
+    if (!vocab_.count(content) && !found.count(content)) found[content] = {content, next++, true, false, false};
   }
   for (auto& [content, a] : found) {
     if (auto it = vocab_.find(content); it != vocab_.end() && it->second != a.id)

@@ -245,6 +245,23 @@ def slow_gpt2_cases(tmp, gpt2):
         tok = transformers.AutoTokenizer.from_pretrained(folder)
         assert len(tok) == V + 4, f"transformers read {len(tok)} tokens from {folder}"
         cases.append((name, folder, FromTransformers(tok), TEXTS + ADDED_TEXTS))
+    # special tokens named in tokenizer_config.json alone, which vocab.json lacks: transformers appends them
+    # (bos, eos, unk, sep, pad, cls, mask order), as one token each, never split
+    folder = os.path.join(tmp, "gpt2-slow-missing-eos")
+    os.mkdir(folder)
+    gpt2.model.save(folder)
+    with open(os.path.join(folder, "vocab.json")) as f:
+        vocab = json.load(f)
+    vocab["<|other|>"] = vocab.pop("<|endoftext|>")
+    with open(os.path.join(folder, "vocab.json"), "w") as f:
+        json.dump(vocab, f)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 1024, "bos_token": "<|endoftext|>",
+                   "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "pad_token": "<|pad|>"}, f)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    assert len(tok) == V + 2 and tok.convert_tokens_to_ids("<|endoftext|>") == V, (len(tok), folder)
+    cases.append(("slow GPT2Tokenizer: bos/eos/unk and pad named in tokenizer_config.json, missing from vocab.json", folder,
+                  FromTransformers(tok), TEXTS + ADDED_TEXTS[:2]))
     return cases
 
 
