@@ -153,6 +153,13 @@ def test_revisions():
     check("no ref is written for a commit", not os.path.exists(os.path.join(root, "refs", FX["commits"]["step0"])))
     rc, _, err = anatomy(cache, "load", "org/tiny", "step9", os.path.join(TMP, "x.json"))
     check("an unknown revision is a 404 naming it", rc != 0 and "has no revision 'step9' (404)" in err, err)
+    hub.omit_error_codes = True
+    try:
+        rc, _, err = anatomy(cache, "load", "org/tiny", "step9", os.path.join(TMP, "x.json"))
+    finally:
+        hub.omit_error_codes = False
+    check("a 404 without X-Error-Code at an unknown revision never claims the repository is missing",
+          rc != 0 and "no repository" not in err and ("has no revision 'step9'" in err or "without saying whether" in err), err)
     got, err = load(cache, "org/sharded")
     check("a sharded checkpoint loads (index and every shard)", got is not None and max_diff(got, FX["steps"]["step2"][1]) <= 1e-5, err)
     shards = [f for f in hub.repos["org/sharded"].commits[next(iter(hub.repos["org/sharded"].commits))] if f.endswith(".safetensors")]

@@ -125,7 +125,16 @@ local function refusal(session, r, what)
     elseif code == 'EntryNotFound' then
       return ("%s: '%s' at revision '%s' has no such file (404)"):format(what, session.repo_id, session.revision)
     end
-    return ("%s: no repository '%s' on %s (404)"):format(what, session.repo_id, session.endpoint)
+    local message = r.body and r.body:match('"error"%s*:%s*"([^"]*)"') or ''
+    if code == 'RepositoryNotFound' or (code == nil and session.revision == 'main' and message == '') then
+      return ("%s: no repository '%s' on %s (404)"):format(what, session.repo_id, session.endpoint)
+    end
+    if message:match('^Invalid rev') or message:lower():find('revision', 1, true) then
+      return ("%s: '%s' has no revision '%s' (404: %s)"):format(what, session.repo_id, session.revision, message)
+    end
+    -- a 404 that does not say what is missing: name both, claim neither
+    return ("%s: the Hub answered 404 for '%s' at revision '%s' without saying whether the repository or the revision is "
+      .. "missing%s"):format(what, session.repo_id, session.revision, message ~= '' and (' (' .. message .. ')') or '')
   end
   local message = r.body and r.body:match('"error"%s*:%s*"([^"]*)"') or ''
   return ('%s: the Hub answered %d%s'):format(what, r.status, message ~= '' and (' (' .. message .. ')') or '')
