@@ -399,4 +399,23 @@ test('the per-step metrics read their results back once each, not once a number 
   eq(torch.metrics.step_values({torch.eye(3)}, {false}, {}, {}, false):numel(), 2, 'unread: one tensor of the numbers')
 end)
 
+test("history: train.fit's run or train.read_metrics' records; the header says which tokens the loss is over", function()
+  torch.manual_seed(1)
+  local c = data.from_string(('abcdefghij'):rep(100), {split = 0.9})
+  local m = models.gpt{vocab = c.vocab_size, dim = 16, heads = 2, layers = 2, seq = 16, ffn = 32, norm = 'pre'}
+  local path = os.tmpname()
+  local run = train.fit(m, c, {steps = 12, batch = 4, seq = 16, quiet = true, log = path, eval_every = 6})
+  local from_log = autopsy.run(m, c, {history = train.read_metrics(path), metrics = {'grad_norm'}})
+  close(torch.tensor(from_log.history.train, {dtype = 'float64'}), torch.tensor(run.train, {dtype = 'float64'}), 1e-7,
+    'the losses of the log are the run\'s (to its 9 digits)')
+  eq(#from_log.history.val, 2)
+  local html = require('anatomy.autopsy.report').html(from_log)
+  assert(html:find('the mean cross-entropy of the next token over 1 random batch of 8 x 16 tokens from the validation split', 1, true), html:sub(1, 400))
+  assert(html:find("the training's last val loss", 1, true), 'the val loss is told apart')
+  raises(function() autopsy.run(m, c, {history = {1, 2}}) end,
+    "autopsy.run: history must be the run train.fit returned (with .train), or train.read_metrics(path)'s records ({step, loss, ...}); "
+    .. 'got a table without either')
+  os.remove(path)
+end)
+
 H.done()

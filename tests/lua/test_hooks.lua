@@ -296,7 +296,8 @@ test('direct logit attribution: the parts sum to the logit; post-norm is refused
   local d = probe.logit_attribution(m, x, {4, 7}, {position = 3})
   assert(math.abs(d.total - d.logit) < 1e-4, ('d.total vs d.logit: difference %.3g, tolerance 1e-4'):format(math.abs(d.total - d.logit)))
   assert(tostring(d):find('logit[4] - logit[7]', 1, true))
-  raises(function() probe.logit_attribution(tiny('post'), x, 4) end, 'direct logit attribution needs pre-norm residual blocks')
+  raises(function() probe.logit_attribution(tiny('post'), x, 4) end,
+    "direct logit attribution needs pre-norm residual blocks (models.gpt is post-norm unless built with norm = 'pre')")
   -- drawn with its sign: a negative part is a red bar below the zero line
   local svg = r:svg()
   local neg

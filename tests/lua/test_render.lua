@@ -35,4 +35,17 @@ test('colour bars and axes get at least three readable ticks; zero and missing c
   assert(not plain:find('cellkey', 1, true), 'no key when every cell has a colour')
 end)
 
+test("a bar's length is its value: the axis of a bar chart starts at 0, close values or not", function()
+  local charts = require 'anatomy.render.charts'
+  local svg = tostring(charts.bars('loss', {'a', 'b'}, {0.81, 1.33}))
+  local heights = {}
+  for h in svg:gmatch('<rect[^>]- height="([%d%.]+)"[^>]-data%-value') do heights[#heights + 1] = tonumber(h) end
+  eq(#heights, 2)
+  close(heights[1] / heights[2], 0.81 / 1.33, 0.01, 'bar heights in proportion to the values')
+  local close_values = tostring(charts.bars('loss', {'a', 'b'}, {2.371, 2.378}))
+  local hs = {}
+  for h in close_values:gmatch('<rect[^>]- height="([%d%.]+)"[^>]-data%-value') do hs[#hs + 1] = tonumber(h) end
+  close(hs[1] / hs[2], 2.371 / 2.378, 0.01, 'close values too')
+end)
+
 H.done()

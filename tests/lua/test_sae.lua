@@ -271,7 +271,31 @@ test('the top contexts are the largest activations of each feature, largest firs
     end
     eq(#list, math.min(3, all:gt(0):sum():item()))
     eq(r.counts[feature], all:gt(0):sum():item())
+    -- the histogram holds every nonzero activation the count counts (under its cap): one number, not three
+    eq(#r.values[r:index(feature)], r.counts[feature])
+    -- a context near its window's start shows what came before it in the text, outside the window
+    for _, c in ipairs(list) do
+      if c.row > 1 and c.position <= 4 then
+        local flat = x:reshape(-1)
+        local start = (c.row - 1) * 16
+        eq(c.before_window, corpus:decode(flat:narrow(1, start - (4 - (c.position - 1)) + 1, 4 - (c.position - 1))))
+      end
+    end
   end
+  local page = r:page(1)
+  assert(page:find(('all %d of its nonzero activations'):format(r.counts[1]), 1, true), 'the histogram says it holds them all')
+  -- a context longer than the window reaches into the text before it (which the model did not read), marked
+  local wide = sae.top_activations(model, s, corpus, {features = {1}, k = 3, batches = 1, batch = 8, seq = 16, context = 20})
+  local checked = 0
+  for _, c in ipairs(wide[1]) do
+    if c.row > 1 then
+      local need = 20 - (c.position - 1)
+      eq(c.before_window, corpus:decode(x:reshape(-1):narrow(1, (c.row - 1) * 16 - need + 1, need)))
+      checked = checked + 1
+    end
+  end
+  assert(checked > 0 or #wide[1] == 0, 'a context from a later window')
+  if checked > 0 then assert(tostring(wide):find('¦', 1, true), 'print marks the window start') end
   eq(tostring(r):find('«', 1, true) ~= nil, true)
   local html = r:page(1)
   eq(html:find('Top ' .. #r[1] .. ' contexts', 1, true) ~= nil, true)

@@ -129,7 +129,10 @@ function report.html(a)
   return table.concat({
     '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>autopsy of ', esc(a.model), '</title>',
     '<style>', page.style, '</style></head><body>',
-    '<h1>Autopsy of ', esc(a.model), '</h1><p>loss ', format.number(a.loss, 4), '</p>',
+    '<h1>Autopsy of ', esc(a.model), '</h1><p>loss ', format.number(a.loss, 4),
+    a.loss_on and (' — the mean cross-entropy of the next token over ' .. esc(a.loss_on)) or '',
+    a.history and a.history.val and #a.history.val > 0 and ('; the training\'s last val loss, %s at step %d, is over its own evaluation windows')
+      :format(format.number(a.history.val[#a.history.val].loss, 4), a.history.val[#a.history.val].step) or '', '</p>',
     a.provenance and page.provenance(a.provenance) or '',
     '<div class="wide"><table><thead><tr>', table.concat(thead), '</tr></thead><tbody>', table.concat(tbody), '</tbody></table></div>',
     '<dl class="note">', legend_html(a), '</dl>',

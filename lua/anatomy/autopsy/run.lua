@@ -193,6 +193,12 @@ local function measure_batches(s)
     else x, y = source:batch(s.opts.batch or 8, s.seq, {split = 'val', device = model:device()}) end
     local d = measure.dissect(model, layers, x, y, s.mask, s.idx)
     s.last = {x = x, y = y, d = d}
+    if not s.loss_on then  -- which tokens `loss` is the mean over, for the report's header
+      local given = type(source) == 'table' and torch.is_tensor(source[1])
+      s.loss_on = given and ('the batch given (%d x %d tokens%s)'):format(x:size(1), x:size(2), s.mask and ', padded' or '')
+        or ('%d random batch%s of %d x %d tokens from the validation split'):format(s.steps, s.steps == 1 and '' or 'es',
+          x:size(1), x:size(2))
+    end
     -- with the stepwise shortcut, each block's input too: the removal
     -- phase runs from the first block it removes
     local block_inputs = {}
@@ -268,7 +274,7 @@ end
 -- 2-D weight's effective rank, and the rows' gradient norms from them.
 local function rows(s)
   local model, layers = s.model, s.layers
-  local a = setmetatable({model = nn.typename(model), loss = avg(s, 'loss'), rows = {}, params = {}, weights = {},
+  local a = setmetatable({model = nn.typename(model), loss = avg(s, 'loss'), loss_on = s.loss_on, rows = {}, params = {}, weights = {},
     thresholds = s.thresholds, metrics = s.opts.metrics or measure.all_metrics, history = s.opts.history,
     entropy_heads = s.entropy_heads, patterns = s.patterns, patterns_text = s.patterns_text, attention_maps = s.maps,
     attention_tokens = s.map_tokens}, Autopsy)

@@ -61,6 +61,9 @@ local function scan(model, s, corpus, o, fn)
   return x
 end
 
+-- How many of a feature's nonzero activations the page's histogram holds.
+local HISTOGRAM_CAP = 20000
+
 local TopActivations = {}
 TopActivations.__index = TopActivations
 
@@ -104,11 +107,14 @@ function inspect.top_activations(model, s, corpus, opts)
       i = i:gather(1, keep)
     end
     best_v, best_i = v, i
-    for j = 1, nf do
+    for j = 1, nf do  -- the first HISTOGRAM_CAP nonzero activations in scan order, exactly
       local list = values[j] or {}
       values[j] = list
-      if #list < 20000 then
-        for _, a in ipairs(flat:select(2, j):masked_select(flat:select(2, j):gt(0)):tolist()) do list[#list + 1] = a end
+      if #list < HISTOGRAM_CAP then
+        for _, a in ipairs(flat:select(2, j):masked_select(flat:select(2, j):gt(0)):tolist()) do
+          if #list >= HISTOGRAM_CAP then break end
+          list[#list + 1] = a
+        end
       end
     end
   end)
@@ -116,6 +122,7 @@ function inspect.top_activations(model, s, corpus, opts)
   local r = setmetatable({features = o.features, counts = {}, tokens = x:numel(), point = o.point, values = values, k = o.k,
     _model = model, _sae = s, _tokenizer = corpus}, TopActivations)
   local decode = function(ids) return corpus:decode(ids) end
+  local flat_ids = x:reshape(-1)
   local vlist, ilist = best_v:tolist(), best_i:tolist()
   for j, feature in ipairs(o.features) do
     local list = {}
@@ -127,7 +134,10 @@ function inspect.top_activations(model, s, corpus, opts)
         local ids = x[seqi]
         local from = math.max(1, pos - o.context)
         local to = math.min(T, pos + o.after)
+        -- the windows are consecutive stretches of the split: what came before this one, which the model did not see
+        local earlier = math.min(pos - 1 < o.context and o.context - (pos - 1) or 0, (seqi - 1) * T)
         list[#list + 1] = {value = value, row = seqi, position = pos,
+          before_window = earlier > 0 and decode(flat_ids:narrow(1, (seqi - 1) * T - earlier + 1, earlier)) or '',
           before = pos > from and decode(ids:narrow(1, from, pos - from)) or '',
           token = decode(ids:narrow(1, pos, 1)),
           after = to > pos and decode(ids:narrow(1, pos + 1, to - pos)) or ''}
@@ -150,14 +160,15 @@ local function visible(s, token)
 end
 
 function TopActivations:__tostring()
-  local lines = {('top activations at %s over %d tokens'):format(self.point, self.tokens)}
+  local lines = {('top activations at %s over %d tokens (¦: the start of the window the model read)'):format(self.point, self.tokens)}
   for _, feature in ipairs(self.features) do
     local list = self[feature]
     lines[#lines + 1] = ('feature %d: fires on %d tokens (%.3f%%)'):format(feature, self.counts[feature],
       100 * self.counts[feature] / self.tokens)
     for i = 1, math.min(#list, 5) do
       local c = list[i]
-      lines[#lines + 1] = ('  %8.3f  %s«%s»%s'):format(c.value, one_line(c.before), one_line(c.token), one_line(c.after))
+      lines[#lines + 1] = ('  %8.3f  %s%s«%s»%s'):format(c.value, c.before_window ~= '' and (one_line(c.before_window) .. '¦') or '',
+        one_line(c.before), one_line(c.token), one_line(c.after))
     end
     if #list == 0 then lines[#lines + 1] = '  (never fires on these tokens)' end
   end
@@ -201,16 +212,19 @@ function TopActivations:page(feature)
       bins[b] = bins[b] + 1
     end
     for b = 1, nb do labels[b] = ('%.3g'):format(lo + (b - 0.5) * width) end
+    local all = self.counts[feature]
     parts[#parts + 1] = charts.bars(('Feature %d: its nonzero activations'):format(feature), labels, bins,
-      {xlabel = 'activation (bin centre)', ylabel = 'tokens', note = ('%d nonzero activations%s'):format(#vals,
-        #vals >= 20000 and ' (the first 20000)' or '')})
+      {xlabel = 'activation (bin centre)', ylabel = 'tokens', note = #vals < all
+        and ('the first %d of its %d nonzero activations, in scan order'):format(#vals, all)
+        or ('all %d of its nonzero activations'):format(#vals)})
   end
   local rows = {}
   for i, c in ipairs(list) do
-    rows[i] = ('<tr><td>%.3f</td><td style="font-family:monospace;white-space:pre;text-align:left">%s<mark>%s</mark>%s</td></tr>'):format(
-      c.value, esc(visible(c.before)), esc(visible(c.token, true)), esc(visible(c.after)))
+    rows[i] = ('<tr><td>%.3f</td><td style="font-family:monospace;white-space:pre;text-align:left"><span style="color:#999" '
+      .. 'title="before the window the model read">%s</span>%s<mark>%s</mark>%s</td></tr>'):format(
+      c.value, esc(visible(c.before_window or '')), esc(visible(c.before)), esc(visible(c.token, true)), esc(visible(c.after)))
   end
-  parts[#parts + 1] = ('<h2>Top %d contexts</h2><table><tr><th>activation</th><th>context (the token marked)</th></tr>%s</table>'):format(
+  parts[#parts + 1] = ('<h2>Top %d contexts</h2><table><tr><th>activation</th><th>context (the token marked; grey: before the window the model read)</th></tr>%s</table>'):format(
     #list, table.concat(rows))
   local effect = logit_effect(model, s, feature)
   if effect and tokenizer then

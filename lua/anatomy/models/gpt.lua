@@ -1,8 +1,9 @@
 -- models.gpt{vocab, dim, heads, layers, seq, ffn, residual = true, norm = 'post'|'pre', activation = 'relu'}
 -- The standard character transformer. Each block has attention and an MLP
--- (dim -> ffn -> dim), with LayerNorm:
---   post  x = ln1(x + attn(x)); x = ln2(x + mlp(x))        (residual = false drops both adds)
---   pre   x = x + attn(ln1(x)); x = x + mlp(ln2(x)); a final ln_f before the head
+-- (dim -> ffn -> dim), with LayerNorm; norm = 'post' is the default:
+--   post  x = ln1(x + attn(x)); x = ln2(x + mlp(x)), no final norm   (residual = false drops both adds)
+--   pre   x = x + attn(ln1(x)); x = x + mlp(ln2(x)); a final ln_f before the head (GPT-2's layout: what
+--         direct logit attribution, edge attribution and weight processing need)
 -- With layers = 1, dim = 64, heads = 2, ffn = 128, norm = 'post' it is the
 -- one-layer model of the residual-ablation experiment.
 local nn = require('anatomy.nn')

@@ -110,7 +110,8 @@ function attribution.run(model, input, target, opts)
   local size = final:abs():max():item()
   if gap > 1e-4 * (1 + size) then
     error(('%s: the residual stream of %s is not the sum of the embedding and the attention and MLP outputs (largest gap %.3g '
-      .. 'against values up to %.3g): direct logit attribution needs pre-norm residual blocks'):format(where, nn.typename(model), gap, size), 2)
+      .. 'against values up to %.3g): direct logit attribution needs pre-norm residual blocks%s'):format(where, nn.typename(model), gap, size,
+      nn.typename(model) == 'models.GPT' and " (models.gpt is post-norm unless built with norm = 'pre')" or ''), 2)
   end
 
   -- every part (and nothing, for the bias) read out in one batch, each norm's scale held at this run's

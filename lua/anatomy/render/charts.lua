@@ -55,12 +55,12 @@ end
 -- charts.bars(title, labels, values, opts): one bar per label. opts (or a
 -- note string): note, ylabel, xlabel, reference = {value, label} (a dashed
 -- line, e.g. the full model's loss), offset (the values are differences
--- from it; recorded on the chart). The value axis starts where the data
--- does when the values differ by little beside their size (the note says so).
+-- from it; recorded on the chart). The value axis starts at 0: a bar's
+-- length is its value.
 function charts.bars(title, labels, values, opts)
   if type(opts) ~= 'table' then opts = {note = opts} end
   local ref = opts.reference
-  local lo, hi, from_data = value_range(values, ref and {ref[1]} or nil)
+  local lo, hi = value_range(values, ref and {ref[1]} or nil, true)
   local n = #labels
   local rotate = n > 6 or longest(labels) > 10
   local B = rotate and math.min(150, 28 + math.floor(longest(labels) * 5.2)) or 40
@@ -70,7 +70,7 @@ function charts.bars(title, labels, values, opts)
   local H = T + ph + B
   local parts = {}
   local y = y_axis(parts, lo, hi, L, T, pw, ph, opts.ylabel)
-  local base = from_data and lo or math.max(lo, math.min(0, hi))
+  local base = math.max(lo, math.min(0, hi))
   local points, rows = each_bar(labels, values, L, pw, function(i, v, x, bw)
     local y0, y1 = y(base), y(v)
     parts[#parts + 1] = ('<rect x="%s" y="%s" width="%s" height="%s" fill="%s" data-value="%s"><title>%s: %s</title></rect>'):format(
@@ -94,9 +94,6 @@ function charts.bars(title, labels, values, opts)
   end
   parts[#parts + 1] = ('<text x="%s" y="%d" class="xlabel" text-anchor="middle">%s</text>'):format(num(L + pw / 2), H - 4, esc(opts.xlabel or 'layer'))
   local note = opts.note
-  if from_data then
-    note = (note and note .. '; ' or '') .. ('the value axis starts at %s, not 0, so that the differences show'):format(format.number(lo, 4))
-  end
   return figure{title = title, kind = 'bars', points = points, w = W, h = H, body = table.concat(parts), note = note,
     head = {opts.xlabel or 'layer', opts.ylabel or 'value'}, table = rows, offset = opts.offset}
 end

@@ -118,13 +118,16 @@ end
 
 -- The range a value axis covers: from 0 unless every value is positive and
 -- they differ by little beside their size (losses of 2.371..2.378), where a
--- bar from 0 would hide the differences; then from just below the smallest.
-local function value_range(values, extra)
+-- line from 0 would hide the differences; then from just below the
+-- smallest. With zero (bars: their length is the value, and a bar from an
+-- axis near the smallest value makes 0.81 look a sixth of 1.33), always
+-- from 0.
+local function value_range(values, extra, zero)
   local lo, hi = math.huge, -math.huge
   for _, v in pairs(values) do if finite(v) then lo, hi = math.min(lo, v), math.max(hi, v) end end
   for _, v in ipairs(extra or {}) do if finite(v) then lo, hi = math.min(lo, v), math.max(hi, v) end end
   if lo == math.huge then return 0, 1, false end
-  if lo > 0 and hi > lo and (hi - lo) < 0.5 * hi then
+  if not zero and lo > 0 and hi > lo and (hi - lo) < 0.5 * hi then
     local pad = (hi - lo) * 0.15
     return lo - pad, hi + pad * 0.5, true
   end
