@@ -63,6 +63,10 @@ test('the provenance record: data, vocabulary, model config and parameters, trai
   contains(line, 'LibTorch ' .. torch.libtorch_version, 'line')
   -- the JSON round-trips through a real JSON reader (Python's, if present, is not needed: the encoder is tested elsewhere)
   contains(json.encode(rec), '"sha256":"' .. rec.data.sha256 .. '"', 'json')
+  -- without a training run the missing seed is not train.fit's
+  local function seed_text(r) for _, f in ipairs(provenance.fields(r)) do if f[1] == 'seed' then return f[2] end end end
+  eq(seed_text(provenance.record{model = model}), 'none recorded (no training run in this record)')
+  eq(seed_text(provenance.record{model = model, run = {train = {1}, val = {}, config = {}}}), 'not given (train.fit ran without a seed)')
   os.remove(path)
 end)
 
