@@ -40,7 +40,8 @@ end
 test('every anatomy cell of the TransformerLens table runs as written', function()
   local folder = checkpoint()
   local model, tok = models.from_pretrained(folder)
-  local ids, corrupt = tok:encode('ab cd ab cd'):view(1, -1), tok:encode('cd ab cd ab'):view(1, -1)
+  local ids = tok:encode('ab cd ab cd'):view(1, -1):to(model:device())
+  local corrupt = tok:encode('cd ab cd ab'):view(1, -1):to(model:device())
   eq(ids:size(), corrupt:size(), 'clean and corrupt of one length')
   local diff = patching.logit_diff(2, 3)
   local env = setmetatable({model = model, tok = tok, ids = ids, corrupt = corrupt, folder = folder,
