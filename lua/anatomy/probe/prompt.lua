@@ -61,7 +61,7 @@ function prompt.test_prompt(model, text, answer, opts)
   end
   local ranks = {}
   for i, ids in ipairs(answer_ids) do
-    local full = torch.cat({prompt_ids, ids}):unsqueeze(1)
+    local full = torch.cat({prompt_ids, ids}):view(1, -1):to(model:device())  -- the model's device (a GPU)
     local logits = torch.no_grad(function() return model(full) end)[1]:double()  -- (T, V)
     for j = 1, n do
       local at = logits[P + j - 1]
