@@ -531,7 +531,8 @@ test("TransformerLens's hook names, layers from 0, name the same points on a bui
   raises(function() probe.canonical(m, 'blocks.2.hook_resid_post') end,
     "'blocks.2.hook_resid_post' (a TransformerLens name): TransformerLens counts layers from 0, so blocks.2 is layer 3, and the model has 2")
   raises(function() probe.ablate(m, 'blocks.0.attn.hook_qkv', {head = 1}) end,
-    "'blocks.0.attn.hook_qkv' (a TransformerLens name): anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)")
+    "'blocks.0.attn.hook_qkv' (a TransformerLens name): anatomy has no counterpart of it (docs/pretrained.md lists the names it maps); "
+    .. "did you mean 'blocks.0.attn.hook_q'?")
   raises(function() probe.canonical(m, 'hook_pos_embed') end,
     "'hook_pos_embed' (a TransformerLens name): the model has no positional embedding child (its positions are rotary, or inside another block)")
 end)
@@ -588,6 +589,10 @@ test("TransformerLens names and globs work in every filter and cache key of a mo
     "probe cache: the key 'blocks.1.attn.patern' matches no probe point of models.GPT; did you mean 'blocks.1.attn.pattern'?")
   H.raises_part(function() return c['blocks.0.resid_post'] end, "write 'blocks.1.resid_post'")
   eq(c:get('blocks.1.attn.z'), nil)
+  H.raises_part(function() return c['blocks.0.attn.hook_patern'] end, "did you mean 'blocks.0.attn.hook_pattern'?")
+  H.raises_part(function() probe.run_with_cache(m, x, {filter = 'blocks.0.hook_resid_pots'}) end,
+    "'blocks.0.hook_resid_pots' (a TransformerLens name): anatomy has no counterpart of it (docs/pretrained.md lists the names it maps); "
+    .. "did you mean 'blocks.0.hook_resid_post'?")
   H.raises_part(function() probe.replace(m, 'blocks.0.attn.z', function() end) end,
     "no module or hook point named 'blocks.0.attn.z' in models.GPT; anatomy counts layers from 1: write 'blocks.1.attn.z', "
     .. "or TransformerLens's 'blocks.0.attn.hook_z'")

@@ -7,6 +7,8 @@ local models = require('anatomy.models')
 local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
 local points = {}
+local listing = false  -- inside transformer_lens_names: a miss there suggests nothing
+local tl_names
 
 -- Turns a glob ('blocks.*', '*.pattern') into an anchored Lua pattern.
 local function glob(p)
@@ -105,7 +107,15 @@ points.role_child = role_child
 function points.from_transformer_lens(model, name, level)
   level = (level or 1) + 1
   if type(name) ~= 'string' or not name:find('hook_', 1, true) then return nil end
-  local function fail(why) error(("'%s' (a TransformerLens name): %s"):format(name, why), level + 1) end
+  local function fail(why)
+    if why:find('no counterpart', 1, true) and not listing then  -- a misspelt name, most often: the nearest one it could be
+      local names = {}
+      for _, pair in ipairs(points.transformer_lens_names(model)) do names[#names + 1] = pair[1] end
+      local near = options.closest(name, names)
+      if near then why = ("%s; did you mean '%s'?"):format(why, near) end
+    end
+    error(("'%s' (a TransformerLens name): %s"):format(name, why), level + 1)
+  end
   local i, rest = name:match('^blocks%.(%d+)%.(.+)$')
   if i then
     local layers, why = model:layers()
@@ -198,6 +208,14 @@ local tl_layer_order = {'hook_resid_pre', 'ln1.hook_scale', 'ln1.hook_normalized
 -- order, with anatomy's name of it ('blocks.0.attn.hook_z', 'blocks.1.attn.z').
 -- What globs of TransformerLens names ('blocks.*.hook_resid_post') match.
 function points.transformer_lens_names(model)
+  listing = true
+  local ok, out = pcall(tl_names, model)
+  listing = false
+  if not ok then error(out, 0) end
+  return out
+end
+
+function tl_names(model)
   local known = {}
   for _, n in ipairs(points.names(model)) do known[n] = true end
   local out = {}
