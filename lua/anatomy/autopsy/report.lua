@@ -115,7 +115,9 @@ function report.html(a)
   local cols = {'name', 'verdict'}  -- the verdict beside the name: the table may be wider than the page
   for _, m in ipairs(format.columns(a)) do if m[1] ~= 'verdict' then cols[#cols + 1] = m[1] end end
   local thead = {}
-  for _, c in ipairs(cols) do thead[#thead + 1] = '<th>' .. c .. '</th>' end
+  -- a header may break after an underscore (sae_ce_recovered over two lines): the columns stay as narrow as
+  -- their numbers, and the last ones on the page
+  for _, c in ipairs(cols) do thead[#thead + 1] = '<th>' .. esc(c):gsub('_', '_<wbr>') .. '</th>' end
   local tbody = {}
   for _, r in ipairs(rows) do
     local tds = {}

@@ -178,11 +178,13 @@ function heatmap.attention_map(title, tokens, m, note)
   local w, h = left + T * cell + 80, top + T * cell + 36
   local parts, points = {}, 0
   local function label(s) return terminal.token_label(s or '', 12) end
+  -- the tokens as large as a cell allows (12 to 15 px): read at a glance, not zoomed into
+  local fs = math.max(12, math.min(15, cell - 3))
   for r = 1, T do
-    parts[#parts + 1] = ('<text x="%d" y="%s" class="rowlabel" text-anchor="end">%s</text>'):format(left - 4,
-      num(top + (r - 0.5) * cell + 3), esc(label(tokens[r])))
-    parts[#parts + 1] = ('<text transform="translate(%s,%d) rotate(-60)" class="xtick">%s</text>'):format(
-      num(left + (r - 0.5) * cell + 3), top - 4, esc(label(tokens[r])))
+    parts[#parts + 1] = ('<text x="%d" y="%s" class="rowlabel" text-anchor="end" style="font-size:%dpx;fill:#222">%s</text>'):format(left - 4,
+      num(top + (r - 0.5) * cell + fs / 3), fs, esc(label(tokens[r])))
+    parts[#parts + 1] = ('<text transform="translate(%s,%d) rotate(-60)" class="xtick" style="font-size:%dpx;fill:#222">%s</text>'):format(
+      num(left + (r - 0.5) * cell + fs / 3), top - 4, fs, esc(label(tokens[r])))
     for c = 1, T do
       local v = m[r][c]
       if finite(v) then

@@ -31,6 +31,8 @@ details.numbers { font-size: 11px; } details.numbers table { font-size: 11px; } 
 .label { text-anchor: middle; } .note { font-size: 11px; color: #666; max-width: 560px; }
 .warning { color: #b45309; font-weight: bold; }
 .wide { overflow-x: auto; max-width: 100%; }
+.wide th:first-child, .wide td:first-child { position: sticky; left: 0; background: #fff; z-index: 1; }
+.wide th { white-space: normal; vertical-align: bottom; min-width: 5ch; } .wide td, .wide th { padding: 2px 5px; }
 dl.note { display: grid; grid-template-columns: max-content 1fr; gap: 0 12px; max-width: 900px; }
 dl.note dt { font-family: monospace; } dl.note dd { margin: 0; }
 .provenance { font-size: 12px; color: #444; background: #f6f6f6; padding: 6px 8px; display: grid;
