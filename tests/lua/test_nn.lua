@@ -392,6 +392,20 @@ end)
 
 -- A forward that calls its own module looped forever as tail calls that
 -- LuaJIT compiled, where Ctrl-C cannot reach.
+test('a model given text, 1-D ids or floats says what to pass, at the caller\'s line', function()
+  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 16}
+  raises(function() m('hello world') end, "models.GPT: the input is text ('hello world'); a model takes token ids (B, T): "
+    .. "tok:encode(text), or probe.to_ids(model, text, {tokenizer = tok}) (probe.run_with_cache and probe.test_prompt take text themselves)")
+  raises(function() m(torch.tensor({1, 2, 3}):long()) end, 'models.GPT: token ids must be (B, T), got 3: ids:unsqueeze(1) makes a batch of one')
+  raises(function() m(torch.tensor({{1, 2, 3}})) end, 'models.GPT: token ids must be int64, got float32 (ids:long() converts whole numbers)')
+  local ok, err = pcall(function() m('x') end)
+  assert(tostring(err):find('test_nn%.lua:%d+: models%.GPT'), 'the error is at the caller: ' .. tostring(err))
+  local pre = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 16, norm = 'pre'}
+  local l, dev = lens.logit(pre), pre:device()
+  raises(function() l:readout(1, torch.zeros(1, 2, 16, {dtype = 'float64'}):to(dev)) end,
+    ("lens:readout: h is float64 on %s, the model float32 on %s (h:to('float32') converts it)"):format(dev, dev))
+end)
+
 test('a module whose forward calls itself ends in a stack overflow error', function()
   local Loop = nn.class('Loop', nn.Module)
   function Loop:forward(x) return self(x) end
