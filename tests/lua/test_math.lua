@@ -206,6 +206,12 @@ test('clamp keeps integer tensors integer; flip, median and dropout follow PyTor
     'weight has shape 3, expected 4 (a weight a class))')
   raises(function() nn.functional.mse_loss(x, x, {reduce = false}) end, "mse_loss: unknown option 'reduce' (expected reduction)")
   eq(nn.functional.cross_entropy(logits, classes, {reduction = 'none'}):size(), {3}, "reduction = 'none': a loss a target")
+  -- the norms' shapes and eps, dropout's training flag: checked, never a silent NaN or a wrong normalisation
+  local h = torch.randn(2, 4)
+  raises(function() nn.functional.layer_norm(h, 5) end, "bad argument #2 to 'layer_norm' (normalized_shape 5 does not match x's trailing sizes 4)")
+  raises(function() nn.functional.layer_norm(h, 4, torch.ones(3)) end, "bad argument to 'layer_norm' (weight has shape 3, normalized_shape is 4)")
+  raises(function() nn.functional.rms_norm(h, 4, nil, -1) end, "bad argument #4 to 'rms_norm' (eps must be a positive number, got -1)")
+  raises(function() nn.functional.dropout(h, 0.5, 'yes') end, "bad argument #3 to 'dropout' (training must be true or false, got yes)")
   H.raises_part(function() train.fit(models.gpt{vocab = 5, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8}, torch.ones(10):long(), {learning_rate = 1e-3}) end,
     "train.fit: unknown option 'learning_rate', did you mean 'lr'?")
 end)

@@ -93,18 +93,45 @@ function F.embedding(ids, weight)
   return flat:reshape(shape)
 end
 
--- the last #normalized_shape dimensions, as negative (from the end) dims
-local function last_dims(x, normalized_shape, fname)
+-- the last #normalized_shape dimensions, as negative (from the end) dims;
+-- normalized_shape must be x's trailing sizes (PyTorch's check), eps a
+-- positive number, weight and bias tensors of normalized_shape
+local function last_dims(x, normalized_shape, fname, eps, weight, bias, eps_arg)
   check_tensor(x, 1, fname)
-  local n = type(normalized_shape) == 'number' and 1 or #normalized_shape
+  local shape = type(normalized_shape) == 'number' and {normalized_shape} or normalized_shape
+  if type(shape) ~= 'table' or #shape == 0 or #shape > x:dim() then
+    error(("bad argument #2 to '%s' (normalized_shape must be a size or a list of x's trailing sizes, got %s)"):format(fname,
+      tostring(normalized_shape)), 3)
+  end
+  local sizes = x:size()
+  for i = 1, #shape do
+    if shape[i] ~= sizes[#sizes - #shape + i] then
+      error(("bad argument #2 to '%s' (normalized_shape %s does not match x's trailing sizes %s)"):format(fname,
+        table.concat(shape, 'x'), table.concat(sizes, 'x', #sizes - #shape + 1)), 3)
+    end
+  end
+  if eps ~= nil and (type(eps) ~= 'number' or not (eps > 0)) then
+    error(("bad argument #%d to '%s' (eps must be a positive number, got %s)"):format(eps_arg or 5, fname, tostring(eps)), 3)
+  end
+  for _, t in ipairs{{weight, 'weight'}, {bias, 'bias'}} do
+    if t[1] ~= nil then
+      if not torch.is_tensor(t[1]) then
+        error(("bad argument to '%s' (%s must be a Tensor, got %s)"):format(fname, t[2], nn.typename(t[1])), 3)
+      end
+      if table.concat(t[1]:size(), 'x') ~= table.concat(shape, 'x') then
+        error(("bad argument to '%s' (%s has shape %s, normalized_shape is %s)"):format(fname, t[2], table.concat(t[1]:size(), 'x'),
+          table.concat(shape, 'x')), 3)
+      end
+    end
+  end
   local dims = {}
-  for i = 1, n do dims[i] = -i end
+  for i = 1, #shape do dims[i] = -i end
   return dims
 end
 
 -- layer_norm(x, normalized_shape, weight, bias, eps = 1e-5)
 function F.layer_norm(x, normalized_shape, weight, bias, eps)
-  local dims = last_dims(x, normalized_shape, 'layer_norm')
+  local dims = last_dims(x, normalized_shape, 'layer_norm', eps, weight, bias)
   local mean = x:mean({dim = dims, keepdim = true})
   local centered = x - mean
   local var = (centered * centered):mean({dim = dims, keepdim = true})
@@ -116,7 +143,7 @@ end
 
 -- rms_norm(x, normalized_shape, weight, eps = 1e-6): x / √(mean(x²) + eps) · weight
 function F.rms_norm(x, normalized_shape, weight, eps)
-  local dims = last_dims(x, normalized_shape, 'rms_norm')
+  local dims = last_dims(x, normalized_shape, 'rms_norm', eps, weight, nil, 4)
   local y = x / ((x * x):mean({dim = dims, keepdim = true}) + (eps or 1e-6)):sqrt()
   if weight ~= nil then y = y * weight end
   return y
@@ -127,7 +154,10 @@ end
 function F.dropout(x, p, training)
   check_tensor(x, 1, 'dropout')
   p = p or 0.5
-  if not (p >= 0 and p < 1) then error(("bad argument #2 to 'dropout' (p must be in [0, 1), got %s)"):format(tostring(p)), 2) end
+  if type(p) ~= 'number' or not (p >= 0 and p < 1) then error(("bad argument #2 to 'dropout' (p must be in [0, 1), got %s)"):format(tostring(p)), 2) end
+  if training ~= nil and type(training) ~= 'boolean' then
+    error(("bad argument #3 to 'dropout' (training must be true or false, got %s)"):format(tostring(training)), 2)
+  end
   if training == false or p == 0 then return x end
   local keep = torch.rand_like(x):ge(p):to(x.dtype)
   return x * keep / (1 - p)
