@@ -59,6 +59,11 @@ test('every anatomy cell of the TransformerLens table runs as written', function
     if not ok then error(('the row for %s: %s\n  %s'):format(r[1], code, tostring(a)), 0) end
   end
   eq(#probe.list(model), 0, 'the rows leave nothing attached')
+  -- test_prompt prints its report once: shown at the prompt, its result is a line, not the report again
+  local quiet = probe.test_prompt(model, 'ab cd', ' a', {tokenizer = tok, quiet = true})
+  eq(tostring(quiet), quiet.text, 'quiet: the result prints the report')
+  local printed = probe.test_prompt(model, 'ab cd', ' a', {tokenizer = tok})
+  assert(tostring(printed):find('^probe.test_prompt: 1 answer token, ranks'), tostring(printed))
   -- the names the table promises
   eq(sae.load(env.sae_folder).cfg.hook_name, 'blocks.0.hook_resid_post')
   H.close(env.cache['blocks.0.attn.hook_pattern'], env.cache['h.1.attn.pattern'], 0, "TransformerLens's layer 0 is anatomy's h.1")

@@ -41,6 +41,10 @@ test('help() lists every global table, and every public function has documentati
   for _, g in ipairs(globals) do
     assert(start:find('\n  ' .. g .. ' ', 1, true), "help() does not list the global table '" .. g .. "'")
   end
+  -- the causal tools a newcomer looks for are named where help() starts
+  for _, f in ipairs{'patching.attribute', 'patching.edges', 'probe.run_with_hooks', 'probe.with'} do
+    assert(start:find(f, 1, true), "help() does not name " .. f)
+  end
   for _, family in ipairs{'gpt2', 'llama', 'gpt_neox'} do require('anatomy.models.' .. family) end  -- loaded on first use
   local missing, seen = {}, {}
   local function walk(prefix, t, depth)
