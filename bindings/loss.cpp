@@ -1,7 +1,6 @@
 // The cross-entropy behind nn.functional.cross_entropy, with 1-based targets.
 #include <ATen/ATen.h>
-
-#include <optional>
+#include <c10/util/Optional.h>
 
 #include "bindings/parts.h"
 #include "bindings/common.h"
@@ -37,7 +36,7 @@ int torch_cross_entropy(lua_State* L) {
     t0 = zero_based_index(targets.masked_fill(ignored, 1), V, 2).masked_fill(ignored, kIgnored);
   }
   double smoothing = luaL_optnumber(L, 5, 0.0);
-  std::optional<at::Tensor> weight;
+  c10::optional<at::Tensor> weight;  // c10::optional: LibTorch 1.13 has no std::optional overload
   if (!lua_isnoneornil(L, 6)) {
     weight = check_tensor(L, 6);
     if (weight->dim() != 1 || weight->size(0) != V)
