@@ -650,6 +650,11 @@ test('a forgotten ablation is refused by the analyses, shown by print(model) and
   assert(not ok and tostring(err):find('inside', 1, true), tostring(err))
   eq(#probe.list(m), 0, 'probe.with removed the skip after the error')
   raises(function() probe.with({'x'}, function() end) end, 'probe.with: handles[1] is a string, not a handle (probe.replace, probe.ablate, ... return one)')
+  -- bad arguments to the checks themselves: errors, not a loop from -inf (the Lua API fuzzer's find)
+  raises(function() probe.require_clean(m, 'x', -math.huge) end, 'probe.require_clean: level must be a whole number in 1..50, got -inf')
+  raises(function() probe.require_clean(print, print) end, 'probe.require_clean: model must be a model, got function')
+  raises(function() probe.analysis(3) end, 'probe.analysis: fn must be a function, got number')
+  raises(function() probe.list(5) end, 'probe.list: model must be a model, got number')
   -- run_with_hooks: TransformerLens's names and globs, one forward, nothing left behind
   local plain = torch.no_grad(function() return m(clean) end)
   local seen = {}

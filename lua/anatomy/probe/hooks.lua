@@ -236,6 +236,7 @@ end
 -- 'capture', 'idle'; at: the point or module; scoped: attached for a
 -- probe.with or run_with_hooks that removes it on return.
 function hooks.list(model)
+  if not nn.is_module(model) then error(('probe.list: model must be a model, got %s'):format(nn.typename(model)), 2) end
   local out = {}
   for name, m in model:named_modules() do
     for _, e in ipairs(rawget(m, '_probes') or {}) do
@@ -262,6 +263,7 @@ local analysis_functions = setmetatable({}, {__mode = 'k'})
 -- probe.analysis(fn) -> fn, marked as an analysis that assumes the model as
 -- it is, without forgotten interventions (hooks.require_clean).
 function hooks.analysis(fn)
+  if type(fn) ~= 'function' then error(('probe.analysis: fn must be a function, got %s'):format(type(fn)), 2) end
   analysis_functions[fn] = true
   return fn
 end
@@ -273,6 +275,11 @@ end
 -- forgotten ablation measures the ablated model. Inside another analysis
 -- (its own patches attached) it checks nothing.
 function hooks.require_clean(model, where, level)
+  if not nn.is_module(model) then error(('probe.require_clean: model must be a model, got %s'):format(nn.typename(model)), 2) end
+  if type(where) ~= 'string' then error(('probe.require_clean: where must be a string, got %s'):format(type(where)), 2) end
+  if level ~= nil and (type(level) ~= 'number' or level % 1 ~= 0 or level < 1 or level > 50) then
+    error(('probe.require_clean: level must be a whole number in 1..50, got %s'):format(tostring(level)), 2)
+  end
   for l = (level or 2) + 1, 60 do
     local info = debug.getinfo(l, 'f')
     if not info then break end

@@ -208,6 +208,9 @@ local tl_layer_order = {'hook_resid_pre', 'ln1.hook_scale', 'ln1.hook_normalized
 -- order, with anatomy's name of it ('blocks.0.attn.hook_z', 'blocks.1.attn.z').
 -- What globs of TransformerLens names ('blocks.*.hook_resid_post') match.
 function points.transformer_lens_names(model)
+  if not nn.is_module(model) then
+    error(('probe.transformer_lens_names: model must be a model, got %s'):format(nn.typename(model)), 2)
+  end
   listing = true
   local ok, out = pcall(tl_names, model)
   listing = false
