@@ -87,13 +87,19 @@ test('a tiny model overfits a short text', function()
   eq(c:sample(m, 'abc', {max_new = 10, temperature = 0}), 'abcdefghabcde')
 end)
 
-test('a resumed run gives bit-identical losses', function()
+-- The run the resume tests compare with: its corpus, a fresh checkpoint path, a
+-- model maker (the same weights each time), its options and its 20 losses.
+local function resumable_run()
   local c = data.from_string(sample_text)
   local path = os.tmpname()
   os.remove(path)
   local function model() torch.manual_seed(7); return models.vibenet{vocab = c.vocab_size, dim = 16, layers = 2, seq = 16, block = 'gate'} end
   local opts = {steps = 20, batch = 4, lr = 3e-3, warmup = 3, eval_every = 5, seed = 11, quiet = true}
-  local whole = train.fit(model(), c, opts)
+  return c, path, model, opts, train.fit(model(), c, opts)
+end
+
+test('a resumed run gives bit-identical losses', function()
+  local c, path, model, opts, whole = resumable_run()
   -- the same run, stopped after 10 steps, then resumed from its checkpoint
   local first = {}
   for k, v in pairs(opts) do first[k] = v end
@@ -113,12 +119,7 @@ test('a resumed run gives bit-identical losses', function()
 end)
 
 test('a run stopped by Ctrl-C or by its time budget leaves a checkpoint at its last whole step, and resumes exactly', function()
-  local c = data.from_string(sample_text)
-  local path = os.tmpname()
-  os.remove(path)
-  local function model() torch.manual_seed(7); return models.vibenet{vocab = c.vocab_size, dim = 16, layers = 2, seq = 16, block = 'gate'} end
-  local opts = {steps = 20, batch = 4, lr = 3e-3, warmup = 3, eval_every = 5, seed = 11, quiet = true}
-  local whole = train.fit(model(), c, opts)
+  local c, path, model, opts, whole = resumable_run()
   local function continued(from, stop)
     local o = {}
     for k, v in pairs(opts) do o[k] = v end

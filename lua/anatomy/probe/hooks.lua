@@ -128,6 +128,12 @@ end
 local Handle = {}
 Handle.__index = Handle
 
+-- An entry as probe.list and a handle's print show it: its kind ('SAE' for a
+-- spliced SAE) and where it acts (its point, its module, or the model).
+local function kind_and_place(entry, path)
+  return entry.sae and 'SAE' or entry.kind or 'probe', entry.label or entry.name or (path ~= '' and path) or 'the model'
+end
+
 -- hooks.handle(pairs) -> a handle over {{module, entry}, ...}
 function hooks.handle(attached) return setmetatable({attached = attached or {}}, Handle) end
 
@@ -140,8 +146,7 @@ function Handle:__tostring()
     local m, entry = pair[1], pair[2]
     for _, p in ipairs(rawget(m, '_probes') or {}) do
       if p == entry then
-        local where = entry.label or entry.name or (entry.path ~= '' and entry.path) or 'the model'
-        live[#live + 1] = ('%s at %s'):format(entry.sae and 'SAE' or entry.kind or 'probe', where)
+        live[#live + 1] = ('%s at %s'):format(kind_and_place(entry, entry.path or ''))
         break
       end
     end
@@ -240,8 +245,8 @@ function hooks.list(model)
   local out = {}
   for name, m in model:named_modules() do
     for _, e in ipairs(rawget(m, '_probes') or {}) do
-      out[#out + 1] = {kind = e.sae and 'SAE' or e.kind or 'probe', at = e.label or e.name or (name ~= '' and name or 'the model'),
-        scoped = e.scoped == true, path = name}
+      local kind, at = kind_and_place(e, name)
+      out[#out + 1] = {kind = kind, at = at, scoped = e.scoped == true, path = name}
     end
   end
   return out
