@@ -47,25 +47,38 @@ const ByteMap& byte_map() {
 
 }  // namespace
 
+// The pre-tokenizer's pattern. Every PCRE2 failure is a TokenizerError naming
+// the pattern and PCRE2's message: a match that runs into the match, depth or
+// heap limit must not pass for "no more matches" (the text's tail would become
+// one piece, and encode would give other ids than tokenizers, which raises).
 struct BpeTokenizer::Regex {
   pcre2_code* code = nullptr;
   pcre2_match_data* match = nullptr;
-  explicit Regex(const std::string& pattern, const std::string& where) {
+  std::string pattern, where;
+  explicit Regex(const std::string& pattern_, const std::string& where_) : pattern(pattern_), where(where_) {
     int err = 0;
     PCRE2_SIZE offset = 0;
     code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
                          &offset, nullptr);
-    if (!code) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      throw TokenizerError(where + ": the split pattern does not compile at offset " + std::to_string(offset) + ": " +
-                           reinterpret_cast<char*>(msg));
-    }
+    if (!code)
+      throw TokenizerError("'" + where + "': the split pattern '" + pattern + "' does not compile at offset " +
+                           std::to_string(offset) + ": " + message(err));
     match = pcre2_match_data_create_from_pattern(code, nullptr);
+    if (!match) {
+      pcre2_code_free(code);
+      throw TokenizerError("'" + where + "': no memory for the matches of the split pattern '" + pattern + "'");
+    }
   }
   ~Regex() {
     pcre2_match_data_free(match);
     pcre2_code_free(code);
+  }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  static std::string message(int err) {
+    PCRE2_UCHAR msg[256];
+    if (pcre2_get_error_message(err, msg, sizeof msg) < 0) return "PCRE2 error " + std::to_string(err);
+    return reinterpret_cast<char*>(msg);
   }
   // The pieces of text: every match, and every stretch between matches
   // (tokenizers' Split with behavior "Isolated").
@@ -75,7 +88,11 @@ struct BpeTokenizer::Regex {
     while (start <= text.size()) {
       int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start,
                            PCRE2_NO_UTF_CHECK, match, nullptr);
-      if (rc < 0) break;
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc <= 0)  // 0: the match data too small for the pattern's groups (not with create_from_pattern)
+        throw TokenizerError("'" + where + "': the split pattern '" + pattern + "' failed searching from byte " +
+                             std::to_string(start) + " of a " + std::to_string(text.size()) + "-byte text: " +
+                             (rc < 0 ? message(rc) : "too many capture groups"));
       PCRE2_SIZE* v = pcre2_get_ovector_pointer(match);
       size_t b = v[0], e = v[1];
       if (b > last) out.push_back(text.substr(last, b - last));

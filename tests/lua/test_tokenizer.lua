@@ -79,7 +79,7 @@ test('what it does not do is refused by name', function()
     {function(s) s.pre_tokenizer = {type = 'Metaspace', replacement = '_', prepend_scheme = 'sometimes'} end,
       "pre_tokenizer Metaspace.prepend_scheme is 'sometimes'; expected first, always or never"},
     {function(s) s.pre_tokenizer = {type = 'Sequence', pretokenizers = {{type = 'Split', pattern = {Regex = '(unclosed'}, behavior = 'Isolated'}, {type = 'ByteLevel', use_regex = false}}} end,
-      'the split pattern does not compile at offset 9: missing closing parenthesis'},
+      "the split pattern '(unclosed' does not compile at offset 9: missing closing parenthesis"},
   }
   for _, c in ipairs(cases) do
     local spec = base_spec()
@@ -96,6 +96,23 @@ test('what it does not do is refused by name', function()
   local dir = H.tmpdir()
   raises(function() data.tokenizer(dir) end, "holds none of tokenizer.json, vocab.json and merges.txt, tokenizer.model")
   os.execute("rmdir '" .. dir .. "'")
+end)
+
+-- A split pattern that backtracks catastrophically runs into PCRE2's match
+-- limit (10 million steps by default). That failure was taken for "no more
+-- matches", so the rest of the text became one piece and encode returned
+-- other ids (26 here) where tokenizers raises "retry-limit-in-match over".
+test('a split pattern that hits the match limit is an error naming the pattern, not other ids', function()
+  local spec = base_spec()
+  spec.pre_tokenizer = {type = 'Sequence', pretokenizers = {{type = 'Split', pattern = {Regex = '(a+)+$'}, behavior = 'Isolated'},
+    {type = 'ByteLevel', add_prefix_space = false, use_regex = false}}}
+  local path = write_tokenizer(spec)
+  local tok = data.tokenizer(path)
+  eq(tok:encode('aab'):tolist(), {1, 19}, 'a short text: no match, one piece: a, ab')
+  local text = ('a'):rep(30) .. 'b'
+  raises(function() return tok:encode(text) end, ("error in 'encode' ('%s': the split pattern '(a+)+$' failed searching from "
+    .. 'byte 0 of a 31-byte text: match limit exceeded)'):format(path))
+  os.remove(path)
 end)
 
 -- Found by the tokenizer_json fuzz target (tests/fuzz): valid JSON of another
