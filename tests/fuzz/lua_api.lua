@@ -161,6 +161,15 @@ local scalars = {0, -1, 1, 2, 3, 0.5, -0.5, 2 ^ 53, -2 ^ 53, 2 ^ 63, 2 ^ 64, 1e1
 local strings = {'', 'x', ('a'):rep(10000), '\255\254\253', 'float32', 'int64', 'cpu', 'cuda', 'mean', 'sum', 'relu',
   scratch .. '/missing', scratch .. '/no/such/file', scratch .. '/out.bin', '*', 'blocks.1', 'gelu', 'bfloat16', '3/2'}
 local results = {}  -- values earlier calls returned
+-- the count options the library takes, each given alone with a number from
+-- scalars (0, -1, 0.5, nan, inf, ...): each must be refused or used, never
+-- loop without end
+local count_options = {'batch', 'batches', 'steps', 'seq', 'every', 'k', 'top_k', 'max_new', 'log_every', 'eval_every',
+  'eval_batches', 'warmup', 'streams', 'iters', 'n', 'context', 'after'}
+-- the pool models' 7 tokens; its val split (4 tokens) fits in one window of
+-- their context (4), where train.evaluate's loop is the one its batch steps
+local corpus_text = ('abc def '):rep(5)
+local pool_corpus = data.from_string(corpus_text)
 
 local function module_pool()
   local ok, m = pcall(function() return models.gpt{vocab = 7, dim = 8, heads = 2, layers = 1, seq = 4, ffn = 8} end)
@@ -219,10 +228,12 @@ local function arg_value(depth)
   elseif r <= 82 then return function() error('an error from a callback') end
   elseif r <= 83 then return function(x) return x end
   elseif r <= 84 then return function() coroutine.yield() end
-  elseif r <= 86 and pool_model then return pool_model
+  elseif r <= 85 and pool_model then return pool_model
+  elseif r <= 86 then return pool_corpus
   elseif r <= 88 and #hooked > 0 then return pick(hooked)
   elseif r <= 92 and #results > 0 then return pick(results)
-  elseif r <= 96 and depth < 2 then return {dtype = pick(strings), dim = pick(scalars), keepdim = true, [1] = arg_value(depth + 1)}
+  elseif r <= 94 and depth < 2 then return {dtype = pick(strings), dim = pick(scalars), keepdim = true, [1] = arg_value(depth + 1)}
+  elseif r <= 96 then return {[pick(count_options)] = pick(scalars)}  -- {batch = 0}: train.evaluate's loop stepped by 0
   end
   return pick(scalars)
 end
@@ -266,6 +277,42 @@ local slow_bound = 30
 
 local calls, errors, bad, findings = 0, 0, 0, 0
 local started = torch._now()
+
+-- First, the count options on their own, in order: every function of the
+-- analysis roots called as f(model, corpus, {key = v}) for each count option
+-- and each value a count must refuse (train.evaluate{batch = 0} looped
+-- forever; the random calls below draw that combination too rarely). Each
+-- call is logged as 'counts ...' before it runs; an error is expected, a
+-- slow call is a finding.
+if pool_model and not only then
+  local refused = {0, -1, 0.5, 0 / 0, 1 / 0}
+  for _, name in ipairs(names) do
+    local root = name:match('^[^.]+')
+    if root == 'train' or root == 'autopsy' or root == 'probe' or root == 'patching' or root == 'data' then
+      for _, key in ipairs(count_options) do
+        for _, v in ipairs(refused) do
+          if log then log:write(('counts %s(model, corpus, {%s = %s})\n'):format(name, key, tostring(v))); log:flush() end
+          -- a fresh corpus, and the model without what an earlier call attached
+          -- (probe.skip, probe.replace): the count is what is refused
+          probe.clear(pool_model)
+          local corpus = data.from_string(corpus_text)
+          local t0 = torch._now()
+          local ok, r = pcall(fns[name], pool_model, corpus, {[key] = v})
+          if torch._now() - t0 > slow_bound then
+            findings = findings + 1
+            print(('FINDING: %s(model, corpus, {%s = %s}) took %.1f s (the bound is %d s)'):format(name, key, tostring(v),
+              torch._now() - t0, slow_bound))
+          end
+          if not ok and (r == nil or r == '') then
+            bad = bad + 1
+            print(('FINDING: %s(model, corpus, {%s = %s}) raised an error without a message'):format(name, key, tostring(v)))
+          end
+        end
+      end
+    end
+  end
+  probe.clear(pool_model)  -- what a call attached stays out of the random calls' model
+end
 for i = 1, cfg.calls do
   math.randomseed(seed * 1000003 + i)
   local on_tensor = math.random(3) == 1

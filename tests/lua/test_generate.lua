@@ -95,9 +95,9 @@ test('generate checks its options; kv_cache = true on a model that cannot is an 
   local m = models.gpt{vocab = V, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 32}
   local p = torch.randint(1, V + 1, {1, 3})
   raises(function() m:generate(p, {max_tokens = 3}) end, "generate: unknown option 'max_tokens' (expected attention_mask, kv_cache, max_new, return_cache, seed, temperature, top_k)")
-  raises(function() m:generate(p, {max_new = -1}) end, 'generate: max_new must be an integer >= 0, got -1')
+  raises(function() m:generate(p, {max_new = -1}) end, 'generate: max_new must be a whole number >= 0, got -1')
   raises(function() m:generate(p, {temperature = 0 / 0}) end, 'generate: temperature must be a finite number >= 0, got nan')
-  raises(function() m:generate(p, {top_k = 0}) end, 'generate: top_k must be an integer >= 1, got 0')
+  raises(function() m:generate(p, {top_k = 0}) end, 'generate: top_k must be a whole number >= 1, got 0')
   raises(function() m:generate(p, {kv_cache = 'yes'}) end, 'generate: kv_cache must be true or false, got yes')
   local vibe = models.vibenet{vocab = V, dim = 16, layers = 1, seq = 8}
   H.raises_part(function() vibe:generate(p, {kv_cache = true}) end, 'generate: kv_cache = true, but models.VibeNet does not declare that its positions come from its blocks')

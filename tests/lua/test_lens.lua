@@ -162,7 +162,7 @@ test('from_translators: given translators are read as h + h W^T + b; bad ones ar
 end)
 
 test('options are checked when given', function()
-  raises(function() lens.tuned(model, corpus, {steps = 0}) end, 'lens.tuned: steps must be a positive whole number, got 0')
+  raises(function() lens.tuned(model, corpus, {steps = 0}) end, 'lens.tuned: steps must be a whole number >= 1, got 0')
   raises(function() lens.tuned(model, corpus, {lr = 0 / 0}) end, 'lens.tuned: lr must be a positive number, got nan')
   raises(function() lens.tuned(model, corpus, {seq = 64}) end, "lens.tuned: seq 64 is longer than the model's context (32)")
   raises(function() lens.tuned(model, corpus, {stpes = 3}) end,
@@ -172,7 +172,7 @@ test('options are checked when given', function()
   raises(function() lens.logit({}) end, 'lens.logit: model must be an nn.Module, got table')
   raises(function() tuned:readout(4, torch.zeros(1, 1, 32)) end, 'lens:readout: layer must be 0 (embed) .. 3, got 4')
   raises(function() tuned:readout(1, torch.zeros(1, 1, 16)) end, 'lens:readout: h has 16 features, the translator of blocks.1 32')
-  raises(function() tuned:table(text, {tokenizer = corpus, k = 0}) end, 'lens:table: k must be a positive whole number, got 0')
+  raises(function() tuned:table(text, {tokenizer = corpus, k = 0}) end, 'lens:table: k must be a whole number >= 1, got 0')
   raises(function() tuned:evaluate(corpus:encode('t')) end, 'lens:evaluate: the input needs 2 tokens or more (a next token to predict)')
   raises(function() tuned:trajectory({'the', 'a lazy'}, {tokenizer = corpus}) end, 'lens:trajectory: one text (or one row of ids), got 2')
   -- an input error names the caller's line, not the library's

@@ -414,7 +414,7 @@ test('patching.attribute: atp, atp-qk and ig near exact patching, the parameters
   raises(function() patching.attribute(m, clean, corrupt, metric, {per = 'row'}) end,
     "patching.attribute: per must be 'layer', 'head', 'position' or 'neuron', got 'row'")
   raises(function() patching.attribute(m, clean, corrupt, metric, {method = 'ig', steps = 0}) end,
-    'patching.attribute: steps must be a positive integer, got 0')
+    'patching.attribute: steps must be a whole number >= 1, got 0')
   raises(function() patching.attribute(m, clean, corrupt, metric, {over = 'attn.q', per = 'neuron', method = 'atp-qk'}) end,
     "patching.attribute: per = 'neuron' has no meaning for a query or key")
   local n = 0

@@ -546,6 +546,10 @@ local function run(model, source, opts)
   probe.require_clean(model, 'autopsy.run', 2)
   opts = options.check(opts, {'metrics', 'steps', 'batch', 'seq', 'thresholds', 'k', 'history', 'probe_text', 'config', 'tokenizer', 'lens',
     'saes'}, 'autopsy.run', 2)
+  -- counts checked when given: steps = inf measured batches without end, 0 or
+  -- nan none (then failed on the missing last batch), 1.5 divided one batch's sums by 1.5
+  for _, key in ipairs{'steps', 'batch', 'seq'} do options.whole(opts[key], key, 'autopsy.run') end
+  options.whole(opts.k, 'k', 'autopsy.run', nil, 0)
   if opts.history ~= nil then
     local given = opts
     opts = {}

@@ -20,14 +20,8 @@ end
 -- The option values generate takes, checked when given.
 local function check_options(opts, where)
   opts = options.check(opts, {'max_new', 'temperature', 'top_k', 'seed', 'kv_cache', 'return_cache', 'attention_mask'}, where, 4)
-  local function integer(key, low)
-    local v = opts[key]
-    if v ~= nil and (type(v) ~= 'number' or v % 1 ~= 0 or v < low) then
-      error(('%s: %s must be an integer >= %d, got %s'):format(where, key, low, tostring(v)), 4)
-    end
-  end
-  integer('max_new', 0)
-  integer('top_k', 1)
+  options.whole(opts.max_new, 'max_new', where, nil, 0, 4)
+  options.whole(opts.top_k, 'top_k', where, nil, 1, 4)
   local t = opts.temperature
   if t ~= nil and (type(t) ~= 'number' or t ~= t or t < 0 or t == math.huge) then
     error(('%s: temperature must be a finite number >= 0, got %s'):format(where, tostring(t)), 4)

@@ -18,6 +18,7 @@
 --     H_res = res_logits, H_pre = 1/n + pre_logits, H_post = 1 + post_logits.
 -- Use nn.ExpandStreams(n) before the first block and nn.MergeStreams() after
 -- the last to go between (..., C) and (..., n, C).
+local options = require('anatomy.torch.options')
 local nn = require('anatomy.nn')
 local format = require('anatomy.render.format')
 
@@ -31,7 +32,7 @@ function HC:__init(inner, dim, opts)
   nn.Module.__init(self)
   nn.check_forward(inner, 'nn.HyperConnections: inner', 3)
   opts = opts or {}
-  local n = opts.streams or 4
+  local n = options.whole(opts.streams, 'streams', 'nn.HyperConnections', 4, 1, 4)
   local constraint = opts.constraint or 'sinkhorn'
   if constraint ~= 'sinkhorn' and constraint ~= 'none' then
     error(("nn.HyperConnections: constraint must be 'sinkhorn' or 'none', got '%s'"):format(tostring(constraint)), 3)
@@ -39,7 +40,7 @@ function HC:__init(inner, dim, opts)
   rawset(self, 'streams', n)
   rawset(self, 'dim', dim)
   rawset(self, 'constraint', constraint)
-  rawset(self, 'iters', opts.iters or 20)
+  rawset(self, 'iters', options.whole(opts.iters, 'iters', 'nn.HyperConnections', 20, 0, 4))
   local std = opts.init_std or 0.2
   self.res_logits = nn.Parameter(torch.eye(n) + torch.randn(n, n) * std)
   self.pre_logits = nn.Parameter(torch.zeros(1, n))

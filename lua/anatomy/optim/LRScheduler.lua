@@ -12,10 +12,13 @@ setmetatable(LRScheduler, {__call = function(_, opt, opts)
     error('optim.lr_scheduler: the first argument must be an optimizer (optim.AdamW, optim.Adam, optim.SGD)', 3)
   end
   opts = options.check(opts, {schedule = true, steps = true, warmup = true}, 'optim.lr_scheduler', 3)
-  if type(opts.steps) ~= 'number' or opts.steps < 1 then error('optim.lr_scheduler: steps must be a positive number', 3) end
+  -- steps = nan, inf or 1.5 were taken as the schedule's length, silently
+  if opts.steps == nil then error('optim.lr_scheduler: steps is required (the length of the run, a whole number >= 1)', 3) end
+  local steps = options.whole(opts.steps, 'steps', 'optim.lr_scheduler', nil, 1, 4)
+  local warmup = options.whole(opts.warmup, 'warmup', 'optim.lr_scheduler', 0, 0, 4)
   local self = setmetatable({opt = opt, step_count = 1, base_lr = opt:lr(),
     lr_at = require('anatomy.optim').schedule(  -- lazy: optim/init.lua requires this file
-      opts.schedule or 'cosine', opt:lr(), opts.steps, opts.warmup or 0)}, LRScheduler)
+      opts.schedule or 'cosine', opt:lr(), steps, warmup)}, LRScheduler)
   opt:set_lr(self.lr_at(1))
   return self
 end})

@@ -108,8 +108,7 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   if method ~= 'atp' and method ~= 'atp-qk' and method ~= 'ig' then
     error(("%s: method must be 'atp', 'atp-qk' or 'ig', got '%s'"):format(where, tostring(method)), 2)
   end
-  local steps = opts.steps or 8
-  if type(steps) ~= 'number' or steps % 1 ~= 0 or steps < 1 then error(('%s: steps must be a positive integer, got %s'):format(where, tostring(steps)), 2) end
+  local steps = options.whole(opts.steps, 'steps', where, 8)
   local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
   local names, rows = runs.layer_points(model, over, where, opts.layers)
   local layout = points.layout(names[1])

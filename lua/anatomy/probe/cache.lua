@@ -317,7 +317,7 @@ function methods:attention(layer, head, opts)
     error(('%s: head must be in 1..%d, got %s'):format(where, H, tostring(head)), 2)
   end
   local b = opts.batch or 1
-  if type(b) ~= 'number' or b < 1 or b > B then error(('%s: batch must be in 1..%d, got %s'):format(where, B, tostring(b)), 2) end
+  if type(b) ~= 'number' or b % 1 ~= 0 or b < 1 or b > B then error(('%s: batch must be in 1..%d, got %s'):format(where, B, tostring(b)), 2) end
   local title = ('%s head %d%s'):format(layer_name(self, layer, where), head, B > 1 and (', sequence ' .. b) or '')
   return figure.attention(title, self.tokens[b], p[head][b]:float(), opts.numbers)
 end

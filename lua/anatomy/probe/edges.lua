@@ -196,8 +196,7 @@ function edges.edges(model, clean, corrupt, metric, opts)
   if type(metric) ~= 'function' then error(('%s: metric must be a function(logits) -> a one-element tensor, got %s'):format(where, type(metric)), 2) end
   local method = opts.method or 'eap'
   if method ~= 'eap' and method ~= 'eap-ig' then error(("%s: method must be 'eap' or 'eap-ig', got '%s'"):format(where, tostring(method)), 2) end
-  local steps = opts.steps or 8
-  if type(steps) ~= 'number' or steps % 1 ~= 0 or steps < 1 then error(('%s: steps must be a positive integer, got %s'):format(where, tostring(steps)), 2) end
+  local steps = options.whole(opts.steps, 'steps', where, 8)
   if opts.steps ~= nil and method ~= 'eap-ig' then error(("%s: steps is for method = 'eap-ig'"):format(where), 2) end
   local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
   local parts, last = layer_parts(model, where)

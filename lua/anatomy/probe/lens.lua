@@ -41,11 +41,8 @@ end
 
 -- A positive whole number option (nil: the default).
 local function whole(v, name, where, default)
-  if v == nil then return default end
-  if type(v) ~= 'number' or v ~= v or v % 1 ~= 0 or v < 1 then
-    error(('%s: %s must be a positive whole number, got %s'):format(where, name, tostring(v)), 3)
-  end
-  return v
+  local r = options.whole(v, name, where, default, 1, 4)  -- 4: past this function (not a tail call) to its caller's caller
+  return r
 end
 
 local function positive(v, name, where, default)

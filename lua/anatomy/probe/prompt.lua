@@ -29,8 +29,7 @@ function prompt.test_prompt(model, text, answer, opts)
   if type(text) ~= 'string' then error(('%s: prompt must be a text, got %s'):format(where, type(text)), 2) end
   local answers = type(answer) == 'string' and {answer} or answer
   if type(answers) ~= 'table' or #answers == 0 then error(('%s: answer must be a text or a list of texts, got %s'):format(where, type(answer)), 2) end
-  local top_k = opts.top_k or 10
-  if type(top_k) ~= 'number' or top_k % 1 ~= 0 or top_k < 0 then error(('%s: top_k must be a whole number, got %s'):format(where, tostring(top_k)), 2) end
+  local top_k = options.whole(opts.top_k, 'top_k', where, 10, 0)
   for i, a in ipairs(answers) do
     if type(a) ~= 'string' or a == '' then error(('%s: answer %d must be a non-empty text, got %s'):format(where, i, tostring(a)), 2) end
     if opts.prepend_space_to_answer ~= false and a:sub(1, 1) ~= ' ' then answers[i] = ' ' .. a end

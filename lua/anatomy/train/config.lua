@@ -101,6 +101,10 @@ local function check_rest(o, world_size, model)
   if o.checkpoint_every ~= nil and not (type(o.checkpoint_every) == 'number' and o.checkpoint_every >= 1 and o.checkpoint_every % 1 == 0) then
     error(('train.fit: checkpoint_every must be a positive integer, got %s'):format(tostring(o.checkpoint_every)), 4)
   end
+  if o.probe ~= nil then  -- every = 0 captured at step 1 alone (step % 0 is nan), silently
+    options.check(o.probe, {'every', 'filter', 'grad', 'fn'}, 'train.fit: probe', 4)
+    options.whole(o.probe.every, 'probe.every', 'train.fit', nil, 1, 5)
+  end
   if o.keep_checkpoints and not o.checkpoint then
     error('train.fit: keep_checkpoints needs checkpoint (the file whose copies it keeps)', 4)
   end

@@ -62,23 +62,28 @@ local function evaluate(model, corpus, opts)
   require('anatomy.probe.hooks').require_clean(model, 'train.evaluate', 2)
   opts = options.check(opts, {'split', 'text', 'texts', 'seq', 'batches', 'batch', '_world'}, 'train.evaluate', 2)
   if opts.text ~= nil and opts.texts ~= nil then error('train.evaluate: give text or texts, not both', 2) end
+  -- counts checked when given: a batch of 0 stepped the loop below by 0 (it
+  -- never ended), and a window limit of 0 judged the whole text as one window
+  local given_seq = options.whole(opts.seq, 'seq', 'train.evaluate', nil)
+  local batches = options.whole(opts.batches, 'batches', 'train.evaluate', 8)
+  local B = options.whole(opts.batch, 'batch', 'train.evaluate', 16)
   if opts.texts ~= nil then
     local was_training = model.training
     model:eval()
     local ok, total, count = pcall(torch.no_grad, function()
-      return evaluate_texts(model, corpus, opts.texts, opts.seq or model:context() or math.huge, opts.batch or 16, 'train.evaluate')
+      return evaluate_texts(model, corpus, opts.texts, given_seq or model:context() or math.huge, B, 'train.evaluate')
     end)
     model:train(was_training)
     if not ok then error(total, 0) end
     local nats = total / count
     return {nats = nats, bits = nats / math.log(2), tokens = count}
   end
-  local seq = opts.seq or model:context() or 64
+  local seq = given_seq or model:context() or 64
   local ids = opts.text and corpus:encode(opts.text) or corpus:tokens(opts.split or 'val')
   -- _world (train.fit's, data-parallel): each rank judges its share of the
   -- windows one process would, and the sums are added over the ranks
   local world = opts._world or 1
-  local x, y = windows(ids, seq, (opts.batches or 8) * (opts.batch or 16) * world)
+  local x, y = windows(ids, seq, batches * B * world)
   if x and world > 1 then
     x, y = parallel.share(x, y, world)
     if x == nil then error('train.evaluate: fewer evaluation windows than ranks', 2) end
@@ -93,7 +98,6 @@ local function evaluate(model, corpus, opts)
   local total, count = 0, 0
   local device = model:device()  -- the corpus's windows are on the CPU
   torch.no_grad(function()
-    local B = opts.batch or 16
     for first = 1, x:size(1), B do
       local n = math.min(B, x:size(1) - first + 1)
       local xb, yb = x:narrow(1, first, n), y:narrow(1, first, n)
