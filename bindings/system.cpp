@@ -1,6 +1,7 @@
 // Small services of the machine for the Lua library: a monotonic clock (rates
-// and ETAs), whether a file descriptor is a terminal (progress lines), and
-// zlib's compressed size (the text measures).
+// and ETAs), whether a file descriptor is a terminal (progress lines), the
+// memory left (a model's size checked before it is made), and zlib's
+// compressed size (the text measures).
 #include <ATen/ATen.h>
 #include <ATen/Version.h>
 
@@ -116,6 +117,17 @@ int torch_cpu_pool(lua_State* L) {
   return 1;
 }
 
+// torch._available_memory() -> bytes this process can still get (RAM
+// available and free swap, within its cgroup's limit, plus what the memory
+// guard's pool holds and gives back first), as the guard counts them; 0 when
+// it cannot be told. What a model's size is checked against before it is made.
+int torch_available_memory(lua_State* L) {
+  uint64_t available = available_memory();
+  if (available > 0) available += cpu_pool_stats().pooled_bytes;
+  lua_pushnumber(L, static_cast<double>(available));
+  return 1;
+}
+
 // torch._cpu_pool_empty() -> bytes given back to the system
 int torch_cpu_pool_empty(lua_State* L) {
   lua_pushnumber(L, static_cast<double>(cpu_pool_empty()));
@@ -150,6 +162,7 @@ const luaL_Reg functions[] = {
     {"_cpu_pool", guarded<torch_cpu_pool>},
     {"_cpu_pool_empty", guarded<torch_cpu_pool_empty>},
     {"_cpu_pool_set_limit", guarded<torch_cpu_pool_set_limit>},
+    {"_available_memory", guarded<torch_available_memory>},
     {"_show_config", guarded<torch_show_config>},
     {"_remove_stale_temporaries", guarded<torch_remove_stale_temporaries>},
     {"_write_atomic", guarded<torch_write_atomic>},
@@ -164,7 +177,7 @@ const luaL_Reg functions[] = {
 
 }  // namespace
 
-/// Adds _hold_interrupts, _cpu_pool, _cpu_pool_empty, _cpu_pool_set_limit, _show_config, _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
+/// Adds _hold_interrupts, _cpu_pool, _cpu_pool_empty, _cpu_pool_set_limit, _available_memory, _show_config, _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch.
 void register_system(lua_State* L, int torch) {
   lua_pushvalue(L, torch);
   luaL_register(L, nullptr, functions);

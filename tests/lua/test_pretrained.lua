@@ -281,4 +281,110 @@ test('models.from_config: fresh weights of a family, written by save_pretrained 
   raises(function() models.from_config(cfg, {sed = 1}) end, "models.from_config: unknown option 'sed', did you mean 'seed'? (expected seed)")
 end)
 
+-- A config.json that says n_layer = 10^9 (or a width of 2^20) over a tiny
+-- checkpoint: refused from the sizes alone, before a module is made, naming
+-- the file, the keys, the count, the bytes, what the weights hold and the
+-- memory left; building it first ran minutes before the allocator refused.
+test('a config far larger than its weights: refused at once, naming the keys, the count and the memory', function()
+  local cases = {
+    {{n_layer = 1e9}, 'n_layer = 1000000000', '872,000,000,232 parameters, 3.2 TiB in float32'},
+    {{n_embd = 2^20}, 'n_embd = 1048576', '26,388,336,738,304 parameters, 96.0 TiB in float32'},
+    {{n_positions = 2^31, n_embd = 2^14}, 'n_positions = 2147483648', 'TiB in float32'},
+  }
+  for _, c in ipairs(cases) do
+    local dir = H.gpt2_folder(c[1])
+    local start = os.clock()
+    local ok, err = pcall(models.from_pretrained, dir)
+    local took = os.clock() - start
+    err = tostring(err)
+    print(('  %s: refused in %.4f s of CPU'):format(c[2], took))
+    eq(ok, false, c[2])
+    assert(took < 5, ('%s: the refusal took %.1f s of CPU (expected well under a second)'):format(c[2], took))
+    for _, part in ipairs{"models.from_pretrained: '" .. dir .. "/config.json' implies ", c[3], c[2],
+        "but the weights in '" .. dir .. "/model.safetensors' hold 1,976: the config does not describe these weights",
+        'of memory left'} do
+      assert(err:find(part, 1, true), ('expected %q in %q'):format(part, err))
+    end
+    remove(dir)
+  end
+  -- the same folder with the config its weights were saved with loads
+  local dir = H.gpt2_folder()
+  local m = models.from_pretrained(dir)
+  eq(m.config.layers, 2)
+  remove(dir)
+end)
+
+test('config dimensions: zero, negative, fractional, NaN, infinite or past 2^31 is an error naming the key and value', function()
+  local base = {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C, n_layer = L, n_head = 2}
+  local function with(k, v)
+    local c = {}
+    for key, value in pairs(base) do c[key] = value end
+    c[k] = v
+    return c
+  end
+  local tail = ', which is not a dimension (a whole number from 1 to 2^31)'
+  for _, c in ipairs{{'n_layer', 0, '0'}, {'n_layer', -2, '-2'}, {'n_embd', 8.5, '8.5'}, {'vocab_size', 2^31 + 1, '2147483649'},
+      {'n_inner', 0, '0'}, {'n_head', math.huge, 'inf'}} do
+    raises(function() models.from_config(with(c[1], c[2])) end, ('models.from_config: config.json has %s = %s%s'):format(c[1], c[3], tail))
+  end
+  H.raises_part(function() models.from_config(with('n_layer', 0 / 0)) end, 'models.from_config: config.json has n_layer = ')
+  H.raises_part(function() models.from_config(with('n_layer', 0 / 0)) end, 'nan' .. tail)
+  -- read from the file: a huge literal is infinite, a fraction stays one
+  for _, c in ipairs{{'1e999', 'inf'}, {'2.5', '2.5'}} do
+    local dir = folder(nil, gpt2_tensors(''))
+    fs.write_atomic(dir .. '/config.json', (json.encode(base):gsub('"n_layer":%d+', '"n_layer":' .. c[1])))
+    raises(function() models.from_pretrained(dir) end, ('models.from_pretrained: config.json has n_layer = %s%s'):format(c[2], tail))
+    remove(dir)
+  end
+  local llama = {model_type = 'llama', vocab_size = V, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2,
+    num_attention_heads = 4}
+  for _, k in ipairs{'num_key_value_heads', 'head_dim', 'intermediate_size', 'max_position_embeddings'} do
+    local c = {}
+    for key, value in pairs(llama) do c[key] = value end
+    c[k] = -1
+    raises(function() models.from_config(c) end, ('models.from_config: config.json has %s = -1%s'):format(k, tail))
+  end
+  local neox = {model_type = 'gpt_neox', vocab_size = V, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1e-3,
+    num_attention_heads = 4}
+  raises(function() models.from_config(neox) end, 'models.from_config: config.json has num_hidden_layers = 0.001' .. tail)
+end)
+
+-- The count each family's config implies (what pretrained.check_size
+-- compares) is the count of the model it builds, for every switch that adds
+-- or removes parameters.
+test('the parameters a config implies are those its model has, in every family', function()
+  local pretrained = require('anatomy.models.pretrained')
+  local base = {vocab_size = V, hidden_size = 32, intermediate_size = 48, num_hidden_layers = 2, num_attention_heads = 4}
+  local function with(extra)
+    local c = {}
+    for k, v in pairs(base) do c[k] = v end
+    for k, v in pairs(extra) do c[k] = v end
+    return c
+  end
+  local configs = {
+    {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = 32, n_layer = 3, n_head = 4},
+    {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = 32, n_layer = 1, n_head = 4, n_inner = 24, tie_word_embeddings = false},
+    with{model_type = 'llama', num_key_value_heads = 2},
+    with{model_type = 'llama', tie_word_embeddings = true, head_dim = 16, attention_bias = true, mlp_bias = true},
+    with{model_type = 'mistral', num_key_value_heads = 1, sliding_window = 4},
+    with{model_type = 'qwen2', num_key_value_heads = 2},
+    with{model_type = 'gpt_neox', rotary_pct = 0.5},
+    with{model_type = 'gpt_neox', attention_bias = false, tie_word_embeddings = true},
+  }
+  for _, c in ipairs(configs) do
+    local F = require(pretrained.families[c.model_type])
+    local m = models.from_config(c)
+    local n = 0
+    for _, p in m:named_parameters() do n = n + p:numel() end
+    eq(F.parameters(m.config), n, c.model_type .. ': parameters implied and built')
+  end
+  -- more than memory holds: refused before anything is made, naming what is left
+  if torch._available_memory() == 0 then return end
+  local huge = with{model_type = 'llama', hidden_size = 2^16, intermediate_size = 2^18, num_hidden_layers = 80, num_attention_heads = 64}
+  H.raises_part(function() models.from_config(huge) end,
+    'models.from_config: the config implies 5,497,570,131,968 parameters, 20.0 TiB in float32 (num_hidden_layers = 80, '
+    .. 'hidden_size = 65536, intermediate_size = 262144, num_attention_heads = 64, vocab_size = 11), more than the ')
+  H.raises_part(function() models.from_config(huge) end, 'of memory this machine has left (RAM available and free swap')
+end)
+
 H.done()

@@ -13,13 +13,13 @@ local activations = pretrained.activations
 
 -- config.json -> settings; a switch anatomy does not honour is an error naming it.
 function F.check(c, where)
-  local function need(key) return pretrained.need(c, key, where) end
+  local function dim(key, optional) return pretrained.dim(c, key, where, optional) end
   local s = {
-    vocab = need('vocab_size'), positions = need('n_positions'), dim = need('n_embd'), layers = need('n_layer'),
-    heads = need('n_head'), eps = c.layer_norm_epsilon or 1e-5,
+    vocab = dim('vocab_size'), positions = dim('n_positions'), dim = dim('n_embd'), layers = dim('n_layer'),
+    heads = dim('n_head'), eps = c.layer_norm_epsilon or 1e-5,
     tied = c.tie_word_embeddings ~= false,
   }
-  s.ffn = type(c.n_inner) == 'number' and c.n_inner or 4 * s.dim
+  s.ffn = dim('n_inner', true) or 4 * s.dim
   local act = c.activation_function or 'gelu_new'
   s.activation = activations[act]
   if not s.activation then pretrained.refuse(where, 'activation_function', act, 'supported: gelu_new, gelu_pytorch_tanh, gelu, relu') end
@@ -107,6 +107,15 @@ function GPT2:extra_repr()
 end
 
 function F.build(s) return GPT2(s) end
+
+-- The parameters build makes from the settings, counted without making them
+-- (pretrained.check_size), and the config keys they come from.
+F.size_keys = {'n_layer', 'n_embd', 'n_inner', 'vocab_size', 'n_positions'}
+function F.parameters(s)
+  local C, ffn = s.dim, s.ffn
+  local block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * ffn + ffn) + (ffn * C + C)  -- ln_1, ln_2, qkv, proj, MLP
+  return (s.vocab + s.positions) * C + s.layers * block + 2 * C + (s.tied and 0 or s.vocab * C)
+end
 
 -- {anatomy name, Hugging Face name, stored transposed}: GPT-2's Conv1D keeps
 -- its weights as [in, out]. A checkpoint saved from GPT2LMHeadModel prefixes

@@ -14,12 +14,12 @@ local F = {}
 local activations = pretrained.activations
 
 function F.check(c, where)
-  local function need(key) return pretrained.need(c, key, where) end
+  local function dim(key, optional) return pretrained.dim(c, key, where, optional) end
   local s = {
-    vocab = need('vocab_size'), dim = need('hidden_size'), ffn = need('intermediate_size'),
-    layers = need('num_hidden_layers'), heads = need('num_attention_heads'), eps = c.layer_norm_eps or 1e-5,
+    vocab = dim('vocab_size'), dim = dim('hidden_size'), ffn = dim('intermediate_size'),
+    layers = dim('num_hidden_layers'), heads = dim('num_attention_heads'), eps = c.layer_norm_eps or 1e-5,
     parallel = c.use_parallel_residual ~= false, tied = c.tie_word_embeddings == true,
-    bias = c.attention_bias ~= false, positions = c.max_position_embeddings,
+    bias = c.attention_bias ~= false, positions = dim('max_position_embeddings', true),
   }
   s.activation = activations[c.hidden_act or 'gelu']
   if not s.activation then pretrained.refuse(where, 'hidden_act', c.hidden_act, 'supported: gelu, gelu_new, gelu_pytorch_tanh, relu') end
@@ -83,6 +83,16 @@ function GPTNeoX:extra_repr()
 end
 
 function F.build(s) return GPTNeoX(s) end
+
+-- The parameters build makes from the settings, counted without making them
+-- (pretrained.check_size), and the config keys they come from.
+F.size_keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'vocab_size'}
+function F.parameters(s)
+  local C = s.dim
+  local attn = 4 * C * C + (s.bias and 4 * C or 0)  -- q, k, v, o
+  local mlp = 2 * C * s.ffn + s.ffn + C
+  return s.vocab * C * (s.tied and 1 or 2) + s.layers * (4 * C + attn + mlp) + 2 * C
+end
 
 -- GPT-NeoX fuses q, k and v per head: rows of query_key_value are (head,
 -- {q, k, v}, head dim). part(i) takes q (1), k (2) or v (3) of every head.

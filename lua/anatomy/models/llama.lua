@@ -11,15 +11,15 @@ local pretrained = require('anatomy.models.pretrained')
 local F = {}
 
 function F.check(c, where)
-  local function need(key) return pretrained.need(c, key, where) end
+  local function dim(key, optional) return pretrained.dim(c, key, where, optional) end
   local s = {
-    family = c.model_type, vocab = need('vocab_size'), dim = need('hidden_size'), ffn = need('intermediate_size'),
-    layers = need('num_hidden_layers'), heads = need('num_attention_heads'),
+    family = c.model_type, vocab = dim('vocab_size'), dim = dim('hidden_size'), ffn = dim('intermediate_size'),
+    layers = dim('num_hidden_layers'), heads = dim('num_attention_heads'),
     eps = c.rms_norm_eps or 1e-6, tied = c.tie_word_embeddings == true,
-    positions = c.max_position_embeddings,
+    positions = dim('max_position_embeddings', true),
   }
-  s.kv_heads = type(c.num_key_value_heads) == 'number' and c.num_key_value_heads or s.heads
-  s.head_dim = type(c.head_dim) == 'number' and c.head_dim or nil
+  s.kv_heads = dim('num_key_value_heads', true) or s.heads
+  s.head_dim = dim('head_dim', true)
   s.rope = pretrained.rope(c, where)
   if s.rope.partial ~= 1 then pretrained.refuse(where, 'partial_rotary_factor', s.rope.partial, 'Llama rotates whole heads') end
   local act = c.hidden_act or 'silu'
@@ -86,6 +86,19 @@ function Llama:extra_repr()
 end
 
 function F.build(s) return Llama(s) end
+
+-- The parameters build makes from the settings, counted without making them
+-- (pretrained.check_size), and the config keys they come from.
+F.size_keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads',
+  'head_dim', 'vocab_size'}
+function F.parameters(s)
+  local C = s.dim
+  local hd = s.head_dim or math.floor(C / s.heads)
+  local q, kv = s.heads * hd, s.kv_heads * hd  -- widths of q and of each of k, v
+  local attn = 2 * C * q + 2 * C * kv + (s.qkv_bias and q + 2 * kv or 0) + (s.out_bias and C or 0)
+  local mlp = 3 * C * s.ffn + (s.mlp_bias and 2 * s.ffn + C or 0)  -- gate, up, down
+  return s.vocab * C * (s.tied and 1 or 2) + s.layers * (2 * C + attn + mlp) + C
+end
 
 -- models.llama{vocab, dim, heads, layers, ffn, kv_heads = heads, seq, theta =
 -- 10000, tied = false}: a Llama to train from scratch, of the blocks

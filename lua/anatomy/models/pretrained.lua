@@ -113,6 +113,20 @@ function pretrained.need(c, key, where)
   return c[key]
 end
 
+-- config.json's dimension `key` (a size, a count of layers or heads): a
+-- whole number from 1 to 2^31, or an error naming the key and its value. An
+-- optional one may be absent (or null): nil then.
+function pretrained.dim(c, key, where, optional)
+  local v = c[key]
+  if optional and (v == nil or v == json.null) then return nil end
+  if type(v) ~= 'number' then return pretrained.need(c, key, where) end
+  if v ~= v or v < 1 or v > 2^31 or v ~= math.floor(v) then
+    error(('%s: config.json has %s = %s, which is not a dimension (a whole number from 1 to 2^31)'):format(
+      where, key, tostring(v)), 0)
+  end
+  return v
+end
+
 -- Hugging Face's activation names -> nn.MLP's.
 pretrained.activations = {gelu_new = 'gelu_tanh', gelu_pytorch_tanh = 'gelu_tanh', gelu = 'gelu', relu = 'relu'}
 
@@ -192,14 +206,15 @@ end
 
 -- The weights of a folder, opened but not read: model.safetensors, or the
 -- shards that model.safetensors.index.json lists. Returns {name = the
--- torch.safe_open file that holds it}; each tensor is read when it is placed.
+-- torch.safe_open file that holds it} and how to name the weights in an
+-- error; each tensor is read when it is placed.
 local function open_weights(folder, where)
   local single, index = folder .. '/model.safetensors', folder .. '/model.safetensors.index.json'
   local files = {}
   if fs.exists(single) then
     local f = torch.safe_open(single)
     for _, name in ipairs(f:keys()) do files[name] = f end
-    return files
+    return files, ("the weights in '%s'"):format(single)
   end
   if not fs.exists(index) then
     if hub.has_pickle(function(f) return fs.exists(folder .. '/' .. f) end) then
@@ -231,7 +246,65 @@ local function open_weights(folder, where)
     end
     files[name] = opened[file]
   end
-  return files
+  return files, ("the weights in the shards '%s' lists"):format(index)
+end
+
+-- A count of parameters as errors write it: '1,234,567' (scientific past 10^14).
+local function count_text(n)
+  if n < 1e14 then return format.count(n) end
+  return ('%.3e'):format(n)
+end
+
+-- Bytes as errors write them: '512 bytes', '1.5 GiB', '3.2 TiB'.
+local function bytes_text(b)
+  local units, i = {'bytes', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB', 'EiB'}, 1
+  while b >= 1024 and i < #units do b, i = b / 1024, i + 1 end
+  return i == 1 and ('%d bytes'):format(b) or ('%.1f %s'):format(b, units[i])
+end
+
+-- A config that says n_layer = 10^9 over a small checkpoint is refused from
+-- its sizes alone, in milliseconds, where building it ran minutes before the
+-- allocator gave up. The count is the family's (F.parameters) in float32, the
+-- dtype every model is built in; the memory is what the memory guard counts
+-- (torch._available_memory). The weights may hold more than the config
+-- implies (buffers, a tied head saved anyway) or a little less (an untied
+-- head left out, named later as the missing tensor): only a config implying
+-- more than 1.5 times their elements is refused.
+
+-- pretrained.check_size(F, s, config, source, where[, files, weights]) -> the
+-- parameter count s implies; an error naming source, the keys, the count and
+-- the memory left when it needs more memory than is left or, given the
+-- weights (files: name -> its safe_open file; weights: how to name them),
+-- more than 1.5 times the elements their headers hold
+function pretrained.check_size(F, s, config, source, where, files, weights)
+  local n = F.parameters(s)
+  local bytes = 4 * n
+  local keys = {}
+  for _, k in ipairs(F.size_keys) do
+    if type(config[k]) == 'number' then keys[#keys + 1] = ('%s = %s'):format(k, tostring(config[k])) end
+  end
+  local implies = ('%s implies %s parameters, %s in float32 (%s)'):format(source, count_text(n), bytes_text(bytes),
+    table.concat(keys, ', '))
+  local available = torch._available_memory()
+  local memory = available > 0 and ('this machine has %s of memory left'):format(bytes_text(available))
+    or 'the memory left cannot be told here'
+  if files then
+    local stored = 0
+    for name, f in pairs(files) do
+      local k = 1
+      for _, d in ipairs(f:shape(name)) do k = k * d end
+      stored = stored + k
+    end
+    if n > 1.5 * stored then
+      error(('%s: %s, but %s hold %s: the config does not describe these weights (%s)'):format(
+        where, implies, weights, count_text(stored), memory), 0)
+    end
+  end
+  if available > 0 and bytes > available then
+    error(('%s: %s, more than the %s of memory this machine has left (RAM available and free swap, within a cgroup\'s limit)'):format(
+      where, implies, bytes_text(available)), 0)
+  end
+  return n
 end
 
 -- Where a checkpoint is: a local folder as given, else a Hub repository id
@@ -268,9 +341,11 @@ end
 function pretrained.from_config(config, opts)
   local where = 'models.from_config'
   opts = options.check(opts, {'seed'}, where, 2)
+  local source  -- the config file's path, when given one
   if type(config) == 'string' then
     local path = fs.exists(config .. '/config.json') and config .. '/config.json' or config
     if not fs.exists(path) then error(("%s: no config.json at '%s'"):format(where, config), 2) end
+    source = path
     local ok, decoded = pcall(json.decode, fs.read(path))
     if not ok or type(decoded) ~= 'table' then error(("%s: '%s' is not valid JSON: %s"):format(where, path, tostring(decoded)), 2) end
     config = decoded
@@ -287,6 +362,7 @@ function pretrained.from_config(config, opts)
   if type(range) ~= 'number' or not (range > 0) then error(('%s: initializer_range must be a positive number, got %s'):format(where, tostring(range)), 2) end
   local F = require(family)
   local settings = F.check(config, where)
+  pretrained.check_size(F, settings, config, source and ("'%s'"):format(source) or 'the config', where)
   if opts.seed ~= nil then torch.manual_seed(opts.seed) end
   local model = torch._native.without_init(F.build, settings)
   torch.no_grad(function()
@@ -350,7 +426,8 @@ function pretrained.from_pretrained(name, opts)
   end
   local F = require(family)
   local settings = F.check(config, where)
-  local files = open_weights(folder, where)
+  local files, weights = open_weights(folder, where)
+  pretrained.check_size(F, settings, config, ("'%s'"):format(config_path), where, files, weights)  -- before the plan, as long as the layers
   local plan = F.weights(settings, files)
   local used = {}  -- checkpoint name -> how many parameters take from it
   for _, w in ipairs(plan) do
