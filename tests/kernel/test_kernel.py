@@ -6,21 +6,30 @@ The kernelspec is installed into a temporary prefix with
 python3-jupyter-client) starts it by name, as Jupyter does, then checks:
 execute with output and result, an error and then a variable still defined,
 completion, inspect, is_complete, an interrupt of a running loop, display of
-an autopsy chart as SVG and of an autopsy as HTML, and shutdown.
+an autopsy chart as SVG and of an autopsy as HTML, and shutdown. Hostile
+input, from a client of its own: connection files with impossible ports are
+refused; replayed signed messages are dropped; malformed messages are
+answered with an error (or logged) and the kernel goes on.
     test_kernel.py ANATOMY_EXE
 """
+import hashlib
+import hmac
+import json
 import os
 import re
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import zlib
 
 try:
     from jupyter_client.manager import start_new_kernel
     from jupyter_client.kernelspec import KernelSpecManager
+    import zmq
 except ImportError as e:
     print("skipped: jupyter_client is not installed for %s (%s)" % (sys.executable, e))
     sys.exit(77)
@@ -46,6 +55,51 @@ spec = KernelSpecManager().get_kernel_spec("anatomy")
 check("kernelspec: argv, language, interrupt mode",
       spec.argv[:2] == [exe, "--kernel"] and spec.language == "lua" and spec.interrupt_mode == "signal", spec.to_dict())
 
+
+
+# Connection files with impossible ports (or keys of the wrong type): refused
+# before anything is bound, naming the key and the value.
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def refused(changes, drop=()):
+    """(rc, stderr) of `anatomy --kernel` on a connection file of free ports with changes; rc None when it ran on"""
+    conn = {"transport": "tcp", "ip": "127.0.0.1", "key": "k", "signature_scheme": "hmac-sha256"}
+    for name in ("shell_port", "control_port", "stdin_port", "iopub_port", "hb_port"):
+        conn[name] = free_port()
+    conn.update(changes)
+    for name in drop:
+        del conn[name]
+    path = os.path.join(prefix, "bad-connection.json")
+    with open(path, "w") as f:
+        json.dump(conn, f)
+    try:
+        out = subprocess.run([exe, "--kernel", path], capture_output=True, text=True, timeout=30)
+        return out.returncode, out.stderr
+    except subprocess.TimeoutExpired as e:
+        return None, (e.stderr or b"").decode(errors="replace")
+
+
+for changes, said in [({"shell_port": 99999}, "shell_port must be a port (an integer in 1..65535), not a number (99999)"),
+                      ({"control_port": -1}, "control_port must be a port (an integer in 1..65535), not a number (-1)"),
+                      ({"stdin_port": 1.5}, "stdin_port must be a port (an integer in 1..65535), not a number (1.5)"),
+                      ({"iopub_port": "5555"}, 'iopub_port must be a port (an integer in 1..65535), not a string ("5555")'),
+                      ({"hb_port": 0}, "hb_port must be a port (an integer in 1..65535), not a number (0) (0 asks the"),
+                      ({"key": 5}, "key must be a string, not a number (5)")]:
+    rc, err = refused(changes)
+    check("connection file %s: refused, naming the key and the value" % json.dumps(changes),
+          rc not in (None, 0) and said in err, (rc, err))
+rc, err = refused({}, drop=["hb_port"])
+check("connection file without hb_port: refused", rc not in (None, 0) and "has no hb_port" in err, (rc, err))
+with socket.socket() as taken:  # shell_port is bound first: a kernel that bound before checking fails on it
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    rc, err = refused({"shell_port": taken.getsockname()[1], "hb_port": 70000})
+check("an impossible port is refused before any socket is bound", rc not in (None, 0)
+      and "hb_port must be a port" in err and "cannot bind" not in err, (rc, err))
 
 
 def png_pixels(path):
@@ -81,7 +135,78 @@ listed = subprocess.run(["jupyter", "kernelspec", "list"], capture_output=True, 
 check("`jupyter kernelspec list` shows it", listed.returncode == 0 and any(
     line.split()[:1] == ["anatomy"] for line in listed.stdout.splitlines()), listed.stdout + listed.stderr)
 
-km, kc = start_new_kernel(kernel_name="anatomy", startup_timeout=90)
+kernel_log = os.path.join(prefix, "kernel-stderr.txt")
+km, kc = start_new_kernel(kernel_name="anatomy", startup_timeout=90, stderr=open(kernel_log, "w"))
+
+
+def logged():
+    """what the kernel wrote to stderr so far"""
+    time.sleep(0.2)
+    with open(kernel_log, errors="replace") as f:
+        return f.read()
+
+
+class Raw:
+    """A client of our own on the kernel's shell, control and stdin sockets (one identity, as a
+    frontend has), signing with the connection's key: it sends what jupyter_client would not."""
+
+    def __init__(self, info):
+        self.key = info["key"] if isinstance(info["key"], bytes) else info["key"].encode()
+        self.session = uuid.uuid4().hex
+        ident = uuid.uuid4().hex.encode()
+        self.sockets = {}
+        for name in ("shell", "control", "stdin"):
+            s = zmq.Context.instance().socket(zmq.DEALER)
+            s.setsockopt(zmq.IDENTITY, ident)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect("%s://%s:%d" % (info["transport"], info["ip"], info[name + "_port"]))
+            self.sockets[name] = s
+
+    def sign(self, parts):
+        h = hmac.new(self.key, digestmod=hashlib.sha256)
+        for p in parts:
+            h.update(p)
+        return h.hexdigest().encode()
+
+    def message(self, msg_type, content, header=None, parent=b"{}", metadata=b"{}", signature=None):
+        """(msg_id, frames) of a signed message; header, parent, metadata and content as bytes are sent as they are"""
+        msg_id = uuid.uuid4().hex
+        if header is None:
+            header = json.dumps({"msg_id": msg_id, "msg_type": msg_type, "session": self.session, "username": "test",
+                                 "date": "2024-01-01T00:00:00.000000Z", "version": "5.3"}).encode()
+        parts = [header, parent, metadata, content if isinstance(content, bytes) else json.dumps(content).encode()]
+        return msg_id, [b"<IDS|MSG>", signature or self.sign(parts)] + parts
+
+    def send(self, channel, frames):
+        self.sockets[channel].send_multipart(frames)
+
+    def request(self, channel, msg_type, content, **kw):
+        msg_id, frames = self.message(msg_type, content, **kw)
+        self.send(channel, frames)
+        return msg_id
+
+    def recv(self, channel, timeout=15):
+        """the next message on channel as {msg_type, parent_id, content}, or None after timeout seconds"""
+        s = self.sockets[channel]
+        if not s.poll(timeout * 1000):
+            return None
+        frames = s.recv_multipart()
+        at = frames.index(b"<IDS|MSG>")
+        header, parent, _, content = (json.loads(f) for f in frames[at + 2:at + 6])
+        return {"msg_type": header["msg_type"], "parent_id": parent.get("msg_id"), "content": content}
+
+    def answers(self, channel, msg_type, content):
+        """whether a good request on channel is the next one answered (the kernel lives on)"""
+        msg_id = self.request(channel, msg_type, content)
+        reply = self.recv(channel)
+        return reply is not None and reply["parent_id"] == msg_id and reply["content"].get("status") == "ok"
+
+
+def execute(code, **fields):
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False,
+               "stop_on_error": True}
+    content.update(fields)
+    return content
 
 
 def run(code, timeout=120):
@@ -249,6 +374,111 @@ try:
           control["msg_type"] == "interrupt_reply" and reply["ename"] == "Interrupted" and time.time() - sent < 2,
           (control["msg_type"], reply))
 
+    # Hostile input, from a client of our own
+    raw = Raw(km.get_connection_info())
+    # a replayed message is dropped: once on shell, control and stdin
+    msg_id, frames = raw.message("execute_request", execute("replayed = (replayed or 0) + 1"))
+    raw.send("shell", frames)
+    first = raw.recv("shell")
+    raw.send("shell", frames)
+    later = raw.request("shell", "execute_request", execute("assert(replayed == 1, 'replayed ran ' .. replayed .. ' times')"))
+    second = raw.recv("shell")
+    check("replay: an execute_request sent twice runs once, and the replay gets no reply",
+          first and first["parent_id"] == msg_id and first["content"]["status"] == "ok"
+          and second and second["parent_id"] == later and second["content"]["status"] == "ok", (first, second))
+    check("replay: logged as a Duplicate Signature", "shell: Duplicate Signature" in logged(), logged()[-2000:])
+    msg_id, frames = raw.message("kernel_info_request", {})
+    raw.send("control", frames)
+    first = raw.recv("control")
+    raw.send("control", frames)
+    check("replay: a control request sent twice is answered once", first and first["parent_id"] == msg_id
+          and raw.answers("control", "kernel_info_request", {}), first)
+    cell = raw.request("shell", "execute_request", execute("local a, b = io.read(), io.read()\n"
+                                                           "assert(a .. '|' .. b == 'first|second', a .. '|' .. b)",
+                                                           allow_stdin=True))
+    asked = raw.recv("stdin")
+    _, frames = raw.message("input_reply", {"value": "first"}, parent=json.dumps({"msg_id": cell}).encode())
+    raw.send("stdin", frames)
+    raw.send("stdin", frames)
+    asked_again = raw.recv("stdin")
+    raw.request("stdin", "input_reply", {"value": "second"})
+    reply = raw.recv("shell")
+    check("replay: an input_reply sent twice answers one io.read", asked and asked_again
+          and asked_again["msg_type"] == "input_request" and reply and reply["content"]["status"] == "ok",
+          (asked, asked_again, reply))
+
+    # messages that are not what the protocol says: dropped and logged where no reply can be addressed
+    # (each message once per channel with its own content: the same parts again would be a replay)
+    for what, make, said in [
+            ("a header that is an array", lambda c: raw.message("", c, header=b"[1, 2]")[1],
+             "header is an array ([1,2])"),
+            ("a header that is not JSON", lambda c: raw.message("", c, header=b"{nope")[1], "header is not JSON"),
+            ("a header whose msg_type is a number", lambda c: raw.message("", c, header=b'{"msg_type": 7}')[1],
+             "header.msg_type is a number (7), not a string"),
+            ("a header without msg_type", lambda c: raw.message("", c, header=b'{"msg_id": "x"}')[1],
+             "msg_type is missing"),
+            ("too few frames", lambda c: raw.message("kernel_info_request", c)[1][:4], "4 frames after its identities"),
+            ("a wrong signature", lambda c: raw.message("execute_request", execute("bad_signature_ran = true"),
+                                                        signature=b"0" * 64)[1], "wrong signature")]:
+        for channel in ("shell", "control"):
+            raw.send(channel, make({"on": channel}))
+            check("malformed on %s: %s is logged, and the next request answered" % (channel, what),
+                  raw.answers(channel, "kernel_info_request", {}) and any(
+                      line.startswith("anatomy --kernel: %s: " % channel) and said in line
+                      for line in logged().splitlines()), logged()[-1000:])
+    # ... and answered with an error reply where the header names a request
+    bad_fields = [
+        ("execute_request", {"content": b"[1]"}, "execute_request: content must be an object, not an array ([1])"),
+        ("execute_request", {"content": execute("1"), "parent": b"5"},
+         "execute_request: parent_header must be an object, not a number (5)"),
+        ("execute_request", {"content": execute("1"), "metadata": b"{oops"}, "execute_request: metadata is not JSON"),
+        ("execute_request", {"content": execute(5)}, "execute_request: content.code must be a string, not a number (5)"),
+        ("execute_request", {"content": execute("stop_ran = true; error('x')", stop_on_error="no")},
+         'execute_request: content.stop_on_error must be a boolean, not a string ("no")'),
+        ("execute_request", {"content": execute("1", silent=1)}, "content.silent must be a boolean, not a number (1)"),
+        ("execute_request", {"content": execute("1", user_expressions={"a": 5})},
+         "content.user_expressions must be an object of strings"),
+        ("complete_request", {"content": {"code": "x", "cursor_pos": "1"}},
+         'complete_request: content.cursor_pos must be an integer >= 0, not a string ("1")'),
+        ("inspect_request", {"content": {"code": ["x"], "cursor_pos": 1}},
+         "inspect_request: content.code must be a string, not an array or object"),
+        ("is_complete_request", {"content": {"code": False}}, "content.code must be a string, not a boolean (false)"),
+        ("history_request", {"content": {"hist_access_type": "tail", "n": "ten"}},
+         'history_request: content.n must be an integer >= 0, not a string ("ten")'),
+        ("shutdown_request", {"content": {"restart": "yes"}},
+         'shutdown_request: content.restart must be a boolean, not a string ("yes")'),
+    ]
+    for msg_type, parts, said in bad_fields:
+        content = parts.pop("content")
+        msg_id = raw.request("shell", msg_type, content, **parts)
+        reply = raw.recv("shell")
+        check("malformed on shell: %s: an error reply that says why (%s)" % (msg_type, said),
+              reply and reply["parent_id"] == msg_id and reply["msg_type"] == msg_type.replace("_request", "_reply")
+              and reply["content"]["status"] == "error" and reply["content"]["ename"] == "MalformedMessage"
+              and said in reply["content"]["evalue"], reply)
+    check("... none of them ran, and the kernel answers the next request",
+          raw.answers("shell", "execute_request", execute("assert(stop_ran == nil and bad_signature_ran == nil)")))
+    for msg_type, content, said in [
+            ("shutdown_request", {"restart": "yes"}, 'shutdown_request: content.restart must be a boolean, not a string'),
+            ("interrupt_request", b"[]", "interrupt_request: content must be an object, not an array"),
+            ("kernel_info_request", b'"x"', "kernel_info_request: content must be an object, not a string")]:
+        msg_id = raw.request("control", msg_type, content)
+        reply = raw.recv("control")
+        check("malformed on control: %s: an error reply that says why, and the kernel goes on" % msg_type,
+              reply and reply["parent_id"] == msg_id and reply["content"]["status"] == "error"
+              and said in reply["content"]["evalue"] and raw.answers("control", "kernel_info_request", {})
+              and km.is_alive(), reply)
+    cell = raw.request("shell", "execute_request", execute("v = io.read()", allow_stdin=True))
+    raw.recv("stdin")
+    raw.request("stdin", "input_reply", {"value": 5})
+    reply = raw.recv("shell")
+    check("malformed input_reply: the cell's io.read fails, saying why", reply and reply["parent_id"] == cell
+          and reply["content"]["status"] == "error"
+          and "input_reply: content.value must be a string, not a number (5)" in reply["content"]["evalue"], reply)
+    reply, msgs = run("1 + 1")
+    check("after the hostile input the kernel runs cells for its own client", km.is_alive() and reply["status"] == "ok"
+          and of(msgs, "execute_result")[0]["data"]["text/plain"] == "2", reply)
+
     km.restart_kernel(now=False)
     kc.wait_for_ready(timeout=90)
     reply, msgs = run("x == nil")
@@ -320,5 +550,7 @@ finally:
     check("shutdown: the kernel process ends", not km.is_alive())
     kc.stop_channels()
 
+if failed:
+    print("the kernel's stderr, last lines:\n" + logged()[-3000:])
 print("%d passed, %d failed" % (passed, failed))
 sys.exit(1 if failed else 0)

@@ -329,17 +329,74 @@ local handlers = {
   history_request = {'history_reply', kernel.history},
 }
 
+-- The content fields the handlers read, and their types. A request with a
+-- field of another type is malformed: answered with an error, not run. A
+-- null counts as absent. (The host checks the fields it reads itself:
+-- execute_request's stop_on_error, shutdown_request's restart.)
+local fields = {
+  execute_request = {{'code', 'string'}, {'silent', 'boolean'}, {'store_history', 'boolean'},
+    {'allow_stdin', 'boolean'}, {'user_expressions', 'expressions'}},
+  complete_request = {{'code', 'string'}, {'cursor_pos', 'count'}},
+  inspect_request = {{'code', 'string'}, {'cursor_pos', 'count'}, {'detail_level', 'count'}},
+  is_complete_request = {{'code', 'string'}},
+  history_request = {{'hist_access_type', 'string'}, {'n', 'count'}, {'start', 'integer'}, {'stop', 'integer'},
+    {'pattern', 'string'}, {'unique', 'boolean'}, {'output', 'boolean'}, {'raw', 'boolean'}},
+}
+
+local kinds = {
+  string = {'a string', function(v) return type(v) == 'string' end},
+  boolean = {'a boolean', function(v) return type(v) == 'boolean' end},
+  integer = {'an integer', function(v) return type(v) == 'number' and v == math.floor(v) and v - v == 0 end},
+  count = {'an integer >= 0', function(v) return type(v) == 'number' and v == math.floor(v) and v >= 0 and v - v == 0 end},
+  expressions = {'an object of strings (name = Lua expression)', function(v)
+    if type(v) ~= 'table' then return false end
+    for k, e in pairs(v) do
+      if type(k) ~= 'string' or type(e) ~= 'string' then return false end
+    end
+    return true
+  end},
+}
+
+-- 'a string ("yes")': a decoded JSON value's type and, shortened, the value.
+local function described(v)
+  local text = json.encode(v)
+  if #text > 40 then text = text:sub(1, 37) .. '...' end
+  local name = ({string = 'a string', number = 'a number', boolean = 'a boolean'})[type(v)] or 'an array or object'
+  return ('%s (%s)'):format(name, text)
+end
+
+-- Why content cannot be handled as a msg_type (nil when it can); nulls removed.
+local function malformed(msg_type, content)
+  for _, f in ipairs(fields[msg_type] or {}) do
+    local name, kind = f[1], kinds[f[2]]
+    local v = content[name]
+    if v == json.null then
+      content[name] = nil
+    elseif v ~= nil and not kind[2](v) then
+      return ('%s: content.%s must be %s, not %s'):format(msg_type, name, kind[1], described(v))
+    end
+  end
+end
+
 -- kernel.handle(msg_type, content_json, send_fn, input_fn) -> reply type,
 -- reply content JSON (nil for a request it does not know). Called by the host
 -- for each shell request; send_fn(msg_type, content_json) publishes on iopub,
--- input_fn(prompt, password) asks the client for a line on stdin.
+-- input_fn(prompt, password) asks the client for a line on stdin. A request
+-- whose fields are of the wrong types gets an error reply (ename
+-- MalformedMessage) and is logged to stderr.
 function kernel.handle(msg_type, content_json, send_fn, input_fn)
   local h = handlers[msg_type]
   if not h then return nil end
   send = function(t, c) send_fn(t, json.encode(c)) end
   input = input_fn
-  local ok, content = pcall(json.decode, content_json)
-  if not ok then content = {} end
+  local content = json.decode(content_json)  -- the host parsed it as an object
+  local problem = malformed(msg_type, content)
+  if problem then
+    io.stderr:write('anatomy --kernel: shell: ', problem, '\n')
+    local reply = {status = 'error', ename = 'MalformedMessage', evalue = problem, traceback = {problem}}
+    if msg_type == 'execute_request' then reply.execution_count = count end
+    return h[1], json.encode(reply)
+  end
   local reply = h[2](content)
   return h[1], json.encode(reply)
 end
