@@ -6,7 +6,12 @@
 
 #include "host/io/safetensors.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <iterator>
 
 #include <cstdio>
 #include <fstream>
@@ -163,14 +168,36 @@ TEST_CASE("a failed write leaves no partial file and the previous file intact", 
 }
 
 TEST_CASE("a write that fails midway keeps the previous file", "[safetensors]") {
-  // The temporary file is where the data goes first; make it /dev/full so the
-  // data write fails with ENOSPC after the file was opened.
+  // A file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored) makes the data write
+  // fail with EFBIG after the temporary file was opened and partly written.
   std::string path = temp_path("full");
   save_safetensors(path, {{"a", at::ones({2})}});
   std::string tmp = path + ".tmp." + std::to_string(getpid());
-  REQUIRE(symlink("/dev/full", tmp.c_str()) == 0);
-  CHECK_THROWS_WITH(save_safetensors(path, {{"a", at::zeros({1 << 16})}}), Catch::Contains("No space left on device"));
+  struct rlimit before {};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &before) == 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = before;
+  small.rlim_cur = 4096;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  CHECK_THROWS_WITH(save_safetensors(path, {{"a", at::zeros({1 << 16})}}), Catch::Contains("File too large"));
+  setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, old_handler);
   CHECK(at::equal(load_safetensors(path).tensors[0].second, at::ones({2})));
   CHECK_FALSE(exists(tmp));
   std::remove(path.c_str());
+}
+
+TEST_CASE("a link planted at the temporary file's name is removed, not written through", "[safetensors]") {
+  std::string path = temp_path("planted");
+  std::string victim = temp_path("victim");
+  { std::ofstream(victim) << "keep"; }
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  REQUIRE(symlink(victim.c_str(), tmp.c_str()) == 0);
+  save_safetensors(path, {{"a", at::ones({2})}});
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "keep");
+  CHECK(at::equal(load_safetensors(path).tensors[0].second, at::ones({2})));
+  std::remove(path.c_str());
+  std::remove(victim.c_str());
 }

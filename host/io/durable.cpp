@@ -84,7 +84,10 @@ void write_atomic(const std::string& path, const std::function<void(Sink&)>& fil
   if (path.empty()) throw WriteError("cannot write a file with an empty path");
   remove_stale_temporaries(path);
   const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  // a link planted at the temporary's (guessable) name is removed, never
+  // followed: the bytes go only where path says
+  unlink(tmp.c_str());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd < 0) fail(path, errno);
   Sink sink(fd);
   int error = 0;
