@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <chrono>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -29,13 +30,14 @@ namespace {
 
 // torch._http{method = 'GET'|'HEAD', url, headers = {'Name: value', ...},
 // output = path, resume_from = n, progress = label, total = bytes,
-// connect_timeout = s, stall_timeout = s} -> {status, headers = {name = value}
-// (names in lower case), body, written, appended, error, cut}. Redirects are
+// connect_timeout = s, stall_timeout = s, max_seconds = s, min_rate = bytes/s,
+// max_bytes = n} -> {status, headers = {name = value} (names in lower case),
+// body, written, appended, error, cut, too_large, too_slow}. Redirects are
 // returned, not followed. Ctrl-C stops the transfer ("interrupted").
 int torch_http(lua_State* L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   check_option_keys(L, 1, {"method", "url", "headers", "output", "resume_from", "progress", "total", "connect_timeout",
-                           "stall_timeout"});
+                           "stall_timeout", "max_seconds", "min_rate", "max_bytes"});
   net::HttpRequest request;
   request.method = option<std::string>(L, 1, "method").value_or("GET");
   auto url = option<std::string>(L, 1, "url");
@@ -59,6 +61,11 @@ int torch_http(lua_State* L) {
   request.total = option<int64_t>(L, 1, "total").value_or(-1);
   request.connect_timeout = option<double>(L, 1, "connect_timeout").value_or(10);
   request.stall_timeout = option<double>(L, 1, "stall_timeout").value_or(60);
+  request.max_seconds = option<double>(L, 1, "max_seconds").value_or(0);
+  request.min_rate = option<double>(L, 1, "min_rate").value_or(0);
+  request.max_bytes = option<int64_t>(L, 1, "max_bytes").value_or(-1);
+  for (double v : {request.connect_timeout, request.stall_timeout, request.max_seconds, request.min_rate})
+    if (!(v >= 0) || v > 1e9) throw ArgError(1, "a timeout or rate must be a number in [0, 1e9], got " + std::to_string(v));
   request.cancelled = [] { return interrupt::pending != 0; };
   net::HttpResponse r;
   try {
@@ -84,6 +91,10 @@ int torch_http(lua_State* L) {
   lua_setfield(L, -2, "appended");
   lua_pushboolean(L, r.cut);
   lua_setfield(L, -2, "cut");
+  lua_pushboolean(L, r.too_large);
+  lua_setfield(L, -2, "too_large");
+  lua_pushboolean(L, r.too_slow);
+  lua_setfield(L, -2, "too_slow");
   if (!r.error.empty()) {
     lua_pushstring(L, r.error.c_str());
     lua_setfield(L, -2, "error");
@@ -117,7 +128,8 @@ int torch_readlink(lua_State* L) {
 
 // torch._lock(path, label) -> lock: an exclusive flock on path (made if
 // absent), waited for while another process holds it (a line on stderr says
-// so once, naming label); Ctrl-C stops the wait. lock:release() frees it, as
+// so once, naming label); Ctrl-C stops the wait. The lock file is opened
+// without following a link and must be a regular file. lock:release() frees it, as
 // does the collector. A path this process already holds is an error, not a
 // wait: flock locks of two opens of one file exclude each other even within
 // one process, so a second lock here would wait for ever.
@@ -144,8 +156,15 @@ int torch_lock(lua_State* L) {
   std::string path = check_string(L, 1);
   std::string label = lua_isstring(L, 2) ? lua_tostring(L, 2) : path;
   if (held_locks().count(path)) throw CallError("this process already holds the lock '" + path + "'");
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw CallError("cannot open the lock '" + path + "': " + std::strerror(errno));
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd < 0)
+    throw CallError("cannot open the lock '" + path + "': " +
+                    (errno == ELOOP ? std::string("it is a symbolic link") : std::string(std::strerror(errno))));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw CallError("cannot open the lock '" + path + "': it is not a regular file");
+  }
   bool said = false;
   while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK && errno != EINTR) {
@@ -213,6 +232,50 @@ int torch_hardlink(lua_State* L) {
   return 0;
 }
 
+// torch._lstat_kind(path) -> 'file', 'directory', 'link', 'fifo', 'socket',
+// 'character device' or 'block device' (of path itself, a link not
+// followed), or nil when nothing is there
+int torch_lstat_kind(lua_State* L) {
+  struct stat st {};
+  if (::lstat(check_string(L, 1).c_str(), &st) != 0) {
+    lua_pushnil(L);
+    return 1;
+  }
+  const char* kind = S_ISREG(st.st_mode) ? "file" : S_ISDIR(st.st_mode) ? "directory" : S_ISLNK(st.st_mode) ? "link"
+                     : S_ISFIFO(st.st_mode) ? "fifo" : S_ISSOCK(st.st_mode) ? "socket"
+                     : S_ISCHR(st.st_mode) ? "character device" : "block device";
+  lua_pushstring(L, kind);
+  return 1;
+}
+
+// torch._mkdir(path) -> true when it made the folder, false when a folder
+// is already there; an error when something else is there (a link to a
+// folder included) or it cannot be made. One level: the parent must exist.
+int torch_mkdir(lua_State* L) {
+  std::string path = check_string(L, 1);
+  if (::mkdir(path.c_str(), 0755) == 0) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  int e = errno;
+  struct stat st {};
+  if (e == EEXIST && ::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    lua_pushboolean(L, 0);
+    return 1;
+  }
+  if (e == EEXIST) throw CallError("cannot make the folder '" + path + "': something that is not a folder is there");
+  throw CallError("cannot make the folder '" + path + "': " + std::strerror(e));
+}
+
+// torch._realpath(path) -> the path with every link and . or .. resolved, or
+// nil when it does not exist
+int torch_realpath(lua_State* L) {
+  std::unique_ptr<char, decltype(&std::free)> resolved(::realpath(check_string(L, 1).c_str(), nullptr), &std::free);
+  if (resolved) lua_pushstring(L, resolved.get());
+  else lua_pushnil(L);
+  return 1;
+}
+
 // torch._list_dir(path) -> the names in a folder, sorted, without . and ..
 int torch_list_dir(lua_State* L) {
   std::string path = check_string(L, 1);
@@ -244,12 +307,15 @@ const luaL_Reg functions[] = {
     {"_lock", guarded<torch_lock>},
     {"_file_digest", guarded<torch_file_digest>},
     {"_file_size", guarded<torch_file_size>},
+    {"_lstat_kind", guarded<torch_lstat_kind>},
+    {"_realpath", guarded<torch_realpath>},
+    {"_mkdir", guarded<torch_mkdir>},
     {nullptr, nullptr},
 };
 
 }  // namespace
 
-/// Adds _http, _symlink, _readlink, _hardlink, _lock (its lock userdata, anatomy.FileLock), _file_digest, _file_size and _list_dir to the torch table at index torch.
+/// Adds _http, _symlink, _readlink, _hardlink, _lock (its lock userdata, anatomy.FileLock), _file_digest, _file_size, _lstat_kind, _realpath, _mkdir and _list_dir to the torch table at index torch.
 void register_http(lua_State* L, int torch) {
   luaL_newmetatable(L, kLockType);
   lua_pushvalue(L, -1);

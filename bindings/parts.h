@@ -33,7 +33,7 @@ void register_random(lua_State* L, int torch);
 void register_loss(lua_State* L, int torch);
 /// Adds _now, _isatty, _not_a_file, _compressed_size, _cache_dir, _write_atomic, _sync_file and _remove_stale_temporaries to the torch table at index torch (system.cpp).
 void register_system(lua_State* L, int torch);
-/// Adds _http, _symlink, _readlink, _hardlink, _lock, _file_digest, _file_size and _list_dir to the torch table at index torch (http.cpp).
+/// Adds _http, _symlink, _readlink, _hardlink, _lock, _file_digest, _file_size, _lstat_kind, _realpath, _mkdir and _list_dir to the torch table at index torch (http.cpp).
 void register_http(lua_State* L, int torch);
 /// Adds torch.linalg to the torch table at index torch (linalg.cpp).
 void register_linalg(lua_State* L, int torch);

@@ -2,11 +2,14 @@
 #include "host/net/http.h"
 
 #include <curl/curl.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -55,12 +58,30 @@ struct Transfer {
   // The body of a 2xx answer goes to the output file, opened at its first
   // byte: appended after a 206 (the Range was honoured), from the start after
   // a 200 (the server sent the whole file again).
+  // The file is opened without following a link (O_NOFOLLOW) and without
+  // blocking (a FIFO), then must be a regular file: a link planted at the
+  // output's name cannot send the bytes elsewhere.
   bool open_output() {
     long status = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
     bool append = status == 206 && request->resume_from >= 0;
-    file = std::fopen(request->output.c_str(), append ? "ab" : "wb");
+    int flags = O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | (append ? O_APPEND : O_TRUNC);
+    int fd = ::open(request->output.c_str(), flags, 0644);
+    if (fd < 0) {
+      write_error = "cannot write '" + request->output + "': " +
+                    (errno == ELOOP ? std::string("it is a symbolic link") : std::string(std::strerror(errno)));
+      return false;
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      write_error = "cannot write '" + request->output + "': it is not a regular file";
+      return false;
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    file = ::fdopen(fd, append ? "ab" : "wb");
     if (!file) {
+      ::close(fd);
       write_error = "cannot write '" + request->output + "': " + std::strerror(errno);
       return false;
     }
@@ -68,9 +89,19 @@ struct Transfer {
     return true;
   }
 
+  // Whether n more bytes stay within max_bytes; past it the transfer stops.
+  bool fits(size_t n) {
+    int64_t before = response->appended ? request->resume_from : 0;  // a continued file counts its first part
+    int64_t have = before + static_cast<int64_t>(response->body.size()) + response->written;
+    if (request->max_bytes < 0 || have + static_cast<int64_t>(n) <= request->max_bytes) return true;
+    response->too_large = true;
+    return false;
+  }
+
   size_t body(const char* data, size_t n) {
     long status = 0;
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+    if (!fits(n)) return 0;
     if (request->output.empty() || status < 200 || status >= 300) {
       response->body.append(data, n);
       return n;
@@ -121,6 +152,14 @@ int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
     t->response->cancelled = true;
     return 1;
   }
+  if (t->request->min_rate > 0) {  // the overall progress rule: a trickle is cut too
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t->start).count();
+    double bytes = static_cast<double>(t->response->written + static_cast<int64_t>(t->response->body.size()));
+    if (seconds > t->request->stall_timeout && bytes / seconds < t->request->min_rate) {
+      t->response->too_slow = true;
+      return 1;
+    }
+  }
   t->draw(false);
   return 0;
 }
@@ -166,7 +205,8 @@ HttpResponse http_request(const HttpRequest& request) {
   else if (request.method != "GET") throw std::runtime_error("HTTP method must be GET or HEAD, got '" + request.method + "'");
   curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(request.connect_timeout * 1000));
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(request.stall_timeout));
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(request.stall_timeout)));
+  if (request.max_seconds > 0) curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, static_cast<long>(request.max_seconds * 1000));
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
   curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
@@ -185,6 +225,14 @@ HttpResponse http_request(const HttpRequest& request) {
   if (!t.write_error.empty()) throw std::runtime_error(t.write_error);
   if (code != CURLE_OK) {
     response.error = message[0] ? message : curl_easy_strerror(code);
+    if (response.too_large)
+      response.error = "the server sent more than the " + std::to_string(request.max_bytes) + " bytes expected";
+    else if (response.too_slow)
+      response.error = "the transfer averaged under " + std::to_string(static_cast<long>(request.min_rate)) +
+                       " bytes/s after " + std::to_string(static_cast<long>(request.stall_timeout)) + " s";
+    else if (code == CURLE_OPERATION_TIMEDOUT && request.max_seconds > 0 &&
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t.start).count() >= request.max_seconds)
+      response.too_slow = true;
     response.cut = code == CURLE_PARTIAL_FILE || code == CURLE_RECV_ERROR || code == CURLE_OPERATION_TIMEDOUT;
   }
   return response;

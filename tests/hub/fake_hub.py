@@ -15,10 +15,20 @@ Errors as the Hub words them: 404 with X-Error-Code RepositoryNotFound,
 RevisionNotFound or EntryNotFound; 401 for a gated repository without a
 valid token, 403 for a token without access.
 
+With ?blobs=true the listing gives each file's size and digest (blobId, and
+lfs.sha256 for an LFS file), as the Hub does; `listing_blobs = False` leaves
+them out (an older server or a mirror).
+
 Faults a test arms (each for the next request that matches): `cut` (an LFS
 body ends after N bytes), `slow` (seconds between 16 KiB pieces),
-`corrupt` (an LFS body with one byte changed). Every request is logged
-(method, path, Range, whether it carried a token).
+`corrupt` (an LFS body with one byte changed), and hostile answers:
+`overlong` (an LFS body with N bytes more than announced), `trickle` (an LFS
+body of one byte every N seconds, without end), `hang` (an LFS answer's
+headers, then nothing for N seconds), `endless_json` (a listing that never
+ends), `protocol_relative` (an LFS file's Location as //host/path). Per file
+overrides: `etags[name]` (the ETag or X-Linked-Etag sent), `bodies[name]` (the
+bytes a git file is served as), `sizes[name]` (the X-Linked-Size sent). Every
+request is logged (method, path, Range, whether it carried a token).
 """
 import hashlib
 import http.server
@@ -68,6 +78,8 @@ class FakeHub:
         self.blobs = {}   # sha256 -> bytes (the CDN)
         self.log = []
         self.faults = []  # [kind, value, predicate-on-path]
+        self.listing_blobs = True
+        self.etags, self.bodies, self.sizes = {}, {}, {}
         self.lock = threading.Lock()
         hub = self
 
@@ -146,7 +158,9 @@ class FakeHub:
         return False
 
     def handle(self, h, head):
-        path = urllib.parse.urlparse(h.path).path
+        parsed = urllib.parse.urlparse(h.path)
+        path = parsed.path
+        h.query = urllib.parse.parse_qs(parsed.query)
         with self.lock:
             self.log.append({"method": h.command, "path": path, "host": h.headers.get("Host", ""),
                              "range": h.headers.get("Range"), "token": h.headers.get("Authorization") is not None})
@@ -197,9 +211,36 @@ class FakeHub:
                     "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": s} for n, s in sorted(repo.tags.items())],
                     "converts": []}
         else:
+            if self.take_fault("endless_json", rest) is not None:
+                return self.endless(h)
+            blobs = self.listing_blobs and h.query.get("blobs") == ["true"]
             body = {"_id": "x", "id": repo_id, "modelId": repo_id, "sha": sha, "private": False, "gated": repo.gated,
-                    "disabled": False, "tags": [], "siblings": [{"rfilename": f} for f in sorted(repo.commits[sha])]}
+                    "disabled": False, "tags": [],
+                    "siblings": [self.sibling(f, data, blobs) for f, data in sorted(repo.commits[sha].items())]}
         self.send(h, 200, json.dumps(body).encode(), {"Content-Type": "application/json"}, head)
+
+    def sibling(self, name, data, blobs):
+        entry = {"rfilename": name}
+        if blobs:
+            entry.update({"blobId": git_blob_id(data), "size": len(data)})
+            if name.endswith(LFS_SUFFIXES):
+                entry["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 130}
+        return entry
+
+    def endless(self, h):
+        """A JSON answer that never ends: '{"siblings": [' and then entries."""
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Connection", "close")
+        h.end_headers()
+        h.close_connection = True
+        try:
+            h.wfile.write(b'{"sha": "' + b"0" * 40 + b'", "siblings": [')
+            piece = b'{"rfilename": "x"},' * 4096
+            while True:
+                h.wfile.write(piece)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return
 
     def tree(self, h, repo_id, rev, head):
         found = self.lookup(h, repo_id, rev, head)
@@ -233,10 +274,15 @@ class FakeHub:
         if filename.endswith(LFS_SUFFIXES):
             digest = hashlib.sha256(data).hexdigest()
             self.blobs[digest] = data
-            common.update({"X-Linked-Etag": f'"{digest}"', "X-Linked-Size": str(len(data)), "ETag": f'"{git_blob_id(data)[:20]}"',
-                           "Location": f"{self.cdn}/bridge/{digest}?repo={urllib.parse.quote(repo_id)}"})
+            location = f"{self.cdn}/bridge/{digest}?repo={urllib.parse.quote(repo_id)}"
+            if self.take_fault("protocol_relative", filename) is not None:
+                location = location[len("http:"):]
+            common.update({"X-Linked-Etag": self.etags.get(filename, f'"{digest}"'),
+                           "X-Linked-Size": self.sizes.get(filename, str(len(data))),
+                           "ETag": f'"{git_blob_id(data)[:20]}"', "Location": location})
             return self.send(h, 302, b"", common, head)
-        common.update({"ETag": f'"{git_blob_id(data)}"', "Content-Type": "application/octet-stream"})
+        data = self.bodies.get(filename, data)
+        common.update({"ETag": self.etags.get(filename, f'"{git_blob_id(data)}"'), "Content-Type": "application/octet-stream"})
         self.send(h, 200, data, common, head)
 
     def lfs(self, h, digest, head):
@@ -250,6 +296,9 @@ class FakeHub:
             if start >= len(data):
                 return self.send(h, 416, b"", {"Content-Range": f"bytes */{len(data)}"}, head)
         body = data[start:]
+        extra = self.take_fault("overlong", digest)
+        if extra is not None:  # more than X-Linked-Size announced, and a Content-Length that says so
+            body = body + b"\0" * extra
         headers = {"ETag": f'"{digest}"', "Content-Type": "application/octet-stream", "Content-Length": str(len(body)),
                    "Accept-Ranges": "bytes"}
         if start:
@@ -262,6 +311,19 @@ class FakeHub:
             return
         if not head and self.take_fault("corrupt", digest) is not None:
             body = bytes([body[0] ^ 0xFF]) + body[1:]
+        hang = self.take_fault("hang", digest)
+        if hang is not None:
+            time.sleep(hang)
+            return
+        trickle = self.take_fault("trickle", digest)
+        if trickle is not None:
+            try:
+                while True:
+                    h.wfile.write(body[:1])
+                    h.wfile.flush()
+                    time.sleep(trickle)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                return
         cut = self.take_fault("cut", digest)
         slow = self.take_fault("slow", digest)
         if cut is not None:

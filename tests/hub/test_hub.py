@@ -62,7 +62,7 @@ def anatomy(cache, *args, env=None, wait=True, script="hub_client.lua"):
     cmd = [EXE, "--threads=1", os.path.join(HERE, script), *args]
     if not wait:
         return subprocess.Popen(cmd, env=env or env_for(cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    p = subprocess.run(cmd, env=env or env_for(cache), capture_output=True, text=True, timeout=240)
+    p = subprocess.run(cmd, env=env or env_for(cache), capture_output=True, text=True, timeout=120)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -342,12 +342,214 @@ def test_series():
           rc == 0 and "step1 and step3 serve the same weights" in err and "duplicates: ok" in out, err[-1500:])
 
 
+# ---- a hostile Hub, cache or folder (docs/pretrained.md, "What the Hub client trusts") ----
+
+def tree_outside(root, inside):
+    """Every path under root that is not under `inside` (what a client must never create)."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        if os.path.abspath(dirpath).startswith(os.path.abspath(inside)):
+            continue
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            if not os.path.abspath(p).startswith(os.path.abspath(inside)):
+                found.add(p)
+    return found
+
+
+def sandbox(name):
+    """(root, cache): a cache four folders deep in its own root, so that a
+    name climbing out of it lands inside root, where the test can see it."""
+    root = os.path.join(TMP, "sandbox_" + name)
+    shutil.rmtree(root, ignore_errors=True)
+    cache = os.path.join(root, "a", "b", "c", "cache")
+    os.makedirs(cache)
+    return root, cache
+
+
+def test_hostile_paths():
+    step2 = hub.repos["org/tiny"].commits[FX["commits"]["step2"]]
+    evil = hub.repo("org/evil")
+    sha = evil.commit({"config.json": step2["config.json"], "../../../../escape.txt": b"planted\n",
+                       "sub/../../../../../escape2.txt": b"planted\n"}, branches=["main"])
+    root, cache = sandbox("names")
+    # a file the old client returned as the repository's: where the link would have gone
+    planted = os.path.normpath(os.path.join(repo_dir(cache, "org/evil"), "snapshots", sha, "../../../../escape.txt"))
+    os.makedirs(os.path.dirname(planted), exist_ok=True)
+    open(planted, "w").write("not the repository's\n")
+    before = tree_outside(root, cache)
+    for name in ("../../../../escape.txt", "sub/../../../../../escape2.txt"):
+        rc, out, err = anatomy(cache, "download", "org/evil", name, "-")
+        check(f"a listed file name {name!r} is refused, never fetched or returned",
+              rc != 0 and "refused" in err and "'..' segment" in err and "not the repository's" not in out, err or out)
+    rc, out, err = anatomy(cache, "download", "org/evil", "config.json", "-")
+    check("the repository's plain files still download beside the refused names", rc == 0, err)
+    check("... and nothing was made outside the cache", tree_outside(root, cache) == before,
+          tree_outside(root, cache) - before)
+    # shard names with ./ segments in the index
+    sharded = hub.repos["org/sharded"].commits[next(iter(hub.repos["org/sharded"].commits))]
+    index = json.loads(sharded["model.safetensors.index.json"])
+    index["weight_map"] = {k: "./" + v for k, v in index["weight_map"].items()}
+    files = dict(sharded)
+    files["model.safetensors.index.json"] = json.dumps(index).encode()
+    files.update({"./" + k: v for k, v in sharded.items() if k.endswith(".safetensors")})
+    hub.repo("org/dotshard").commit(files, branches=["main"])
+    root, cache = sandbox("shards")
+    before = tree_outside(root, cache)
+    got, err = load(cache, "org/dotshard")
+    check("an index naming a shard './model-…' is refused, naming the shard", got is None and "has a '.' segment" in err
+          and "./model-" in err, err)
+    check("... and nothing was made outside the cache", tree_outside(root, cache) == before, tree_outside(root, cache) - before)
+    # revision ../../…
+    root, cache = sandbox("revision")
+    before = tree_outside(root, cache)
+    rc, _, err = anatomy(cache, "load", "org/tiny", "../../../../../x", os.path.join(TMP, "x.json"))
+    check("revision '../../…' is refused before anything is written", rc != 0 and "not a branch, tag or commit name" in err, err)
+    check("... and nothing was made outside the cache", tree_outside(root, cache) == before, tree_outside(root, cache) - before)
+
+
+def test_hostile_etags_and_planted_entries():
+    commit = FX["commits"]["step2"]
+    for etag in ('".."', '"."', '"abc"'):
+        cache = fresh_cache("cache_etag")
+        hub.etags["config.json"] = etag
+        hub.etags["model.safetensors"] = etag
+        try:
+            got, err = load(cache, "org/tiny")
+        finally:
+            hub.etags.clear()
+        snap = os.path.join(repo_dir(cache, "org/tiny"), "snapshots", commit)
+        links = {f: os.readlink(os.path.join(snap, f)) for f in ("config.json", "model.safetensors")} if got else {}
+        check(f"ETag {etag}: the file is checked against the listing's digest and linked to its blob",
+              got is not None and max_diff(got, FX["steps"]["step2"][1]) <= 1e-5 and
+              links.get("model.safetensors") == "../../blobs/" + lfs_digest("org/tiny"), err or links)
+    # a snapshot whose links were made by someone else: repaired online, never followed
+    root, cache = sandbox("planted")
+    got, err = load(cache, "org/tiny")
+    snap = os.path.join(repo_dir(cache, "org/tiny"), "snapshots", commit)
+    zeros = os.path.join(root, "zeros.safetensors")
+    shutil.copy(os.path.join(FX["steps"]["step2"][0], "model.safetensors"), zeros)
+    raw = bytearray(open(zeros, "rb").read())
+    n = int.from_bytes(raw[:8], "little")
+    raw[8 + n:] = bytes(len(raw) - 8 - n)  # the same header, all-zero tensors
+    open(zeros, "wb").write(raw)
+    for f, target in (("config.json", "../../blobs"), ("model.safetensors", os.path.relpath(zeros, snap))):
+        os.remove(os.path.join(snap, f))
+        os.symlink(target, os.path.join(snap, f))
+    got, err = load(cache, "org/tiny")
+    check("links planted in a snapshot (to a folder, to an all-zero file outside) are replaced by checked downloads",
+          got is not None and max_diff(got, FX["steps"]["step2"][1]) <= 1e-5 and
+          os.readlink(os.path.join(snap, "model.safetensors")) == "../../blobs/" + lfs_digest("org/tiny"), err)
+    for f, target in (("model.safetensors", os.path.relpath(zeros, snap)),):
+        os.remove(os.path.join(snap, f))
+        os.symlink(target, os.path.join(snap, f))
+    got, err = load(cache, "org/tiny", HF_HUB_OFFLINE="1")
+    check("offline, a link leading outside blobs/ is refused, naming it", got is None and "does not lead into" in err, err)
+    # links planted at the part file and the lock
+    root, cache = sandbox("partlock")
+    digest = lfs_digest("org/tiny")
+    blobs = os.path.join(repo_dir(cache, "org/tiny"), "blobs")
+    locks = os.path.join(cache, ".locks", "models--org--tiny")
+    os.makedirs(blobs)
+    os.makedirs(locks)
+    victim = os.path.join(root, "victim.txt")
+    open(victim, "w").write("keep\n")
+    os.symlink(victim, os.path.join(blobs, digest + ".incomplete"))
+    os.symlink(os.path.join(root, "lock_victim"), os.path.join(locks, digest + ".lock"))
+    got, err = load(cache, "org/tiny")
+    check("a link planted at blobs/<digest>.incomplete is removed, not written through", got is not None and
+          open(victim).read() == "keep\n", err or open(victim).read()[:80])
+    check("a link planted at the lock is replaced by a lock file, creating nothing outside",
+          got is not None and not os.path.lexists(os.path.join(root, "lock_victim")) and
+          not os.path.islink(os.path.join(locks, digest + ".lock")), err)
+
+
+def test_hostile_integrity():
+    original = hub.repos["org/tiny"].commits[FX["commits"]["step2"]]["config.json"]
+    tampered = original.replace(b'"layer_norm_epsilon": 1e-05', b'"layer_norm_epsilon": 5e-01')
+    assert tampered != original and len(tampered) == len(original)
+    hub.bodies["config.json"] = tampered  # same size, other bytes
+    hub.etags["config.json"] = '"not-a-digest"'
+    try:
+        got, err = load(fresh_cache("cache_tamper"), "org/tiny")
+        check("a tampered config.json with an ETag of no known form is checked against the listing and refused",
+              got is None and "git blob id" in err and "removed" in err, err)
+        hub.listing_blobs = False
+        got, err = load(fresh_cache("cache_tamper2"), "org/tiny")
+        check("... and without a digest in the listing either, it is refused as uncheckable",
+              got is None and "cannot be checked" in err, err)
+    finally:
+        hub.bodies.clear()
+        hub.etags.clear()
+        hub.listing_blobs = True
+
+
+def timed_load(cache, **env):
+    t = time.time()
+    got, err = load(cache, "org/tiny", **env)
+    return got, err, time.time() - t
+
+
+def test_hostile_bounds():
+    digest = lfs_digest("org/tiny")
+    size = len(hub.repos["org/tiny"].commits[FX["commits"]["step2"]]["model.safetensors"])
+    cache = fresh_cache("cache_overlong")
+    hub.arm("overlong", 20 * 2**20, digest)
+    got, err = load(cache, "org/tiny")
+    part = os.path.join(repo_dir(cache, "org/tiny"), "blobs", digest + ".incomplete")
+    check(f"a body longer than announced stops at the announced {size} bytes", got is None and
+          f"more than the {size} bytes announced" in err and not os.path.exists(part), err)
+    hub.arm("endless_json", 0, "org/tiny")
+    got, err, took = timed_load(fresh_cache("cache_endless"))
+    check(f"an endless listing is cut at 32 MiB ({took:.1f} s)", got is None and "larger than 33554432 bytes" in err, err)
+    hub.arm("hang", 30, digest)
+    got, err, took = timed_load(fresh_cache("cache_hang"), HF_HUB_DOWNLOAD_TIMEOUT="1")
+    check(f"headers and then nothing: one stalled try and an error ({took:.1f} s, HF_HUB_DOWNLOAD_TIMEOUT=1)",
+          got is None and "bringing no byte" in err and took < 20, err)
+    for _ in range(5):
+        hub.arm("trickle", 0.3, digest)
+    got, err, took = timed_load(fresh_cache("cache_trickle"), HF_HUB_DOWNLOAD_TIMEOUT="1")
+    check(f"an endless trickle is cut by the progress rule, 5 tries ({took:.1f} s)",
+          got is None and "after 5 tries" in err and "bytes/s" in err and took < 40, err)
+    hub.faults.clear()
+    for bad in ("inf", "nan", "9223372036854775808", "-5", "12abc"):
+        hub.sizes["model.safetensors"] = bad
+        try:
+            got, err = load(fresh_cache("cache_size"), "org/tiny")
+        finally:
+            hub.sizes.clear()
+        check(f"X-Linked-Size {bad}: the server sent an impossible size", got is None and
+              f"impossible size '{bad}'" in err, err)
+    hub.arm("protocol_relative", 0, "model.safetensors")
+    got, err = load(fresh_cache("cache_protorel"), "org/tiny")
+    check("a protocol-relative Location (//host/path) is followed to that host", got is not None and
+          max_diff(got, FX["steps"]["step2"][1]) <= 1e-5, err)
+
+
+def test_fifo_readers():
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        folder = os.path.join(TMP, "fifo_" + name.replace(".", "_"))
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(FX["steps"]["step2"][0], folder)
+        os.remove(os.path.join(folder, name))
+        os.mkfifo(os.path.join(folder, name))
+        try:
+            rc, _, err = anatomy(fresh_cache("cache_fifo"), "load", folder, "-", os.path.join(TMP, "x.json"))
+            ok = rc != 0 and "FIFO" in err
+        except subprocess.TimeoutExpired:
+            ok, err = False, "hung"
+        check(f"a FIFO at {name} in a checkpoint folder is refused, not opened", ok, err)
+
+
 hub = FakeHub()
 TMP = tempfile.mkdtemp(prefix="anatomy-hub-")
 try:
     FX = fixtures.build(hub, TMP)
     for test in (test_download_and_layout, test_revisions, test_tokenizer_and_download, test_offline, test_cut_and_resume,
-                 test_concurrent_and_corrupt, test_refusals_and_tokens, test_interop, test_series):
+                 test_concurrent_and_corrupt, test_refusals_and_tokens, test_interop, test_series, test_hostile_paths,
+                 test_hostile_etags_and_planted_entries, test_hostile_integrity, test_hostile_bounds, test_fifo_readers):
+        if os.environ.get("ANATOMY_HUB_TESTS") and test.__name__ not in os.environ["ANATOMY_HUB_TESTS"].split(","):
+            continue
         try:
             test()
         except Exception as e:  # a test that crashes is a failure with its reason, and the rest still run

@@ -7,11 +7,11 @@ local fs = {}
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 fs.quote = quote
 
--- fs.exists(path) -> true when path can be opened for reading
+-- fs.exists(path) -> true when something is at path (a link followed). It
+-- opens nothing: opening a FIFO to see whether it is there would block, and
+-- the reader that comes next refuses what is not a regular file.
 function fs.exists(path)
-  local f = io.open(path, 'rb')
-  if f then f:close() end
-  return f ~= nil
+  return type(path) == 'string' and path ~= '' and torch._realpath(path) ~= nil
 end
 
 -- fs.is_dir(path) -> true when path is a folder (path/. opens only for a folder)
