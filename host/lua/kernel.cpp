@@ -22,6 +22,7 @@
 #include <zmq.hpp>
 
 #include "bindings/interrupt.h"
+#include "host/io/digest.h"
 #include "host/lua/state.h"
 
 #include <signal.h>
@@ -579,6 +580,9 @@ std::vector<Message> Kernel::take_queued() {
 }  // namespace
 
 int run_kernel(LuaState& state, const std::string& connection_file) {
+  // a FIFO there would block the open: anything but a regular file is refused first
+  if (std::string why = io::not_a_file(connection_file); !why.empty())
+    throw std::runtime_error("anatomy --kernel: the connection file " + connection_file + " " + why);
   std::ifstream f(connection_file);
   if (!f) throw std::runtime_error("anatomy --kernel: cannot read the connection file " + connection_file);
   json conn;

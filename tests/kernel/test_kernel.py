@@ -100,6 +100,15 @@ with socket.socket() as taken:  # shell_port is bound first: a kernel that bound
     rc, err = refused({"shell_port": taken.getsockname()[1], "hb_port": 70000})
 check("an impossible port is refused before any socket is bound", rc not in (None, 0)
       and "hb_port must be a port" in err and "cannot bind" not in err, (rc, err))
+fifo = os.path.join(prefix, "fifo-connection.json")
+os.mkfifo(fifo)
+try:
+    out = subprocess.run([exe, "--kernel", fifo], capture_output=True, text=True, timeout=30)
+    rc, err = out.returncode, out.stderr
+except subprocess.TimeoutExpired:
+    rc, err = None, "hung"
+check("a FIFO as the connection file is refused, not opened", rc not in (None, 0) and "FIFO" in err, (rc, err))
+os.remove(fifo)
 
 
 def png_pixels(path):
