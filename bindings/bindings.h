@@ -1,6 +1,6 @@
 // The bindings as the embedding sees them: one call opens them in a Lua
 // state (require 'anatomy.core' then builds the native half of `torch`),
-// one closes them before the state goes. host/lua/ includes only this.
+// one closes them before the state goes. embed/ includes only this.
 #pragma once
 
 struct lua_State;

@@ -3,7 +3,7 @@
 // then that the state is still usable and its variables intact.
 #include <catch2/catch.hpp>
 
-#include "host/lua/state.h"
+#include "embed/state.h"
 
 #include <string>
 

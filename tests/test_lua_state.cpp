@@ -7,7 +7,7 @@
 #include <lua.hpp>
 
 #include "bindings/interrupt.h"
-#include "host/lua/state.h"
+#include "embed/state.h"
 
 #include <pthread.h>
 #include <signal.h>

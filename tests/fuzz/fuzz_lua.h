@@ -5,7 +5,7 @@
 // raises; a raised error is a finding (the harness catches the errors its
 // readers are allowed to raise and checks that each has a message).
 #pragma once
-#include "host/lua/state.h"
+#include "embed/state.h"
 #include "tests/fuzz/fuzz_common.h"
 
 #include <lua.hpp>

@@ -1,4 +1,4 @@
--- kernel: the Lua half of `anatomy --kernel` (host/lua/kernel.cpp speaks
+-- kernel: the Lua half of `anatomy --kernel` (embed/kernel.cpp speaks
 -- Jupyter's protocol; this file answers its requests). A cell runs as a REPL
 -- line does, in the same globals: a trailing expression is the cell's result,
 -- print and io.write stream to the notebook while the cell runs, io.read asks

@@ -1,7 +1,7 @@
 // The interactive loop: line editing and history (libedit), completion,
 // auto-printed results, timing, multi-line input and Ctrl-C.
 #pragma once
-#include "host/lua/state.h"
+#include "embed/state.h"
 
 namespace anatomy {
 

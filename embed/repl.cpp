@@ -1,7 +1,7 @@
 // The REPL (see repl.h). Parsing and running happen here; how values are
 // shown and what completes a word is Lua (lua/anatomy/session/repl.lua), so both can
 // be changed without recompiling.
-#include "host/lua/repl.h"
+#include "embed/repl.h"
 
 #include <lua.hpp>
 #include <luajit.h>

@@ -13,7 +13,7 @@
 // Signature"); a message whose parts are not what the protocol says is
 // answered with an error reply (ename MalformedMessage) where its header
 // names a request, else logged to stderr, and the kernel goes on.
-#include "host/lua/kernel.h"
+#include "embed/kernel.h"
 
 #include <lua.hpp>
 #include <nlohmann/json.hpp>
@@ -23,7 +23,7 @@
 
 #include "bindings/interrupt.h"
 #include "host/io/digest.h"
-#include "host/lua/state.h"
+#include "embed/state.h"
 
 #include <signal.h>
 #include <unistd.h>

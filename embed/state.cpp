@@ -1,5 +1,5 @@
 // The Lua state (see state.h).
-#include "host/lua/state.h"
+#include "embed/state.h"
 
 #include <lua.hpp>
 #include <luajit.h>

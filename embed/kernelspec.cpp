@@ -1,6 +1,6 @@
 // The kernelspec (see kernel.h): kernel.json, and the logo as SVG and as the
 // 32 and 64 pixel PNGs that the classic notebook and JupyterLab's launcher show.
-#include "host/lua/kernel.h"
+#include "embed/kernel.h"
 
 #include <nlohmann/json.hpp>
 #include <zlib.h>
