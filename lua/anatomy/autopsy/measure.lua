@@ -77,23 +77,24 @@ end
 
 function measure.dissect(model, layers, x, y, mask, idx)
   local io_ = {}
-  local handles = {}
   local branch_out = {}
-  for i, l in ipairs(layers) do
-    handles[#handles + 1] = probe.replace(model, l[1], function(out, _, input)
-      io_[i] = {input = torch.is_tensor(input) and input:detach() or nil, output = out:detach(), branch = branch_out[i]}
-    end)
-    -- a residual wrapper whose skip path is not the identity (nn.Gate): f's own output too
-    local branch = measure.residual_branch(l[2])
-    if branch then
-      handles[#handles + 1] = probe.replace(model, l[1] .. '.' .. branch, function(out)
-        if torch.is_tensor(out) then branch_out[i] = out:detach() end
+  local patterns
+  -- the hooks below go when the forward and backward end, after an error too
+  local logits, loss = probe.scope(model, function()
+    for i, l in ipairs(layers) do
+      probe.replace(model, l[1], function(out, _, input)
+        io_[i] = {input = torch.is_tensor(input) and input:detach() or nil, output = out:detach(), branch = branch_out[i]}
       end)
+      -- a residual wrapper whose skip path is not the identity (nn.Gate): f's own output too
+      local branch = measure.residual_branch(l[2])
+      if branch then
+        probe.replace(model, l[1] .. '.' .. branch, function(out)
+          if torch.is_tensor(out) then branch_out[i] = out:detach() end
+        end)
+      end
     end
-  end
-  local patterns, pattern_handle = probe.attach_capture(model, {filter = {'*.pattern'}})
-  model:zero_grad()
-  local ok, logits, loss = pcall(function()
+    patterns = probe.attach_capture(model, {filter = {'*.pattern'}})
+    model:zero_grad()
     local out = inputs.forward(model, x, mask, 'autopsy.run')
     -- padded: the real positions' predictions only (measure.real_rows), in the loss and everywhere after
     out = measure.real_rows(out, idx)
@@ -101,9 +102,6 @@ function measure.dissect(model, layers, x, y, mask, idx)
     l:backward()
     return out, l
   end)
-  for _, h in ipairs(handles) do h:remove() end
-  pattern_handle:remove()
-  if not ok then error(logits, 0) end
   return {loss = loss:item(), logits = logits:detach(), io = io_, patterns = patterns}
 end
 

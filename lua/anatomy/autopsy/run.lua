@@ -569,21 +569,24 @@ local function run(model, source, opts)
   if type(opts.history) == 'table' and opts.history.started then started, started_utc = opts.history.started, opts.history.started_utc end
   local s = start(model, source, opts)
   if padded then s.mask, s.idx = padded.mask, padded.idx end
-  local was_training = model.training
-  model:eval()
-  measure_batches(s)
-  probe_maps(s)
-  local a = rows(s)
-  if s.want.removal then removal(s, a) end
-  if s.want.attn_entropy then
-    local any = false
-    for _, r in ipairs(s.block_rows) do any = any or r.entropy ~= nil end
-    if not any then s.missing.entropy = 'no block publishes an attention pattern (an attention block defines keep_pattern(keep, grad) and pattern())' end
-  end
-  if saes then sae_rows(s, a, saes) end
-  a.missing = s.missing
-  verdicts.assign(a, s.thresholds)
-  model:train(was_training)
+  -- measured in eval mode; the model's modes, hooks, grad mode and its
+  -- parameters' .grad (the measuring backward writes them) come back as they
+  -- were, after an error too
+  local a = probe.scope(model, function()
+    measure_batches(s)
+    probe_maps(s)
+    local a = rows(s)
+    if s.want.removal then removal(s, a) end
+    if s.want.attn_entropy then
+      local any = false
+      for _, r in ipairs(s.block_rows) do any = any or r.entropy ~= nil end
+      if not any then s.missing.entropy = 'no block publishes an attention pattern (an attention block defines keep_pattern(keep, grad) and pattern())' end
+    end
+    if saes then sae_rows(s, a, saes) end
+    a.missing = s.missing
+    verdicts.assign(a, s.thresholds)
+    return a
+  end, {mode = 'eval', grads = true})
   local corpus = getmetatable(source) == data.Corpus and source or nil
   a.provenance = provenance.record{corpus = corpus, model = model, run = opts.history, config = opts.config,
     started = started, started_utc = started_utc}

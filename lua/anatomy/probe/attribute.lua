@@ -136,12 +136,9 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   local filter = {}
   for _, n in ipairs(names) do filter[#filter + 1] = n end
   for _, n in ipairs(extra) do filter[#filter + 1] = n end
-  local was_training = model.training
-  model:eval()
-  -- the backwards below reach the parameters too: their gradients are put back as they were
-  local saved = {}
-  for _, p in ipairs(model:parameters()) do saved[#saved + 1] = {p, p.grad and p.grad:clone()} end  -- backward adds into the same tensor
-  local ok, result = pcall(function()
+  -- in eval mode; the backwards below reach the parameters too: their
+  -- gradients, the modes and the hooks come back as they were (hooks.scope)
+  return hooks.scope(model, function()
     local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = filter, attention_mask = mask})
     local clean_metric = runs.as_number(metric(clean_out, mask), where)
     local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = filter, grad = true, attention_mask = mask})
@@ -162,17 +159,15 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
         for k = 1, steps do
           local alpha = (k - 0.5) / steps
           local at
-          local handle = hooks.replace(model, name, function()
-            at = (base + delta * alpha):detach():requires_grad_(true)
-            return at
-          end)
-          local run_ok, err = pcall(function()
+          hooks.scope(model, function()
+            hooks.replace(model, name, function()
+              at = (base + delta * alpha):detach():requires_grad_(true)
+              return at
+            end)
             local out = inputs.forward(model, corrupt_ids, mask, where)
             runs.as_scalar(metric(out, mask), where):backward()
             sum = sum and sum + at.grad or at.grad
           end)
-          handle:remove()
-          if not run_ok then error(err, 0) end
         end
         grads[name] = sum / steps
       end
@@ -205,11 +200,7 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
     return runs.result{grid = effect, values = grid, effect = effect, metric = effect + corrupt_metric, rows = rows, points = names,
       cols = cols, over = over, per = per, clean = clean_metric, corrupt = corrupt_metric, noise = noise, examples = examples,
       method = method, steps = method == 'ig' and steps or nil}
-  end)
-  model:train(was_training)
-  for _, pg in ipairs(saved) do pg[1].grad = pg[2] end
-  if not ok then error(result, 0) end
-  return result
+  end, {mode = 'eval', grads = true})
 end
 
 hooks.analysis(attribute.attribute)

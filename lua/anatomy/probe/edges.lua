@@ -65,11 +65,11 @@ end
 -- (retain_grad); embed, when given, replaces the first layer's resid_pre.
 -- Returns the metric (a scalar tensor) and {name = tensor}.
 local function forward_kept(model, ids, mask, metric, names, first_pre, embed, where)
-  local kept, handles = {}, {}
-  local ok, out = pcall(function()
-    if embed then handles[#handles + 1] = hooks.replace(model, first_pre, function() return embed end) end
+  local kept = {}
+  local out = hooks.scope(model, function()
+    if embed then hooks.replace(model, first_pre, function() return embed end) end
     for _, name in ipairs(names) do
-      handles[#handles + 1] = hooks.replace(model, name, function(t)
+      hooks.replace(model, name, function(t)
         if t.requires_grad then t:retain_grad() end
         kept[name] = t
         return t
@@ -77,8 +77,6 @@ local function forward_kept(model, ids, mask, metric, names, first_pre, embed, w
     end
     return runs.as_scalar(metric(inputs.forward(model, ids, mask, where), mask), where)
   end)
-  for _, h in ipairs(handles) do h:remove() end
-  if not ok then error(out, 0) end
   return out, kept
 end
 
@@ -95,8 +93,8 @@ local function input_gradients(model, ids, mask, parts, grads, slots, S, first_p
   local B = ids:size(1)
   local function copies(t) local c = {} for s = 1, S do c[s] = t end return torch.cat(c, 1) end
   local stacked, stacked_mask = copies(ids), mask and copies(mask)
-  local leaves, seen, handles = {}, {}, {}
-  local ok, err = pcall(function()
+  local leaves, seen = {}, {}
+  hooks.scope(model, function()
     for i, part in ipairs(parts) do
       leaves[i], seen[i] = {}, {}
       local function leaf(key)
@@ -107,12 +105,12 @@ local function input_gradients(model, ids, mask, parts, grads, slots, S, first_p
           return l
         end
       end
-      handles[#handles + 1] = hooks.replace(model, part.pre, leaf('pre'))
-      if part.mid then handles[#handles + 1] = hooks.replace(model, part.mid, leaf('mid')) end
+      hooks.replace(model, part.pre, leaf('pre'))
+      if part.mid then hooks.replace(model, part.mid, leaf('mid')) end
       for _, role in ipairs(ROLES) do
-        handles[#handles + 1] = hooks.replace(model, part.attn .. '.' .. role, function(t) seen[i][role] = t return t end)
+        hooks.replace(model, part.attn .. '.' .. role, function(t) seen[i][role] = t return t end)
       end
-      if part.mlp then handles[#handles + 1] = hooks.replace(model, part.mlp, function(t) seen[i].mlp = t return t end) end
+      if part.mlp then hooks.replace(model, part.mlp, function(t) seen[i].mlp = t return t end) end
     end
     inputs.forward(model, stacked, stacked_mask, where)
     local total
@@ -139,8 +137,6 @@ local function input_gradients(model, ids, mask, parts, grads, slots, S, first_p
     end
     total:backward()
   end)
-  for _, h in ipairs(handles) do h:remove() end
-  if not ok then error(err, 0) end
   local out = {}
   for i in ipairs(parts) do
     out[i] = {}
@@ -200,11 +196,9 @@ function edges.edges(model, clean, corrupt, metric, opts)
   if opts.steps ~= nil and method ~= 'eap-ig' then error(("%s: steps is for method = 'eap-ig'"):format(where), 2) end
   local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
   local parts, last = layer_parts(model, where)
-  local was_training = model.training
-  model:eval()
-  local saved = {}
-  for _, p in ipairs(model:parameters()) do saved[#saved + 1] = {p, p.grad and p.grad:clone()} end  -- backward adds into the same tensor
-  local ok, graph = pcall(function()
+  -- in eval mode; the parameters' .grad (a backward adds into them), modes
+  -- and hooks come back as they were, after an error too
+  return hooks.scope(model, function()
     -- the upstream outputs and the residual stream, in both runs
     local wanted = {last}
     for _, part in ipairs(parts) do
@@ -323,11 +317,7 @@ function edges.edges(model, clean, corrupt, metric, opts)
     nodes[#nodes + 1] = {name = 'logits', kind = 'logits', layer = #parts + 1}
     return edges.graph(nodes, list, {clean = clean_metric, corrupt = corrupt_metric, method = method,
       steps = method == 'eap-ig' and steps or nil, layers = #parts})
-  end)
-  model:train(was_training)
-  for _, pg in ipairs(saved) do pg[1].grad = pg[2] end
-  if not ok then error(graph, 0) end
-  return graph
+  end, {mode = 'eval', grads = true})
 end
 
 -- The edges sorted by |score|, largest first (ties by name, so the order is

@@ -300,6 +300,68 @@ function hooks.require_clean(model, where, level)
     #live == 1 and 'it' or 'them'), (level or 2) + 1)
 end
 
+-- probe.scope(model, fn, {mode, grads, frozen}) -> fn(model)'s results: runs
+-- fn and puts the model back as it was, on return and on error: each
+-- module's training flag, the entries attached to any of its modules while fn
+-- ran (removed; those attached before stay), the grad mode, each parameter's
+-- requires_grad, and with grads = true each parameter's .grad (a backward
+-- adds into it). mode = 'eval' or 'train' runs fn in that mode; frozen = true
+-- with no parameter requiring a gradient. The one mechanism the analyses (the
+-- autopsy, patching, attribution, edges, lenses, evaluation) leave a model
+-- unchanged by.
+function hooks.scope(model, fn, opts)
+  if not nn.is_module(model) then error(('probe.scope: model must be a model, got %s'):format(nn.typename(model)), 2) end
+  if type(fn) ~= 'function' then error(('probe.scope: fn must be a function, got %s'):format(type(fn)), 2) end
+  opts = opts or {}
+  if type(opts) ~= 'table' then error(('probe.scope: opts must be a table, got %s'):format(type(opts)), 2) end
+  for k in pairs(opts) do
+    if k ~= 'mode' and k ~= 'grads' and k ~= 'frozen' then
+      error(("probe.scope: unknown option '%s' (mode, grads, frozen)"):format(tostring(k)), 2)
+    end
+  end
+  if opts.mode ~= nil and opts.mode ~= 'eval' and opts.mode ~= 'train' then
+    error(("probe.scope: mode must be 'eval' or 'train', got %s"):format(tostring(opts.mode)), 2)
+  end
+  local modes, before = {}, {}
+  for _, m in model:named_modules() do
+    modes[#modes + 1] = {m, rawget(m, 'training')}
+    for _, e in ipairs(rawget(m, '_probes') or {}) do before[e] = true end
+  end
+  local grad_mode = torch.is_grad_enabled()
+  local params, wanted, grads = model:parameters(), {}, {}
+  for i, p in ipairs(params) do
+    wanted[i] = p.requires_grad
+    if opts.grads then grads[i] = p.grad and p.grad:clone() or false end
+  end
+  if opts.frozen then
+    for _, p in ipairs(params) do if p.requires_grad then p:requires_grad_(false) end end
+  end
+  if opts.mode then model:train(opts.mode == 'train') end
+  local results = {pcall(fn, model)}
+  for _, m in model:named_modules() do
+    local probes = rawget(m, '_probes')
+    if probes then
+      for i = #probes, 1, -1 do
+        if probes[i] and not before[probes[i]] then hooks.detach(m, probes[i]) end
+      end
+    end
+  end
+  for _, pair in ipairs(modes) do
+    local m, flag = pair[1], pair[2]
+    if rawget(m, 'training') ~= flag then
+      rawset(m, 'training', flag)
+      if m._set_training then m:_set_training(flag ~= false) end
+    end
+  end
+  torch.set_grad_enabled(grad_mode)
+  for i, p in ipairs(params) do
+    if p.requires_grad ~= wanted[i] then p:requires_grad_(wanted[i]) end
+    if opts.grads then p.grad = grads[i] or nil end
+  end
+  if not results[1] then error(results[2], 0) end
+  return unpack(results, 2, table.maxn(results))
+end
+
 -- probe.with(handles, fn) -> fn's results: runs fn with what the handles
 -- attached (a handle, or a list of them: probe.ablate(...), probe.replace(...),
 -- steering, SAEs) and removes all of it when fn returns or raises, as

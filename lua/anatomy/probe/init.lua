@@ -49,6 +49,7 @@ local probe = {
   clear = hooks.clear,
   attach_capture = hooks.attach_capture,
   with = hooks.with,
+  scope = hooks.scope,
   require_clean = hooks.require_clean,
   analysis = hooks.analysis,
   list = hooks.list,

@@ -87,16 +87,16 @@ end
 -- mask when there is one).
 local function states(self, ids, mask, where)
   local model, layers = self.model, select(1, self.model:layers())
-  local h, handles = {}, {}
-  for i, l in ipairs(layers) do
-    handles[#handles + 1] = hooks.replace(model, l[1], function(out, _, input)
-      if i == 1 and torch.is_tensor(input) then h[0] = input:detach() end
-      if torch.is_tensor(out) then h[i] = out:detach() end
-    end)
-  end
-  local ok, logits = pcall(torch.no_grad, function() return inputs.forward(model, ids, mask, where) end)
-  for _, handle in ipairs(handles) do handle:remove() end
-  if not ok then error(logits, 0) end
+  local h = {}
+  local logits = hooks.scope(model, function()
+    for i, l in ipairs(layers) do
+      hooks.replace(model, l[1], function(out, _, input)
+        if i == 1 and torch.is_tensor(input) then h[0] = input:detach() end
+        if torch.is_tensor(out) then h[i] = out:detach() end
+      end)
+    end
+    return torch.no_grad(function() return inputs.forward(model, ids, mask, where) end)
+  end)
   for i = 0, #layers do
     if not h[i] or h[i]:dim() ~= 3 or h[i]:size(-1) ~= h[#layers]:size(-1) then
       error(('%s: %s did not give a (B, T, C) residual stream as the others (got %s)'):format(where, self.names[i + 1],
@@ -216,15 +216,11 @@ function lens.tuned(model, corpus, opts)
     self.translators[i] = t
     params[#params + 1], params[#params + 2] = t.weight, t.bias
   end
-  -- the model frozen: no gradient into its weights, eval mode; both restored after
-  local frozen, was_training = {}, model.training
-  for _, p in model:named_parameters() do
-    if p.requires_grad then frozen[#frozen + 1] = p; p:requires_grad_(false) end
-  end
-  model:eval()
+  -- the model frozen (no gradient into its weights) and in eval mode; both
+  -- as they were after, an error included (hooks.scope)
   local opt = optim.AdamW(params, {lr = cfg.lr, weight_decay = cfg.weight_decay})
   local history = {}
-  local ok, err = pcall(function()
+  hooks.scope(model, function()
     torch.manual_seed(cfg.seed)
     for step = 1, cfg.steps do
       local xb = corpus:batch(cfg.batch, cfg.seq, {split = cfg.split, device = device})
@@ -245,10 +241,7 @@ function lens.tuned(model, corpus, opts)
         print(('lens.tuned step %d/%d | mean KL over %d layers %.4f'):format(step, cfg.steps, #layers, v))
       end
     end
-  end)
-  for _, p in ipairs(frozen) do p:requires_grad_(true) end
-  if was_training ~= false then model:train() end
-  if not ok then error(err, 0) end
+  end, {mode = 'eval', frozen = true})
   for i = 0, #layers - 1 do
     local t = self.translators[i]
     t.weight, t.bias = t.weight:detach(), t.bias:detach()

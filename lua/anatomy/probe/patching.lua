@@ -115,10 +115,10 @@ function patching.run(model, clean, corrupt, metric, opts)
     cols = positions()
   end
   local function patched(name, selection)
-    local handle = interventions.patch(model, name, cache, selection)
-    local ok, out = pcall(run_corrupt)
-    handle:remove()
-    if not ok then error(out, 0) end
+    local out = hooks.scope(model, function()
+      interventions.patch(model, name, cache, selection)
+      return run_corrupt()
+    end)
     return runs.as_number(metric(out, mask), where)
   end
   local grid, row_names = {}, rows
@@ -270,33 +270,29 @@ function patching.path(model, clean, corrupt, metric, opts)
     by_layer[index[s[1]]] = by_layer[index[s[1]]] or {}
     table.insert(by_layer[index[s[1]]], s[2])
   end
-  local handles = {}
-  for i, name in ipairs(z_names) do
-    local frozen, from_clean = corrupt_cache[name], clean_cache[name]
-    local heads = by_layer[i]
-    handles[#handles + 1] = hooks.replace(model, name, function()
-      local out = frozen:clone()
-      for _, h in ipairs(heads or {}) do out:narrow(layout.head, h, 1):copy_(from_clean:narrow(layout.head, h, 1)) end
-      return out
-    end)
-  end
-  local step2_ok, step2_out_or_error, step2 = pcall(Cache.run_with_cache, model, corrupt_ids, {filter = receiver_names, attention_mask = mask})
-  for _, h in ipairs(handles) do h:remove() end
-  if not step2_ok then error(step2_out_or_error, 0) end
-  -- step 3: the receivers' inputs from step 2, nothing else
-  handles = {}
-  for i, r in ipairs(receivers) do
-    local key = via ~= 'resid' and {head = r[2]} or nil
-    local patched_ok, handle = pcall(interventions.patch, model, receiver_names[i], step2, key)
-    if not patched_ok then
-      for _, h in ipairs(handles) do h:remove() end
-      error(('%s: receivers[%d]: %s'):format(where, i, tostring(handle):gsub('^[^\n]-:%d+: ', '')), 2)
+  -- step 2 records the receivers' inputs; step 3 is the corrupt run with
+  -- those inputs, nothing else. Each step's hooks go when it ends, after an
+  -- error too.
+  local step2 = select(2, hooks.scope(model, function()
+    for i, name in ipairs(z_names) do
+      local frozen, from_clean = corrupt_cache[name], clean_cache[name]
+      local heads = by_layer[i]
+      hooks.replace(model, name, function()
+        local out = frozen:clone()
+        for _, h in ipairs(heads or {}) do out:narrow(layout.head, h, 1):copy_(from_clean:narrow(layout.head, h, 1)) end
+        return out
+      end)
     end
-    handles[#handles + 1] = handle
-  end
-  local run_ok, out = pcall(function() return torch.no_grad(function() return inputs.forward(model, corrupt_ids, mask, where) end) end)
-  for _, h in ipairs(handles) do h:remove() end
-  if not run_ok then error(out, 0) end
+    return Cache.run_with_cache(model, corrupt_ids, {filter = receiver_names, attention_mask = mask})
+  end))
+  local out = hooks.scope(model, function()
+    for i, r in ipairs(receivers) do
+      local key = via ~= 'resid' and {head = r[2]} or nil
+      local patched_ok, err = pcall(interventions.patch, model, receiver_names[i], step2, key)
+      if not patched_ok then error(('%s: receivers[%d]: %s'):format(where, i, tostring(err):gsub('^[^\n]-:%d+: ', '')), 0) end
+    end
+    return torch.no_grad(function() return inputs.forward(model, corrupt_ids, mask, where) end)
+  end)
   local describe = {}
   for i, s in ipairs(senders) do describe[i] = ('%s head %d'):format(s[1], s[2]) end
   local into = {}

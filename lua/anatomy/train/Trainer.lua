@@ -28,14 +28,14 @@ end
 -- dotted name and class of the first module whose output is not finite.
 function Trainer.find_nonfinite(model, x)
   local found
-  local handle = hooks.watch(model, function(name, y, m)
-    if found == nil and torch.is_tensor(y) and y:is_floating_point() and not y:isfinite():all():item() then
-      found = ('%s (%s)'):format(name, nn.typename(m))
-    end
+  hooks.scope(model, function()
+    hooks.watch(model, function(name, y, m)
+      if found == nil and torch.is_tensor(y) and y:is_floating_point() and not y:isfinite():all():item() then
+        found = ('%s (%s)'):format(name, nn.typename(m))
+      end
+    end)
+    torch.no_grad(function() model(x) end)
   end)
-  local ok, err = pcall(function() torch.no_grad(function() model(x) end) end)
-  handle:remove()
-  if not ok then error(err, 0) end
   return found
 end
 
@@ -146,12 +146,9 @@ function Trainer:prepare()
     local ids = self.corpus:tokens()
     local probe_ids = torch.full({1, o.seq}, ids:min():item(), {dtype = 'int64', device = self.device})  -- not the default device
     probe_ids:narrow(2, o.seq, 1):fill_(ids:max():item())
-    local was_training = model.training
-    model:eval()
-    local ok, err = pcall(torch.no_grad, function()  -- the ids as inputs and as targets
-      nn.functional.cross_entropy((model(probe_ids)), probe_ids)
-    end)
-    model:train(was_training)
+    local ok, err = pcall(hooks.scope, model, function()  -- the ids as inputs and as targets
+      torch.no_grad(function() nn.functional.cross_entropy((model(probe_ids)), probe_ids) end)
+    end, {mode = 'eval'})
     if not ok then
       error(('train.fit: the corpus\'s token ids (%d..%d) do not fit the model: %s'):format(
         ids:min():item(), ids:max():item(), tostring(err):gsub('^[^:]*:%d+: ', '')), 0)

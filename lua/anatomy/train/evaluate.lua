@@ -59,7 +59,8 @@ end
 -- token of each: batched with padding that no loss counts, the same as
 -- judging each alone and weighting by its tokens.
 local function evaluate(model, corpus, opts)
-  require('anatomy.probe.hooks').require_clean(model, 'train.evaluate', 2)
+  local hooks = require('anatomy.probe.hooks')
+  hooks.require_clean(model, 'train.evaluate', 2)
   opts = options.check(opts, {'split', 'text', 'texts', 'seq', 'batches', 'batch', '_world'}, 'train.evaluate', 2)
   if opts.text ~= nil and opts.texts ~= nil then error('train.evaluate: give text or texts, not both', 2) end
   -- counts checked when given: a batch of 0 stepped the loop below by 0 (it
@@ -68,13 +69,11 @@ local function evaluate(model, corpus, opts)
   local batches = options.whole(opts.batches, 'batches', 'train.evaluate', 8)
   local B = options.whole(opts.batch, 'batch', 'train.evaluate', 16)
   if opts.texts ~= nil then
-    local was_training = model.training
-    model:eval()
-    local ok, total, count = pcall(torch.no_grad, function()
-      return evaluate_texts(model, corpus, opts.texts, given_seq or model:context() or math.huge, B, 'train.evaluate')
-    end)
-    model:train(was_training)
-    if not ok then error(total, 0) end
+    local total, count = hooks.scope(model, function()
+      return torch.no_grad(function()
+        return evaluate_texts(model, corpus, opts.texts, given_seq or model:context() or math.huge, B, 'train.evaluate')
+      end)
+    end, {mode = 'eval'})
     local nats = total / count
     return {nats = nats, bits = nats / math.log(2), tokens = count}
   end
@@ -93,11 +92,9 @@ local function evaluate(model, corpus, opts)
     if seq < 1 then error('train.evaluate: the text has fewer than 2 tokens', 2) end
     x, y = ids:narrow(1, 1, seq):view(1, seq), ids:narrow(1, 2, seq):view(1, seq)
   end
-  local was_training = model.training
-  model:eval()
   local total, count = 0, 0
   local device = model:device()  -- the corpus's windows are on the CPU
-  torch.no_grad(function()
+  hooks.scope(model, function() torch.no_grad(function()
     for first = 1, x:size(1), B do
       local n = math.min(B, x:size(1) - first + 1)
       local xb, yb = x:narrow(1, first, n), y:narrow(1, first, n)
@@ -106,8 +103,7 @@ local function evaluate(model, corpus, opts)
       total = total + loss:item() * yb:numel()
       count = count + yb:numel()
     end
-  end)
-  model:train(was_training)
+  end) end, {mode = 'eval'})  -- the modes as they were after, an error included
   if world > 1 then total, count = parallel.sum(total, count) end
   local nats = total / count
   return {nats = nats, bits = nats / math.log(2), tokens = count}
