@@ -28,8 +28,13 @@
 local fs = (require('anatomy.io.fs'))
 local json = (require('anatomy.io.json'))
 local options = (require('anatomy.torch.options'))
+local cache = (require('anatomy.io.hub_cache'))
+local http = (require('anatomy.io.hub_http'))
 
 local hub = {}
+for _, name in ipairs{'bad_name', 'digest_kind', 'normalize', 'is_inside', 'cache_paths', 'is_repo_id'} do
+  hub[name] = cache[name]
+end
 
 local function truthy(v)
   v = v and v:upper()
@@ -85,19 +90,6 @@ function hub.limits()
   }
 end
 
--- A file the client reads that is not its own (the token file, a ref): a
--- regular file, never a FIFO (which would block the open) or a device.
-local function read_small(path)
-  local kind = torch._lstat_kind(path)
-  if kind == 'link' then kind = torch._realpath(path) and torch._lstat_kind(torch._realpath(path)) end
-  if kind ~= 'file' then return nil, kind end
-  local f = io.open(path, 'rb')
-  if not f then return nil end
-  local text = f:read(4096)
-  f:close()
-  return text or ''
-end
-
 -- The token and where it came from (for messages, which never print it):
 -- the token option (false: none), else $HF_TOKEN, else the file `hf auth
 -- login` writes.
@@ -106,269 +98,16 @@ local function find_token(opts, s)
   if opts.token then return opts.token, 'the token option' end
   local env = os.getenv('HF_TOKEN')
   if env and env ~= '' then return env, 'HF_TOKEN' end
-  local text = read_small(s.token_path)
+  local text = cache.read_small(s.token_path)
   if text then
     local t = text:match('^%s*(.-)%s*$')
     if t ~= '' then return t, ("the token file '%s'"):format(s.token_path) end
   end
 end
 
-local function is_commit(rev) return type(rev) == 'string' and #rev == 40 and rev:match('^%x+$') ~= nil end
-
--- hub.bad_name(name) -> nil when name is a relative path of plain segments
--- (what a repository's file name, a shard's name or a revision must be),
--- else why it is not: empty, absolute, a '.' or '..' segment, an empty
--- segment, a backslash or control character, over 1000 bytes
-function hub.bad_name(name)
-  if type(name) ~= 'string' then return 'is not a string' end
-  if name == '' then return 'is empty' end
-  if #name > 1000 then return 'is longer than 1000 bytes' end
-  if name:find('[%z\1-\31\127\\]') then return 'holds a control character or a backslash' end
-  if name:sub(1, 1) == '/' then return 'is an absolute path' end
-  for segment in (name .. '/'):gmatch('([^/]*)/') do
-    if segment == '' then return "has an empty segment ('//' or a '/' at the end)" end
-    if segment == '.' or segment == '..' then return ("has a '%s' segment"):format(segment) end
-  end
-end
-
--- A name from the server as an error shows it: control characters escaped,
--- cut after 120 bytes
-local function shown(name)
-  name = tostring(name)
-  local cut = #name > 120 and ('... (%d bytes)'):format(#name) or ''
-  return (name:sub(1, 120):gsub('[%z\1-\31\127]', function(c) return ('\\%d'):format(c:byte()) end)) .. cut
-end
-
--- hub.digest_kind(d) -> 'sha256' (64 hex digits, an LFS file's), 'git-sha1'
--- (40, git's blob id) or nil: the forms a blob's name may take
-function hub.digest_kind(d)
-  if type(d) ~= 'string' or not d:match('^%x+$') then return nil end
-  return #d == 64 and 'sha256' or #d == 40 and 'git-sha1' or nil
-end
-
--- hub.normalize(path) -> path with '.' and '..' segments folded (lexically,
--- no link followed) and repeated '/' removed
-function hub.normalize(path)
-  local out = {}
-  for segment in path:gmatch('[^/]+') do
-    if segment == '..' then
-      if #out > 0 and out[#out] ~= '..' then out[#out] = nil else out[#out + 1] = '..' end
-    elseif segment ~= '.' then
-      out[#out + 1] = segment
-    end
-  end
-  return (path:sub(1, 1) == '/' and '/' or '') .. table.concat(out, '/')
-end
-
--- hub.is_inside(root, path) -> whether path (lexically) lies below root
-function hub.is_inside(root, path)
-  local r, p = hub.normalize(root), hub.normalize(path)
-  return p:sub(1, #r + 1) == r .. '/' and #p > #r + 1
-end
-
-local function segments(name)
-  local n = 0
-  for _ in name:gmatch('[^/]+') do n = n + 1 end
-  return n
-end
-
--- hub.cache_paths(cache_dir, repo_id, {commit, file, digest, revision})
--- -> {repo, locks, blobs, snapshot, file, link, blob, part, lock, ref}: the
--- paths the cache code writes or links, each built from checked parts and
--- checked to stay inside cache_dir (an error naming the part otherwise).
--- `link` is the relative target of file's link, which resolves to `blob`.
-function hub.cache_paths(cache_dir, repo_id, parts)
-  local where = parts.where or 'hub'
-  if not hub.is_repo_id(repo_id) then error(("%s: '%s' is not a Hub repository id"):format(where, tostring(repo_id)), 0) end
-  local folder = 'models--' .. repo_id:gsub('/', '--')
-  local p = {repo = cache_dir .. '/' .. folder, locks = cache_dir .. '/.locks/' .. folder}
-  p.blobs = p.repo .. '/blobs'
-  if parts.commit ~= nil then
-    if not is_commit(parts.commit) then
-      error(("%s: the Hub's commit id '%s' is not 40 hex digits"):format(where, shown(parts.commit)), 0)
-    end
-    p.snapshot = p.repo .. '/snapshots/' .. parts.commit:lower()
-  end
-  if parts.file ~= nil then
-    local why = hub.bad_name(parts.file)
-    if why then
-      error(("%s: the file name '%s' %s: refused (a repository's file is a relative path of plain segments)"):format(
-        where, shown(parts.file), why), 0)
-    end
-    p.file = p.snapshot .. '/' .. parts.file
-  end
-  if parts.digest ~= nil then
-    if not hub.digest_kind(parts.digest) then
-      error(("%s: '%s' is neither a SHA-256 nor a git blob id: no blob is named by it"):format(where, shown(parts.digest)), 0)
-    end
-    local d = parts.digest:lower()
-    p.blob, p.part, p.lock = p.blobs .. '/' .. d, p.blobs .. '/' .. d .. '.incomplete', p.locks .. '/' .. d .. '.lock'
-    if p.file then p.link = ('../'):rep(segments(parts.file) + 1) .. 'blobs/' .. d end
-  end
-  if parts.revision ~= nil then
-    local why = hub.bad_name(parts.revision)
-    if why then error(("%s: revision '%s' %s: not a branch, tag or commit name"):format(where, shown(parts.revision), why), 0) end
-    p.ref = p.repo .. '/refs/' .. parts.revision
-  end
-  for _, key in ipairs{'repo', 'locks', 'blobs', 'snapshot', 'file', 'blob', 'part', 'lock', 'ref'} do
-    if p[key] and not hub.is_inside(cache_dir, p[key]) then
-      error(("%s: the cache path %s would lie outside the cache %s"):format(where, p[key], cache_dir), 0)
-    end
-  end
-  if p.link and hub.normalize(fs.dirname(p.file) .. '/' .. p.link) ~= hub.normalize(p.blob) then
-    error(("%s: the link %s -> %s would not name its blob"):format(where, p.file, p.link), 0)
-  end
-  return p
-end
-
--- Makes path's folders below root one level at a time; a link or file where
--- a folder should be is an error (a folder is never made through a link).
-local function make_dirs(root, path, where)
-  fs.mkdir(root)
-  if not hub.is_inside(root, path) then error(("%s: %s is outside the cache %s"):format(where, path, root), 0) end
-  local rest = hub.normalize(path):sub(#hub.normalize(root) + 2)
-  local at = root
-  for segment in rest:gmatch('[^/]+') do
-    at = at .. '/' .. segment
-    local ok, err = pcall(torch._mkdir, at)
-    if not ok then
-      error(('%s: %s (the cache is not as anatomy or huggingface_hub leave it: remove that entry)'):format(where,
-        (tostring(err):gsub('^torch%._mkdir: ', ''))), 0)
-    end
-  end
-end
-
-local function quote_url(s, keep_slash)
-  return (s:gsub('[^%w%-%._~' .. (keep_slash and '/' or '') .. ']', function(c) return ('%%%02X'):format(c:byte()) end))
-end
-
--- hub.is_repo_id(name) -> whether name has the form of a Hub repository id:
--- 'name' or 'org/name', letters, digits, '-', '_' and '.', neither '--' nor
--- '..', at most 96 characters
-function hub.is_repo_id(name)
-  if type(name) ~= 'string' or #name == 0 or #name > 96 then return false end
-  if name:find('%-%-') or name:find('%.%.') then return false end
-  local a, b = name:match('^([%w%-_.]+)/([%w%-_.]+)$')
-  if not a then a = name:match('^[%w%-_.]+$') end
-  if not a then return false end
-  return not (name:match('^[%-.]') or name:match('[%-.]$'))
-end
-
 -- hub.repo_folder(repo_id, cache_dir) -> the repository's folder in the cache
 function hub.repo_folder(repo_id, cache_dir)
-  return (cache_dir or hub.settings().cache_dir) .. '/models--' .. repo_id:gsub('/', '--')
-end
-
-local function host_of(url) return url:match('^(%a[%w+.-]*://[^/]+)') end
-
-local function headers_for(url, session)
-  local h = {'Accept-Encoding: identity', 'User-Agent: anatomy/' .. torch.version.anatomy}
-  -- the token goes to the endpoint only, never to a host a redirect names
-  if session.token and host_of(url) == host_of(session.endpoint) then
-    h[#h + 1] = 'Authorization: Bearer ' .. session.token
-  end
-  return h
-end
-
-local function reach_error(session, url, r)
-  local hint = ''
-  if not session.offline then
-    hint = '; with the files already in the cache, HF_HUB_OFFLINE=1 uses them without asking the Hub'
-  end
-  return ('cannot reach %s (%s)%s'):format(url, r.error, hint)
-end
-
-local function login_hint(session)
-  return ('log in with `hf auth login` (or `huggingface-cli login`), or set HF_TOKEN%s'):format(
-    session.token_source and (' (sent: ' .. session.token_source .. ')') or '')
-end
-
--- An answer's refusal in words: 401 (no or a bad token), 403 (no access), 404.
-local function refusal(session, r, what)
-  local code = r.headers['x-error-code']
-  if r.status == 401 then
-    if session.token then
-      return ('%s: the Hub refused the token from %s (401 Unauthorized): it is not valid for %s; %s'):format(
-        what, session.token_source, session.repo_id, login_hint({}))
-    end
-    return ("%s: the Hub answered 401 Unauthorized: '%s' is gated or private (or does not exist), and no token was sent; %s"):format(
-      what, session.repo_id, login_hint({}))
-  elseif r.status == 403 then
-    return ("%s: the token from %s has no access to '%s' (403 Forbidden): a gated model needs its terms accepted on %s/%s"):format(
-      what, session.token_source or '(none)', session.repo_id, session.endpoint, session.repo_id)
-  elseif r.status == 404 then
-    if code == 'RevisionNotFound' then
-      return ("%s: '%s' has no revision '%s' (404)"):format(what, session.repo_id, session.revision)
-    elseif code == 'EntryNotFound' then
-      return ("%s: '%s' at revision '%s' has no such file (404)"):format(what, session.repo_id, session.revision)
-    end
-    local message = r.body and r.body:match('"error"%s*:%s*"([^"]*)"') or ''
-    if code == 'RepositoryNotFound' or (code == nil and session.revision == 'main' and message == '') then
-      return ("%s: no repository '%s' on %s (404)"):format(what, session.repo_id, session.endpoint)
-    end
-    if message:match('^Invalid rev') or message:lower():find('revision', 1, true) then
-      return ("%s: '%s' has no revision '%s' (404: %s)"):format(what, session.repo_id, session.revision, message)
-    end
-    -- a 404 that does not say what is missing: name both, claim neither
-    return ("%s: the Hub answered 404 for '%s' at revision '%s' without saying whether the repository or the revision is "
-      .. "missing%s"):format(what, session.repo_id, session.revision, message ~= '' and (' (' .. message .. ')') or '')
-  end
-  local message = r.body and r.body:match('"error"%s*:%s*"([^"]*)"') or ''
-  return ('%s: the Hub answered %d%s'):format(what, r.status, message ~= '' and (' (' .. message .. ')') or '')
-end
-
--- Where a redirect's Location points, from the URL that answered: an
--- absolute URL as it is, '//host/path' with the answering scheme, '/path' on
--- the answering host, anything else beside the answering path.
-local function resolve_location(url, location)
-  if location:match('^%a[%w+.-]*://') then return location end
-  if location:sub(1, 2) == '//' then return url:match('^(%a[%w+.-]*:)') .. location end
-  if location:sub(1, 1) == '/' then return host_of(url) .. location end
-  local base = url:match('^([^?#]*)'):match('^(.*/)') or (url .. '/')
-  return base .. location
-end
-
--- One request; redirects on the same host (a renamed repository) are
--- followed, and with req.follow those to other hosts too (a download's
--- storage hosts); otherwise one to another host (the CDN an LFS file is on)
--- is returned to the caller, its location made absolute. The token goes with
--- each hop only when it is to the endpoint (headers_for). Without
--- req.output the answer is metadata: bounded by the metadata limits.
-local function request(session, req)
-  local follow = req.follow
-  req.follow = nil
-  local limits = session.limits
-  if not req.output then
-    req.stall_timeout = req.stall_timeout or limits.metadata_stall
-    req.max_seconds = req.max_seconds or limits.metadata_seconds
-    req.max_bytes = req.max_bytes or limits.max_json_bytes
-  end
-  for _ = 1, 6 do
-    req.headers = headers_for(req.url, session)
-    local r = torch._http(req)
-    local location = r.headers.location
-    if r.status >= 300 and r.status < 400 and location then
-      location = resolve_location(req.url, location)
-      r.headers.location = location
-    end
-    if r.status >= 300 and r.status < 400 and location and (host_of(location) == host_of(req.url) or follow) then
-      req.url = location
-    else
-      r.url = req.url
-      if r.too_large and not req.output then
-        r.error = ('the answer is larger than %d bytes, more than a listing can be'):format(req.max_bytes)
-      elseif r.too_slow and not req.output then
-        r.error = ('the answer did not come whole within %g s (ANATOMY_HUB_METADATA_TIMEOUT)'):format(req.max_seconds)
-      end
-      return r
-    end
-  end
-  error(('%s: too many redirects from %s'):format(session.where, req.url), 0)
-end
-
-local function normalize_etag(e)
-  if not e then return nil end
-  return (e:gsub('^W/', ''):gsub('^"(.*)"$', '%1'))
+  return cache.repo_folder(repo_id, cache_dir or hub.settings().cache_dir)
 end
 
 local Snapshot = {}
@@ -399,7 +138,7 @@ function hub.open(repo_id, opts)
     cache_dir = opts.cache_dir or s.cache_dir, offline = s.offline or opts.local_files_only == true,
     limits = hub.limits(),
   }
-  local ref = not is_commit(revision) and hub.cache_paths(session.cache_dir, repo_id, {revision = revision, where = where}).ref
+  local ref = not cache.is_commit(revision) and hub.cache_paths(session.cache_dir, repo_id, {revision = revision, where = where}).ref
   session.token, session.token_source = find_token(opts, s)
   session.repo = hub.repo_folder(repo_id, session.cache_dir)
   local snap = setmetatable({repo_id = repo_id, revision = revision, session = session}, Snapshot)
@@ -407,13 +146,13 @@ function hub.open(repo_id, opts)
     local why = s.offline and 'HF_HUB_OFFLINE=1' or 'local_files_only'
     local commit = revision
     if ref then
-      local text, kind = read_small(ref)
+      local text, kind = cache.read_small(ref)
       if not text then
         error(("%s: %s, and revision '%s' of '%s' is not in the cache (%s %s)"):format(where, why, revision, repo_id,
           kind and ('not a file: a ' .. kind .. ' at') or 'no', ref), 0)
       end
       commit = text:match('^%s*(%x+)%s*$') or ''
-      if not is_commit(commit) then error(("%s: %s holds no commit id"):format(where, ref), 0) end
+      if not cache.is_commit(commit) then error(("%s: %s holds no commit id"):format(where, ref), 0) end
     end
     snap.commit = commit:lower()
     snap.folder = hub.cache_paths(session.cache_dir, repo_id, {commit = snap.commit, where = where}).snapshot
@@ -424,12 +163,12 @@ function hub.open(repo_id, opts)
   end
   -- blobs=true: each file's size and digest (the LFS SHA-256, else git's
   -- blob id) come with the listing, to check the files against
-  local url = ('%s/api/models/%s/revision/%s?blobs=true'):format(s.endpoint, repo_id, quote_url(revision))
-  local r = request(session, {method = 'GET', url = url})
-  if r.error then error(('%s: %s'):format(where, reach_error(session, url, r)), 0) end
-  if r.status ~= 200 then error(refusal(session, r, where), 0) end
+  local url = ('%s/api/models/%s/revision/%s?blobs=true'):format(s.endpoint, repo_id, http.quote_url(revision))
+  local r = http.request(session, {method = 'GET', url = url})
+  if r.error then error(('%s: %s'):format(where, http.reach_error(session, url, r)), 0) end
+  if r.status ~= 200 then error(http.refusal(session, r, where), 0) end
   local ok, info = pcall(json.decode, r.body)
-  if not ok or type(info) ~= 'table' or type(info.sha) ~= 'string' or not is_commit(info.sha) then
+  if not ok or type(info) ~= 'table' or type(info.sha) ~= 'string' or not cache.is_commit(info.sha) then
     error(('%s: %s did not answer with a commit id (sha)'):format(where, url), 0)
   end
   snap.commit = info.sha:lower()
@@ -460,7 +199,7 @@ function hub.open(repo_id, opts)
   end
   table.sort(snap.files)
   if ref then
-    make_dirs(session.cache_dir, fs.dirname(ref), where)
+    cache.make_dirs(session.cache_dir, fs.dirname(ref), where)
     fs.write_atomic(ref, snap.commit)
   end
   return snap
@@ -474,76 +213,26 @@ function Snapshot:has(file)
   return torch._lstat_kind(self.folder .. '/' .. file) ~= nil
 end
 
--- Whether the snapshot entry at p.file can be used as it is: a link made as
--- anatomy and huggingface_hub make them, into this repository's blobs/, to
--- a regular file (named by the listed digest, of the listed size, when the
--- listing says them); offline, a regular file (a copy) too. Else false and why.
-local function usable(session, p, want)
-  local kind = torch._lstat_kind(p.file)
-  if kind == nil then return false, 'it is missing' end
-  if kind == 'file' and session.offline then return true end
-  if kind ~= 'link' then return false, ('it is a %s, not a link into blobs/'):format(kind) end
-  local real, blobs = torch._realpath(p.file), torch._realpath(p.blobs)
-  if not real or not blobs or real:sub(1, #blobs + 1) ~= blobs .. '/' or real:find('/', #blobs + 2, true) then
-    return false, ('its link %s does not lead into %s'):format(tostring(torch._readlink(p.file)), p.blobs)
-  end
-  if torch._lstat_kind(real) ~= 'file' then return false, ('its blob %s is not a regular file'):format(real) end
-  local name = real:sub(#blobs + 2)  -- offline, any name huggingface_hub gave it (a mirror's ETag)
-  if not session.offline and not (want and want.digest) then
-    return false, 'the listing gives no digest to check it by'  -- the file's HEAD will
-  end
-  if want and want.digest and name:lower() ~= want.digest then
-    return false, ('its blob is %s, the listing says %s'):format(name, want.digest)
-  end
-  if want and want.size and torch._file_size(real) ~= want.size then
-    return false, ('its blob holds %d bytes, the listing says %d'):format(torch._file_size(real), want.size)
-  end
-  return true
-end
-
-local function check_digest(path, digest, size, label, where)
-  local have = torch._file_size(path)
-  if have ~= size then
-    os.remove(path)
-    error(('%s: the download of %s has %d bytes, the Hub said %d; removed, try again'):format(where, label, have, size), 0)
-  end
-  local kind = hub.digest_kind(digest)
-  local got = torch._file_digest(path, kind)
-  if got ~= digest then
-    os.remove(path)
-    error(('%s: the download of %s has %s %s, the Hub said %s; removed, try again'):format(
-      where, label, kind == 'sha256' and 'SHA-256' or 'git blob id', got, digest), 0)
-  end
-end
-
-local function remove_foreign(path, what, where)
-  local kind = torch._lstat_kind(path)
-  if kind ~= nil and kind ~= 'file' then  -- a link, FIFO or folder planted there: removed, never followed
-    local ok = os.remove(path)
-    if not ok then error(('%s: %s %s is a %s, not a file, and cannot be removed'):format(where, what, path, kind), 0) end
-  end
-end
-
 -- Fetches a blob into p.blob, holding its lock: continued from its
 -- .incomplete part while each try brings bytes, stopped at the announced
 -- size, checked, then renamed into place.
 local function fetch_blob(session, url, p, digest, size, label)
-  make_dirs(session.cache_dir, p.locks, session.where)
-  make_dirs(session.cache_dir, p.blobs, session.where)
+  cache.make_dirs(session.cache_dir, p.locks, session.where)
+  cache.make_dirs(session.cache_dir, p.blobs, session.where)
   local limits = session.limits
-  remove_foreign(p.lock, 'the lock', session.where)
+  cache.remove_foreign(p.lock, 'the lock', session.where)
   local lock = torch._lock(p.lock, label)
   local ok, err = pcall(function()
     if torch._lstat_kind(p.blob) == 'file' and torch._file_size(p.blob) == size then return end  -- fetched meanwhile
-    remove_foreign(p.blob, 'the blob', session.where)
+    cache.remove_foreign(p.blob, 'the blob', session.where)
     if torch._lstat_kind(p.blob) == 'file' then os.remove(p.blob) end  -- of another size: not this file
-    remove_foreign(p.part, 'the part file', session.where)
+    cache.remove_foreign(p.part, 'the part file', session.where)
     local tries = 0
     while true do
       local have = torch._file_size(p.part) or 0
       if have > size then os.remove(p.part); have = 0 end
       if have == size then break end
-      local r = request(session, {method = 'GET', url = url, output = p.part, resume_from = have > 0 and have or nil,
+      local r = http.request(session, {method = 'GET', url = url, output = p.part, resume_from = have > 0 and have or nil,
         progress = label, total = size, follow = true, max_bytes = size, stall_timeout = limits.stall,
         min_rate = limits.min_rate})
       if r.too_large then
@@ -554,14 +243,14 @@ local function fetch_blob(session, url, p, digest, size, label)
       if not r.error and r.status >= 200 and r.status < 300 then break end
       if r.status == 416 and (torch._file_size(p.part) or 0) == size then break end
       tries = tries + 1
-      if not r.error then error(refusal(session, r, session.where .. ': ' .. label), 0) end
+      if not r.error then error(http.refusal(session, r, session.where .. ': ' .. label), 0) end
       if tries >= limits.tries or (r.written or 0) == 0 then
-        error(('%s: %s (after %d %s%s; %s kept to continue from)'):format(session.where, reach_error(session, url, r),
+        error(('%s: %s (after %d %s%s; %s kept to continue from)'):format(session.where, http.reach_error(session, url, r),
           tries, tries == 1 and 'try' or 'tries', (r.written or 0) == 0 and ', the last bringing no byte' or '', p.part), 0)
       end
       io.stderr:write(('anatomy: %s: %s; continuing from byte %d\n'):format(label, r.error, torch._file_size(p.part) or 0))
     end
-    check_digest(p.part, digest, size, label, session.where)
+    cache.check_digest(p.part, digest, size, label, session.where)
     local renamed, why = os.rename(p.part, p.blob)
     if not renamed then error(('%s: cannot move %s into place: %s'):format(session.where, p.part, tostring(why)), 0) end
   end)
@@ -572,7 +261,7 @@ end
 local function parse_size(text, session, label)
   if text == nil then return nil end
   if not text:match('^%d+$') or #text > 15 then
-    error(("%s: the server sent an impossible size '%s' for %s"):format(session.where, shown(text), label), 0)
+    error(("%s: the server sent an impossible size '%s' for %s"):format(session.where, cache.shown(text), label), 0)
   end
   return tonumber(text)
 end
@@ -586,7 +275,7 @@ function Snapshot:fetch(file)
   local label = self.repo_id .. ' ' .. tostring(file)
   local p = hub.cache_paths(session.cache_dir, self.repo_id, {commit = self.commit, file = file, where = session.where})
   local want = self._listed and self._listed[file]
-  local fine, why = usable(session, p, want)
+  local fine, why = cache.usable(session, p, want)
   if fine then return p.file end
   if session.offline then
     error(("%s: HF_HUB_OFFLINE=1 (or local_files_only), and the cache lacks %s of '%s' at %s (%s: %s)"):format(
@@ -596,14 +285,14 @@ function Snapshot:fetch(file)
   if want and want.bad_size then
     error(("%s: the Hub's listing gives %s an impossible size '%s'"):format(session.where, label, want.bad_size), 0)
   end
-  local url = ('%s/%s/resolve/%s/%s'):format(session.endpoint, self.repo_id, self.commit, quote_url(file, true))
-  local r = request(session, {method = 'HEAD', url = url})
-  if r.error then error(('%s: %s'):format(session.where, reach_error(session, url, r)), 0) end
+  local url = ('%s/%s/resolve/%s/%s'):format(session.endpoint, self.repo_id, self.commit, http.quote_url(file, true))
+  local r = http.request(session, {method = 'HEAD', url = url})
+  if r.error then error(('%s: %s'):format(session.where, http.reach_error(session, url, r)), 0) end
   if r.status >= 400 then
     session.revision = self.revision
-    error(refusal(session, r, session.where .. ': ' .. file), 0)
+    error(http.refusal(session, r, session.where .. ': ' .. file), 0)
   end
-  local etag = normalize_etag(r.headers['x-linked-etag'] or r.headers.etag)
+  local etag = http.normalize_etag(r.headers['x-linked-etag'] or r.headers.etag)
   local digest = want and want.digest
   if hub.digest_kind(etag) then
     if digest and etag:lower() ~= digest then
@@ -614,7 +303,7 @@ function Snapshot:fetch(file)
   end
   if not digest then
     error(("%s: %s cannot be checked: its ETag '%s' is neither a SHA-256 nor a git blob id, and the listing gives no "
-      .. "digest; refused (anatomy loads no file it cannot check)"):format(session.where, label, shown(etag)), 0)
+      .. "digest; refused (anatomy loads no file it cannot check)"):format(session.where, label, cache.shown(etag)), 0)
   end
   local announced = parse_size(r.headers['x-linked-size'] or (r.status < 300 and r.headers['content-length']) or nil,
     session, label)
@@ -630,7 +319,7 @@ function Snapshot:fetch(file)
   if not (torch._lstat_kind(p.blob) == 'file' and torch._file_size(p.blob) == size) then
     fetch_blob(session, from, p, digest, size, label)
   end
-  make_dirs(session.cache_dir, fs.dirname(p.file), session.where)
+  cache.make_dirs(session.cache_dir, fs.dirname(p.file), session.where)
   torch._symlink(p.link, p.file)
   return p.file
 end
@@ -646,7 +335,7 @@ function hub.hf_hub_download(repo_id, filename, opts)
   local why = hub.bad_name(filename)
   if why then
     error(("hub.hf_hub_download: the file name '%s' %s: refused (a repository's file is a relative path of plain "
-      .. "segments)"):format(shown(filename), why), 0)
+      .. "segments)"):format(cache.shown(filename), why), 0)
   end
   opts.where = 'hub.hf_hub_download'
   local snap = hub.open(repo_id, opts)
@@ -706,7 +395,7 @@ function hub.fetch_model(repo_id, opts)
       local why = hub.bad_name(file)
       if why then
         error(("%s: %s's index names a shard '%s' that %s: refused (a shard is a relative path of plain segments)"):format(
-          where, describe(snap), shown(file), why), 0)
+          where, describe(snap), cache.shown(file), why), 0)
       end
       if not seen[file] then seen[file] = true; shards[#shards + 1] = file end
     end
@@ -760,9 +449,9 @@ function hub.list_repo_refs(repo_id, opts)
   local session = {repo_id = repo_id, revision = 'main', where = where, endpoint = s.endpoint, limits = hub.limits()}
   session.token, session.token_source = find_token(opts, s)
   local url = ('%s/api/models/%s/refs'):format(s.endpoint, repo_id)
-  local r = request(session, {method = 'GET', url = url})
-  if r.error then error(('%s: %s'):format(where, reach_error(session, url, r)), 0) end
-  if r.status ~= 200 then error(refusal(session, r, where), 0) end
+  local r = http.request(session, {method = 'GET', url = url})
+  if r.error then error(('%s: %s'):format(where, http.reach_error(session, url, r)), 0) end
+  if r.status ~= 200 then error(http.refusal(session, r, where), 0) end
   local ok, info = pcall(json.decode, r.body)
   if not ok or type(info) ~= 'table' then error(('%s: %s did not answer with JSON'):format(where, url), 0) end
   local out = {branches = {}, tags = {}}
