@@ -6,9 +6,13 @@
 local models = require('anatomy.models')
 local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
+local tl = require('anatomy.probe.tl_names')
 local points = {}
-local listing = false  -- inside transformer_lens_names: a miss there suggests nothing
-local tl_names
+points.transformer_lens = tl.tables
+points.role_child = tl.role_child
+points.from_transformer_lens = tl.from_transformer_lens
+points.transformer_lens_names = tl.transformer_lens_names
+points.to_transformer_lens = tl.to_transformer_lens
 
 -- Turns a glob ('blocks.*', '*.pattern') into an anchored Lua pattern.
 local function glob(p)
@@ -61,109 +65,6 @@ local function checkpoint_spelling(model, anatomy)
 end
 points.checkpoint_spelling = checkpoint_spelling
 
--- TransformerLens's hook names, with its own 0-based layer numbers, are
--- accepted for every model with layers: 'blocks.0.attn.hook_z' is the first
--- layer's attention's z ('h.1.attn.z' on a GPT-2, 'blocks.1.self_attn.z' on a
--- Llama). A name with 'hook_' in it is TransformerLens's (no anatomy name
--- has it), so the two numberings never meet in one name.
-local tl_block = {hook_resid_pre = 'resid_pre', hook_resid_mid = 'resid_mid', hook_resid_post = 'resid_post'}
-local tl_attn = {hook_q = 'q', hook_k = 'k', hook_v = 'v', hook_z = 'z', hook_pattern = 'pattern', hook_attn_scores = 'scores',
-  hook_result = 'result', hook_rot_q = 'rot_q', hook_rot_k = 'rot_k'}
-local tl_mlp = {hook_pre = 'pre', hook_post = 'post'}
-local tl_norm = {hook_scale = 'scale', hook_normalized = 'normalized'}
-points.transformer_lens = {block = tl_block, attn = tl_attn, mlp = tl_mlp, norm = tl_norm}
-
--- The children of a block (or the model) in their order: {{name, module}, ...}
-local function children(m)
-  local out = {}
-  for n, c in m:named_children() do out[#out + 1] = {n, c} end
-  return out
-end
-
-local function has_point(m, point)
-  for _, p in ipairs(m:hook_points()) do if p == point then return true end end
-  return false
-end
-
--- The child of a layer that plays a role: its attention (publishes z), its
--- MLP (publishes post), its first or second norm (publish normalized).
-local function role_child(block, role)
-  local norms = 0
-  for _, c in ipairs(children(block)) do
-    if role == 'attn' and has_point(c[2], 'z') then return c[1] end
-    if role == 'mlp' and has_point(c[2], 'post') then return c[1] end
-    if has_point(c[2], 'normalized') then
-      norms = norms + 1
-      if (role == 'ln1' and norms == 1) or (role == 'ln2' and norms == 2) then return c[1] end
-    end
-  end
-  return nil
-end
-points.role_child = role_child
-
--- probe.from_transformer_lens(model, name) -> anatomy's name for a
--- TransformerLens hook name, nil when name is not one; an error naming what
--- is missing when the model has no counterpart.
-function points.from_transformer_lens(model, name, level)
-  level = (level or 1) + 1
-  if type(name) ~= 'string' or not name:find('hook_', 1, true) then return nil end
-  local function fail(why)
-    if why:find('no counterpart', 1, true) and not listing then  -- a misspelt name, most often: the nearest one it could be
-      local names = {}
-      for _, pair in ipairs(points.transformer_lens_names(model)) do names[#names + 1] = pair[1] end
-      local near = options.closest(name, names)
-      if near then why = ("%s; did you mean '%s'?"):format(why, near) end
-    end
-    error(("'%s' (a TransformerLens name): %s"):format(name, why), level + 1)
-  end
-  local i, rest = name:match('^blocks%.(%d+)%.(.+)$')
-  if i then
-    local layers, why = model:layers()
-    if not layers then fail(why) end
-    i = tonumber(i)
-    if i >= #layers then fail(('TransformerLens counts layers from 0, so blocks.%d is layer %d, and the model has %d'):format(i, i + 1, #layers)) end
-    local path, block = layers[i + 1][1], layers[i + 1][2]
-    if tl_block[rest] then return path .. '.' .. tl_block[rest] end
-    if rest == 'hook_out' then return path end  -- the bridge's wrapper of the block: its output
-    if rest == 'hook_attn_out' or rest == 'hook_mlp_out' then
-      local role = rest == 'hook_attn_out' and 'attn' or 'mlp'
-      local child = role_child(block, role)
-      if not child then fail(('%s has no %s'):format(path, role == 'attn' and 'attention (a child publishing z)' or 'MLP (a child publishing post)')) end
-      return path .. '.' .. child
-    end
-    local sub, hook = rest:match('^(%w+)%.(hook_[%w_]+)$')
-    local map = sub == 'attn' and tl_attn or sub == 'mlp' and tl_mlp or (sub == 'ln1' or sub == 'ln2') and tl_norm or nil
-    if not map or not (map[hook] or hook == 'hook_out') then fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)') end
-    local child = role_child(block, sub)
-    if not child then fail(('%s has no %s'):format(path, sub)) end
-    if hook == 'hook_out' then return path .. '.' .. child end  -- the bridge's wrapper: the module's output
-    return path .. '.' .. child .. '.' .. map[hook]
-  end
-  local final = name:match('^ln_final%.(hook_[%w_]+)$')
-  if final then
-    local norm = rawget(model, 'final_norm') or model.final_norm
-    if type(norm) ~= 'string' then fail('the model names no final norm (model.final_norm)') end
-    if final == 'hook_out' then return norm end
-    if not tl_norm[final] then fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)') end
-    return norm .. '.' .. tl_norm[final]
-  end
-  if name == 'embed.hook_out' then name = 'hook_embed' end
-  if name == 'hook_pos_embed' and has_point(model, 'pos_embed') then return 'pos_embed' end  -- GPT-2 adds wpe's rows itself
-  if name == 'hook_embed' or name == 'hook_pos_embed' then
-    local embeddings = {}
-    for _, c in ipairs(children(model)) do
-      if nn.typename(c[2]) == 'nn.Embedding' then embeddings[#embeddings + 1] = c[1] end
-    end
-    local want = name == 'hook_embed' and 1 or 2
-    if not embeddings[want] or (want == 1 and #embeddings > 2) then
-      fail(want == 1 and 'the model has no token embedding child (nn.Embedding)' or
-        'the model has no positional embedding child (its positions are rotary, or inside another block)')
-    end
-    return embeddings[want]
-  end
-  fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)')
-end
-
 -- probe.resolve_name(model, name[, level]) -> anatomy's name of a module given in either spelling
 -- (the rule above); a layer 0 in anatomy's spelling is an error at `level`.
 function points.resolve_name(model, name, level)
@@ -197,57 +98,6 @@ function points.resolve_name(model, name, level)
   return name
 end
 
--- The names of a layer's TransformerLens hook points, in TransformerLens's order.
-local tl_layer_order = {'hook_resid_pre', 'ln1.hook_scale', 'ln1.hook_normalized', 'attn.hook_q', 'attn.hook_k',
-  'attn.hook_v', 'attn.hook_rot_q', 'attn.hook_rot_k', 'attn.hook_attn_scores', 'attn.hook_pattern', 'attn.hook_z',
-  'attn.hook_result', 'hook_attn_out', 'hook_resid_mid', 'ln2.hook_scale', 'ln2.hook_normalized', 'mlp.hook_pre',
-  'mlp.hook_post', 'hook_mlp_out', 'hook_resid_post'}
-
--- probe.transformer_lens_names(model) -> {{tl, anatomy}, ...}: every
--- TransformerLens hook name the model has a point for, in TransformerLens's
--- order, with anatomy's name of it ('blocks.0.attn.hook_z', 'blocks.1.attn.z').
--- What globs of TransformerLens names ('blocks.*.hook_resid_post') match.
-function points.transformer_lens_names(model)
-  if not nn.is_module(model) then
-    error(('probe.transformer_lens_names: model must be a model, got %s'):format(nn.typename(model)), 2)
-  end
-  listing = true
-  local ok, out = pcall(tl_names, model)
-  listing = false
-  if not ok then error(out, 0) end
-  return out
-end
-
-function tl_names(model)
-  local known = {}
-  for _, n in ipairs(points.names(model)) do known[n] = true end
-  local out = {}
-  local function try(tl)
-    local ok, name = pcall(points.from_transformer_lens, model, tl, 1)
-    if ok and name and known[name] then out[#out + 1] = {tl, name} end
-  end
-  try('hook_embed')
-  try('hook_pos_embed')
-  local layers = model:layers()
-  for i = 0, layers and #layers - 1 or -1 do
-    for _, h in ipairs(tl_layer_order) do try(('blocks.%d.%s'):format(i, h)) end
-  end
-  try('ln_final.hook_scale')
-  try('ln_final.hook_normalized')
-  return out
-end
-
--- probe.to_transformer_lens(model, name) -> TransformerLens's spelling of
--- anatomy's name ('blocks.1.resid_post' -> 'blocks.0.hook_resid_post'), or
--- nil where TransformerLens has no name for the point.
-local function tl_spelling(model, name)
-  for _, pair in ipairs(points.transformer_lens_names(model)) do
-    if pair[2] == name then return pair[1] end
-  end
-  return nil
-end
-points.to_transformer_lens = tl_spelling
-
 -- Every name a point of the model answers to: probe.names, the points
 -- attached entries publish, and the TransformerLens names.
 local function every_name(model)
@@ -272,8 +122,8 @@ function points.missing(model, name, what)
   if type(name) == 'string' and not name:find('hook_', 1, true) then
     local up = name:gsub('%f[%w](%d+)%f[^%w]', function(d) return tostring(tonumber(d) + 1) end)
     if up ~= name and set[up] and name:find('%f[%w]0%f[^%w]') then
-      local tl = tl_spelling(model, up)
-      hint = ("anatomy counts layers from 1: write '%s'%s"):format(up, tl and (", or TransformerLens's '" .. tl .. "'") or '')
+      local tl_name = tl.to_transformer_lens(model, up)
+      hint = ("anatomy counts layers from 1: write '%s'%s"):format(up, tl_name and (", or TransformerLens's '" .. tl_name .. "'") or '')
     end
   end
   if not hint then
