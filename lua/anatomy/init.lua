@@ -88,7 +88,10 @@ lens = require 'anatomy.probe.lens'
 weights = require 'anatomy.probe.weights'
 sae = require 'anatomy.features'
 autopsy = require 'anatomy.autopsy'
-provenance = require 'anatomy.io.provenance'
+-- the global: the record (io/provenance.lua) and its text (render/provenance.lua)
+provenance = {}
+for k, v in pairs(require('anatomy.io.provenance')) do provenance[k] = v end
+for k, v in pairs(require('anatomy.render.provenance')) do provenance[k] = v end
 hub = require 'anatomy.io.hub'
 experiment = require 'anatomy.experiment'
 exact = require 'anatomy.exact'

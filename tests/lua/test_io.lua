@@ -8,7 +8,7 @@ local fs = require('anatomy.io.fs')
 
 
 test('published provenance names data by file name and a relative path, never an absolute one', function()
-  local provenance = require 'anatomy.io.provenance'
+  -- the global: the record (io/provenance.lua) and its text (render/provenance.lua)
   local path = H.tmpfile(string.rep('some text for a corpus. ', 50))
   local corpus = data.text(path)
   local rec = provenance.record{corpus = corpus, config = {data = path, steps = 3}}

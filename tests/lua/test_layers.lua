@@ -1,9 +1,10 @@
 -- The library's folders in one order (docs/DESIGN.md, "Layers"): a file may
 -- require its own folder and the folders below it, never one above, at the
 -- top of a file or inside a function. Every `require('anatomy.…')` of every
--- file under lua/anatomy/ is read and checked. The requires that still run
--- upwards are listed below, each one by file and module: a new one fails the
--- test, and so does an entry that is gone (the list only shrinks).
+-- file under lua/anatomy/ is read and checked. A require that must run
+-- upwards for a while is listed below by file and module, with why: a new
+-- one fails the test, and so does an entry that is gone (the list only
+-- shrinks). It is empty.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
 local test, eq = H.test, H.eq
@@ -15,22 +16,6 @@ local order = {'torch', 'io', 'render', 'nn', 'optim', 'data', 'models', 'probe'
 
 -- the upward requires still to be removed: file -> {module = why it is there}
 local known_upward = {
-  ['io/provenance.lua'] = {
-    ['anatomy.nn'] = 'a model described in a record (its class name)',
-    ['anatomy.data'] = "a corpus file's identity (data.file_info)",
-    ['anatomy.render.format'] = 'counts in the one-line text of a record',
-  },
-  ['data/generate.lua'] = {
-    ['anatomy.probe.cache'] = 'generation reads the KV cache through probe',
-    ['anatomy.probe.inputs'] = 'generation pads through probe.inputs',
-  },
-  ['nn/Module.lua'] = {
-    ['anatomy.data.generate'] = 'm:generate',
-    ['anatomy.models.pretrained'] = 'm:save_pretrained',
-  },
-  ['train/Trainer.lua'] = {
-    ['anatomy.autopsy.measure'] = "train.fit's probe steps record the autopsy's measures",
-  },
 }
 
 local rank = {}

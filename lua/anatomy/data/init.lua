@@ -7,7 +7,6 @@ local options = require('anatomy.torch.options')
 local fs = require('anatomy.io.fs')
 local json = require('anatomy.io.json')
 local hub = require('anatomy.io.hub')
-local generate = require('anatomy.data.generate')
 
 local Corpus = {}
 Corpus.__index = Corpus
@@ -109,19 +108,9 @@ end
 -- data.sha256(s) -> the SHA-256 of a string's bytes, as 64 hex digits
 data.sha256 = native.sha256
 
--- data.file_info(path) -> {name, path (absolute), bytes, sha256}
-function data.file_info(path)
-  local info = native.file_info(path)
-  info.name = info.path:match('([^/]+)$')
-  return info
-end
-
--- corpus:sample(model, prompt, opts) -> the prompt and its continuation, as
--- text (model:generate's options; lua/anatomy/data/generate.lua)
-function Corpus:sample(model, prompt, opts)
-  local text = generate.sample(self, model, prompt, opts)
-  return text
-end
+-- data.file_info(path) -> {name, path (absolute), bytes, sha256}: a file's
+-- identity (provenance.file)
+data.file_info = require('anatomy.io.provenance').file
 
 -- corpus:tokens([split]) -> the ids of the whole text or of one split
 function Corpus:tokens(split) return self._native:tokens(split) end

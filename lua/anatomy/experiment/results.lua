@@ -5,6 +5,7 @@
 local autopsy = require('anatomy.autopsy')
 local json = require('anatomy.io.json')
 local provenance = require('anatomy.io.provenance')
+local provenance_text = require('anatomy.render.provenance')
 local fs = require('anatomy.io.fs')
 
 local Results = {}
@@ -136,7 +137,7 @@ function Results:save(dir, opts)
   local doc = {name = name, title = self.title, rows = rows, notes = self.notes, sweeps = sweeps, charts = charts,
     data = published_data(self.data), provenance = rec}
   local json_path = fs.write_atomic(dir .. '/results.json', json.encode(doc) .. '\n')
-  local md = {tostring(self), '', '<sub>' .. provenance.line(rec) .. '</sub>'}
+  local md = {tostring(self), '', '<sub>' .. provenance_text.line(rec) .. '</sub>'}
   for _, s in ipairs(sweeps) do
     for _, file in ipairs(s.charts) do md[#md + 1] = ('\n![%s](%s)'):format(file, file) end
   end

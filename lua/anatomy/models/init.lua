@@ -1,4 +1,5 @@
 -- models: the architectures anatomy dissects, written in Lua from nn blocks.
+local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
 local models = {}
 package.loaded['anatomy.models'] = models
@@ -102,6 +103,15 @@ function models.build(name, settings)
     cfg.attentions = numbers(cfg.attentions) or (settings.layers and {2, 2, settings.layers})
   end
   return models[name](cfg)
+end
+
+-- m:save_pretrained(folder): a model from models.from_pretrained written back
+-- in Hugging Face's layout (config.json, model.safetensors, its tokenizer
+-- files), loadable by transformers (added to nn.Module here: models stands
+-- above nn)
+function nn.Module:save_pretrained(folder)
+  local path = pretrained.save(self, folder)
+  return path
 end
 
 return models

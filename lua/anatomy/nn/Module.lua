@@ -234,16 +234,6 @@ function Module:layers()
   return out
 end
 
--- m:generate(ids, {max_new = 200, temperature = 1.0, top_k, seed, kv_cache,
--- return_cache}) -> the prompt ids followed by sampled ones (and, with
--- return_cache, each step's activations), for a module from ids (B, T) to
--- logits (B, T, V); a stateful model runs as an RNN
--- (lua/anatomy/data/generate.lua).
-function Module:generate(ids, opts)
-  local out, steps = require('anatomy.data.generate').generate(self, ids, opts)  -- lazy: data and models build on nn
-  return out, steps
-end
-
 -- Whether every attention in the model (a module publishing a 'pattern'
 -- hook point, or with keep_pattern) has `method` (set_cache, set_mask) and,
 -- built in, takes part (`takes`): true, or false and why not.
@@ -485,14 +475,6 @@ function Module:device()
   end
   local p = first(self)
   return p and p.device or torch.device()
-end
-
--- m:save_pretrained(folder): a model from models.from_pretrained written back
--- in Hugging Face's layout (config.json, model.safetensors, its tokenizer
--- files), loadable by transformers (lua/anatomy/models/pretrained.lua).
-function Module:save_pretrained(folder)
-  local path = require('anatomy.models.pretrained').save(self, folder)  -- lazy: models build on nn
-  return path
 end
 
 -- m:save(path): the parameters as a safetensors file (written atomically).

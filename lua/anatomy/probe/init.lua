@@ -28,6 +28,7 @@ local Cache = require('anatomy.probe.cache')
 local interventions = require('anatomy.probe.interventions')
 local attribution = require('anatomy.probe.attribution')
 local prompt = require('anatomy.probe.prompt')
+require('anatomy.probe.generate')  -- m:generate and corpus:sample
 
 local probe = {
   -- names (points.lua)

@@ -3,7 +3,7 @@
 -- page scoped into a <div> for a notebook. The autopsy's report, comparisons,
 -- patching grids and figures all render through it.
 local esc = require('anatomy.render.charts').esc
-local provenance = require('anatomy.io.provenance')
+local provenance = require('anatomy.render.provenance')  -- a record as text
 local page = {}
 
 -- The run's provenance at the top: one labelled line each (provenance.fields).

@@ -7,7 +7,7 @@
 local nn = require('anatomy.nn')
 local optim = require('anatomy.optim')
 local fs = require('anatomy.io.fs')
-local measure = require('anatomy.autopsy.measure')
+local probe_record = require('anatomy.train.probe_record')
 local hooks = require('anatomy.probe.hooks')
 local parallel = require('anatomy.train.parallel')
 local checkpoint = require('anatomy.train.checkpoint')
@@ -264,7 +264,7 @@ function Trainer:step(step)
   if capture_handle then
     capture_handle:remove()
     -- the autopsy's own per-step measures: fused gradient norms, stds read back together
-    local record = measure.probe_record(self.model, step, capture, world > 1)
+    local record = probe_record.probe_record(self.model, step, capture, world > 1)
     if o.probe.fn then o.probe.fn(step, capture, record) end
     self.run.probes[#self.run.probes + 1] = record
   end

@@ -1,9 +1,13 @@
 -- Sampling from language models: generate(model, ids, opts) for any module
--- that maps token ids (B, T) to logits (B, T, V) (model:generate in
--- nn/Module.lua), and sample(corpus, model, prompt, opts) for text in and
--- text out (corpus:sample in data.lua).
+-- that maps token ids (B, T) to logits (B, T, V), and sample(corpus, model,
+-- prompt, opts) for text in and text out. They are nn.Module's generate and
+-- data.Corpus's sample, added here: generation reads the KV cache and pads
+-- through probe, above nn and data.
 local options = require('anatomy.torch.options')
 local nn = require('anatomy.nn')
+local data = require('anatomy.data')
+local inputs = require('anatomy.probe.inputs')
+local Cache = require('anatomy.probe.cache')
 local generate = {}
 
 -- The next-token distribution's sample from logits (B, V).
@@ -74,7 +78,6 @@ function generate.generate(self, ids, opts)
   elseif stateful and opts.kv_cache == true then
     error(('%s: kv_cache = true, but %s runs as an RNN (its state is its cache)'):format(where, nn.typename(self)), 3)
   end
-  local inputs = require('anatomy.probe.inputs')  -- here, not at the top: probe reaches data through render/page
   local mask = opts.attention_mask ~= nil and inputs.check_mask(ids, opts.attention_mask, where) or nil
   if mask and not mask:select(2, ids:size(2)):all():item() then
     error(('%s: attention_mask pads on the right; generation needs the padding on the left (padding_side = \'left\')'):format(where), 3)
@@ -88,7 +91,6 @@ function generate.generate(self, ids, opts)
   local filter = opts.return_cache
   if filter == true then filter = nil end
   local steps = opts.return_cache and opts.return_cache ~= false and {} or nil
-  local Cache = steps and require('anatomy.probe.cache')  -- here, not at the top: probe's cache reaches data through render/page
   local was_training = self.training
   self:eval()
   local state, fed = nil, 0  -- fed: the positions the cache holds
@@ -146,6 +148,22 @@ function generate.sample(self, model, prompt, opts)
   if ids:numel() == 0 then ids = torch.tensor({1}, {dtype = 'int64'}) end
   local out = model:generate(ids, opts)
   return self:decode(out)
+end
+
+-- m:generate(ids, {max_new = 200, temperature = 1.0, top_k, seed, kv_cache,
+-- return_cache}) -> the prompt ids followed by sampled ones (and, with
+-- return_cache, each step's activations), for a module from ids (B, T) to
+-- logits (B, T, V); a stateful model runs as an RNN
+function nn.Module:generate(ids, opts)
+  local out, steps = generate.generate(self, ids, opts)
+  return out, steps
+end
+
+-- corpus:sample(model, prompt, opts) -> the prompt and its continuation, as
+-- text (model:generate's options)
+function data.Corpus:sample(model, prompt, opts)
+  local text = generate.sample(self, model, prompt, opts)
+  return text
 end
 
 return generate
