@@ -27,6 +27,8 @@ void register_tensor_reduce(lua_State* L, int methods);
 void register_tensor_autograd(lua_State* L, int methods);
 /// Pushes the table of built-in block constructors (torch._native).
 int luaopen_anatomy_blocks(lua_State* L);
+/// Adds no_grad, enable_grad, is_grad_enabled, set_grad_enabled, autocast and is_autocast_enabled to the torch table at index torch (grad_mode.cpp).
+void register_grad_mode(lua_State* L, int torch);
 /// Adds get_rng_state and set_rng_state to the torch table at index torch (random.cpp).
 void register_random(lua_State* L, int torch);
 /// Adds _cross_entropy to the torch table at index torch (loss.cpp).
