@@ -146,18 +146,21 @@ function H.done()
   os.exit(H.failed == 0 and 0 or 1, true)  -- true: close the state, freeing every tensor
 end
 
+-- H.merged(base, extra) -> a new table: base's keys, then extra's over them
+function H.merged(base, extra)
+  local c = {}
+  for k, v in pairs(base) do c[k] = v end
+  for k, v in pairs(extra) do c[k] = v end
+  return c
+end
+
 -- The five pretrained families (random weights, built from their config.json
 -- settings; Mistral's sliding window `window`) and the built-in GPT, vocab V.
 function H.family_models(V, window)
   local pretrained = require('anatomy.models.pretrained')
   local base = {vocab_size = V, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
     max_position_embeddings = 48}
-  local function with(extra)
-    local c = {}
-    for k, v in pairs(base) do c[k] = v end
-    for k, v in pairs(extra) do c[k] = v end
-    return c
-  end
+  local function with(extra) return H.merged(base, extra) end
   local configs = {
     {'gpt2', {model_type = 'gpt2', vocab_size = V, n_positions = 48, n_embd = 32, n_layer = 2, n_head = 4}},
     {'llama (grouped-query)', with{model_type = 'llama', num_key_value_heads = 2}},

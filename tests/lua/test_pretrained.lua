@@ -355,12 +355,7 @@ end)
 test('the parameters a config implies are those its model has, in every family', function()
   local pretrained = require('anatomy.models.pretrained')
   local base = {vocab_size = V, hidden_size = 32, intermediate_size = 48, num_hidden_layers = 2, num_attention_heads = 4}
-  local function with(extra)
-    local c = {}
-    for k, v in pairs(base) do c[k] = v end
-    for k, v in pairs(extra) do c[k] = v end
-    return c
-  end
+  local function with(extra) return H.merged(base, extra) end
   local configs = {
     {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = 32, n_layer = 3, n_head = 4},
     {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = 32, n_layer = 1, n_head = 4, n_inner = 24, tie_word_embeddings = false},
