@@ -1,6 +1,7 @@
 -- The anatomy half of the side-by-side benchmark (scripts/bench runs it next
 -- to bench/peer.py and prints both). Writes one JSON object to --out.
 --   anatomy --threads=N bench/bench.lua --steps=20 --warmup=5 --out=FILE
+local native = require('anatomy.torch.native')
 local cfg = torch.config.parse({
   steps = 20,        -- timed steps per case (the median is reported)
   warmup = 5,        -- untimed steps first
@@ -9,7 +10,7 @@ local cfg = torch.config.parse({
   only = '',         -- run only the cases whose name contains this
 }, arg, 'usage: anatomy bench/bench.lua [--steps=N] [--warmup=N] [--out=FILE]')
 
-local now = torch._now
+local now = native.now
 local results = {threads = torch.get_num_threads(), libtorch = torch.libtorch_version, cases = {},
   blas = torch.__config__.show():match('BLAS_INFO=(%w+)') or '?', cpu_capability = torch.backends.cpu.get_cpu_capability()}
 

@@ -3,6 +3,7 @@
 -- line: tokens/s over the steps after warm-up, and the time the ranks spent
 -- waiting for the gradients' all-reduce after backward.
 --   anatomy [--nproc N] bench/dist_fit.lua --model=gpt|vibenet --batch=B --steps=S --warmup=W [--bucket_mb=25]
+local native = require('anatomy.torch.native')
 local o = torch.config.parse({model = 'gpt', batch = 32, steps = 60, warmup = 10, bucket_mb = 25}, arg)
 local text = {}
 for i = 1, 4000 do text[i] = ('%d the quick brown fox %s over the lazy dog.'):format(i, i % 3 == 0 and 'jumps' or 'leaps') end
@@ -17,7 +18,7 @@ torch.manual_seed(1)
 local m = configs[o.model]()
 local marks = {}
 local run = train.fit(m, c, {steps = o.steps, batch = o.batch, seq = seqs[o.model], seed = 2, quiet = true,
-  eval_every = 10 ^ 9, bucket_mb = o.bucket_mb, on_step = function(step) marks[step] = torch._now() end})
+  eval_every = 10 ^ 9, bucket_mb = o.bucket_mb, on_step = function(step) marks[step] = native.now() end})
 if dist.rank() == 0 then
   local timed = o.steps - o.warmup
   local seconds = marks[o.steps] - marks[o.warmup]

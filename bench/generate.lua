@@ -3,6 +3,7 @@
 --   anatomy bench/generate.lua FOLDER PROMPT_IDS.json OUT.json NEW REPEATS
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
+local native = require('anatomy.torch.native')
 local folder, prompt_path, out = arg[1], arg[2], arg[3]
 local new, repeats = tonumber(arg[4]), tonumber(arg[5])
 local model = models.from_pretrained(folder)
@@ -13,9 +14,9 @@ for _, cached in ipairs{true, false} do
   model:generate(prompt, {max_new = 4, temperature = 0, kv_cache = cached})  -- warm-up
   result[key .. '_seconds'] = {}
   for i = 1, repeats do
-    local s = torch._now()
+    local s = native.now()
     local ids = model:generate(prompt, {max_new = new, temperature = 0, kv_cache = cached})
-    result[key .. '_seconds'][i] = torch._now() - s
+    result[key .. '_seconds'][i] = native.now() - s
     result[key .. '_ids'] = ids:squeeze(1):tolist()
   end
 end

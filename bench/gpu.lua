@@ -8,6 +8,7 @@
 --   anatomy --device=cuda bench/gpu.lua --out=FILE [--steps=N] [--only=NAME] [--smoke=true]
 -- --smoke=true: every case at toy sizes, on whatever device there is: it checks
 -- that the script runs, and its numbers mean nothing (the report says so).
+local native = require('anatomy.torch.native')
 local cfg = torch.config.parse({
   steps = 30,        -- timed steps per window
   windows = 5,       -- windows per case (the median window is reported)
@@ -18,7 +19,7 @@ local cfg = torch.config.parse({
   smoke = false,     -- toy sizes: a check that the script runs, not a measurement
 }, arg, 'usage: anatomy --device=cuda bench/gpu.lua [--steps=N] [--windows=N] [--vocab=N] [--only=NAME] [--smoke=true] [--out=FILE]')
 
-local now = torch._now
+local now = native.now
 local device = torch.device()
 local cuda = device:match('^cuda') ~= nil
 local function sync() if cuda then torch.cuda.synchronize() end end
@@ -83,7 +84,7 @@ local function trainer(model, x, y, dtype)
     loss:backward()
     opt:step()
   end
-  return function() torch._native.with_trusted_ids(step) end, opt
+  return function() native.blocks.with_trusted_ids(step) end, opt
 end
 
 -- the same step recorded once in a CUDA graph (the optimizer capturable, as
@@ -212,7 +213,7 @@ if want_extra('autopsy') and base then
   local opt = optim.AdamW(base.model, {lr = 1e-3, weight_decay = 0.01})
   local function autopsy_step()
     opt:zero_grad()
-    torch._native.with_trusted_ids(autopsy.step, base.model, function()  -- the batch's ids were checked once, as the plain step's
+    native.blocks.with_trusted_ids(autopsy.step, base.model, function()  -- the batch's ids were checked once, as the plain step's
       local logits = base.dtype and torch.autocast(kind, base.dtype, function() return base.model(base.x) end) or base.model(base.x)
       local loss = nn.functional.cross_entropy(base.dtype and logits:float() or logits, base.y)
       loss:backward()

@@ -9,6 +9,7 @@
 --    result only on request, so not here), its time and memory.
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
+local native = require('anatomy.torch.native')
 local folder, out = arg[1], arg[2]
 local B, T, rounds = tonumber(arg[3] or 8), tonumber(arg[4] or 256), tonumber(arg[5] or 5)
 local model = models.from_pretrained(folder)
@@ -37,9 +38,9 @@ local function alternate(setup_a, setup_b)
   setup_a(); forward(); setup_b(); forward()  -- warm-up
   for i = 1, rounds do
     setup_a()
-    local s = torch._now(); forward(); a[i] = torch._now() - s
+    local s = native.now(); forward(); a[i] = native.now() - s
     setup_b()
-    s = torch._now(); forward(); b[i] = torch._now() - s
+    s = native.now(); forward(); b[i] = native.now() - s
   end
   table.sort(a); table.sort(b)
   return a[math.ceil(rounds / 2)], b[math.ceil(rounds / 2)], a, b
@@ -65,9 +66,9 @@ local cache_times = {}
 local memory, names
 for i = 1, math.max(3, math.floor(rounds / 2)) do
   collectgarbage()
-  local s = torch._now()
+  local s = native.now()
   local _, cache = probe.run_with_cache(model, x)
-  cache_times[i] = torch._now() - s
+  cache_times[i] = native.now() - s
   memory, names = cache:memory(), #cache:names()
   cache = nil
 end

@@ -8,6 +8,7 @@
 -- autopsy's loss to OUT.json.
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
+local native = require('anatomy.torch.native')
 local folder, out = arg[1], arg[2]
 local B, T, repeats = tonumber(arg[3] or 8), tonumber(arg[4] or 256), tonumber(arg[5] or 3)
 local model = models.from_pretrained(folder)
@@ -24,9 +25,9 @@ assert(x:size(1) == B and x:size(2) == T and y:size(1) == B, 'ids.txt does not h
 
 local function timed(fn)
   collectgarbage()
-  local s = torch._now()
+  local s = native.now()
   local r = fn()
-  return torch._now() - s, r
+  return native.now() - s, r
 end
 local function forward() return torch.no_grad(function() return model(x) end) end
 local result = {B = B, T = T, threads = torch.get_num_threads(), libtorch = torch.__version__,

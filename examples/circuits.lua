@@ -33,6 +33,7 @@
 --      previous-token heads' output is read by the induction heads' keys more
 --      than by their queries or values.
 --   anatomy examples/circuits.lua [--steps=1500] [--smoke=true] [--out=out/circuits]
+local native = require('anatomy.torch.native')
 local cfg = experiment.config({vocab = 64, seq = 48, min_run = 8, max_run = 20, eval_run = 16, dim = 256, heads = 4, layers = 2,
   ffn = 128, steps = 1500, batch = 32, lr = 3e-3, seed = 3, eval_batch = 64, probe_batch = 512, probe_steps = 1000, probe_lr = 0.05,
   out = 'out/circuits'},
@@ -56,7 +57,7 @@ local function repeated_loss(logits, x, n)
 end
 
 local opt = optim.AdamW(model, {lr = cfg.lr, weight_decay = 0})
-local t0 = torch._now()
+local t0 = native.now()
 for step = 1, cfg.steps do
   local n = math.random(cfg.min_run, cfg.max_run)
   local x = repeated(cfg.batch, n)
@@ -70,7 +71,7 @@ for step = 1, cfg.steps do
   end
 end
 model:eval()
-print(('trained in %.0f s'):format(torch._now() - t0))
+print(('trained in %.0f s'):format(native.now() - t0))
 
 torch.manual_seed(cfg.seed + 1)
 local n = cfg.eval_run

@@ -5,6 +5,7 @@
 --   anatomy test_data_parallel.lua ANATOMY_BINARY
 package.path = arg[0]:gsub('[^/]*$', '') .. '../lua/?.lua;' .. package.path
 local H = require('harness')
+local native = require('anatomy.torch.native')
 
 local exe = assert(arg[1], 'usage: test_data_parallel.lua ANATOMY_BINARY')
 local here = arg[0]:gsub('[^/]*$', '')
@@ -14,9 +15,9 @@ local fit = here .. 'fit.lua'
 -- stderr together) and the seconds it took.
 local function sh(cmd)
   local out = os.tmpname()
-  local started = torch._now()
+  local started = native.now()
   os.execute(('(%s) > %s 2>&1; echo "exit=$?" >> %s'):format(cmd, out, out))
-  local seconds = torch._now() - started
+  local seconds = native.now() - started
   local text = H.read(out)
   os.remove(out)
   local status = tonumber(text:match('exit=(%d+)\n$'))

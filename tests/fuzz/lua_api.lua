@@ -19,6 +19,7 @@
 -- finding, and the log (each call written and flushed before it runs) says
 -- which call it was: --replay=SEED (or the same --seed) reproduces it, and
 -- tests/fuzz/minimize.lua cuts the sequence to the calls that matter.
+local native = require('anatomy.torch.native')
 local cfg = torch.config.parse({calls = 10000, seed = 1, replay = 0, only = '', log = '', verbose = false}, arg)
 if cfg.replay ~= 0 then cfg.seed = cfg.replay end
 local seed = cfg.seed
@@ -46,9 +47,9 @@ end
 local skip = {
   ['torch.cuda'] = true, ['torch.config.parse'] = false,
   ['train.fit'] = true, ['autopsy.run'] = true, ['experiment'] = true, ['patching.run'] = true, ['help'] = true,
-  ['torch.set_num_threads'] = true, ['torch._native.with_trusted_ids'] = true, ['torch._native.without_init'] = true,
+  ['torch.set_num_threads'] = true, ['native.blocks.with_trusted_ids'] = true, ['native.blocks.without_init'] = true,
   ['models.from_pretrained'] = true, ['data.text'] = true,
-  ['torch.repl'] = true, ['torch._repl'] = true, ['torch.distributed'] = true, ['torch._dist'] = true,
+  ['torch.repl'] = true, ['native.repl'] = true, ['torch.distributed'] = true, ['native.dist'] = true,
 }
 local function skipped(name)
   for prefix, on in pairs(skip) do
@@ -80,6 +81,7 @@ end
 for _, root in ipairs{'torch', 'nn', 'optim', 'probe', 'patching', 'data', 'train', 'text', 'models', 'autopsy', 'exact'} do
   walk(root, _G[root], 0, {})
 end
+walk('native', native, 0, {})  -- the library's own natives (anatomy.torch.native), once torch._*
 -- Every function reachable from the metatables of the objects the library
 -- makes, metamethods included (__tostring, __gc, __index's methods, the
 -- operators), read with debug.getmetatable past any __metatable guard: a C
@@ -276,7 +278,7 @@ local rss = {}
 local slow_bound = 30
 
 local calls, errors, bad, findings = 0, 0, 0, 0
-local started = torch._now()
+local started = native.now()
 
 -- First, the count options on their own, in order: every function of the
 -- analysis roots called as f(model, corpus, {key = v}) for each count option
@@ -296,12 +298,12 @@ if pool_model and not only then
           -- (probe.skip, probe.replace): the count is what is refused
           probe.clear(pool_model)
           local corpus = data.from_string(corpus_text)
-          local t0 = torch._now()
+          local t0 = native.now()
           local ok, r = pcall(fns[name], pool_model, corpus, {[key] = v})
-          if torch._now() - t0 > slow_bound then
+          if native.now() - t0 > slow_bound then
             findings = findings + 1
             print(('FINDING: %s(model, corpus, {%s = %s}) took %.1f s (the bound is %d s)'):format(name, key, tostring(v),
-              torch._now() - t0, slow_bound))
+              native.now() - t0, slow_bound))
           end
           if not ok and (r == nil or r == '') then
             bad = bad + 1
@@ -334,7 +336,7 @@ for i = 1, cfg.calls do
     log:write(('%d %s(%s%s)\n'):format(i, name, on_tensor and describe(self) .. (nargs > 0 and ', ' or '') or '', table.concat(parts, ', ')))
     log:flush()
   end
-  local call_started = torch._now()
+  local call_started = native.now()
   local ok, r = true, nil
   local in_coroutine = math.random(20) == 1  -- so a callback's yield has a coroutine to leave
   if not only or only[i] then ok, r = (in_coroutine and coroutine_pcall or pcall)(function()
@@ -347,7 +349,7 @@ for i = 1, cfg.calls do
   end)
   calls = calls + 1
   end
-  local took = torch._now() - call_started
+  local took = native.now() - call_started
   if took > slow_bound then
     findings = findings + 1
     print(('FINDING: call %d, %s, took %.1f s (the bound is %d s; seed %d)'):format(i, name, took, slow_bound, seed))
@@ -388,5 +390,5 @@ if grew then
   print(('FINDING: resident memory grew at every 10^4 calls, from %.0f MiB to %.0f MiB (seed %d)'):format(rss[1], rss[#rss], seed))
 end
 print(('lua_api: %d functions and %d tensor methods; %d calls (seed %d), %d Lua errors, %d without a message, %.1f s, resident memory %.0f..%.0f MiB; the process survived'):format(
-  #names, #tensor_methods, calls, seed, errors, bad, torch._now() - started, rss[1] or rss_mib(), rss[#rss] or rss_mib()))
+  #names, #tensor_methods, calls, seed, errors, bad, native.now() - started, rss[1] or rss_mib(), rss[#rss] or rss_mib()))
 os.exit((bad == 0 and findings == 0) and 0 or 1)

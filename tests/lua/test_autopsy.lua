@@ -2,6 +2,7 @@
 -- the verdicts and their thresholds, removal, the table, charts and records.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
+local native = require('anatomy.torch.native')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
@@ -114,8 +115,8 @@ test('autopsies in one script each record their own start and wall time', functi
   local ids, y = torch.randint(1, 11, {2, 8}), torch.randint(1, 11, {2, 8})
   local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 1, seq = 8, ffn = 32}
   local a = autopsy.run(m, {ids, y})
-  local t0 = torch._now()
-  while torch._now() - t0 < 1.2 do end
+  local t0 = native.now()
+  while native.now() - t0 < 1.2 do end
   local b = autopsy.run(m, {ids, y})
   assert(b.provenance.wall_seconds < 1.0, ('the second autopsy took %.2f s by its record: the first one\'s time counted in'):format(
     b.provenance.wall_seconds))
@@ -221,7 +222,7 @@ test('autopsy.step measures from the training step itself; idle probes change no
   -- ids trusted as train.fit's are: their range check reads them), and all
   -- of them come back in one read when the snapshot is first looked at
   local pattern, out
-  local counts = torch.profiler.count_ops(torch._native.with_trusted_ids, function()
+  local counts = torch.profiler.count_ops(native.blocks.with_trusted_ids, function()
     snap = autopsy.step(m, function()
       pattern = probe.capture(m, {filter = {'blocks.1.*.pattern', 'blocks.2'}}, function()
         local l = nn.functional.cross_entropy(m(x), y)

@@ -5,6 +5,7 @@
 -- its loop by 0 and never ended.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
+local native = require('anatomy.torch.native')
 local test = H.test
 
 local bad = {0, -1, 1.5, 0 / 0, math.huge}
@@ -13,9 +14,9 @@ local bound = 20  -- seconds any one call may take; a loop that never ends is st
 -- fn() under the time bound: the count hook runs in Lua code (where the loops
 -- that hung are); returns pcall's results
 local function bounded(fn)
-  local t0 = torch._now()
+  local t0 = native.now()
   debug.sethook(function()
-    if torch._now() - t0 > bound then
+    if native.now() - t0 > bound then
       debug.sethook()
       error(('still running after %d s (a loop that does not end?)'):format(bound), 2)
     end

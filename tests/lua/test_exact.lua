@@ -2,6 +2,7 @@
 -- every value, agreement with LibTorch's float64 forward, and the errors.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
+local native = require('anatomy.torch.native')
 local test, eq, raises = H.test, H.eq, H.raises
 local Q, S = exact.Q, exact.tostring
 
@@ -79,14 +80,14 @@ test('certified bounds decide signs and comparisons, or say undecidable', functi
   eq((hi - lo) < Q(2) ^ -60, true, 'width below 2^-60')
   for k = -15, 15 do
     local q = Q(k) / 3
-    local l, h = torch._exact.exp_bounds(q, 80)
+    local l, h = native.exact.exp_bounds(q, 80)
     local f = math.exp(q:tonumber())
     eq(l:tonumber() <= f * (1 + 1e-15) and f * (1 - 1e-15) <= h:tonumber(), true, 'e^(' .. S(q) .. ') inside its bounds')
     eq((h - l) / l < Q(2) ^ -75, true, 'e^(' .. S(q) .. '): relative width below 2^-75')
   end
-  local lo2, hi2 = torch._exact.exp_bounds(Q(-30), 100)
+  local lo2, hi2 = native.exact.exp_bounds(Q(-30), 100)
   eq(lo2:tonumber() <= math.exp(-30) * (1 + 1e-15) and math.exp(-30) * (1 - 1e-15) <= hi2:tonumber(), true, 'e^-30')
-  local s_lo, s_hi = torch._exact.sqrt_bounds(Q(2), Q(2), 80)
+  local s_lo, s_hi = native.exact.sqrt_bounds(Q(2), Q(2), 80)
   eq(s_lo * s_lo <= Q(2) and Q(2) <= s_hi * s_hi, true, '√2 bounded')
   local e1, e2 = exact.exp(1), exact.exp(2)
   local p1, p2 = e1 / (e1 + e2), e2 / (e1 + e2)
@@ -270,7 +271,7 @@ end)
 -- An exact computation that grows without bound: squaring a rational in a
 -- loop doubles its size each time until GMP aborts on its allocation.
 test('an exact value growing past the size limit is an error, not an abort', function()
-  local R = torch._exact
+  local R = native.exact
   raises(function() local q = R.new('3/2'); for _ = 1, 64 do q = q * q end end,
     'the result would be an exact value of about 2.168e+07 bits, past the limit of 16777216 bits (numerator and denominator): the computation grows without bound')
   local limit = ' bits, past the limit of 16777216 bits (numerator and denominator): the computation grows without bound'
@@ -284,7 +285,7 @@ end)
 -- integer converted 1e308 to long long (undefined), and the convergents'
 -- products could leave its range.
 test('the fraction suggested for a number stays in range, and is nil when none comes close', function()
-  local R = torch._exact
+  local R = native.exact
   eq(R.suggest(1e308), nil)
   eq(R.suggest(1e-300), nil)
   eq(R.suggest(0.1), '1/10')

@@ -2,6 +2,7 @@
 -- reader's refusal of what is not a regular file.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
+local native = require('anatomy.torch.native')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
@@ -71,16 +72,16 @@ end)
 test('a file lock is a handle: released by release() or the collector; a second lock of one path in one process is an error, not a wait', function()
   local dir = H.tmpdir()
   local path = dir .. '/blob.lock'
-  local lock = torch._lock(path, 'a blob')
-  H.raises(function() torch._lock(path, 'a blob') end, "this process already holds the lock '" .. path .. "'")
+  local lock = native.lock(path, 'a blob')
+  H.raises(function() native.lock(path, 'a blob') end, "this process already holds the lock '" .. path .. "'")
   lock:release()
   lock:release()  -- again is harmless
-  local again = torch._lock(path)
+  local again = native.lock(path)
   again = nil
   collectgarbage()
   collectgarbage()
-  torch._lock(path):release()  -- the collector let the last one go
-  H.raises_part(function() torch._lock(dir .. '/no/such/folder/x.lock') end, "cannot open the lock '" .. dir .. "/no/such/folder/x.lock'")
+  native.lock(path):release()  -- the collector let the last one go
+  H.raises_part(function() native.lock(dir .. '/no/such/folder/x.lock') end, "cannot open the lock '" .. dir .. "/no/such/folder/x.lock'")
 end)
 
 H.done()

@@ -96,4 +96,79 @@ test('a planted upward require fails, at the top of a file and inside a function
   eq(v[2][1] .. ' ' .. v[2][2], 'nn/Planted.lua anatomy.autopsy.run')
 end)
 
+-- The globals a chunk reads or writes, from its bytecode and its functions'
+-- (LuaJIT's GGET and GSET name a constant string): exact, where a text
+-- search would trip on locals, fields and strings of the same name.
+local jutil = require('jit.util')
+local band, shr = bit.band, bit.rshift
+local GGET = band(jutil.funcbc(loadstring('return some_global'), 1), 0xff)
+local GSET = band(jutil.funcbc(loadstring('some_global = 1'), 2), 0xff)
+local function globals(fn, out)
+  out = out or {}
+  local pc = 1
+  while true do
+    local ins = jutil.funcbc(fn, pc)
+    if not ins then break end
+    local op = band(ins, 0xff)
+    if op == GGET or op == GSET then out[jutil.funck(fn, -shr(ins, 16) - 1)] = true end
+    pc = pc + 1
+  end
+  local n = -1
+  while true do
+    local k = jutil.funck(fn, n)
+    if k == nil then break end
+    if type(k) == 'proto' then globals(k, out) end
+    n = n - 1
+  end
+  return out
+end
+
+-- Lua's own globals (LuaJIT's base library and its modules), and `arg`, the
+-- script's command line, read by torch.config.parse
+local lua_globals = {}
+for name in ([[_G _VERSION arg assert bit collectgarbage coroutine debug dofile error gcinfo getfenv getmetatable io
+  ipairs jit load loadfile loadstring math module newproxy next os package pairs pcall print rawequal rawget rawset
+  require select setfenv setmetatable string table tonumber tostring type unpack xpcall]]):gmatch('%S+') do
+  lua_globals[name] = true
+end
+
+-- foreign(sources) -> {'file reads name', ...}: the globals beyond Lua's own
+-- that each {file = text} reads or sets (init.lua, which sets the globals
+-- scripts see, is left out)
+local function foreign(sources)
+  local out = {}
+  for file, text in pairs(sources) do
+    if file ~= 'init.lua' then
+      local fn = assert(loadstring(text, '@' .. file))
+      for name in pairs(globals(fn)) do
+        if not lua_globals[name] then out[#out + 1] = file .. ' reads ' .. name end
+      end
+    end
+  end
+  table.sort(out)
+  return out
+end
+
+test('library files read no global of the library: torch, nn, optim ... are required', function()
+  eq(table.concat(foreign(sources), '; '), '', 'globals read by library files (require them instead)')
+  local private = {}
+  for file, text in pairs(sources) do
+    for name in text:gmatch('torch%._(%a[%w_]*)') do private[#private + 1] = file .. ': torch._' .. name end
+  end
+  table.sort(private)
+  eq(table.concat(private, '; '), '', "private natives are require('anatomy.torch.native'), not torch._*")
+end)
+
+test('a planted global read fails, in a function and at the top', function()
+  local planted = {
+    ['nn/Planted.lua'] = "local M = {}\nfunction M.f(x) return torch.zeros(x) end\nreturn M\n",
+    ['probe/planted.lua'] = "local x = nn.Linear\nlocal t = {}\nt.table = table.concat\nreturn t\n",
+    ['probe/fine.lua'] = "local torch = require('anatomy.torch')\nlocal nn = {}\nreturn function() return torch, nn.x, string.rep end\n",
+  }
+  eq(table.concat(foreign(planted), '; '), 'nn/Planted.lua reads torch; probe/planted.lua reads nn')
+  local torch_global = require('anatomy.torch')
+  eq(rawget(torch_global, '_now'), nil, 'torch._now is gone from torch')
+  eq(type(require('anatomy.torch.native').now), 'function', 'native.now')
+end)
+
 H.done()

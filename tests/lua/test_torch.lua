@@ -3,6 +3,7 @@
 -- and the memory guard.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
+local native = require('anatomy.torch.native')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
@@ -60,7 +61,7 @@ end)
 -- a call that reads as a hang. $ANATOMY_MAX_ALLOCATION caps one allocation
 -- (the fuzzers set 512 MiB; a user can keep a session small with it).
 test('ANATOMY_MAX_ALLOCATION caps one allocation with an error that names it', function()
-  local exe = torch._data.realpath('/proc/self/exe')  -- this anatomy
+  local exe = native.data.realpath('/proc/self/exe')  -- this anatomy
   local p = io.popen(("ANATOMY_MAX_ALLOCATION=512M '%s' -e \"print(pcall(torch.Tensor[ [[repeat]] ], torch.zeros(5056, {dtype = 'uint8'}), 1000000)); print(torch.zeros(2^20):numel())\" 2>&1"):format(exe))
   local out = p:read('*a')
   p:close()

@@ -1,6 +1,7 @@
 -- Data, training, checkpoints and sampling, on small texts made here.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
+local native = require('anatomy.torch.native')
 local test, eq, close, raises = H.test, H.eq, H.close, H.raises
 
 local sample_text = ('First Citizen: we are accounted poor citizens, the patricians good. '):rep(40)
@@ -145,8 +146,8 @@ test('a run stopped by Ctrl-C or by its time budget leaves a checkpoint at its l
   local stopped = continued(7, {on_step = function(step)
     if step ~= 7 then return end
     os.execute('(sleep 0.1; kill -INT $PPID) &')
-    local t = torch._now()
-    while torch._now() - t < 1 do end
+    local t = native.now()
+    while native.now() - t < 1 do end
   end})
   eq(stopped.interrupted, true)
   -- a budget of no time: one step, then the checkpoint

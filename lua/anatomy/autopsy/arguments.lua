@@ -2,6 +2,7 @@
 -- corpus's tokens against the model's, a list of texts padded into one
 -- batch, the saes, lens and history options. Errors are at the level of
 -- autopsy.run's caller.
+local torch = require('anatomy.torch')
 local probe = require('anatomy.probe')
 local nn = require('anatomy.nn')
 local measure = require('anatomy.autopsy.measure')

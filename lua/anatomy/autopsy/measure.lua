@@ -2,6 +2,7 @@
 -- model, every layer's input and output recorded (dissect), and the
 -- per-step snapshot that training's probe steps and autopsy.step share
 -- (gradient norms in one fused pass, activation statistics, attention).
+local torch = require('anatomy.torch')
 local probe = require('anatomy.probe')
 local inputs = require('anatomy.probe.inputs')
 local nn = require('anatomy.nn')

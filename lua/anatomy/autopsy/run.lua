@@ -5,6 +5,8 @@
 -- batch's forward and backward, every layer's numbers), maps (the attention
 -- maps of a probe text), rows (the Autopsy's rows from the averages) and
 -- removal (blocks skipped, alone and together).
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
 local probe = require('anatomy.probe')
 local nn = require('anatomy.nn')
 local measure = require('anatomy.autopsy.measure')
@@ -444,7 +446,7 @@ local function run(model, source, opts)
   if padded then source = {padded[1], padded[2]} end
   args.check_tokens(model, source)
   -- this autopsy's own start (or its training run's): several in one script each keep their own date and wall time
-  local started, started_utc = torch._now(), os.date('!%Y-%m-%dT%H:%M:%SZ')
+  local started, started_utc = native.now(), os.date('!%Y-%m-%dT%H:%M:%SZ')
   if type(opts.history) == 'table' and opts.history.started then started, started_utc = opts.history.started, opts.history.started_utc end
   local s = start(model, source, opts)
   if padded then s.mask, s.idx = padded.mask, padded.idx end

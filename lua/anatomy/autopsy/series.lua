@@ -8,17 +8,18 @@
 -- verdict changes ("blocks.3: worker until step 8000, passenger from step
 -- 16000"), and a report that charts each measure over the training steps
 -- with those changes marked.
-local fs = (require('anatomy.io.fs'))
-local json = (require('anatomy.io.json'))
-local hub = (require('anatomy.io.hub'))
-local options = (require('anatomy.torch.options'))
-local format = (require('anatomy.render.format'))
-local charts = (require('anatomy.render.charts'))
-local page = (require('anatomy.render.page'))
-local nn = (require('anatomy.nn'))
-local checkpoint = (require('anatomy.train.checkpoint'))
-local run = (require('anatomy.autopsy.run'))
-local models = (require('anatomy.models'))
+local torch = require('anatomy.torch')
+local fs = require('anatomy.io.fs')
+local json = require('anatomy.io.json')
+local hub = require('anatomy.io.hub')
+local options = require('anatomy.torch.options')
+local format = require('anatomy.render.format')
+local charts = require('anatomy.render.charts')
+local page = require('anatomy.render.page')
+local nn = require('anatomy.nn')
+local checkpoint = require('anatomy.train.checkpoint')
+local run = require('anatomy.autopsy.run')
+local models = require('anatomy.models')
 
 local fmt = format.number
 local function step_number(v) return v % 1 == 0 and ('%d'):format(v) or fmt(v) end

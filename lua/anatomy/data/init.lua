@@ -1,8 +1,10 @@
 -- data: text corpora for training. A corpus is a tokenized text (the file is
 -- memory-mapped, never read into a Lua string) with a train/val split, and
 -- hands out random windows as batches. Token ids are 1-based.
+local torch = require('anatomy.torch')
+local natives = require('anatomy.torch.native')
 local data = {}
-local native = torch._data
+local native = require('anatomy.torch.native').data
 local options = require('anatomy.torch.options')
 local fs = require('anatomy.io.fs')
 local json = require('anatomy.io.json')
@@ -46,7 +48,7 @@ end
 -- (public domain) from Debian's bible-kjv package, dumped once with its
 -- `bible` program into the cache folder, one verse per line, references stripped.
 function data.default_text()
-  local dir = torch._cache_dir()  -- XDG_CACHE_HOME honoured, as for trained tokenizers
+  local dir = natives.cache_dir()  -- XDG_CACHE_HOME honoured, as for trained tokenizers
   local path = dir .. '/kjv.txt'
   if fs.exists(path) then return path end
   local probe = io.popen('command -v bible 2>/dev/null')
@@ -156,7 +158,7 @@ local function from_sentencepiece(folder, model)
       settings[key] = v
     end
   end
-  return torch._data._bpe_from_sentencepiece(model, settings.add_bos_token, settings.add_eos_token,
+  return natives.data._bpe_from_sentencepiece(model, settings.add_bos_token, settings.add_eos_token,
     settings.add_prefix_space, settings.legacy)
 end
 
@@ -182,14 +184,14 @@ function data.tokenizer(path, opts)
   if fs.is_dir(path) then
     local json_path, vocab, merges, model = path .. '/tokenizer.json', path .. '/vocab.json', path .. '/merges.txt',
       path .. '/tokenizer.model'
-    if fs.exists(json_path) then native = torch._data._bpe_from_json(json_path)
-    elseif fs.exists(vocab) and fs.exists(merges) then native = torch._data._bpe_from_vocab_merges(vocab, merges)
+    if fs.exists(json_path) then native = natives.data._bpe_from_json(json_path)
+    elseif fs.exists(vocab) and fs.exists(merges) then native = natives.data._bpe_from_vocab_merges(vocab, merges)
     elseif fs.exists(model) then native = from_sentencepiece(path, model)
     else error(("data.tokenizer: '%s' holds none of tokenizer.json, vocab.json and merges.txt, tokenizer.model"):format(path), 2) end
   elseif path:match('%.model$') then
     native = from_sentencepiece(path:match('^(.*)/[^/]*$') or '.', path)
   else
-    native = torch._data._bpe_from_json(path)
+    native = natives.data._bpe_from_json(path)
   end
   local tok = setmetatable({_native = native, vocab_size = native:vocab_size(), path = name}, Tokenizer)
   -- the BOS token tokenizer_config.json names (to_str_tokens' prepend_bos), when it is in the vocabulary

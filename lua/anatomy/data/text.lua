@@ -1,10 +1,11 @@
 -- text: measures of text itself, for judging what a model generates.
+local native = require('anatomy.torch.native')
 local text = {}
 
 -- text.compressed_size(s) -> bytes of s after zlib compression (level 9)
 function text.compressed_size(s)
   assert(type(s) == 'string', 'text.compressed_size expects a string')
-  return torch._compressed_size(s, 9)
+  return native.compressed_size(s, 9)
 end
 
 -- text.compression_ratio(s) -> compressed size / size: lower means more repetitive text

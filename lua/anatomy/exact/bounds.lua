@@ -2,7 +2,7 @@
 -- interval arithmetic on rationals, rounded outward at increasing precision
 -- (64 to 4096 bits) — from which signs and comparisons are decided, or said
 -- to be undecidable. Over value.lua's normal form (terms c·e^q·Πaᵏ of atoms).
-local native = torch._exact
+local native = require('anatomy.torch.native').exact
 local isQ = native.is_rational
 local ZERO, ONE = native.new(0), native.new(1)
 local B = {}

@@ -1,5 +1,6 @@
 -- Checking an exact trace against LibTorch: the same forward pass in float64
 -- (exact.float_forward) and the largest difference over every value (trace:compare).
+local torch = require('anatomy.torch')
 local V = require('anatomy.exact.value')
 
 return function(exact, Trace, each_value, split_tokens)

@@ -1,6 +1,7 @@
 -- exact.model: reading a tiny transformer's weights (integers and fraction
 -- strings) into exact values, with errors that name the weight, the entry and
 -- where an expected size comes from; and reading the tokens a trace runs on.
+local native = require('anatomy.torch.native')
 local V = require('anatomy.exact.value')
 local options = require('anatomy.torch.options')
 
@@ -28,7 +29,7 @@ local function number(path, x)
   if V.is_rational(x) then return x end
   if type(x) == 'number' then
     if x ~= math.floor(x) or x ~= x then
-      local hint = torch._exact.suggest(x)
+      local hint = native.exact.suggest(x)
       fail("exact.model: %s = %s is not exact; write fractions as strings%s", path, tostring(x),
         hint and (", e.g. '" .. hint .. "'") or '')
     end

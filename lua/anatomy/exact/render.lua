@@ -3,7 +3,7 @@
 -- replaced by labels where the caller names them. value.lua holds the
 -- algebra; this file only reads its terms (t.c, t.e, t.f = {{a, k}}) and
 -- atoms (a.kind, a.arg).
-local native = torch._exact
+local native = require('anatomy.torch.native').exact
 local newQ, isQ = native.new, native.is_rational
 
 local R = {}

@@ -1,6 +1,7 @@
 -- Printing an exact trace: print(trace), trace:step() with the new values
 -- highlighted, and trace:latex(). Long atoms get names (S1 = √(...)) defined
 -- where they first appear.
+local native = require('anatomy.torch.native')
 local V = require('anatomy.exact.value')
 
 return function(Trace, Step, each_value)
@@ -134,7 +135,7 @@ return function(Trace, Step, each_value)
       self.cursor = self.cursor + 1
     end
     local s = self.steps[self.cursor]
-    local tty = torch._isatty(1)
+    local tty = native.isatty(1)
     if self.cursor > 1 then
       local prev = self.steps[self.cursor - 1]
       print(color(('     after %d %s'):format(prev.index, prev.name), '2', tty))

@@ -1,4 +1,4 @@
--- Exact values for the exact trace: rationals (GMP, from torch._exact) and
+-- Exact values for the exact trace: rationals (GMP, from natives.exact) and
 -- named values, the expressions that appear once an operation leaves the
 -- rationals (e^1/(e^1+e^2), √(2/3)).
 --
@@ -19,7 +19,8 @@
 -- (V.bounds): intervals with dyadic endpoints, rounded outward at each step.
 -- Signs and comparisons of named values are decided from the bounds, at
 -- increasing precision, or reported as undecidable.
-local native = torch._exact
+local natives = require('anatomy.torch.native')
+local native = require('anatomy.torch.native').exact
 local newQ, isQ = native.new, native.is_rational
 local B = require('anatomy.exact.bounds')
 

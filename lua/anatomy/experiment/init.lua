@@ -2,6 +2,8 @@
 -- claims were made on (found, checked by its SHA-256, never silently
 -- replaced), the table that sets a published claim beside our measurement
 -- with a verdict, and sweeps over a grid of settings.
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
 local data = require('anatomy.data')
 local provenance = require('anatomy.io.provenance')
 local fs = require('anatomy.io.fs')
@@ -37,7 +39,7 @@ local exists = fs.exists
 
 -- The repository root above a file: the nearest folder holding lua/anatomy/init.lua.
 local function root_above(path)
-  local dir = path and torch._data.realpath(path)
+  local dir = path and native.data.realpath(path)
   while dir and dir ~= '' do
     dir = dir:match('^(.*)/[^/]*$')
     if dir and exists(dir .. '/lua/anatomy/init.lua') then return dir end

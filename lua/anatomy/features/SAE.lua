@@ -9,6 +9,7 @@
 --              a JumpReLU at one threshold learnt in training (as SAELens
 --              saves it)
 -- D the point's width (d_in), F features (d_sae), N rows.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local format = require('anatomy.render.format')
 

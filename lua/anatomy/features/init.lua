@@ -6,6 +6,7 @@
 --   saelens.lua    SAELens's folder format, read and written
 --   splice.lua     sae.attach (the reconstruction in the model) and sae.evaluate
 --   inspect.lua    top-activating contexts, feature pages
+local torch = require('anatomy.torch')
 local options = require('anatomy.torch.options')
 local nn = require('anatomy.nn')
 local SAE = require('anatomy.features.SAE')

@@ -2,6 +2,7 @@
 -- and a page per feature (its activations' histogram, its top contexts,
 -- the tokens its decoder direction promotes and suppresses, its density).
 -- B batch, T time, F features, K contexts kept per feature, V vocab.
+local torch = require('anatomy.torch')
 local options = require('anatomy.torch.options')
 local hooks = require('anatomy.probe.hooks')
 local points = require('anatomy.probe.points')

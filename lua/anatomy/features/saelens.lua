@@ -4,6 +4,7 @@
 -- SAE is written as the JumpReLU it is after training. Reads the flat
 -- configs of SAELens 3-5 (hook_name, model_name at the top) and the nested
 -- one of 6 (metadata.hook_name).
+local torch = require('anatomy.torch')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 local format = require('anatomy.render.format')

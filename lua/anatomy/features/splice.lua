@@ -3,6 +3,8 @@
 -- features as hook points between), and sae.evaluate measures how much of
 -- the point and of the model's loss the SAE keeps.
 -- B batch, T time, D the point's width, F features, N rows.
+local torch = require('anatomy.torch')
+local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')

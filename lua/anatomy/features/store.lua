@@ -7,6 +7,7 @@
 -- for rows beyond them. A transcoder's store holds a module's input and
 -- output (x, y) side by side.
 -- B sequences per forward, T their length, D the point's width, N rows.
+local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
 local json = require('anatomy.io.json')

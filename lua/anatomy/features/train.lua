@@ -15,6 +15,9 @@
 -- found auxiliary-k enough). ReLU and JumpReLU SAEs are only tracked.
 -- Decoder rows stay unit norm: the gradient's component along each row is
 -- removed before the step and the rows renormalised after it.
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
+local optim = require('anatomy.optim')
 local options = require('anatomy.torch.options')
 local Store = require('anatomy.features.store')
 local SAE = require('anatomy.features.SAE')
@@ -262,7 +265,7 @@ function M.train(model, corpus, opts, where)
     since:copy_(resume.t.since)
     torch.set_rng_state(resume.t.rng)
   end
-  local t0 = torch._now()
+  local t0 = native.now()
   for step = first, o.steps do
     if not (step == first and x) then x, y = store:next(o.batch) end
     local target = y or x
@@ -292,7 +295,7 @@ function M.train(model, corpus, opts, where)
         step, total:item(), l0, ev, dead_share
       if o.print then
         print(('sae step %5d/%d  loss %.4f  L0 %.1f  explained variance %.3f  dead %.1f%%  (%.0f rows/s)'):format(step, o.steps,
-          total:item(), l0, ev, 100 * dead_share, (step - first + 1) * o.batch / math.max(1e-9, torch._now() - t0)))
+          total:item(), l0, ev, 100 * dead_share, (step - first + 1) * o.batch / math.max(1e-9, native.now() - t0)))
       end
     end
     if opts.checkpoint and (step % every == 0 or step == o.steps) then

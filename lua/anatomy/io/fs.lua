@@ -2,6 +2,7 @@
 -- file exists, making a folder, reading a file, and writing one atomically
 -- (a temporary file fsynced and renamed into place, so no reader sees half a
 -- file, even after a kill -9 or a power cut).
+local native = require('anatomy.torch.native')
 local fs = {}
 
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
@@ -11,7 +12,7 @@ fs.quote = quote
 -- opens nothing: opening a FIFO to see whether it is there would block, and
 -- the reader that comes next refuses what is not a regular file.
 function fs.exists(path)
-  return type(path) == 'string' and path ~= '' and torch._realpath(path) ~= nil
+  return type(path) == 'string' and path ~= '' and native.realpath(path) ~= nil
 end
 
 -- fs.is_dir(path) -> true when path is a folder (path/. opens only for a folder)
@@ -33,7 +34,7 @@ function fs.dirname(path) return path:match('^(.*)/[^/]*$') end
 
 -- fs.read(path) -> the file's bytes; an error naming path when it cannot be read
 function fs.read(path)
-  local why = type(path) == 'string' and torch._not_a_file(path)
+  local why = type(path) == 'string' and native.not_a_file(path)
   if why then error(("cannot read '%s': it %s"):format(path, why), 2) end
   local f, err = io.open(path, 'rb')
   if not f then error(("cannot read '%s' (%s)"):format(path, err), 2) end
@@ -49,26 +50,26 @@ end
 -- it was, never a partial file.
 function fs.write_atomic(path, text)
   fs.mkdir(fs.dirname(path))
-  local ok, err = pcall(torch._write_atomic, path, text)
+  local ok, err = pcall(native.write_atomic, path, text)
   if not ok then error((tostring(err):gsub('^torch%._write_atomic: ', '')), 2) end
   return path
 end
 
 -- fs.sync(path): forces what was appended to path onto the disk
 function fs.sync(path)
-  local ok, err = pcall(torch._sync_file, path)
+  local ok, err = pcall(native.sync_file, path)
   if not ok then error((tostring(err):gsub('^torch%._sync_file: ', '')), 2) end
 end
 
 -- fs.list(dir) -> the names in dir, sorted; an error naming dir when it cannot be listed
 function fs.list(dir)
-  local ok, names = pcall(torch._list_dir, dir)
+  local ok, names = pcall(native.list_dir, dir)
   if not ok then error((tostring(names):gsub('^torch%._list_dir: ', '')), 2) end
   return names
 end
 
 -- fs.remove_stale(path) -> n: removes path.tmp.<pid> files that writers
 -- killed before their rename left beside path (their process is gone)
-function fs.remove_stale(path) return torch._remove_stale_temporaries(path) end
+function fs.remove_stale(path) return native.remove_stale_temporaries(path) end
 
 return fs

@@ -25,11 +25,12 @@
 -- opened without following a link; every file is checked against a digest
 -- (the listing's, else the ETag's) or refused; every answer is bounded in
 -- bytes and in time (hub.limits).
-local fs = (require('anatomy.io.fs'))
-local json = (require('anatomy.io.json'))
-local options = (require('anatomy.torch.options'))
-local cache = (require('anatomy.io.hub_cache'))
-local http = (require('anatomy.io.hub_http'))
+local native = require('anatomy.torch.native')
+local fs = require('anatomy.io.fs')
+local json = require('anatomy.io.json')
+local options = require('anatomy.torch.options')
+local cache = require('anatomy.io.hub_cache')
+local http = require('anatomy.io.hub_http')
 
 local hub = {}
 for _, name in ipairs{'bad_name', 'digest_kind', 'normalize', 'is_inside', 'cache_paths', 'is_repo_id'} do
@@ -156,7 +157,7 @@ function hub.open(repo_id, opts)
     end
     snap.commit = commit:lower()
     snap.folder = hub.cache_paths(session.cache_dir, repo_id, {commit = snap.commit, where = where}).snapshot
-    if torch._lstat_kind(snap.folder) ~= 'directory' then
+    if native.lstat_kind(snap.folder) ~= 'directory' then
       error(("%s: %s, and commit %s of '%s' is not in the cache (no %s)"):format(where, why, commit, repo_id, snap.folder), 0)
     end
     return snap
@@ -210,7 +211,7 @@ end
 function Snapshot:has(file)
   if self._listed then return self._listed[file] ~= nil end
   if hub.bad_name(file) then return false end
-  return torch._lstat_kind(self.folder .. '/' .. file) ~= nil
+  return native.lstat_kind(self.folder .. '/' .. file) ~= nil
 end
 
 -- Fetches a blob into p.blob, holding its lock: continued from its
@@ -221,15 +222,15 @@ local function fetch_blob(session, url, p, digest, size, label)
   cache.make_dirs(session.cache_dir, p.blobs, session.where)
   local limits = session.limits
   cache.remove_foreign(p.lock, 'the lock', session.where)
-  local lock = torch._lock(p.lock, label)
+  local lock = native.lock(p.lock, label)
   local ok, err = pcall(function()
-    if torch._lstat_kind(p.blob) == 'file' and torch._file_size(p.blob) == size then return end  -- fetched meanwhile
+    if native.lstat_kind(p.blob) == 'file' and native.file_size(p.blob) == size then return end  -- fetched meanwhile
     cache.remove_foreign(p.blob, 'the blob', session.where)
-    if torch._lstat_kind(p.blob) == 'file' then os.remove(p.blob) end  -- of another size: not this file
+    if native.lstat_kind(p.blob) == 'file' then os.remove(p.blob) end  -- of another size: not this file
     cache.remove_foreign(p.part, 'the part file', session.where)
     local tries = 0
     while true do
-      local have = torch._file_size(p.part) or 0
+      local have = native.file_size(p.part) or 0
       if have > size then os.remove(p.part); have = 0 end
       if have == size then break end
       local r = http.request(session, {method = 'GET', url = url, output = p.part, resume_from = have > 0 and have or nil,
@@ -241,14 +242,14 @@ local function fetch_blob(session, url, p, digest, size, label)
           session.where, size, label), 0)
       end
       if not r.error and r.status >= 200 and r.status < 300 then break end
-      if r.status == 416 and (torch._file_size(p.part) or 0) == size then break end
+      if r.status == 416 and (native.file_size(p.part) or 0) == size then break end
       tries = tries + 1
       if not r.error then error(http.refusal(session, r, session.where .. ': ' .. label), 0) end
       if tries >= limits.tries or (r.written or 0) == 0 then
         error(('%s: %s (after %d %s%s; %s kept to continue from)'):format(session.where, http.reach_error(session, url, r),
           tries, tries == 1 and 'try' or 'tries', (r.written or 0) == 0 and ', the last bringing no byte' or '', p.part), 0)
       end
-      io.stderr:write(('anatomy: %s: %s; continuing from byte %d\n'):format(label, r.error, torch._file_size(p.part) or 0))
+      io.stderr:write(('anatomy: %s: %s; continuing from byte %d\n'):format(label, r.error, native.file_size(p.part) or 0))
     end
     cache.check_digest(p.part, digest, size, label, session.where)
     local renamed, why = os.rename(p.part, p.blob)
@@ -316,11 +317,11 @@ function Snapshot:fetch(file)
   local from = (r.status >= 300 and r.headers.location) or r.url
   p = hub.cache_paths(session.cache_dir, self.repo_id, {commit = self.commit, file = file, digest = digest,
     where = session.where})
-  if not (torch._lstat_kind(p.blob) == 'file' and torch._file_size(p.blob) == size) then
+  if not (native.lstat_kind(p.blob) == 'file' and native.file_size(p.blob) == size) then
     fetch_blob(session, from, p, digest, size, label)
   end
   cache.make_dirs(session.cache_dir, fs.dirname(p.file), session.where)
-  torch._symlink(p.link, p.file)
+  native.symlink(p.link, p.file)
   return p.file
 end
 
@@ -416,7 +417,7 @@ function hub.fetch_model(repo_id, opts)
   -- that differ (a checkpoint series says so)
   local blobs = {}
   for _, f in ipairs(snap.weight_files or {'model.safetensors'}) do
-    local target = torch._readlink(snap.folder .. '/' .. f)
+    local target = native.readlink(snap.folder .. '/' .. f)
     blobs[#blobs + 1] = target and target:match('([^/]+)$') or f
   end
   snap.weights_id = table.concat(blobs, ',')

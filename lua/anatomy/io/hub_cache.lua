@@ -5,15 +5,16 @@
 -- followed, a snapshot entry used only when it links into its repository's
 -- blobs/, every blob checked against its size and digest. Its functions are
 -- hub's too (hub.bad_name, hub.cache_paths, ...).
-local fs = (require('anatomy.io.fs'))
+local native = require('anatomy.torch.native')
+local fs = require('anatomy.io.fs')
 
 local cache = {}
 
 -- A file the client reads that is not its own (the token file, a ref): a
 -- regular file, never a FIFO (which would block the open) or a device.
 function cache.read_small(path)
-  local kind = torch._lstat_kind(path)
-  if kind == 'link' then kind = torch._realpath(path) and torch._lstat_kind(torch._realpath(path)) end
+  local kind = native.lstat_kind(path)
+  if kind == 'link' then kind = native.realpath(path) and native.lstat_kind(native.realpath(path)) end
   if kind ~= 'file' then return nil, kind end
   local f = io.open(path, 'rb')
   if not f then return nil end
@@ -139,7 +140,7 @@ function cache.make_dirs(root, path, where)
   local at = root
   for segment in rest:gmatch('[^/]+') do
     at = at .. '/' .. segment
-    local ok, err = pcall(torch._mkdir, at)
+    local ok, err = pcall(native.mkdir, at)
     if not ok then
       error(('%s: %s (the cache is not as anatomy or huggingface_hub leave it: remove that entry)'):format(where,
         (tostring(err):gsub('^torch%._mkdir: ', ''))), 0)
@@ -169,15 +170,15 @@ end
 -- a regular file (named by the listed digest, of the listed size, when the
 -- listing says them); offline, a regular file (a copy) too. Else false and why.
 function cache.usable(session, p, want)
-  local kind = torch._lstat_kind(p.file)
+  local kind = native.lstat_kind(p.file)
   if kind == nil then return false, 'it is missing' end
   if kind == 'file' and session.offline then return true end
   if kind ~= 'link' then return false, ('it is a %s, not a link into blobs/'):format(kind) end
-  local real, blobs = torch._realpath(p.file), torch._realpath(p.blobs)
+  local real, blobs = native.realpath(p.file), native.realpath(p.blobs)
   if not real or not blobs or real:sub(1, #blobs + 1) ~= blobs .. '/' or real:find('/', #blobs + 2, true) then
-    return false, ('its link %s does not lead into %s'):format(tostring(torch._readlink(p.file)), p.blobs)
+    return false, ('its link %s does not lead into %s'):format(tostring(native.readlink(p.file)), p.blobs)
   end
-  if torch._lstat_kind(real) ~= 'file' then return false, ('its blob %s is not a regular file'):format(real) end
+  if native.lstat_kind(real) ~= 'file' then return false, ('its blob %s is not a regular file'):format(real) end
   local name = real:sub(#blobs + 2)  -- offline, any name huggingface_hub gave it (a mirror's ETag)
   if not session.offline and not (want and want.digest) then
     return false, 'the listing gives no digest to check it by'  -- the file's HEAD will
@@ -185,20 +186,20 @@ function cache.usable(session, p, want)
   if want and want.digest and name:lower() ~= want.digest then
     return false, ('its blob is %s, the listing says %s'):format(name, want.digest)
   end
-  if want and want.size and torch._file_size(real) ~= want.size then
-    return false, ('its blob holds %d bytes, the listing says %d'):format(torch._file_size(real), want.size)
+  if want and want.size and native.file_size(real) ~= want.size then
+    return false, ('its blob holds %d bytes, the listing says %d'):format(native.file_size(real), want.size)
   end
   return true
 end
 
 function cache.check_digest(path, digest, size, label, where)
-  local have = torch._file_size(path)
+  local have = native.file_size(path)
   if have ~= size then
     os.remove(path)
     error(('%s: the download of %s has %d bytes, the Hub said %d; removed, try again'):format(where, label, have, size), 0)
   end
   local kind = cache.digest_kind(digest)
-  local got = torch._file_digest(path, kind)
+  local got = native.file_digest(path, kind)
   if got ~= digest then
     os.remove(path)
     error(('%s: the download of %s has %s %s, the Hub said %s; removed, try again'):format(
@@ -207,7 +208,7 @@ function cache.check_digest(path, digest, size, label, where)
 end
 
 function cache.remove_foreign(path, what, where)
-  local kind = torch._lstat_kind(path)
+  local kind = native.lstat_kind(path)
   if kind ~= nil and kind ~= 'file' then  -- a link, FIFO or folder planted there: removed, never followed
     local ok = os.remove(path)
     if not ok then error(('%s: %s %s is a %s, not a file, and cannot be removed'):format(where, what, path, kind), 0) end

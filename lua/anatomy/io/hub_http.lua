@@ -2,6 +2,8 @@
 -- with its redirects (the token only to the endpoint's host), bounded by
 -- hub.limits (metadata answers by the metadata limits), and a refusal (401,
 -- 403, 404) in words.
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
 local http = {}
 
 function http.quote_url(s, keep_slash)
@@ -94,7 +96,7 @@ function http.request(session, req)
   end
   for _ = 1, 6 do
     req.headers = http.headers_for(req.url, session)
-    local r = torch._http(req)
+    local r = native.http(req)
     local location = r.headers.location
     if r.status >= 300 and r.status < 400 and location then
       location = http.resolve_location(req.url, location)

@@ -2,6 +2,7 @@
 -- Arrays are tables with keys 1..n; other tables are objects with sorted
 -- keys; NaN and infinities become null, as JSON has no words for them.
 -- Decoding turns null into json.null (a Lua nil cannot sit in an array).
+local torch = require('anatomy.torch')
 local json = {}
 
 local escapes = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f', ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t'}

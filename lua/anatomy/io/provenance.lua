@@ -4,15 +4,16 @@
 -- rerun. Every writer of results (examples, scripts, the autopsy's JSON and
 -- report) builds its record here; render/provenance.lua writes it as text
 -- (provenance.line, provenance.fields).
+local torch = require('anatomy.torch')
+local natives = require('anatomy.torch.native')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 
 local provenance = {}
-local native = torch._data
-
+local native = require('anatomy.torch.native').data
 -- When the library was loaded: the start of the script, near enough. A
 -- record's wall time counts from here unless told otherwise.
-provenance.started = torch._now()
+provenance.started = natives.now()
 provenance.started_utc = os.date('!%Y-%m-%dT%H:%M:%SZ')
 
 -- A file's bytes, or nil where it cannot be read (/proc and /etc differ between systems).
@@ -146,7 +147,7 @@ function provenance.record(spec)
     anatomy = torch.version.anatomy, libtorch = torch.libtorch_version, cuda = torch.version.cuda, lua = jit and jit.version or _VERSION,
     threads = torch.get_num_threads(), device = torch.device(), commit = provenance.commit(),
     machine = provenance.machine(), started = spec.started_utc or provenance.started_utc,
-    wall_seconds = torch._now() - (spec.started or provenance.started),
+    wall_seconds = natives.now() - (spec.started or provenance.started),
   }
   if spec.corpus then rec.data = provenance.data(spec.corpus) end
   if spec.model then rec.model = provenance.model(spec.model) end

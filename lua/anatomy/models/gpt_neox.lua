@@ -5,6 +5,7 @@
 -- (use_parallel_residual); a final LayerNorm; an untied head (embed_out).
 -- Names follow Hugging Face's, except the stack: blocks.1 is
 -- gpt_neox.layers.0.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local models = require('anatomy.models')
 local pretrained = require('anatomy.models.pretrained')

@@ -1,4 +1,5 @@
 -- models: the architectures anatomy dissects, written in Lua from nn blocks.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
 local models = {}

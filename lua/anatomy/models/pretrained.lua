@@ -8,6 +8,8 @@
 -- checkpoint is `h.1.attn` here (model.h[1]); a Llama's `model.layers.0` is
 -- `blocks.1` (every model has a layers() method). models.hf_name and
 -- models.anatomy_name translate a dotted name either way.
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
 local nn = require('anatomy.nn')
 local data = require('anatomy.data')
 local models = require('anatomy.models')
@@ -308,7 +310,7 @@ function pretrained.from_config(config, opts)
   local settings = F.check(config, where)
   pretrained.check_size(F, settings, config, source and ("'%s'"):format(source) or 'the config', where)
   if opts.seed ~= nil then torch.manual_seed(opts.seed) end
-  local model = torch._native.without_init(F.build, settings)
+  local model = native.blocks.without_init(F.build, settings)
   torch.no_grad(function()
     for name, p in model:named_parameters() do
       if p:dim() >= 2 then p:normal_(0, range)
@@ -385,7 +387,7 @@ function pretrained.from_pretrained(name, opts)
       error(("%s: the checkpoint has a tensor anatomy does not place: %s"):format(where, name), 2)
     end
   end
-  local model = torch._native.without_init(F.build, settings)  -- every parameter is filled below
+  local model = native.blocks.without_init(F.build, settings)  -- every parameter is filled below
   local params = {}
   for name, p in model:named_parameters() do params[name] = p end
   local function check_shape(w, stored, shape)

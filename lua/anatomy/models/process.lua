@@ -20,6 +20,7 @@
 -- Computed in float64, written back in the parameters' dtype. A tied head is
 -- untied first (the embedding and the head change differently); the head
 -- gains a bias where the final norm's shift has to go somewhere.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
 

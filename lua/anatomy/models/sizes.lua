@@ -2,6 +2,7 @@
 -- config that says n_layer = 10^9 over a small checkpoint is refused from its
 -- sizes alone, in milliseconds, where building it ran minutes before the
 -- allocator gave up.
+local native = require('anatomy.torch.native')
 local format = require('anatomy.render.format')
 local sizes = {}
 
@@ -22,7 +23,7 @@ end
 -- its sizes alone, in milliseconds, where building it ran minutes before the
 -- allocator gave up. The count is the family's (F.parameters) in float32, the
 -- dtype every model is built in; the memory is what the memory guard counts
--- (torch._available_memory). The weights may hold more than the config
+-- (native.available_memory). The weights may hold more than the config
 -- implies (buffers, a tied head saved anyway) or a little less (an untied
 -- head left out, named later as the missing tensor): only a config implying
 -- more than 1.5 times their elements is refused.
@@ -41,7 +42,7 @@ function sizes.check_size(F, s, config, source, where, files, weights)
   end
   local implies = ('%s implies %s parameters, %s in float32 (%s)'):format(source, count_text(n), bytes_text(bytes),
     table.concat(keys, ', '))
-  local available = torch._available_memory()
+  local available = native.available_memory()
   local memory = available > 0 and ('this machine has %s of memory left'):format(bytes_text(available))
     or 'the memory left cannot be told here'
   if files then

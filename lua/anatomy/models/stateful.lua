@@ -5,6 +5,7 @@
 -- forward(ids, hidden) takes that previous pass's hidden states (B, T, C), or
 -- nil for a plain pass, and returns logits (B, T, V) and this pass's hidden
 -- states (B, T, C). step() runs it as an RNN, carrying h token to token.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local models = require('anatomy.models')
 

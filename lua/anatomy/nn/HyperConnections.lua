@@ -18,6 +18,7 @@
 --     H_res = res_logits, H_pre = 1/n + pre_logits, H_post = 1 + post_logits.
 -- Use nn.ExpandStreams(n) before the first block and nn.MergeStreams() after
 -- the last to go between (..., C) and (..., n, C).
+local torch = require('anatomy.torch')
 local options = require('anatomy.torch.options')
 local nn = require('anatomy.nn')
 local format = require('anatomy.render.format')

@@ -9,6 +9,7 @@
 -- keep_pattern(keep, grad) / pattern() its entropy and maps. Each has a
 -- default (below, and nn.Sequential's readout); what is missing, the autopsy
 -- says under its table.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local format = require('anatomy.render.format')
 

@@ -1,9 +1,9 @@
 -- The built-in blocks: Lua classes over C++ LibTorch modules (host/nn/).
 -- Each holds its native block in self._native and exposes the block's
 -- parameters as its own (the same tensors), so it follows nn.Module exactly.
+local natives = require('anatomy.torch.native')
 local nn = require('anatomy.nn')
-local native = torch._native
-
+local native = require('anatomy.torch.native').blocks
 local Native = nn.class('nn.Native', nn.Module)
 nn.Native = Native
 
@@ -66,7 +66,7 @@ function Native.options(opts, allowed, where) return require('anatomy.torch.opti
 -- Native.define(name, make) -> nn.<name>, a class whose __init(...) builds a
 -- native block with make(...). Native.define(name, sizes, options[, extra])
 -- is the common case: the block takes the named sizes, then an options table
--- whose keys must be among `options`; both go to torch._native[name] as they
+-- whose keys must be among `options`; both go to anatomy.torch.native.blocks[name] as they
 -- are (bindings/blocks.cpp maps the table onto the block's options struct).
 -- extra.pattern: an attention block (keep_pattern, pattern).
 function Native.define(name, make, allowed, extra)
@@ -81,7 +81,7 @@ function Native.define(name, make, allowed, extra)
         error(('nn.%s: expected %d size%s and an options table, got %d arguments'):format(name, #sizes, #sizes == 1 and '' or 's', n), 4)
       end
       args[#sizes + 1] = opts
-      local block = torch._native[name](unpack(args, 1, #sizes + 1))
+      local block = natives.blocks[name](unpack(args, 1, #sizes + 1))
       return block
     end
   end

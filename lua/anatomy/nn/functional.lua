@@ -1,6 +1,8 @@
 -- nn.functional: stateless functions over tensors, with PyTorch's names and
 -- arguments (torch.nn.functional), composed from LibTorch's tensor ops.
 -- Dimensions and ids are 1-based, as everywhere in anatomy.
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
 local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
 
@@ -46,7 +48,7 @@ function F.cross_entropy(logits, targets, opts)
   if w ~= nil and not torch.is_tensor(w) then
     error(("bad argument #3 to 'cross_entropy' (weight must be a Tensor (V), got %s)"):format(nn.typename(w)), 2)
   end
-  return torch._cross_entropy(logits, targets, reductions[reduction], ii, ls or 0, w)
+  return native.cross_entropy(logits, targets, reductions[reduction], ii, ls or 0, w)
 end
 
 -- mse_loss(input, target, {reduction = 'mean'|'sum'|'none'})

@@ -4,6 +4,7 @@
 -- part (m:kv_cacheable, m:paddable), and switching it on for all of them
 -- (m:kv_cache, m:set_padding). nn.Module's methods, kept apart from the base
 -- protocol.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local Module = nn.Module
 

@@ -3,6 +3,7 @@
 -- added to the gradient (L2; optim.AdamW decouples it):
 --   g = grad + weight_decay p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²
 --   p = p - lr / (1 - b1^t) · m / (√v / √(1 - b2^t) + eps)
+local torch = require('anatomy.torch')
 local Optimizer = require('anatomy.optim.Optimizer')
 local options = require('anatomy.torch.options')
 

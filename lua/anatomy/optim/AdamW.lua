@@ -2,6 +2,8 @@
 -- parameters, in two groups (with and without weight decay). Its state
 -- (moments and step counts) can be read and restored, for checkpoints that
 -- resume exactly.
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
 local options = require('anatomy.torch.options')
 local Optimizer = require('anatomy.optim.Optimizer')
 local AdamW = {}
@@ -23,7 +25,7 @@ setmetatable(AdamW, {__call = function(_, params, opts)
   local self = setmetatable({params = {}}, AdamW)
   for _, p in ipairs(decayed) do self.params[#self.params + 1] = p end
   for _, p in ipairs(plain) do self.params[#self.params + 1] = p end
-  self._native = torch._optim.AdamW(decayed, plain, {lr = opts.lr, betas = opts.betas, eps = opts.eps,
+  self._native = native.optim.AdamW(decayed, plain, {lr = opts.lr, betas = opts.betas, eps = opts.eps,
     weight_decay = opts.weight_decay})
   return self
 end})

@@ -1,6 +1,7 @@
 -- What the optimizers written in Lua (optim.SGD, optim.Adam) share: the
 -- parameter list they take, and zero_grad, lr and set_lr. optim.AdamW (over
 -- LibTorch's) takes its parameters through Optimizer.params too.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local Optimizer = {}
 Optimizer.__index = Optimizer

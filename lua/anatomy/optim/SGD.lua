@@ -3,6 +3,7 @@
 -- torch.optim.SGD defines it:
 --   g = grad + weight_decay p;  buf = g (first step), else momentum buf + (1 - dampening) g
 --   g = g + momentum buf (nesterov) or buf;  p = p - lr g
+local torch = require('anatomy.torch')
 local Optimizer = require('anatomy.optim.Optimizer')
 local options = require('anatomy.torch.options')
 

@@ -1,6 +1,7 @@
 -- optim: optimizers over a module's parameters (LibTorch's AdamW; SGD and
 -- Adam written with tensor ops, as PyTorch defines them), learning-rate
 -- schedules usable inside train.fit and outside it, and gradient clipping.
+local torch = require('anatomy.torch')
 local optim = {}
 package.loaded['anatomy.optim'] = optim  -- the files below require it while it loads
 

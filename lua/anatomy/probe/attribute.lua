@@ -1,6 +1,7 @@
 -- attribute: patching estimated from gradients. patching.attribute gives
 -- the effects patching.run measures from two forwards and one backward (AtP), with
 -- AtP*'s fix for queries and keys, or from integrated gradients.
+local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local Cache = require('anatomy.probe.cache')
 local hooks = require('anatomy.probe.hooks')

@@ -5,6 +5,7 @@
 -- readout of that part alone (less the readout of nothing, which is the
 -- norm's and the head's bias, a row of its own). The parts sum to the
 -- model's logit. probe.logit_attribution(model, input, target, opts).
+local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')

@@ -2,6 +2,7 @@
 -- published, by name (module outputs and hook points), with the ids and each
 -- token's text. cache['blocks.1.attn.pattern'] is a tensor; the methods below
 -- read across layers and heads.
+local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local nn = require('anatomy.nn')
 local hooks = require('anatomy.probe.hooks')

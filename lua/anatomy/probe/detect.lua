@@ -13,6 +13,7 @@
 -- over the queries that have one, pooled over the batch (induction's keys
 -- strictly before the query): it reads a head's behaviour where it can
 -- show it, and is not TransformerLens's number.
+local torch = require('anatomy.torch')
 local inputs = require('anatomy.probe.inputs')
 local Cache = require('anatomy.probe.cache')
 local hooks = require('anatomy.probe.hooks')

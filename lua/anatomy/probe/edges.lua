@@ -10,6 +10,7 @@
 -- embedding moves from the corrupt to the clean one (Hanna et al., 2024).
 --   local g = patching.edges(model, clean, corrupt, metric)
 --   print(g:prune{top = 20}); g:prune{top = 20}:report('out/edges.html')
+local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local Cache = require('anatomy.probe.cache')
 local hooks = require('anatomy.probe.hooks')

@@ -3,6 +3,7 @@
 -- prompt, opts) for text in and text out. They are nn.Module's generate and
 -- data.Corpus's sample, added here: generation reads the KV cache and pads
 -- through probe, above nn and data.
+local torch = require('anatomy.torch')
 local options = require('anatomy.torch.options')
 local nn = require('anatomy.nn')
 local data = require('anatomy.data')

@@ -12,6 +12,7 @@
 -- path, only while an entry acts on a hook point. A module with no entry
 -- pays one branch per call and one table lookup per hook point; a built-in
 -- block with no hook entry keeps its fused path.
+local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local nn = require('anatomy.nn')
 local format = require('anatomy.render.format')

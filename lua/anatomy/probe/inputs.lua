@@ -1,6 +1,7 @@
 -- What the probe layer takes as input: ids or texts turned into a batch of
 -- ids, one token named by id or text, a position counted from either end,
 -- and each token's text for labels.
+local torch = require('anatomy.torch')
 local format = require('anatomy.render.format')
 local inputs = {}
 

@@ -3,6 +3,7 @@
 -- resampled value, set, or patched from another run. Each is a replacement
 -- (probe.replace) and returns its handle; they compose. probe.ablate,
 -- probe.set, probe.patch.
+local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')

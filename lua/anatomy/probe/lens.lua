@@ -13,11 +13,13 @@
 -- l:table(text, {k}) (the top-k tokens per layer and position; :svg() draws
 -- it), l:evaluate(input) (per layer: mean KL and cross-entropy over the real
 -- positions); the autopsy takes {lens = l}.
+local torch = require('anatomy.torch')
 local hooks = require('anatomy.probe.hooks')
 local inputs = require('anatomy.probe.inputs')
 local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
 local nn = require('anatomy.nn')
+local optim = require('anatomy.optim')
 
 local lens = {}
 local Lens = {}

@@ -3,6 +3,7 @@
 -- position) and l:table(text, {k}) (the top-k tokens per row and position),
 -- each printable and drawn by :svg(). Installed on lens.Lens by lens.lua,
 -- which passes the helpers they share with l:evaluate.
+local torch = require('anatomy.torch')
 local inputs = require('anatomy.probe.inputs')
 local options = require('anatomy.torch.options')
 local terminal = require('anatomy.render.terminal')

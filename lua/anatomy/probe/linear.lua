@@ -7,6 +7,7 @@
 -- labels' own distribution), and selectivity = accuracy - control accuracy
 -- says how much of the accuracy is the layer's rather than the probe's
 -- capacity to memorise token types.
+local torch = require('anatomy.torch')
 local inputs = require('anatomy.probe.inputs')
 local points = require('anatomy.probe.points')
 local Cache = require('anatomy.probe.cache')

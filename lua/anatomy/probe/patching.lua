@@ -6,6 +6,7 @@
 --   local metric = patching.logit_diff(' Mary', ' John', {tokenizer = tok})
 --   local r = patching.run(model, clean, corrupt, metric, {over = 'attn.z', per = 'head'})
 --   print(r); r:report('out/patching.html')
+local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local inputs = require('anatomy.probe.inputs')
 local Cache = require('anatomy.probe.cache')

@@ -2,7 +2,8 @@
 -- TransformerLens's utilities.test_prompt prints it (the prompt and answer
 -- token by token, the answer's rank, logit and probability at each of its
 -- positions, the top-k tokens there), and returned as a table too.
-local options = (require('anatomy.torch.options'))
+local torch = require('anatomy.torch')
+local options = require('anatomy.torch.options')
 
 local prompt = {}
 

@@ -2,6 +2,7 @@
 -- edges.lua): the clean and corrupt ids, the point a name means in each
 -- layer, the metric read as a number or as a tensor that carries the
 -- gradient, and the grid of results with its print, chart and page.
+local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local inputs = require('anatomy.probe.inputs')
 local terminal = require('anatomy.render.terminal')

@@ -6,13 +6,14 @@
 -- step. steer.apply returns a handle (handle:remove(), and probe.clear
 -- removes it too): one intervention among the others, through the one attach
 -- mechanism (probe/hooks.lua).
-local points = (require('anatomy.probe.points'))
-local hooks = (require('anatomy.probe.hooks'))
-local inputs = (require('anatomy.probe.inputs'))
-local Cache = (require('anatomy.probe.cache'))
-local options = (require('anatomy.torch.options'))
-local format = (require('anatomy.render.format'))
-local nn = (require('anatomy.nn'))
+local torch = require('anatomy.torch')
+local points = require('anatomy.probe.points')
+local hooks = require('anatomy.probe.hooks')
+local inputs = require('anatomy.probe.inputs')
+local Cache = require('anatomy.probe.cache')
+local options = require('anatomy.torch.options')
+local format = require('anatomy.render.format')
+local nn = require('anatomy.nn')
 
 local steer = {}
 local Vector = {}

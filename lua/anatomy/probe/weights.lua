@@ -14,6 +14,7 @@
 -- circuit is its weights without the rotation (as TransformerLens reports it).
 -- Grouped key/value heads are expanded: query head h reads key/value head
 -- ceil(h / (heads / kv_heads)).
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local points = require('anatomy.probe.points')
 local options = require('anatomy.torch.options')

@@ -3,6 +3,7 @@
 -- never drifts from the code). Functions written in C (tensor methods and the
 -- rest of the LibTorch operations) are named with PyTorch's documentation to
 -- read, since their arguments are PyTorch's.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local help = {}
 

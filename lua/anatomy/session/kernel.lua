@@ -6,6 +6,8 @@
 -- is reported with its traceback while the session keeps its variables.
 -- Rich output: display(x), and any value with a _repr_mimebundle() method
 -- (an autopsy, its charts, a comparison) shows as HTML or SVG.
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
 local json = require('anatomy.io.json')
 local repl = require('anatomy.session.repl')
 local page = require('anatomy.render.page')
@@ -113,7 +115,7 @@ local function with_output(fn)
   local out, err = stream('stdout'), stream('stderr')
   local saved_print, saved_write, saved_stdout, saved_stderr = print, io.write, io.stdout, io.stderr
   local saved_read, saved_stdin, saved_lines = io.read, io.stdin, io.lines
-  local saved_isatty = torch._isatty
+  local saved_isatty = native.isatty
   local proxy = function(target, emit)
     return setmetatable({}, {__index = function(_, k)
       if k == 'read' and not emit then return function(_, ...) return read(...) end end
@@ -150,13 +152,13 @@ local function with_output(fn)
     if name ~= nil then return saved_lines(name, ...) end
     return lines(...)
   end
-  torch._isatty = function(fd) return fd == 1 end  -- progress lines rewrite themselves with '\r'
+  native.isatty = function(fd) return fd == 1 end  -- progress lines rewrite themselves with '\r'
   local function pack(...) return {n = select('#', ...), ...} end
   local results = pack(xpcall(fn, function(e)
     local msg = tostring(e)
     return {message = msg, traceback = cell_traceback(msg)}
   end))
-  _G.print, io.write, io.stdout, io.stderr, torch._isatty = saved_print, saved_write, saved_stdout, saved_stderr, saved_isatty
+  _G.print, io.write, io.stdout, io.stderr, native.isatty = saved_print, saved_write, saved_stdout, saved_stderr, saved_isatty
   io.read, io.stdin, io.lines = saved_read, saved_stdin, saved_lines
   return results
 end

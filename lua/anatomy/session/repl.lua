@@ -1,5 +1,6 @@
 -- What the REPL shows and completes. The host reads lines and runs them;
 -- this file decides how results print and which words complete.
+local torch = require('anatomy.torch')
 local repl = {}
 
 local keywords = {

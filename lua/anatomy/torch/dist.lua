@@ -6,9 +6,9 @@
 -- torchrun or a SLURM script that sets MASTER_ADDR, MASTER_PORT, RANK,
 -- WORLD_SIZE (and LOCAL_RANK), `anatomy script.lua` joins the world at
 -- start-up. train.fit then trains data-parallel by itself.
+local torch = require('anatomy.torch')
 local options = require('anatomy.torch.options')
-local native = torch._dist
-
+local native = require('anatomy.torch.native').dist
 local dist = {}
 
 local function check_tensor(fn, t)

@@ -4,6 +4,8 @@
 -- forward pass: autocast, the GPU's trusted ids), then for each step `step`
 -- (queue the work) and `report` (read the loss, evaluate, log, print,
 -- checkpoint), and `close`. Data parallelism is train/parallel.lua's.
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
 local nn = require('anatomy.nn')
 local optim = require('anatomy.optim')
 local fs = require('anatomy.io.fs')
@@ -121,8 +123,8 @@ end
 function Trainer:prepare()
   local o, model, run = self.o, self.model, self.run
   self.log = o.log and self.main and train_log.open(o.log, run.resumed_from)
-  self.tty = torch._isatty(1) and not o.quiet
-  self.started = torch._now()
+  self.tty = native.isatty(1) and not o.quiet
+  self.started = native.now()
   run.started, run.started_utc = self.started, os.date('!%Y-%m-%dT%H:%M:%SZ')  -- this run's own (an autopsy of it records them)
   -- batches go where the model's parameters are, whatever the default device
   self.device = model:device()
@@ -153,8 +155,8 @@ function Trainer:prepare()
       error(('train.fit: the corpus\'s token ids (%d..%d) do not fit the model: %s'):format(
         ids:min():item(), ids:max():item(), tostring(err):gsub('^[^:]*:%d+: ', '')), 0)
     end
-    self.forward = function(x, hidden) return torch._native.with_trusted_ids(forward, x, hidden) end
-    self.loss_of = function(logits, y) return torch._native.with_trusted_ids(loss_of, logits, y) end
+    self.forward = function(x, hidden) return native.blocks.with_trusted_ids(forward, x, hidden) end
+    self.loss_of = function(logits, y) return native.blocks.with_trusted_ids(loss_of, logits, y) end
   end
   -- On a GPU the loss and gradient norm of a step are read back one step
   -- late, once the next step's work is queued, so the GPU never waits for the
@@ -301,7 +303,7 @@ function Trainer:report(r)
       _world = self.world > 1 and self.world or nil}).nats
     run.val[#run.val + 1] = {step = step, loss = info.val_loss}
   end
-  local elapsed = torch._now() - self.started
+  local elapsed = native.now() - self.started
   info.tokens_per_second = self.tokens / math.max(elapsed, 1e-9)
   if self.log then
     self.log:write(('{"step": %d, "loss": %.9g, "lr": %.6g, "grad_norm": %.6g%s, "tokens_per_second": %.1f, "time": %.3f}\n')
@@ -343,7 +345,7 @@ function Trainer:save(step, elapsed)
   self.saved_step = step
   -- kept by step: a second name for the file just written, which the next
   -- checkpoint's rename over the first name leaves as it is
-  if self.o.keep_checkpoints then torch._hardlink(self.o.checkpoint, checkpoint.at_step(self.o.checkpoint, step)) end
+  if self.o.keep_checkpoints then native.hardlink(self.o.checkpoint, checkpoint.at_step(self.o.checkpoint, step)) end
 end
 
 -- a step whose report needs the model as it is right after it
@@ -366,7 +368,7 @@ function Trainer:loop()
   local hold = self.world == 1
   local stopped
   for step = run.first_step, o.steps do
-    if hold then torch._hold_interrupts(true) end
+    if hold then native.hold_interrupts(true) end
     local ok, err = pcall(function()
       local r = self:step(step)
       if pending then
@@ -376,7 +378,7 @@ function Trainer:loop()
       end
       if self.defer and not self:due(step) then pending = r else self:report(r) end
     end)
-    local came = hold and torch._hold_interrupts(false)
+    local came = hold and native.hold_interrupts(false)
     if not ok then
       if tostring(err):match('interrupted$') and self.world == 1 then
         if pending then pcall(self.report, self, pending) end
@@ -396,7 +398,7 @@ function Trainer:loop()
       print(('interrupted after step %d: the model keeps what it learned in %d steps'):format(step, step))
       break
     end
-    if o.seconds and step < o.steps and torch._now() - self.started >= o.seconds then
+    if o.seconds and step < o.steps and native.now() - self.started >= o.seconds then
       stopped = 'seconds'
       break
     end
@@ -411,7 +413,7 @@ function Trainer:loop()
   -- a run that stops early keeps what it did: its checkpoint at the last
   -- step it finished, so that resume = true goes on from there
   if stopped and self.main and o.checkpoint and run.steps and run.steps >= run.first_step and self.saved_step ~= run.steps then
-    self:save(run.steps, torch._now() - self.started)
+    self:save(run.steps, native.now() - self.started)
     if not o.quiet then print(('checkpoint at step %d: %s (resume = true goes on from it)'):format(run.steps, o.checkpoint)) end
   end
 end
@@ -421,7 +423,7 @@ function Trainer:close()
   local run = self.run
   if self.o.cuda_graph then self.opt:set_capturable(false) end
   if self.log then self.log:close() end
-  run.seconds = torch._now() - self.started
+  run.seconds = native.now() - self.started
   run.total_seconds = self.time_before + run.seconds  -- with the time of the run it resumed
   run.tokens_per_second = self.tokens / math.max(run.seconds, 1e-9)
   run.optimizer = self.opt

@@ -1,6 +1,7 @@
 -- train.fit's checkpoints: the model, the optimizer's state, the random
 -- generator's state and the step in one safetensors file, written
 -- atomically, with the run's settings in its metadata.
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local checkpoint = {}
 

@@ -3,6 +3,7 @@
 -- it does. The check below runs when train.fit is called, so that a string
 -- lr is train.fit's error, not optim.AdamW's argument #3 later.
 -- print(train.options) lists them.
+local torch = require('anatomy.torch')
 local options = require('anatomy.torch.options')
 local nn = require('anatomy.nn')
 

@@ -1,6 +1,7 @@
 -- train.evaluate: a model's mean cross-entropy on a corpus's validation
 -- split, or on a text, in windows laid end to end (deterministic, drawing
 -- nothing from the random generator).
+local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local parallel = require('anatomy.train.parallel')
 local inputs = require('anatomy.probe.inputs')

@@ -8,6 +8,7 @@
 --   checkpoint.lua  save and load
 --   Run.lua         what train.fit returns
 --   log.lua         the JSON-lines log, read back and exported
+local torch = require('anatomy.torch')
 local dist = require('anatomy.torch.dist')
 local config = require('anatomy.train.config')
 local Trainer = require('anatomy.train.Trainer')

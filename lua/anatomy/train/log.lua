@@ -1,6 +1,7 @@
 -- train.log: the JSON-lines log train.fit writes ({log = path}), one record
 -- a step: reading it back (train.read_metrics), keeping it whole across a
 -- resume, and exporting it as CSV or TensorBoard scalars (train.export_metrics).
+local native = require('anatomy.torch.native')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 local options = require('anatomy.torch.options')
@@ -13,7 +14,7 @@ local log = {}
 -- is not a JSON object is an error naming the file and the line.
 function log.read(path)
   if type(path) ~= 'string' then error(('train.read_metrics: path must be a string, got %s'):format(type(path)), 2) end
-  local why = torch._not_a_file(path)  -- a directory opens, then reads as nil
+  local why = native.not_a_file(path)  -- a directory opens, then reads as nil
   if why then error(("train.read_metrics: '%s' %s"):format(path, why), 2) end
   local f, err = io.open(path, 'rb')
   if not f then error(('train.read_metrics: cannot open %s'):format(tostring(err)), 2) end

@@ -4,6 +4,8 @@
 -- produces them (host/dist/reducer.cpp), the loss and the evaluation are
 -- averaged over the ranks, and rank 0 alone prints, logs and checkpoints.
 -- With one rank every function here is the identity or does nothing.
+local torch = require('anatomy.torch')
+local native = require('anatomy.torch.native')
 local dist = require('anatomy.torch.dist')
 local options = require('anatomy.torch.options')
 local parallel = {}
@@ -15,7 +17,7 @@ function parallel.setup(params, o)
   local reducer
   if world > 1 then
     for _, p in ipairs(params) do dist.broadcast(p, 0) end
-    reducer = torch._dist._reducer(params, o.bucket_mb or 25)
+    reducer = native.dist._reducer(params, o.bucket_mb or 25)
     o.quiet = o.quiet or rank ~= 0  -- rank 0 alone prints, logs and checkpoints
   end
   return world, rank, reducer
@@ -56,7 +58,7 @@ end
 -- rank by construction: no comparison of the call between ranks (a round
 -- trip a step).
 function parallel.average_loss(r)
-  local mean = torch._dist.all_reduce(r.loss:clone(), 'avg', false)
+  local mean = native.dist.all_reduce(r.loss:clone(), 'avg', false)
   r.loss, r.value = mean, mean:item()
   if r.depth_losses then r.depth_losses[#r.depth_losses] = r.value end
 end

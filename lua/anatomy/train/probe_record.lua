@@ -2,6 +2,7 @@
 -- `probe`): each parameter's gradient norm and each captured activation's
 -- std. The autopsy's measure.lua offers the same functions (its step
 -- snapshots and its table use them).
+local torch = require('anatomy.torch')
 local dist = require('anatomy.torch.dist')
 local record = {}
 
