@@ -162,7 +162,8 @@ end
 --   function Block:forward(x)
 --     x = self:hook('resid_mid', x + self.attn(self.ln1(x)))
 --     ...
--- and lists their names in Block.hook_names = {'resid_mid', ...} so that
+-- and declares them in Block.declares = {nn.point('resid_mid', nn.layouts.stream), ...}
+-- (nn/hook_point.lua; Block.hook_names = {'resid_mid', ...} for stream points) so that
 -- probe.names shows them and a misspelt name is an error. Without a probe on
 -- the block it costs one table lookup.
 function Module:hook(name, t)
@@ -171,12 +172,11 @@ function Module:hook(name, t)
   return dispatch(self, name, t)
 end
 
--- m:hook_points() -> the names of the hook points this block publishes (its
--- class's hook_names; a built-in block's own, from C++).
+-- m:hook_points() -> the names of the hook points this block publishes, as
+-- its class declares them (nn.declared_points).
 function Module:hook_points()
-  local names = self.hook_names
   local out = {}
-  if type(names) == 'table' then for i, n in ipairs(names) do out[i] = n end end
+  for i, p in ipairs(nn.declared_points(self) or {}) do out[i] = p.name end
   return out
 end
 

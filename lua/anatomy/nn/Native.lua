@@ -38,8 +38,6 @@ function Native:forward(x)
   local y = self._native:forward(x)  -- not a tail call: errors keep the name 'forward'
   return y
 end
--- m:hook_points() -> the names of the hook points the built-in block publishes (from C++)
-function Native:hook_points() return self._native:hook_points() end
 -- m:set_cache(on): the built-in block's part in cached generation (model:kv_cache); a
 -- block that keeps no cache (nn.VibeAttention) is an error
 function Native:set_cache(on)
@@ -68,7 +66,10 @@ function Native.options(opts, allowed, where) return require('anatomy.torch.opti
 -- is the common case: the block takes the named sizes, then an options table
 -- whose keys must be among `options`; both go to anatomy.torch.native.blocks[name] as they
 -- are (bindings/blocks.cpp maps the table onto the block's options struct).
--- extra.pattern: an attention block (keep_pattern, pattern).
+-- extra.pattern: an attention block (keep_pattern, pattern); extra.declares:
+-- its hook points (nn.point, nn/hook_point.lua), those the C++ block
+-- publishes (host/nn/blocks.h); extra.role: what it is in a layer
+-- ('attention', 'mlp', 'norm'), by which probes find a layer's children.
 function Native.define(name, make, allowed, extra)
   local size_names = type(make) == 'table' and make or nil
   if type(make) ~= 'function' then
@@ -99,6 +100,8 @@ function Native.define(name, make, allowed, extra)
     end
   end
   nn[name] = cls
+  cls.declares = extra and extra.declares
+  cls.block_role = extra and extra.role
   if extra and extra.pattern then
     for k, f in pairs(Native.pattern_methods) do cls[k] = f end
     local fixed = extra.heads

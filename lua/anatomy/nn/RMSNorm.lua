@@ -1,3 +1,6 @@
 -- nn.RMSNorm(dim, {eps = 1e-6}): each vector divided by its root mean
--- square, then a learned scale. A built-in block.
-return require('anatomy.nn').Native.define('RMSNorm', {'dim'}, {'eps'})
+-- square, then a learned scale. A built-in block. Hook points as
+-- nn.LayerNorm's: scale (B, T, 1) and normalized.
+local nn = require('anatomy.nn')
+return nn.Native.define('RMSNorm', {'dim'}, {'eps'}, {role = 'norm',
+  declares = {nn.point('scale', nn.layouts.scale, 'unfused'), nn.point('normalized', nn.layouts.stream, 'unfused')}})

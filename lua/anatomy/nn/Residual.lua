@@ -12,7 +12,7 @@ function Residual:__init(inner)
 end
 
 -- Hook points: the stream the block reads and the one it writes.
-Residual.hook_names = {'resid_pre', 'resid_post'}
+Residual.declares = {nn.point('resid_pre', nn.layouts.stream), nn.point('resid_post', nn.layouts.stream)}
 
 -- x + f(x), publishing resid_pre (x) and resid_post
 function Residual:forward(x)

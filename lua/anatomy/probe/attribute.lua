@@ -112,7 +112,7 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   local steps = options.whole(opts.steps, 'steps', where, 8)
   local clean_ids, corrupt_ids, mask = runs.id_pair(model, clean, corrupt, opts, where)
   local names, rows = runs.layer_points(model, over, where, opts.layers)
-  local layout = points.layout(names[1])
+  local layout = points.layout(model, names[1])
   if per == 'head' and not layout.head then
     error(("%s: per = 'head' needs a point with heads (attn.q, k, v, z, result, pattern, scores), got '%s'"):format(where, over), 2)
   end

@@ -148,19 +148,39 @@ local function layer_name(self, layer, where)
 end
 
 -- What TransformerLens users reach for first, with anatomy's layer numbers
--- (from 1) and TransformerLens's meanings. Each reads the cache by the
--- TransformerLens names (points.from_transformer_lens), so it works for every
--- model those names map on; a name the run did not record is an error that
--- says which.
-local function need(self, tl, where)
-  local name = points.from_transformer_lens(self._model, tl, 2)
+-- (from 1) and TransformerLens's meanings. Each names the points it reads
+-- directly (points.resid, points.part, points.embedding: probe/roles.lua),
+-- so it works for every model whose blocks declare their roles; a point the
+-- run did not record is an error that says which (and TransformerLens's name
+-- of it). resolve(model, ...) gives the name, or raises why there is none.
+local function need(self, where, resolve, ...)
+  local ok, name = pcall(resolve, self._model, ...)
+  if not ok then error(('%s: %s'):format(where, (tostring(name):gsub('^[^:]*:%d+: ', ''))), 3) end
   local t = self._tensors[name]
   if t == nil then
-    error(("%s: the cache has no '%s' (%s): run probe.run_with_cache without a filter, or with it in the filter"):format(
-      where, name, tl), 3)
+    local tl_name = points.to_transformer_lens(self._model, name)
+    error(("%s: the cache has no '%s'%s: run probe.run_with_cache without a filter, or with it in the filter"):format(
+      where, name, tl_name and (' (' .. tl_name .. ')') or ''), 3)
   end
   return t
 end
+
+-- Resolvers of points the methods read besides points.resid and points.part.
+local function embedding(model, which)
+  local name, why = points.embedding(model, which)
+  if not name then error(why, 0) end
+  return name
+end
+local function head_results(model, layer) return points.part(model, layer, 'attn') .. '.result' end
+
+-- The norm before `layer` (L + 1: the final norm): its name, or an error saying why there is none.
+local function norm_before(model, layer, L, mlp_input)
+  if layer <= L then return points.part(model, layer, mlp_input and 'ln2' or 'ln1') end
+  local name, why = points.final_norm(model)
+  if not name then error(why, 0) end
+  return name
+end
+local function norm_scale(model, layer, L, mlp_input) return norm_before(model, layer, L, mlp_input) .. '.scale' end
 
 local function layer_count(self, where)
   local layers, why = self._model:layers()
@@ -171,14 +191,33 @@ end
 -- The layer argument of the methods below: nil (the stream before the
 -- final norm, after every layer) or 1..L+1 (the input of that layer; L + 1
 -- is the final norm's input too).
-local function upto(self, layer, where)
+local function upto(self, layer, where, level)
   local L = layer_count(self, where)
   if layer == nil then return L + 1, L end
   if type(layer) ~= 'number' or layer % 1 ~= 0 or layer < 1 or layer > L + 1 then
     error(('%s: layer must be in 1..%d (the input of that layer; %d or nil: the final norm\'s), got %s'):format(
-      where, L + 1, L + 1, tostring(layer)), 3)
+      where, L + 1, L + 1, tostring(layer)), level or 3)
   end
   return layer, L
+end
+
+-- A decomposition method's options (checked against keys), its layer and L (upto).
+local function opening(self, opts, keys, where)
+  opts = options.check(opts, keys, where, 3)
+  return opts, upto(self, opts.layer, where, 4)
+end
+
+-- The stack (N, B, T, C) of a decomposition's parts ({tensor, label}, ...)
+-- and their labels; with opts.apply_ln as the norm before `layer` sees them
+-- (recompute: the final norm itself).
+local function stacked(self, parts, opts, layer, recompute)
+  local list, labels = {}, {}
+  for i, p in ipairs(parts) do list[i], labels[i] = p[1], p[2] end
+  local stack = torch.stack(list, 1)
+  if opts.apply_ln then
+    stack = self:apply_ln_to_stack(stack, {layer = layer, mlp_input = opts.mlp_input, recompute = recompute})
+  end
+  return stack, labels
 end
 
 -- cache:apply_ln_to_stack(stack, {layer, mlp_input = false, recompute = false})
@@ -197,10 +236,9 @@ function methods:apply_ln_to_stack(stack, opts)
   local layer, L = upto(self, opts.layer, where)
   local final = layer == L + 1
   if opts.mlp_input and final then error(('%s: mlp_input names a layer\'s second norm; the final norm has none'):format(where), 2) end
-  local model = self._model
-  local prefix = final and 'ln_final' or ('blocks.%d.%s'):format(layer - 1, opts.mlp_input and 'ln2' or 'ln1')
-  local norm_name = points.from_transformer_lens(model, prefix .. '.hook_out', 1)
-  local norm = points.module(model, norm_name)
+  local ok, norm_name = pcall(norm_before, self._model, layer, L, opts.mlp_input)
+  if not ok then error(('%s: %s'):format(where, (tostring(norm_name):gsub('^[^:]*:%d+: ', ''))), 2) end
+  local norm = points.module(self._model, norm_name)
   if opts.recompute then
     if not final then error(('%s: recompute applies the final norm; give no layer (or %d)'):format(where, L + 1), 2) end
     local out = {}
@@ -208,7 +246,7 @@ function methods:apply_ln_to_stack(stack, opts)
     return torch.stack(out, 1)
   end
   if nn.typename(norm) == 'nn.LayerNorm' then stack = stack - stack:mean(-1, true) end
-  return stack / need(self, prefix .. '.hook_scale', where)
+  return stack / need(self, where, norm_scale, layer, L, opts.mlp_input)
 end
 
 -- cache:accumulated_resid({layer, incl_mid = false, mlp_input = false,
@@ -219,25 +257,19 @@ end
 -- final norm recomputed on each (no layer, the logit lens), or `layer`'s
 -- norm with this run's scale. Labels: '1_pre', '1_mid', ..., 'final_post'.
 function methods:accumulated_resid(opts)
-  local where = 'cache:accumulated_resid'
-  opts = options.check(opts, {'layer', 'incl_mid', 'mlp_input', 'apply_ln'}, where, 2)
-  local layer, L = upto(self, opts.layer, where)
-  local list, labels = {}, {}
+  local where, parts = 'cache:accumulated_resid', {}
+  local o, layer, L = opening(self, opts, {'layer', 'incl_mid', 'mlp_input', 'apply_ln'}, where)
   for l = 1, layer do
     if l == L + 1 then
-      list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_resid_post'):format(L - 1), where), 'final_post'
+      parts[#parts + 1] = {need(self, where, points.resid, L, 'post'), 'final_post'}
     else
-      list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_resid_pre'):format(l - 1), where), l .. '_pre'
-      if (opts.incl_mid and l < layer) or (opts.mlp_input and l == layer) then
-        list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_resid_mid'):format(l - 1), where), l .. '_mid'
+      parts[#parts + 1] = {need(self, where, points.resid, l, 'pre'), l .. '_pre'}
+      if (o.incl_mid and l < layer) or (o.mlp_input and l == layer) then
+        parts[#parts + 1] = {need(self, where, points.resid, l, 'mid'), l .. '_mid'}
       end
     end
   end
-  local stack = torch.stack(list, 1)
-  if opts.apply_ln then
-    stack = self:apply_ln_to_stack(stack, {layer = layer, mlp_input = opts.mlp_input, recompute = layer == L + 1})
-  end
-  return stack, labels
+  return stacked(self, parts, o, layer, layer == L + 1)
 end
 
 -- cache:decompose_resid({layer, mlp_input = false, apply_ln = false,
@@ -248,26 +280,22 @@ end
 -- ('1_attn_out', '1_mlp_out', ...; with mlp_input also `layer`'s attention).
 -- apply_ln: divided by `layer`'s norm scale (the final norm's for nil).
 function methods:decompose_resid(opts)
-  local where = 'cache:decompose_resid'
-  opts = options.check(opts, {'layer', 'mlp_input', 'apply_ln', 'incl_embeds'}, where, 2)
-  local layer, L = upto(self, opts.layer, where)
-  local list, labels = {}, {}
-  if opts.incl_embeds ~= false then
-    list[1], labels[1] = need(self, 'hook_embed', where), 'embed'
-    local ok, pos = pcall(points.from_transformer_lens, self._model, 'hook_pos_embed', 1)
-    if ok and pos and self._tensors[pos] ~= nil then list[2], labels[2] = self._tensors[pos], 'pos_embed' end
+  local where, parts = 'cache:decompose_resid', {}
+  local o, layer, L = opening(self, opts, {'layer', 'mlp_input', 'apply_ln', 'incl_embeds'}, where)
+  if o.incl_embeds ~= false then
+    parts[1] = {need(self, where, embedding, 'tokens'), 'embed'}
+    local pos = points.embedding(self._model, 'positions')
+    if pos and self._tensors[pos] ~= nil then parts[2] = {self._tensors[pos], 'pos_embed'} end
   end
   for l = 1, layer - 1 do
-    list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_attn_out'):format(l - 1), where), l .. '_attn_out'
-    list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_mlp_out'):format(l - 1), where), l .. '_mlp_out'
+    parts[#parts + 1] = {need(self, where, points.part, l, 'attn'), l .. '_attn_out'}
+    parts[#parts + 1] = {need(self, where, points.part, l, 'mlp'), l .. '_mlp_out'}
   end
-  if opts.mlp_input then
+  if o.mlp_input then
     if layer == L + 1 then error(('%s: mlp_input names a layer; the final norm has no MLP before it'):format(where), 2) end
-    list[#list + 1], labels[#labels + 1] = need(self, ('blocks.%d.hook_attn_out'):format(layer - 1), where), layer .. '_attn_out'
+    parts[#parts + 1] = {need(self, where, points.part, layer, 'attn'), layer .. '_attn_out'}
   end
-  local stack = torch.stack(list, 1)
-  if opts.apply_ln then stack = self:apply_ln_to_stack(stack, {layer = layer, mlp_input = opts.mlp_input}) end
-  return stack, labels
+  return stacked(self, parts, o, layer)
 end
 
 -- cache:stack_head_results({layer, apply_ln = false}) -> stack (N, B, T, C),
@@ -277,18 +305,14 @@ end
 -- the layers before `layer` (nil: all), in order; labels 'L1H1', 'L1H2', ...
 -- The attention's output bias is in no head. apply_ln as decompose_resid.
 function methods:stack_head_results(opts)
-  local where = 'cache:stack_head_results'
-  opts = options.check(opts, {'layer', 'apply_ln'}, where, 2)
-  local layer = upto(self, opts.layer, where)
-  local list, labels = {}, {}
+  local where, parts = 'cache:stack_head_results', {}
+  local o, layer = opening(self, opts, {'layer', 'apply_ln'}, where)
   for l = 1, layer - 1 do
-    local r = need(self, ('blocks.%d.attn.hook_result'):format(l - 1), where)  -- (B, T, H, C)
-    for h = 1, r:size(3) do list[#list + 1], labels[#labels + 1] = r:select(3, h), ('L%dH%d'):format(l, h) end
+    local r = need(self, where, head_results, l)  -- (B, T, H, C)
+    for h = 1, r:size(3) do parts[#parts + 1] = {r:select(3, h), ('L%dH%d'):format(l, h)} end
   end
-  if #list == 0 then error(('%s: no layer before layer %d'):format(where, layer), 2) end
-  local stack = torch.stack(list, 1)
-  if opts.apply_ln then stack = self:apply_ln_to_stack(stack, {layer = layer}) end
-  return stack, labels
+  if #parts == 0 then error(('%s: no layer before layer %d'):format(where, layer), 2) end
+  return stacked(self, parts, o, layer)
 end
 
 -- cache:heads(point, layer) -> point in that layer (its number or name) with
@@ -298,7 +322,7 @@ function methods:heads(point, layer)
   local where = 'cache:heads'
   local name = in_layer(self, layer_name(self, layer, where), point, where)
   local t = self._tensors[name]
-  local d = points.layout(name).head
+  local d = points.layout(self._model, name).head
   if not d then error(("%s: '%s' has no head dimension"):format(where, name), 2) end
   local order = {d}
   for i = 1, t:dim() do if i ~= d then order[#order + 1] = i end end

@@ -17,6 +17,7 @@ local points = require('anatomy.probe.points')
 local nn = require('anatomy.nn')
 local format = require('anatomy.render.format')
 local options = require('anatomy.torch.options')
+local entries = require('anatomy.probe.entry')
 local hooks = {}
 
 
@@ -74,19 +75,26 @@ local function dispatch(m, point, t)
 end
 
 -- Sets what m carries from its list of entries (see the top of this file).
--- A built-in attention computes its per-head 'result' (B, T, H, C), H times
--- its output's memory, only when a hook entry asks for it: through
--- e.wants_result(name) where it has one (a capture: its filter names the
--- point), else through e.match.
+-- A point m declares of cost 'asked' (a built-in attention's per-head
+-- 'result' (B, T, H, C), H times its output's memory) is computed only when
+-- a hook entry asks for it: through e.wants_asked(name) where it has one (a
+-- capture: its filter names the point), else through e.match.
 local function refresh(m, path)
   local probes = rawget(m, '_probes')
   local outputs, hooked, pattern = false, false, false
-  local result = (path == '' and '' or path .. '.') .. 'result'
-  local wanted = {}
+  local asked = {}
+  for _, p in ipairs(nn.declared_points(m) or {}) do
+    if p.cost == 'asked' then asked[#asked + 1] = p.name end
+  end
+  local wanted, seen = {}, {}
   for _, e in ipairs(probes or {}) do
     if e.hook then
       hooked = true
-      if (e.wants_result or e.match)(result) then wanted = {'result'} end
+      for _, a in ipairs(asked) do
+        if not seen[a] and (e.wants_asked or e.match)(path == '' and a or path .. '.' .. a) then
+          seen[a], wanted[#wanted + 1] = true, a
+        end
+      end
     else
       outputs = true
     end
@@ -101,9 +109,11 @@ local function refresh(m, path)
 end
 
 -- hooks.attach(m, path, entry) -> entry: adds entry to module m (at path in
--- its model). An entry with pattern = true keeps m's attention pattern while
--- it is attached (entry.grad: in the graph).
+-- its model), checked by probe/entry.lua (a misspelt or mistyped field is an
+-- error naming it). An entry with pattern = true keeps m's attention pattern
+-- while it is attached (entry.grad: in the graph).
 function hooks.attach(m, path, entry)
+  entry = entries.new(entry, 2)
   local probes = rawget(m, '_probes')
   if not probes then
     probes = {}
@@ -400,15 +410,20 @@ function hooks.attach_capture(model, opts)
   local filter, groups = points.expand_filter(model, opts.filter, opts.where or 'probe.attach_capture', (opts.level or 1) + 1,
     opts.strict)
   local want = points.matcher(filter)
-  -- an attention's per-head result only where the filter names it (a last
-  -- part 'result': 'h.1.attn.result', '*.result'), as TransformerLens's
-  -- use_attn_result: everything else a cache holds costs ~1.06x a forward
-  -- (GPT-2 small, 8x256), every head's result alone as much again
-  local asked_result = {}
-  for _, f in ipairs(type(filter) == 'table' and filter or {}) do
-    if f == 'result' or f:sub(-7) == '.result' then asked_result[#asked_result + 1] = f end
+  -- a point of cost 'asked' (an attention's per-head result) only where the
+  -- filter names it (its last part: 'h.1.attn.result', '*.result'), as
+  -- TransformerLens's use_attn_result: everything else a cache holds costs
+  -- ~1.06x a forward (GPT-2 small, 8x256), every head's result alone as much again
+  local asked_names, asked = {}, {}
+  for _, m in model:named_modules() do
+    for _, p in ipairs(nn.declared_points(m) or {}) do
+      if p.cost == 'asked' then asked_names[p.name] = true end
+    end
   end
-  local wants_result = points.matcher(asked_result)
+  for _, f in ipairs(type(filter) == 'table' and filter or {}) do
+    if asked_names[f:match('([^%.]+)$')] then asked[#asked + 1] = f end
+  end
+  local wants_asked = points.matcher(asked)
   local exact = {}  -- a filter of plain names: which modules may own one
   local globbed = filter == nil
   for _, f in ipairs(type(filter) == 'table' and filter or {}) do
@@ -454,7 +469,7 @@ function hooks.attach_capture(model, opts)
       hooked = globbed or exact[name] == true
     end
     if hooked then
-      local entry = {kind = 'capture', hook = true, path = name, record = keep, wants_result = wants_result,
+      local entry = {kind = 'capture', hook = true, path = name, record = keep, wants_asked = wants_asked,
         match = function(full) return want(full) and not (kept_pattern and full == prefix .. 'pattern') end}
       handle.attached[#handle.attached + 1] = {m, hooks.attach(m, name, entry)}
     end

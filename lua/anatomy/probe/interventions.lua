@@ -14,9 +14,9 @@ local interventions = {}
 
 
 -- The part of t (a view) that opts.head and opts.position select (1-based;
--- a negative position counts from the end); t itself when neither is given.
-local function selection(t, name, opts, where)
-  local l = points.layout(name)
+-- a negative position counts from the end) in layout l (points.layout); t
+-- itself when neither is given.
+local function selection(t, l, name, opts, where)
   local view = t
   if opts.head ~= nil then
     if not l.head then error(("%s: '%s' has no head dimension (heads: q, k, v, rot_q, rot_k, scores, pattern, z, result)"):format(where, name), 4) end
@@ -57,11 +57,16 @@ end
 -- An intervention's head and position, checked when it is attached: their
 -- type, and their range where the block's head count and the model's context
 -- tell it (again at each forward, against the tensor there). Returns the
--- anatomy name of the point.
+-- anatomy name of the point and its layout (nil when neither is given).
 local function check_selection(model, name, opts, where)
   local m, path, point = points.locate(model, name, 3)
   local full = point and (path == '' and point or path .. '.' .. point) or path
-  local l = points.layout(full)
+  local l
+  if opts.head ~= nil or opts.position ~= nil then
+    local ok, got = pcall(points.layout, model, full, 1)
+    if not ok then error(('%s: %s'):format(where, (tostring(got):gsub('^[^:]*:%d+: ', ''):gsub('^probe%.layout: ', ''))), 3) end
+    l = got
+  end
   if opts.head ~= nil and not l.head then
     error(("%s: '%s' has no head dimension (heads: q, k, v, rot_q, rot_k, scores, pattern, z, result)"):format(where, full), 3)
   end
@@ -80,7 +85,7 @@ local function check_selection(model, name, opts, where)
     error(('%s: position must be an integer in 1..%d (or -%d..-1) for %s (the model takes at most %d positions), got %d'):format(
       where, T, T, full, T, opts.position), 3)
   end
-  return full
+  return full, l
 end
 
 -- The activation at `name` over a reference batch (ids, or a cache holding it).
@@ -107,12 +112,12 @@ local function check_batch_shape(t, ref, name, where)
 end
 
 -- Attaches the replacement every intervention is: at each forward, a copy
--- of the activation t whose selection (opts.head, opts.position) write(view,
--- t, full) fills in place.
-local function replace_selection(model, name, opts, where, write)
+-- of the activation t whose selection (opts.head, opts.position; layout l)
+-- write(view, t, full) fills in place.
+local function replace_selection(model, name, l, opts, where, write)
   return hooks.replace(model, name, function(t, full)
     local out = t:clone()
-    write(selection(out, full, opts, where), t, full)
+    write(selection(out, l, full, opts, where), t, full)
     return out
   end)
 end
@@ -132,7 +137,7 @@ function interventions.ablate(model, name, opts)
     error(("probe.ablate: kind must be 'zero', 'mean' or 'resample', got '%s'"):format(tostring(kind)), 2)
   end
   if kind ~= 'zero' and opts.over == nil then error(("probe.ablate: kind = '%s' needs over (the reference batch: ids or a cache)"):format(kind), 2) end
-  local full = check_selection(model, name, opts, where)
+  local full, l = check_selection(model, name, opts, where)
   local ref = kind ~= 'zero' and reference(model, full, opts.over, where) or nil
   if kind == 'mean' and ref:size(1) < 2 then
     error(("probe.ablate: kind = 'mean' over a reference batch of one example would put that example's own activation "
@@ -145,18 +150,18 @@ function interventions.ablate(model, name, opts)
     state = (state * 1103515245 + 12345) % 2147483648
     return math.floor(state / 2147483648 * n) + 1
   end
-  return replace_selection(model, name, opts, where, function(view, t, full)
+  return replace_selection(model, name, l, opts, where, function(view, t, full)
     if kind == 'zero' then
       view:zero_()
     elseif kind == 'mean' then
       check_batch_shape(t, ref, full, where)
-      view:copy_(selection(mean:expand(unpack(t:size())), full, opts, where))
+      view:copy_(selection(mean:expand(unpack(t:size())), l, full, opts, where))
     else
       check_batch_shape(t, ref, full, where)
       local picks = {}
       for b = 1, t:size(1) do picks[b] = draw(ref:size(1)) end
       local idx = torch.tensor(picks, {dtype = 'int64', device = ref.device})
-      view:copy_(selection(ref:index_select(1, idx), full, opts, where))
+      view:copy_(selection(ref:index_select(1, idx), l, full, opts, where))
     end
   end)
 end
@@ -169,8 +174,8 @@ function interventions.set(model, name, value, opts)
   if type(value) ~= 'number' and not torch.is_tensor(value) then
     error(('probe.set: value must be a number or a Tensor, got %s'):format(type(value)), 2)
   end
-  check_selection(model, name, opts, where)
-  return replace_selection(model, name, opts, where, function(view)
+  local _, l = check_selection(model, name, opts, where)
+  return replace_selection(model, name, l, opts, where, function(view)
     if type(value) == 'number' then view:fill_(value) else view:copy_(value:expand(unpack(view:size()))) end
   end)
 end
@@ -181,7 +186,7 @@ end
 function interventions.patch(model, name, source, opts)
   local where = 'probe.patch'
   opts = options.check(opts, {'head', 'position'}, where, 2)
-  local key = check_selection(model, name, opts, where)
+  local key, l = check_selection(model, name, opts, where)
   local src = source
   if type(source) == 'table' and getmetatable(source) == Cache then
     src = source[key]
@@ -189,11 +194,11 @@ function interventions.patch(model, name, source, opts)
   elseif not torch.is_tensor(source) then
     error(('probe.patch: source must be a cache or a Tensor, got %s'):format(type(source)), 2)
   end
-  return replace_selection(model, name, opts, where, function(view, t, full)
+  return replace_selection(model, name, l, opts, where, function(view, t, full)
     if format.shape(src) ~= format.shape(t) then
       error(("probe.patch: '%s' is %s here but %s in the source"):format(full, format.shape(t), format.shape(src)), 0)
     end
-    view:copy_(selection(src, full, opts, where))
+    view:copy_(selection(src, l, full, opts, where))
   end)
 end
 

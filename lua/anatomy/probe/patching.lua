@@ -98,7 +98,7 @@ function patching.run(model, clean, corrupt, metric, opts)
   local first = cache:get(names[1])
   if first == nil then error(("%s: the clean run published nothing at '%s'"):format(where, names[1]), 2) end
   local cols, key = {'all'}, nil
-  local layout = points.layout(names[1])
+  local layout = points.layout(model, names[1])
   local function positions()
     local out, tokens = {}, cache.tokens[1]
     for t = 1, first:size(layout.pos) do out[t] = ('%d %s'):format(t, terminal.token_label(tokens[t] or '', 8)) end
@@ -260,7 +260,7 @@ function patching.path(model, clean, corrupt, metric, opts)
   end
   local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = z_names, attention_mask = mask})
   local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = z_names, attention_mask = mask})
-  local layout = points.layout(z_names[1])
+  local layout = points.layout(model, z_names[1])
   for _, s in ipairs(senders) do
     local H = clean_cache[z_names[index[s[1]]]]:size(layout.head)
     if s[2] > H then error(('%s: sender head must be in 1..%d for %s, got %d'):format(where, H, s[1], s[2]), 2) end

@@ -7,9 +7,14 @@ local models = require('anatomy.models')
 local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
 local tl = require('anatomy.probe.tl_names')
+local roles = require('anatomy.probe.roles')
 local points = {}
 points.transformer_lens = tl.tables
-points.role_child = tl.role_child
+points.role_child = roles.child
+-- A layer's points by name, directly (probe/roles.lua): points.resid(model,
+-- 2, 'pre'), points.part(model, 2, 'attn'), points.final_norm(model) ...
+points.layer, points.resid, points.part = roles.layer, roles.resid, roles.part
+points.final_norm, points.embedding = roles.final_norm, roles.embedding
 points.from_transformer_lens = tl.from_transformer_lens
 points.transformer_lens_names = tl.transformer_lens_names
 points.to_transformer_lens = tl.to_transformer_lens
@@ -149,8 +154,8 @@ function points.module(model, name)
   no_such(model, name, 3)
 end
 
--- The hook points a module declares: a built-in block's (C++), or a Lua
--- class's hook_names; nil when it declares none (a Lua block may still call
+-- The hook points a module declares (its class's declares or hook_names,
+-- nn/hook_point.lua); nil when it declares none (a Lua block may still call
 -- self:hook with any name).
 -- Besides a block's own, the points that entries attached to it publish
 -- (entry.publishes, a list of names relative to the block: an SAE spliced
@@ -229,15 +234,39 @@ function points.canonical(model, name)
   return path == '' and point or path .. '.' .. point
 end
 
--- Where heads and positions lie in a hook point's tensor (by its last name):
--- q, k, v, rot_q, rot_k, z, result are (B, T, H, ...); scores and pattern
--- (B, H, T, T), their query position third; anything else (B, T, ...).
-local layouts = {q = {head = 3, pos = 2}, k = {head = 3, pos = 2}, v = {head = 3, pos = 2}, rot_q = {head = 3, pos = 2},
-  rot_k = {head = 3, pos = 2}, z = {head = 3, pos = 2}, result = {head = 3, pos = 2}, scores = {head = 2, pos = 3},
-  pattern = {head = 2, pos = 3}}
--- probe.layout(name) -> {head = dim, pos = dim}: where heads and positions lie in the tensor at a hook point
-function points.layout(name)
-  return layouts[name:match('([^%.]+)$')] or {pos = 2}
+-- The layout of a point from its dimensions' names: where heads and positions lie.
+local function layout_of(dims, cost)
+  local l = {dims = dims, cost = cost}
+  for i, d in ipairs(dims) do
+    if d == 'head' then l.head = i elseif d == 'pos' then l.pos = i end
+  end
+  return l
+end
+
+-- probe.layout(model, name) -> {head = dim, pos = dim, dims, cost}: where
+-- heads and positions lie in the tensor at a point (any spelling), as the
+-- block that publishes it declares (nn/hook_point.lua); a module's output,
+-- and a point an attached entry publishes, are (batch, pos, ...). A point of
+-- a block that declares none is an error at `level`.
+function points.layout(model, name, level)
+  level = (level or 1) + 1
+  if not nn.is_module(model) then
+    error(('probe.layout: model must be a model, got %s (probe.layout(model, name))'):format(nn.typename(model)), level)
+  end
+  local m, path, point = locate(model, name, level)
+  if not point then return layout_of({'batch', 'pos'}) end
+  local declared = nn.declared_points(m)
+  for _, p in ipairs(declared or {}) do
+    if p.name == point then return layout_of(p.layout, p.cost) end
+  end
+  if point == 'pattern' and m.keep_pattern then return layout_of(nn.layouts.pattern) end  -- kept by keep_pattern
+  for _, e in ipairs(rawget(m, '_probes') or {}) do
+    for _, p in ipairs(e.publishes or {}) do
+      if p == point then return layout_of({'batch', 'pos'}) end
+    end
+  end
+  error(("probe.layout: '%s' is a hook point of %s (%s), which declares %s (its class's declares lists each point with its layout)"):format(
+    point, path == '' and 'the model' or path, nn.typename(m), declared and 'no layout for it' or 'no hook points'), level)
 end
 
 -- probe.names(model) -> every probe point of a model, in order

@@ -5,6 +5,7 @@
 -- probe.to_transformer_lens) with the rest of name resolution.
 local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
+local roles = require('anatomy.probe.roles')
 local tl = {}
 local listing = false  -- inside transformer_lens_names: a miss there suggests nothing
 local layer_names  -- below
@@ -21,32 +22,9 @@ local tl_mlp = {hook_pre = 'pre', hook_post = 'post'}
 local tl_norm = {hook_scale = 'scale', hook_normalized = 'normalized'}
 tl.tables = {block = tl_block, attn = tl_attn, mlp = tl_mlp, norm = tl_norm}
 
--- The children of a block (or the model) in their order: {{name, module}, ...}
-local function children(m)
-  local out = {}
-  for n, c in m:named_children() do out[#out + 1] = {n, c} end
-  return out
-end
-
-local function has_point(m, point)
-  for _, p in ipairs(m:hook_points()) do if p == point then return true end end
-  return false
-end
-
--- The child of a layer that plays a role: its attention (publishes z), its
--- MLP (publishes post), its first or second norm (publish normalized).
-local function role_child(block, role)
-  local norms = 0
-  for _, c in ipairs(children(block)) do
-    if role == 'attn' and has_point(c[2], 'z') then return c[1] end
-    if role == 'mlp' and has_point(c[2], 'post') then return c[1] end
-    if has_point(c[2], 'normalized') then
-      norms = norms + 1
-      if (role == 'ln1' and norms == 1) or (role == 'ln2' and norms == 2) then return c[1] end
-    end
-  end
-  return nil
-end
+-- The child of a layer that plays a role (its attention, MLP, first or
+-- second norm), as its block declares it (probe/roles.lua).
+local role_child = roles.child
 tl.role_child = role_child
 
 -- probe.from_transformer_lens(model, name) -> anatomy's name for a
@@ -76,38 +54,30 @@ function tl.from_transformer_lens(model, name, level)
     if rest == 'hook_attn_out' or rest == 'hook_mlp_out' then
       local role = rest == 'hook_attn_out' and 'attn' or 'mlp'
       local child = role_child(block, role)
-      if not child then fail(('%s has no %s'):format(path, role == 'attn' and 'attention (a child publishing z)' or 'MLP (a child publishing post)')) end
+      if not child then fail(('%s has no %s'):format(path, roles.described[role])) end
       return path .. '.' .. child
     end
     local sub, hook = rest:match('^(%w+)%.(hook_[%w_]+)$')
     local map = sub == 'attn' and tl_attn or sub == 'mlp' and tl_mlp or (sub == 'ln1' or sub == 'ln2') and tl_norm or nil
     if not map or not (map[hook] or hook == 'hook_out') then fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)') end
     local child = role_child(block, sub)
-    if not child then fail(('%s has no %s'):format(path, sub)) end
+    if not child then fail(('%s has no %s'):format(path, roles.described[sub])) end
     if hook == 'hook_out' then return path .. '.' .. child end  -- the bridge's wrapper: the module's output
     return path .. '.' .. child .. '.' .. map[hook]
   end
   local final = name:match('^ln_final%.(hook_[%w_]+)$')
   if final then
-    local norm = rawget(model, 'final_norm') or model.final_norm
-    if type(norm) ~= 'string' then fail('the model names no final norm (model.final_norm)') end
+    local norm, why = roles.final_norm(model)
+    if not norm then fail(why) end
     if final == 'hook_out' then return norm end
     if not tl_norm[final] then fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)') end
     return norm .. '.' .. tl_norm[final]
   end
   if name == 'embed.hook_out' then name = 'hook_embed' end
-  if name == 'hook_pos_embed' and has_point(model, 'pos_embed') then return 'pos_embed' end  -- GPT-2 adds wpe's rows itself
   if name == 'hook_embed' or name == 'hook_pos_embed' then
-    local embeddings = {}
-    for _, c in ipairs(children(model)) do
-      if nn.typename(c[2]) == 'nn.Embedding' then embeddings[#embeddings + 1] = c[1] end
-    end
-    local want = name == 'hook_embed' and 1 or 2
-    if not embeddings[want] or (want == 1 and #embeddings > 2) then
-      fail(want == 1 and 'the model has no token embedding child (nn.Embedding)' or
-        'the model has no positional embedding child (its positions are rotary, or inside another block)')
-    end
-    return embeddings[want]
+    local embedding, why = roles.embedding(model, name == 'hook_embed' and 'tokens' or 'positions')
+    if not embedding then fail(why) end
+    return embedding
   end
   fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)')
 end
