@@ -270,6 +270,33 @@ test('a block whose removal costs almost nothing is a passenger; unknown plot co
     .. "act_std, act_mean, act_max, act_rms, amplification, residual, influence, lens_loss, lens_agree, lens_kl, tuned_lens_loss, tuned_kl, removal_loss, f_residual, f_influence, f_removal_loss, gate_identity_loss, gate_grad, gate_identity)")
 end)
 
+test('one registry of measures: every list the outputs use is a filter of it, and a row holds what its phases compute', function()
+  local measures = autopsy.measures
+  -- the lists as they were written out by hand before the registry: the outputs keep them
+  eq(autopsy.Autopsy.columns, {'name', 'kind', 'grad_norm', 'erank', 'erank_ratio', 'entropy', 'diag', 'act_std', 'amplification',
+    'residual', 'influence', 'lens_loss', 'lens_kl', 'tuned_lens_loss', 'tuned_kl', 'removal_loss', 'f_residual', 'f_influence',
+    'f_removal_loss', 'gate_identity_loss', 'gate_grad', 'gate_identity', 'sae_alive', 'sae_l0', 'sae_ev', 'sae_ce_recovered', 'verdict'}, 'CSV')
+  eq(require('anatomy.autopsy.compare').Comparison.measures, {'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification',
+    'residual', 'influence', 'lens_loss', 'removal_loss', 'f_residual', 'f_removal_loss', 'gate_identity_loss', 'gate_grad',
+    'gate_identity', 'verdict'}, 'compare')
+  eq(require('anatomy.autopsy.series').Series.measure_names, {'grad_norm', 'erank', 'entropy', 'act_std', 'amplification', 'residual',
+    'influence', 'lens_loss', 'removal_loss', 'f_residual', 'f_removal_loss', 'gate_identity_loss'}, 'series')
+  eq(autopsy.all_metrics, {'grad_norm', 'erank', 'attn_entropy', 'act_std', 'residual', 'influence', 'logit_lens', 'removal', 'weight_erank'})
+  eq(measures.where('verdict'), {'grad_norm', 'amplification', 'residual', 'removal_loss', 'f_residual', 'f_removal_loss'}, 'verdicts.lua reads')
+  -- every measure of the batches phase is on a block's row, and no other key but what the row is and its other phases' measures
+  torch.manual_seed(4)
+  local m = models.vibenet{vocab = 20, dim = 16, layers = 2, seq = 8, block = 'gate'}
+  local a = autopsy.run(m, {torch.randint(1, 21, {4, 8}), torch.randint(1, 21, {4, 8})})
+  local row = a.rows[2]
+  for _, name in ipairs(measures.where('phase', 'batches')) do
+    if name ~= 'entropy' and name ~= 'diag' and not name:find('lens') and name ~= 'tuned_kl' then assert(row[name] ~= nil, name .. ' on the row') end
+  end
+  local known = {grads = true, class = true, grad_share = true}
+  for _, k in ipairs(measures.identity) do known[k] = true end
+  for k in pairs(row) do assert(known[k] or measures.by_name[k], ("the row's '%s' is in the registry"):format(k)) end
+  for _, mm in ipairs(measures.rows) do assert(type(mm.meaning) == 'string' and mm.phase, mm.name .. ': meaning and phase') end
+end)
+
 test('a column the autopsy cannot fill says why, in the table and the JSON', function()
   local corpus = data.from_string(('abcd efgh '):rep(300))
   local Net = nn.block('Net', function(self)

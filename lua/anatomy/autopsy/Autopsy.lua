@@ -1,10 +1,12 @@
 -- Autopsy: the result of autopsy.run, a value: printable as the per-layer
--- table (format.lua), savable as JSON, renderable as an HTML report
--- (report.lua). Its methods are all here; the work is in those files.
+-- table (text.lua), savable as JSON, renderable as an HTML report
+-- (report.lua). Its methods are all here; the work is in those files, and
+-- which measures each output shows is the registry's (measures.lua).
 local models = require('anatomy.models')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
-local format = require('anatomy.render.format')
+local text = require('anatomy.autopsy.text')
+local measures = require('anatomy.autopsy.measures')
 local charts = require('anatomy.render.charts')
 local figure = require('anatomy.render.figure')
 local report = require('anatomy.autopsy.report')
@@ -15,30 +17,30 @@ local Autopsy = {}
 Autopsy.__index = Autopsy
 
 -- The per-layer table, the verdicts' rule, and each parameter's |grad| and rank.
-function Autopsy:__tostring() return format.table(self) end
+function Autopsy:__tostring() return text.table(self) end
 
 -- Each parameter's gradient norm and, for matrices, its effective rank.
-function Autopsy:parameter_table() return format.parameter_table(self) end
+function Autopsy:parameter_table() return text.parameter_table(self) end
 
 -- a:plot(metric): a compact chart of one column per layer, in the terminal
 -- ('grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual',
 -- 'influence', 'lens_loss', 'removal_loss'; with a tuned lens 'lens_kl',
--- 'tuned_lens_loss', 'tuned_kl').
+-- 'tuned_lens_loss', 'tuned_kl'; every one is autopsy.measures.where('plot')).
 function Autopsy:plot(metric)
-  local text = format.plot(self, metric)  -- not a tail call: errors name the caller's line
-  return text
+  local out = text.plot(self, metric)  -- not a tail call: errors name the caller's line
+  return out
 end
 
 -- a:chart(metric) -> a Figure of one column per layer (the metrics of
 -- a:plot): it prints as a:plot does, shows as SVG in a notebook, and
 -- fig:save('chart.svg') writes it.
 function Autopsy:chart(metric)
-  local text = format.plot(self, metric, true)
+  local terminal = text.plot(self, metric, true)
   metric = metric or 'grad_norm'
   local labels, values = {}, {}
   for i, r in ipairs(self.rows) do labels[i], values[i] = r.name, r[metric] or 0 / 0 end
   local title = ('%s per layer'):format(metric)
-  return figure.new(title, charts.bars(title, labels, values, {ylabel = metric, xlabel = 'row'}), text)
+  return figure.new(title, charts.bars(title, labels, values, {ylabel = metric, xlabel = 'row'}), terminal)
 end
 
 -- In a notebook, an autopsy shows as its HTML report (the table, the charts).
@@ -113,10 +115,10 @@ function Autopsy:json(path)
   return fs.write_atomic(path, json.encode(self:data()) .. '\n')
 end
 
--- The per-layer measures, in the names the JSON uses, in table order.
-Autopsy.columns = {'name', 'kind', 'grad_norm', 'erank', 'erank_ratio', 'entropy', 'diag', 'act_std', 'amplification',
-  'residual', 'influence', 'lens_loss', 'lens_kl', 'tuned_lens_loss', 'tuned_kl', 'removal_loss', 'f_residual', 'f_influence', 'f_removal_loss', 'gate_identity_loss',
-  'gate_grad', 'gate_identity', 'sae_alive', 'sae_l0', 'sae_ev', 'sae_ce_recovered', 'verdict'}
+-- The per-layer measures, in the names the JSON uses, in table order: the
+-- registry's csv ones after what a row is (name, kind).
+Autopsy.columns = {unpack(measures.identity)}
+for _, name in ipairs(measures.where('csv')) do Autopsy.columns[#Autopsy.columns + 1] = name end
 
 -- a:csv(path): the per-layer table as CSV (one row a layer, the JSON's
 -- names as columns); returns path

@@ -10,15 +10,15 @@ local format = require('anatomy.render.format')
 local page = require('anatomy.render.page')
 local options = require('anatomy.torch.options')
 local charts = require('anatomy.render.charts')
+local measures = require('anatomy.autopsy.measures')
 
 local fmt = format.number
 
 local Comparison = {}
 Comparison.__index = Comparison
 
--- The measures compared, in the autopsy's own names (format.measures).
-Comparison.measures = {'grad_norm', 'erank', 'entropy', 'diag', 'act_std', 'amplification', 'residual', 'influence',
-  'lens_loss', 'removal_loss', 'f_residual', 'f_removal_loss', 'gate_identity_loss', 'gate_grad', 'gate_identity', 'verdict'}
+-- The measures compared, in the autopsy's own names: the registry's compare ones (measures.lua).
+Comparison.measures = measures.where('compare')
 -- A cell differs when it is this far from the first run's (relative).
 Comparison.tolerance = 0.10
 
@@ -166,14 +166,17 @@ function Comparison:html()
     end
   end
   if #loss_series > 0 then figs[#figs + 1] = charts.lines('Training loss', loss_series, {ylabel = 'loss (nats)'}) end
-  local by_depth = {{'grad_norm', 'grad_norm by depth'}, {'erank', 'erank by depth (the rank funnel)'},
-    {'entropy', 'entropy by depth (nats)'}, {'act_std', 'act_std by depth'}, {'lens_loss', 'lens_loss by depth'}}
+  -- the registry's depth profiles: {name, title, over every row}
+  local by_depth = {}
+  for _, m in ipairs(measures.rows) do
+    if m.chart and m.chart.compare then by_depth[#by_depth + 1] = {m.name, m.chart.compare, m.chart.over == 'rows'} end
+  end
   for _, m in ipairs(by_depth) do
     local series, names = {}, {}
     for _, r in ipairs(self.runs) do
       local xs, ys, k = {}, {}, 0
       for _, row in ipairs(r.data.rows) do
-        if row.kind == 'block' or m[1] == 'grad_norm' then
+        if row.kind == 'block' or m[3] then
           k = k + 1
           names[k] = names[k] or row.name  -- the axis is labelled with the rows' names (the first run's)
           if type(row[m[1]]) == 'number' then xs[#xs + 1], ys[#ys + 1] = k, row[m[1]] end
@@ -182,7 +185,7 @@ function Comparison:html()
       if #xs > 0 then series[#series + 1] = {r.label, xs, ys} end
     end
     if #series > 0 then
-      figs[#figs + 1] = charts.lines(m[2], series, {xlabel = m[1] == 'grad_norm' and 'row' or 'layer', ylabel = m[1], xnames = names})
+      figs[#figs + 1] = charts.lines(m[2], series, {xlabel = m[3] and 'row' or 'layer', ylabel = m[1], xnames = names})
     end
   end
   parts[#parts + 1] = '<h2>Curves</h2><div class="charts">' .. table.concat(figs) .. '</div>'

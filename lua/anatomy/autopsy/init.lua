@@ -15,6 +15,11 @@ autopsy.thresholds = verdicts.thresholds
 -- The measures autopsy.run takes by default (opts.metrics picks some).
 autopsy.all_metrics = measure.all_metrics
 
+-- The registry of the per-layer measures: each one's name, meaning, phase
+-- and the outputs that show it (measures.lua; measures.where('csv') lists
+-- the CSV's columns, and so on).
+autopsy.measures = require('anatomy.autopsy.measures')
+
 autopsy.Autopsy = require 'anatomy.autopsy.Autopsy'
 
 -- autopsy.run(model, batch_or_corpus, opts) -> Autopsy (run.lua documents opts)

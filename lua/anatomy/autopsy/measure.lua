@@ -8,8 +8,9 @@ local inputs = require('anatomy.probe.inputs')
 local nn = require('anatomy.nn')
 local measure = {}
 
--- Every measure autopsy.run takes (its opts.metrics picks some).
-measure.all_metrics = {'grad_norm', 'erank', 'attn_entropy', 'act_std', 'residual', 'influence', 'logit_lens', 'removal', 'weight_erank'}
+-- Every measure autopsy.run takes (its opts.metrics picks some): the
+-- registry's metric names (measures.lua).
+measure.all_metrics = require('anatomy.autopsy.measures').metrics()
 
 function measure.layers(model)
   local layers, why = model:layers()

@@ -4,16 +4,18 @@
 local svg = require('anatomy.render.charts')
 local format = require('anatomy.render.format')
 local page = require('anatomy.render.page')
+local text = require('anatomy.autopsy.text')
+local measures = require('anatomy.autopsy.measures')
 local report = {}
 
 local esc = svg.esc
 
 -- The legend under the table: each column's one name and what it measures
--- (format.measures, as the terminal prints it), then the verdicts' rule.
+-- (the registry's meanings, as the terminal prints them), then the verdicts' rule.
 local function legend_html(a)
   local out = {}
-  for _, m in ipairs(format.columns(a)) do out[#out + 1] = ('<dt>%s</dt><dd>%s</dd>'):format(esc(m[1]), esc(m[2])) end
-  local lines = format.legend(a)
+  for _, m in ipairs(text.columns(a)) do out[#out + 1] = ('<dt>%s</dt><dd>%s</dd>'):format(esc(m.name), esc(m.meaning)) end
+  local lines = text.legend(a)
   out[#out + 1] = '<dt>verdicts</dt><dd>' .. esc((lines[#lines]:gsub('^verdicts: ', ''))) .. '</dd>'
   return table.concat(out)
 end
@@ -55,14 +57,17 @@ function report.html(a)
     end
     charts[#charts + 1] = svg.lines('act_std of each layer over training', series, {ylabel = 'act_std'})
   end
-  charts[#charts + 1] = svg.bars('grad_norm per row', labels, column(rows, 'grad_norm'), {ylabel = 'grad_norm', xlabel = 'row'})
-  charts[#charts + 1] = svg.bars('erank per layer (the rank funnel)', block_names, column(blocks, 'erank'), {ylabel = 'erank'})
-  if #a.weights > 0 then
-    charts[#charts + 1] = svg.bars('erank of each weight matrix, as a share of its full rank', column(a.weights, 'name'),
-      column(a.weights, 'ratio'), {ylabel = 'erank / full rank', xlabel = 'parameter'})
+  -- the charts beside a measure's own: the weights' ranks after erank, each
+  -- head's entropy after entropy, the tuned lens's after lens_loss
+  local beside = {}
+  function beside.erank()
+    if #a.weights > 0 then
+      charts[#charts + 1] = svg.bars('erank of each weight matrix, as a share of its full rank', column(a.weights, 'name'),
+        column(a.weights, 'ratio'), {ylabel = 'erank / full rank', xlabel = 'parameter'})
+    end
   end
-  charts[#charts + 1] = svg.bars('entropy per layer', block_names, column(blocks, 'entropy'), {ylabel = 'entropy (nats)'})
-  if a.entropy_heads then
+  function beside.entropy()
+    if not a.entropy_heads then return end
     local heads, matrix = {}, {}
     for i, r in ipairs(blocks) do matrix[i] = a.entropy_heads[r.name] or {} end
     for k = 1, #(matrix[1] or {}) do heads[k] = 'head ' .. k end
@@ -71,13 +76,11 @@ function report.html(a)
         {xlabel = 'head', ylabel = 'layer', value = 'entropy (nats)'})
     end
   end
-  charts[#charts + 1] = svg.bars('act_std per layer', block_names, column(blocks, 'act_std'), {ylabel = 'act_std'})
-  charts[#charts + 1] = svg.bars('lens_loss: loss read out after each layer (logit lens)', block_names, column(blocks, 'lens_loss'),
-    {ylabel = 'lens_loss (nats)', reference = {a.loss, 'full model'}})
-  -- with a tuned lens: both lenses' KL to the final distribution and their losses, layer by layer
-  local tuned_rows = {}
-  for i, r in ipairs(blocks) do if r.tuned_kl then tuned_rows[#tuned_rows + 1] = i end end
-  if #tuned_rows > 0 then
+  function beside.lens_loss()
+    -- with a tuned lens: both lenses' KL to the final distribution and their losses, layer by layer
+    local tuned_rows = {}
+    for i, r in ipairs(blocks) do if r.tuned_kl then tuned_rows[#tuned_rows + 1] = i end end
+    if #tuned_rows == 0 then return end
     local xs, names = {}, {}
     for k, i in ipairs(tuned_rows) do xs[k], names[i] = i, blocks[i].name end
     local function ys(key) local out = {} for k, i in ipairs(tuned_rows) do out[k] = blocks[i][key] end return out end
@@ -86,13 +89,26 @@ function report.html(a)
     charts[#charts + 1] = svg.lines('loss read out after each layer: logit lens and tuned lens',
       {{'logit lens', xs, ys('lens_loss')}, {'tuned lens', xs, ys('tuned_lens_loss')}}, {xlabel = 'layer', ylabel = 'loss (nats)', xnames = names})
   end
-  -- removal as the rise over the full model: differences of 0.1% stay visible
-  local rises = {}
-  for i, r in ipairs(blocks) do rises[i] = r.removal_loss and a.loss and r.removal_loss - a.loss or nil end
-  charts[#charts + 1] = svg.bars('removal_loss: how much the loss rises with each layer removed', block_names, rises,
-    {ylabel = 'removal_loss - loss (nats)', offset = a.loss,
-     note = ('each bar: the loss without that layer minus the full model\'s %s (a negative bar: the model is better without it)')
-       :format(format.number(a.loss, 4))})
+  -- a bar chart of each measure the registry charts, over the rows or the blocks
+  for _, m in ipairs(measures.rows) do
+    local c = m.chart
+    if c then
+      local list, names = blocks, block_names
+      if c.over == 'rows' then list, names = rows, labels end
+      if c.rise then
+        -- as the rise over the full model: differences of 0.1% stay visible
+        local rises = {}
+        for i, r in ipairs(list) do rises[i] = r[m.name] and a.loss and r[m.name] - a.loss or nil end
+        charts[#charts + 1] = svg.bars(c.title, names, rises, {ylabel = ('%s - loss (%s)'):format(m.name, m.unit), offset = a.loss,
+          note = ('each bar: the loss without that layer minus the full model\'s %s (a negative bar: the model is better without it)')
+            :format(format.number(a.loss, 4))})
+      else
+        charts[#charts + 1] = svg.bars(c.title, names, column(list, m.name), {ylabel = measures.label(m.name),
+          xlabel = c.over == 'rows' and 'row' or nil, reference = c.reference and {a.loss, 'full model'} or nil})
+      end
+      if beside[m.name] then beside[m.name]() end
+    end
+  end
 
   -- every head's attention map, the tokens on both axes: a <details> a layer
   -- (the first open), with the whole text they were read from
@@ -113,7 +129,7 @@ function report.html(a)
   local prompt = table.concat(a.attention_tokens or {})
 
   local cols = {'name', 'verdict'}  -- the verdict beside the name: the table may be wider than the page
-  for _, m in ipairs(format.columns(a)) do if m[1] ~= 'verdict' then cols[#cols + 1] = m[1] end end
+  for _, m in ipairs(text.columns(a)) do if m.name ~= 'verdict' then cols[#cols + 1] = m.name end end
   local thead = {}
   -- a header may break after an underscore (sae_ce_recovered over two lines): the columns stay as narrow as
   -- their numbers, and the last ones on the page
@@ -123,7 +139,7 @@ function report.html(a)
     local tds = {}
     for _, c in ipairs(cols) do
       local v = r[c]
-      if c == 'sae_alive' and v then v = ('%d/%d'):format(v, r.sae_d_sae) end
+      if c == 'sae_alive' and v then v = measures.by_name.sae_alive.text(r) end
       tds[#tds + 1] = '<td>' .. esc(type(v) == 'number' and format.number(v) or (v or '')) .. '</td>'
     end
     tbody[#tbody + 1] = ('<tr class="%s">%s</tr>'):format(r.verdict or '', table.concat(tds))

@@ -4,12 +4,14 @@
 -- Its phases, each a function below over one state table `s`: measure (each
 -- batch's forward and backward, every layer's numbers), maps (the attention
 -- maps of a probe text), rows (the Autopsy's rows from the averages) and
--- removal (blocks skipped, alone and together).
+-- removal (blocks skipped, alone and together). Which measure each phase
+-- computes, and so what a row holds, is the registry's (measures.lua).
 local torch = require('anatomy.torch')
 local native = require('anatomy.torch.native')
 local probe = require('anatomy.probe')
 local nn = require('anatomy.nn')
 local measure = require('anatomy.autopsy.measure')
+local measures = require('anatomy.autopsy.measures')
 local verdicts = require('anatomy.autopsy.verdicts')
 local Autopsy = require('anatomy.autopsy.Autopsy')
 local provenance = require('anatomy.io.provenance')
@@ -24,13 +26,17 @@ local function same_shape(a, b) return format.shape(a) == format.shape(b) end
 local hidden_from
 
 -- The state of one autopsy: its settings, the sums over batches and what the
--- last batch showed.
+-- last batch showed. The sums: sums.loss, sums.grads[parameter name] (its
+-- gradient norm) and sums.layers[i][measure] (layer i's, under the
+-- registry's name of a measure of the batches phase), each divided by the
+-- batches at the end (avg).
 local function start(model, source, opts)
-  local s = {model = model, source = source, opts = opts, want = {}, thresholds = {}, acc = {}, missing = {},
-    entropy_heads = {}, patterns = {}, maps = {}, seen_batches = {}, steps = opts.steps or 1}
+  local s = {model = model, source = source, opts = opts, want = {}, thresholds = {}, missing = {},
+    sums = {grads = {}, layers = {}}, entropy_heads = {}, patterns = {}, maps = {}, seen_batches = {}, steps = opts.steps or 1}
   for _, m in ipairs(opts.metrics or measure.all_metrics) do s.want[m] = true end
   for k, v in pairs(verdicts.thresholds) do s.thresholds[k] = (opts.thresholds or {})[k] or v end
   s.layers = measure.layers(model)
+  for i in ipairs(s.layers) do s.sums.layers[i] = {} end
   s.seq = opts.seq or model:context() or 64
   -- a model with hidden_from(i, h) (the model protocol): its last layer's
   -- lens is the forward's own logits, and removing layer j reruns only
@@ -40,8 +46,17 @@ local function start(model, source, opts)
   return s
 end
 
-local function add(s, key, v) if v ~= nil and v == v then s.acc[key] = (s.acc[key] or 0) + v end end
-local function avg(s, key) return s.acc[key] and s.acc[key] / s.steps end
+-- add(s, i, name, v): v (nil or nan: nothing) added to layer i's sum of a
+-- measure the batches phase computes; add_to(s.sums.grads, name, v) and
+-- add_to(s.sums, 'loss', v) the same for the other sums
+local function add_to(sums, key, v) if v ~= nil and v == v then sums[key] = (sums[key] or 0) + v end end
+local function add(s, i, name, v)
+  local m = measures.by_name[name]
+  if not (m and m.phase == 'batches') then error(("autopsy.run: '%s' is no measure of the batches phase (measures.lua)"):format(name)) end
+  add_to(s.sums.layers[i], name, v)
+end
+-- the average over the batches of a sum (sums: s.sums, s.sums.grads or s.sums.layers[i]), or nil
+local function avg(s, sums, key) return sums[key] and sums[key] / s.steps end
 
 -- head_loss(model, h (B, T, C), y, top) -> the mean cross-entropy of
 -- readout(h) against y, and (with top) the share of positions whose top
@@ -61,10 +76,10 @@ local function tuned(s, d, i, out, y, read)
   torch.no_grad(function()
     d.final_logp = d.final_logp or d.logits:log_softmax(-1)  -- once per batch, for every layer
     local final_logp = d.final_logp
-    add(s, i .. ':lens_kl', lens_module._kl(final_logp, read):mean():item())
+    add(s, i, 'lens_kl', lens_module._kl(final_logp, read):mean():item())
     local t = s.opts.lens:readout(i, out)
-    add(s, i .. ':tuned_lens_loss', nn.functional.cross_entropy(t, y):item())
-    add(s, i .. ':tuned_kl', lens_module._kl(final_logp, t):mean():item())
+    add(s, i, 'tuned_lens_loss', nn.functional.cross_entropy(t, y):item())
+    add(s, i, 'tuned_kl', lens_module._kl(final_logp, t):mean():item())
   end)
 end
 
@@ -90,13 +105,13 @@ local function lens(s, d, i, out, y, final_top)
     ok, read = pcall(function() return torch.no_grad(function() return model:readout(out) end) end)
   end
   if ok and s.lens_ce[i] then
-    add(s, i .. ':lens_loss', s.lens_ce[i])
-    add(s, i .. ':lens_agree', agree)
+    add(s, i, 'lens_loss', s.lens_ce[i])
+    add(s, i, 'lens_agree', agree)
     if s.opts.lens then tuned(s, d, i, out, y, logits) end
   elseif ok and torch.is_tensor(read) and read:size(-1) == d.logits:size(-1) then
     s.lens_ce[i] = nn.functional.cross_entropy(read, y):item()
-    add(s, i .. ':lens_loss', s.lens_ce[i])
-    add(s, i .. ':lens_agree', read:argmax(-1):eq(final_top):double():mean():item())
+    add(s, i, 'lens_loss', s.lens_ce[i])
+    add(s, i, 'lens_agree', read:argmax(-1):eq(final_top):double():mean():item())
     if s.opts.lens then tuned(s, d, i, out, y, read) end
   elseif not ok then
     s.missing.lens_loss = s.missing.lens_loss or ('readout(h) failed: ' .. tostring(read):gsub('^[^\n]-:%d+: ', ''):match('[^\n]*'))
@@ -117,23 +132,23 @@ local function measure_layer(s, d, i, x, y, final_top, eranks_of)
       if torch.is_tensor(inp) and inp:dim() >= 2 and same_shape(inp, rec.output) then inp = measure.real_rows(inp, s.idx) end
     end
     local stats = torch.metrics.activation_stats(out)
-    add(s, i .. ':act_mean', stats.mean)
-    add(s, i .. ':act_std', stats.std)
-    add(s, i .. ':act_max', stats.max_abs)
-    add(s, i .. ':act_rms', stats.rms)
+    add(s, i, 'act_mean', stats.mean)
+    add(s, i, 'act_std', stats.std)
+    add(s, i, 'act_max', stats.max_abs)
+    add(s, i, 'act_rms', stats.rms)
     if want.erank then eranks_of[#eranks_of + 1] = {i, out:reshape(-1, out:size(-1))} end
     if inp and same_shape(inp, out) then
       local in_std = torch.metrics.activation_stats(inp).std
-      add(s, i .. ':amplification', stats.std / math.max(in_std, 1e-30))
-      if want.residual then add(s, i .. ':residual', torch.metrics.residual_ratio(inp, out)) end
-      if want.influence then add(s, i .. ':influence', torch.metrics.block_influence(inp, out)) end
+      add(s, i, 'amplification', stats.std / math.max(in_std, 1e-30))
+      if want.residual then add(s, i, 'residual', torch.metrics.residual_ratio(inp, out)) end
+      if want.influence then add(s, i, 'influence', torch.metrics.block_influence(inp, out)) end
     end
     local branch = rec.branch and s.idx and same_shape(rec.branch, rec.output) and measure.real_rows(rec.branch, s.idx) or rec.branch
     if branch and same_shape(branch, out) then
       -- a wrapper's own path (gate(x)) is out - f(x): f's share is measured beside it, not beside x
       local skip = out - branch
-      add(s, i .. ':f_residual', torch.metrics.residual_ratio(skip, out))
-      add(s, i .. ':f_influence', torch.metrics.block_influence(skip, out))
+      add(s, i, 'f_residual', torch.metrics.residual_ratio(skip, out))
+      add(s, i, 'f_influence', torch.metrics.block_influence(skip, out))
     end
     if want.logit_lens then lens(s, d, i, out, y, final_top) end
   end
@@ -143,14 +158,14 @@ local function measure_layer(s, d, i, x, y, final_top, eranks_of)
         local mean, heads, diag
         if s.mask then mean, heads, diag = measure.padded_attention(pattern, s.mask)
         else mean, heads = torch.metrics.attention_entropy(pattern) end
-        add(s, i .. ':entropy', mean)
+        add(s, i, 'entropy', mean)
         -- per head, summed over the batches like the table's column (divided below): one set of batches for both
         local sum = s.entropy_heads[l[1]]
         s.entropy_heads[l[1]] = sum and (sum + heads:double()) or heads:double()
         local T = math.min(s.mask and s.mask[1]:sum():item() or pattern:size(3), 24)
         s.patterns[l[1]] = pattern[1][1]:narrow(1, 1, T):narrow(2, 1, T):tolist()
         keep_maps(s, l[1], pattern, x[1], s.mask and s.mask[1]:sum():item())
-        add(s, i .. ':diag', diag or torch.metrics.diagonal_mass(pattern))
+        add(s, i, 'diag', diag or torch.metrics.diagonal_mass(pattern))
         break
       end
     end
@@ -183,7 +198,7 @@ local function removal_stepwise(s, d, y)
         s.missing.removal_loss = s.missing.removal_loss or ('removing a block failed: ' .. tostring(loss):match('[^\n]*'))
       end
     end
-    if ce then add(s, j .. ':removal_loss', ce) end
+    if ce then add_to(s.sums.layers[j], 'removal_loss', ce) end  -- the removal phase's, measured here
   end
 end
 
@@ -210,8 +225,8 @@ local function measure_batches(s)
     end
     s.seen_batches[#s.seen_batches + 1] = {x, y, inputs = block_inputs}
     y = measure.real_rows(y, s.idx)  -- padded: the real positions' targets, as d.logits holds their predictions
-    add(s, 'loss', d.loss)
-    for name, n in pairs(measure.grad_norms(model)) do add(s, 'grad:' .. name, n) end
+    add_to(s.sums, 'loss', d.loss)
+    for name, n in pairs(measure.grad_norms(model)) do add_to(s.sums.grads, name, n) end
     local final_top = d.logits:argmax(-1)
     local eranks_of = {}   -- {layer, (tokens, C)}: one batched call below
     s.lens_ce = {}
@@ -219,7 +234,7 @@ local function measure_batches(s)
     if #eranks_of > 0 then
       local list = {}
       for k, e in ipairs(eranks_of) do list[k] = e[2] end
-      for k, r in ipairs(torch.metrics.eranks(list)) do add(s, eranks_of[k][1] .. ':erank', r) end
+      for k, r in ipairs(torch.metrics.eranks(list)) do add(s, eranks_of[k][1], 'erank', r) end
     end
     if s.want.removal and s.stepwise then removal_stepwise(s, d, y) end
   end
@@ -247,20 +262,18 @@ local function probe_maps(s)
   s.patterns_text = text
 end
 
--- A block's row: the averages of its numbers, a gate's own, its checkpoint name.
+-- A block's row: the averages of its numbers (every measure of the batches
+-- phase), a gate's own, its checkpoint name.
 local function block_row(s, i, l)
   local model = s.model
-  local function a(key) return avg(s, i .. ':' .. key) end
-  local row = {name = l[1], kind = 'block', class = nn.typename(l[2]), grads = {},
-    act_mean = a('act_mean'), act_std = a('act_std'), act_max = a('act_max'), act_rms = a('act_rms'), erank = a('erank'),
-    amplification = a('amplification'), residual = a('residual'), influence = a('influence'),
-    entropy = a('entropy'), diag = a('diag'), lens_loss = a('lens_loss'), lens_agree = a('lens_agree'),
-    lens_kl = a('lens_kl'), tuned_lens_loss = a('tuned_lens_loss'), tuned_kl = a('tuned_kl'),
-    f_residual = a('f_residual'), f_influence = a('f_influence')}
+  local row = {name = l[1], kind = 'block', class = nn.typename(l[2]), grads = {}}
+  for _, m in ipairs(measures.rows) do
+    if m.phase == 'batches' then row[m.name] = avg(s, s.sums.layers[i], m.name) end
+  end
   -- a gated residual: the gate's gradient, and how far the gate is from the identity it replaced
   if nn.is_instance(l[2], nn.Gate) then
     local W = l[2].gate.weight
-    row.gate_grad = avg(s, 'grad:' .. l[1] .. '.gate.weight')
+    row.gate_grad = avg(s, s.sums.grads, l[1] .. '.gate.weight')
     row.gate_identity = (W:detach():double() - torch.eye(W:size(1), {dtype = 'float64', device = W.device})):norm():item() / math.sqrt(W:size(1))
   end
   if rawget(model, 'hf_config') then  -- the checkpoint's spelling of the row (a:attention takes either)
@@ -277,7 +290,7 @@ end
 -- 2-D weight's effective rank, and the rows' gradient norms from them.
 local function rows(s)
   local model, layers = s.model, s.layers
-  local a = setmetatable({model = nn.typename(model), loss = avg(s, 'loss'), loss_on = s.loss_on, rows = {}, params = {}, weights = {},
+  local a = setmetatable({model = nn.typename(model), loss = avg(s, s.sums, 'loss'), loss_on = s.loss_on, rows = {}, params = {}, weights = {},
     thresholds = s.thresholds, metrics = s.opts.metrics or measure.all_metrics, history = s.opts.history,
     entropy_heads = s.entropy_heads, patterns = s.patterns, patterns_text = s.patterns_text, attention_maps = s.maps,
     attention_tokens = s.map_tokens}, Autopsy)
@@ -296,7 +309,7 @@ local function rows(s)
     for k, r in ipairs(#list > 0 and torch.metrics.eranks(list) or {}) do weight_eranks[names[k]] = r end
   end
   for name, p in model:named_parameters() do
-    local g = avg(s, 'grad:' .. name)
+    local g = avg(s, s.sums.grads, name)
     a.params[#a.params + 1] = {name = name, grad_norm = g, shape = format.shape(p)}
     local r = weight_eranks[name]
     if r then
@@ -361,7 +374,7 @@ end
 local function removal(s, a)
   local model = s.model
   for i, r in ipairs(s.block_rows) do
-    if s.stepwise then r.removal_loss = avg(s, i .. ':removal_loss') else r.removal_loss = loss_without(s, {r.name}) end
+    if s.stepwise then r.removal_loss = avg(s, s.sums.layers[i], 'removal_loss') else r.removal_loss = loss_without(s, {r.name}) end
     local block = s.layers[i][2]
     local branch = measure.residual_branch(block)
     if branch then

@@ -19,6 +19,7 @@ local page = require('anatomy.render.page')
 local nn = require('anatomy.nn')
 local checkpoint = require('anatomy.train.checkpoint')
 local run = require('anatomy.autopsy.run')
+local measures = require('anatomy.autopsy.measures')
 local models = require('anatomy.models')
 
 local fmt = format.number
@@ -27,9 +28,8 @@ local function step_number(v) return v % 1 == 0 and ('%d'):format(v) or fmt(v) e
 local Series = {}
 Series.__index = Series
 
--- The measures a series tabulates and charts (the autopsy's own names).
-Series.measure_names = {'grad_norm', 'erank', 'entropy', 'act_std', 'amplification', 'residual', 'influence', 'lens_loss',
-  'removal_loss', 'f_residual', 'f_removal_loss', 'gate_identity_loss'}
+-- The measures a series tabulates and charts (the autopsy's own names): the registry's series ones.
+Series.measure_names = measures.where('series')
 
 -- The step a name says: the last number in it (step1000, checkpoint-500, run.step20.safetensors)
 local function step_of(name)
