@@ -13,6 +13,9 @@
 -- post-norm blocks x = LN(x + attn(x)); x = LN(x + MLP(x)), then logits
 -- x·Eᵀ (tied) or x·U, and their argmax. Row-vector convention: Q = x·Wq.
 local V = require('anatomy.exact.value')
+local walk = require('anatomy.exact.walk')
+local show = require('anatomy.exact.show')
+local check = require('anatomy.exact.check')
 
 local exact = {}
 exact.Q = V.Q
@@ -333,20 +336,10 @@ function Trace:value(name, pos, i, block)
   return v
 end
 
-local function each_value(s, fn)
-  if s.kind == 'vectors' or s.kind == 'rows' then
-    for pos, vec in ipairs(s.values) do
-      for i, v in ipairs(vec) do fn(v, pos, i) end
-    end
-  elseif s.kind == 'scalars' then
-    for pos, v in ipairs(s.values) do fn(v, pos) end
-  end
-end
-
 -- step.register: 'named' if any of its values is named, else 'exact'.
 function Step:register(pos)
   local named = false
-  each_value(self, function(v, p) if (pos == nil or p == pos) and V.is_named(v) then named = true end end)
+  walk.each_value(self, function(v, p) if (pos == nil or p == pos) and V.is_named(v) then named = true end end)
   return named and 'named' or 'exact'
 end
 
@@ -354,10 +347,12 @@ function Step:key()
   return (self.block and ('block' .. self.block .. '.') or '') .. self.name .. (self.head and ('#' .. self.head) or '')
 end
 
--- Trace's other methods live beside it, installed here: printing, stepping and
--- LaTeX (__tostring, step, reset, latex) in show.lua; the float check
--- (compare, and exact.float_forward) in check.lua.
-require('anatomy.exact.show')(Trace, Step, each_value)
-require('anatomy.exact.check')(exact, Trace, each_value, split_tokens)
+-- Printing, stepping and LaTeX (exact/show.lua).
+Trace.__tostring, Step.__tostring = show.trace, show.step_name
+Trace.step, Trace.reset, Trace.latex = show.step, show.reset, show.latex
+
+-- The float check (exact/check.lua).
+exact.float_forward = check.float_forward
+Trace.compare = check.compare
 
 return exact
