@@ -178,15 +178,12 @@ int tensor_gelu(lua_State* L) {
   return 1;
 }
 
+// x:softmax(dim) and x:log_softmax(dim), over dim (the last by default)
+template <bool Log>
 int tensor_softmax(lua_State* L) {
   at::Tensor& self = check_tensor(L, 1);
-  push_tensor(L, at::softmax(self, check_dim(L, 2, std::max<int64_t>(self.dim(), 1))));
-  return 1;
-}
-
-int tensor_log_softmax(lua_State* L) {
-  at::Tensor& self = check_tensor(L, 1);
-  push_tensor(L, at::log_softmax(self, check_dim(L, 2, std::max<int64_t>(self.dim(), 1))));
+  int64_t dim = check_dim(L, 2, std::max<int64_t>(self.dim(), 1));
+  push_tensor(L, Log ? at::log_softmax(self, dim) : at::softmax(self, dim));
   return 1;
 }
 
@@ -216,42 +213,34 @@ int tensor_matmul(lua_State* L) {
   return 1;
 }
 
-int tensor_mm(lua_State* L) {
-  at::Tensor& a = check_tensor(L, 1);
-  at::Tensor& b = check_tensor(L, 2);
-  require_dim(a, 2, 1, "mm");
-  require_dim(b, 2, 2, "mm");
-  if (a.size(1) != b.size(0)) cannot_multiply(a, b);
-  push_tensor(L, at::mm(a, b));
-  return 1;
-}
+// The products of two tensors of one fixed number of dimensions each.
+struct Product {
+  const char* name;
+  int64_t dim;                                             // of each operand
+  bool (*fits)(const at::Tensor& a, const at::Tensor& b);  // the sizes that must agree do
+  at::Tensor (*fn)(const at::Tensor& a, const at::Tensor& b);
+};
 
-int tensor_bmm(lua_State* L) {
-  at::Tensor& a = check_tensor(L, 1);
-  at::Tensor& b = check_tensor(L, 2);
-  require_dim(a, 3, 1, "bmm");
-  require_dim(b, 3, 2, "bmm");
-  if (a.size(0) != b.size(0) || a.size(2) != b.size(1)) cannot_multiply(a, b);
-  push_tensor(L, at::bmm(a, b));
-  return 1;
-}
+const Product products[] = {
+    {"mm", 2, [](const at::Tensor& a, const at::Tensor& b) { return a.size(1) == b.size(0); },
+     [](const at::Tensor& a, const at::Tensor& b) { return at::mm(a, b); }},
+    {"bmm", 3, [](const at::Tensor& a, const at::Tensor& b) { return a.size(0) == b.size(0) && a.size(2) == b.size(1); },
+     [](const at::Tensor& a, const at::Tensor& b) { return at::bmm(a, b); }},
+    {"dot", 1, [](const at::Tensor& a, const at::Tensor& b) { return a.size(0) == b.size(0); },
+     [](const at::Tensor& a, const at::Tensor& b) { return at::dot(a, b); }},
+    {"outer", 1, [](const at::Tensor&, const at::Tensor&) { return true; },
+     [](const at::Tensor& a, const at::Tensor& b) { return at::outer(a, b); }},
+};
 
-int tensor_dot(lua_State* L) {
+// upvalue 1: the Product entry
+int tensor_product(lua_State* L) {
+  auto* op = static_cast<const Product*>(lua_touserdata(L, lua_upvalueindex(1)));
   at::Tensor& a = check_tensor(L, 1);
   at::Tensor& b = check_tensor(L, 2);
-  require_dim(a, 1, 1, "dot");
-  require_dim(b, 1, 2, "dot");
-  if (a.size(0) != b.size(0)) cannot_multiply(a, b);
-  push_tensor(L, at::dot(a, b));
-  return 1;
-}
-
-int tensor_outer(lua_State* L) {
-  at::Tensor& a = check_tensor(L, 1);
-  at::Tensor& b = check_tensor(L, 2);
-  require_dim(a, 1, 1, "outer");
-  require_dim(b, 1, 2, "outer");
-  push_tensor(L, at::outer(a, b));
+  require_dim(a, op->dim, 1, op->name);
+  require_dim(b, op->dim, 2, op->name);
+  if (!op->fits(a, b)) cannot_multiply(a, b);
+  push_tensor(L, op->fn(a, b));
   return 1;
 }
 
@@ -272,30 +261,29 @@ const luaL_Reg math_methods[] = {
     {"softplus", guarded<tensor_softplus>},
     {"clamp_", guarded<tensor_clamp_>},
     {"gelu", guarded<tensor_gelu>},
-    {"softmax", guarded<tensor_softmax>},
-    {"log_softmax", guarded<tensor_log_softmax>},
+    {"softmax", guarded<tensor_softmax<false>>},
+    {"log_softmax", guarded<tensor_softmax<true>>},
     {"matmul", guarded<tensor_matmul>},
-    {"mm", guarded<tensor_mm>},
-    {"bmm", guarded<tensor_bmm>},
-    {"dot", guarded<tensor_dot>},
-    {"outer", guarded<tensor_outer>},
     {nullptr, nullptr},
 };
+
+// Each entry of a table as methods[entry.name]: a closure of fn with the entry as upvalue 1.
+template <class Op, size_t N>
+void register_each(lua_State* L, int methods, const Op (&ops)[N], lua_CFunction fn) {
+  for (const Op& op : ops) {
+    lua_pushlightuserdata(L, const_cast<Op*>(&op));
+    lua_pushcclosure(L, fn, 1);
+    lua_setfield(L, methods, op.name);
+  }
+}
 
 }  // namespace
 
 void register_tensor_math(lua_State* L, int methods) {
   luaL_register(L, nullptr, math_methods);  // registers into the table on top (methods)
-  for (const Unary& op : unary_ops) {
-    lua_pushlightuserdata(L, const_cast<Unary*>(&op));
-    lua_pushcclosure(L, guarded<tensor_unary>, 1);
-    lua_setfield(L, methods, op.name);
-  }
-  for (const Binary& op : binary_ops) {
-    lua_pushlightuserdata(L, const_cast<Binary*>(&op));
-    lua_pushcclosure(L, guarded<tensor_binary>, 1);
-    lua_setfield(L, methods, op.name);
-  }
+  register_each(L, methods, unary_ops, guarded<tensor_unary>);
+  register_each(L, methods, binary_ops, guarded<tensor_binary>);
+  register_each(L, methods, products, guarded<tensor_product>);
 }
 
 }  // namespace anatomy::lua

@@ -79,19 +79,19 @@ bool unbiased_option(lua_State* L, const Reduce& r) {
   return unbiased;
 }
 
-int tensor_std(lua_State* L) {
+// x:std(dim, keepdim, {unbiased = true}) and x:var(...): the spread over dims (all by default)
+template <bool Var>
+int tensor_spread(lua_State* L) {
   at::Tensor& t = check_tensor(L, 1);
   Reduce r = reduce_args(L, 2, t.dim(), {"dim", "keepdim", "unbiased"});
   bool unbiased = unbiased_option(L, r);
-  push_tensor(L, r.has_dims ? at::std(t, at::OptionalIntArrayRef(r.dims), unbiased, r.keepdim) : at::std(t, unbiased));
-  return 1;
-}
-
-int tensor_var(lua_State* L) {
-  at::Tensor& t = check_tensor(L, 1);
-  Reduce r = reduce_args(L, 2, t.dim(), {"dim", "keepdim", "unbiased"});
-  bool unbiased = unbiased_option(L, r);
-  push_tensor(L, r.has_dims ? at::var(t, at::OptionalIntArrayRef(r.dims), unbiased, r.keepdim) : at::var(t, unbiased));
+  at::Tensor out;
+  if (r.has_dims)
+    out = Var ? at::var(t, at::OptionalIntArrayRef(r.dims), unbiased, r.keepdim)
+              : at::std(t, at::OptionalIntArrayRef(r.dims), unbiased, r.keepdim);
+  else
+    out = Var ? at::var(t, unbiased) : at::std(t, unbiased);
+  push_tensor(L, out);
   return 1;
 }
 
@@ -361,8 +361,8 @@ const luaL_Reg reduce_methods[] = {
     {"sum", guarded<tensor_sum>},
     {"mean", guarded<tensor_mean>},
     {"logsumexp", guarded<tensor_logsumexp>},
-    {"std", guarded<tensor_std>},
-    {"var", guarded<tensor_var>},
+    {"std", guarded<tensor_spread<false>>},
+    {"var", guarded<tensor_spread<true>>},
     {"norm", guarded<tensor_norm>},
     {"max", guarded<tensor_max>},
     {"min", guarded<tensor_min>},

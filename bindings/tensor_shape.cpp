@@ -63,19 +63,13 @@ void check_reshape(const at::Tensor& t, const std::vector<int64_t>& sizes, int a
                             " elements of shape " + shape_string(t.sizes()));
 }
 
-int tensor_view(lua_State* L) {
-  at::Tensor& t = check_tensor(L, 1);
-  auto sizes = check_sizes(L, 2);
-  check_reshape(t, sizes, 2);
-  push_tensor(L, t.view(sizes));
-  return 1;
-}
-
+// x:view(sizes) and x:reshape(sizes) (a view that must share x's storage, or a copy where it cannot)
+template <bool View>
 int tensor_reshape(lua_State* L) {
   at::Tensor& t = check_tensor(L, 1);
   auto sizes = check_sizes(L, 2);
   check_reshape(t, sizes, 2);
-  push_tensor(L, t.reshape(sizes));
+  push_tensor(L, View ? t.view(sizes) : t.reshape(sizes));
   return 1;
 }
 
@@ -260,8 +254,8 @@ const luaL_Reg shape_methods[] = {
     {"numel", guarded<tensor_numel>},
     {"nelement", guarded<tensor_numel>},
     {"is_contiguous", guarded<tensor_is_contiguous>},
-    {"view", guarded<tensor_view>},
-    {"reshape", guarded<tensor_reshape>},
+    {"view", guarded<tensor_reshape<true>>},
+    {"reshape", guarded<tensor_reshape<false>>},
     {"view_as", guarded<tensor_view_as>},
     {"flatten", guarded<tensor_flatten>},
     {"transpose", guarded<tensor_transpose>},

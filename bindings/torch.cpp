@@ -387,23 +387,19 @@ int luaopen_anatomy_core(lua_State* L) {
   register_system(L, torch);
   register_http(L, torch);
   register_linalg(L, torch);
-  luaopen_anatomy_cuda(L);
-  lua_setfield(L, -2, "cuda");
-  luaopen_anatomy_profiler(L);
-  lua_setfield(L, -2, "profiler");
-  register_safetensors(L, lua_gettop(L));
-  luaopen_anatomy_blocks(L);
-  lua_setfield(L, -2, "_native");
-  luaopen_anatomy_corpus(L);
-  lua_setfield(L, -2, "_data");
-  luaopen_anatomy_optim(L);
-  lua_setfield(L, -2, "_optim");
-  luaopen_anatomy_dist(L);
-  lua_setfield(L, -2, "_dist");
-  luaopen_anatomy_metrics(L);
-  lua_setfield(L, -2, "metrics");
-  luaopen_anatomy_rational(L);
-  lua_setfield(L, -2, "_exact");
+  register_safetensors(L, torch);
+  // the native modules that hang off torch (the underscored ones are private: the library's Lua wraps them)
+  const struct {
+    const char* name;
+    lua_CFunction open;
+  } modules[] = {{"cuda", luaopen_anatomy_cuda},       {"profiler", luaopen_anatomy_profiler},
+                 {"_native", luaopen_anatomy_blocks},  {"_data", luaopen_anatomy_corpus},
+                 {"_optim", luaopen_anatomy_optim},    {"_dist", luaopen_anatomy_dist},
+                 {"metrics", luaopen_anatomy_metrics}, {"_exact", luaopen_anatomy_rational}};
+  for (const auto& m : modules) {
+    m.open(L);
+    lua_setfield(L, torch, m.name);
+  }
   lua_pushstring(L, torch_version().c_str());
   lua_setfield(L, -2, "libtorch_version");
   return 1;
