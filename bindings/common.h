@@ -172,6 +172,22 @@ struct FactoryOptions {
 };
 FactoryOptions check_factory_options(lua_State* L, int idx, c10::ScalarType default_dtype = at::kFloat);
 
+// ---- result tables -----------------------------------------------------------
+
+/// t[key] = value, for the table t on the stack top.
+inline void set_number_field(lua_State* L, const char* key, double value) {
+  lua_pushnumber(L, value);
+  lua_setfield(L, -2, key);
+}
+inline void set_boolean_field(lua_State* L, const char* key, bool value) {
+  lua_pushboolean(L, value);
+  lua_setfield(L, -2, key);
+}
+inline void set_string_field(lua_State* L, const char* key, const std::string& value) {
+  lua_pushlstring(L, value.data(), value.size());
+  lua_setfield(L, -2, key);
+}
+
 // ---- other userdata types ----------------------------------------------------
 //
 // A Lua-visible C++ object (a corpus, a block, an optimizer) is userdata

@@ -75,30 +75,17 @@ int torch_http(lua_State* L) {
   }
   if (r.cancelled) interrupt::raise();
   lua_createtable(L, 0, 8);
-  lua_pushinteger(L, static_cast<lua_Integer>(r.status));
-  lua_setfield(L, -2, "status");
+  set_number_field(L, "status", static_cast<double>(r.status));
   lua_createtable(L, 0, static_cast<int>(r.headers.size()));
-  for (const auto& [name, value] : r.headers) {
-    lua_pushlstring(L, value.data(), value.size());
-    lua_setfield(L, -2, name.c_str());
-  }
+  for (const auto& [name, value] : r.headers) set_string_field(L, name.c_str(), value);
   lua_setfield(L, -2, "headers");
-  lua_pushlstring(L, r.body.data(), r.body.size());
-  lua_setfield(L, -2, "body");
-  lua_pushnumber(L, static_cast<lua_Number>(r.written));
-  lua_setfield(L, -2, "written");
-  lua_pushboolean(L, r.appended);
-  lua_setfield(L, -2, "appended");
-  lua_pushboolean(L, r.cut);
-  lua_setfield(L, -2, "cut");
-  lua_pushboolean(L, r.too_large);
-  lua_setfield(L, -2, "too_large");
-  lua_pushboolean(L, r.too_slow);
-  lua_setfield(L, -2, "too_slow");
-  if (!r.error.empty()) {
-    lua_pushstring(L, r.error.c_str());
-    lua_setfield(L, -2, "error");
-  }
+  set_string_field(L, "body", r.body);
+  set_number_field(L, "written", static_cast<double>(r.written));
+  set_boolean_field(L, "appended", r.appended);
+  set_boolean_field(L, "cut", r.cut);
+  set_boolean_field(L, "too_large", r.too_large);
+  set_boolean_field(L, "too_slow", r.too_slow);
+  if (!r.error.empty()) set_string_field(L, "error", r.error);
   return 1;
 }
 

@@ -42,14 +42,10 @@ int metrics_diagonal_mass(lua_State* L) {
 // {mean, std, max_abs, rms}
 void push_stats(lua_State* L, const metrics::ActivationStats& s) {
   lua_createtable(L, 0, 4);
-  lua_pushnumber(L, s.mean);
-  lua_setfield(L, -2, "mean");
-  lua_pushnumber(L, s.std);
-  lua_setfield(L, -2, "std");
-  lua_pushnumber(L, s.max_abs);
-  lua_setfield(L, -2, "max_abs");
-  lua_pushnumber(L, s.rms);
-  lua_setfield(L, -2, "rms");
+  set_number_field(L, "mean", s.mean);
+  set_number_field(L, "std", s.std);
+  set_number_field(L, "max_abs", s.max_abs);
+  set_number_field(L, "rms", s.rms);
 }
 
 // activation_stats(x) -> {mean, std, max_abs, rms}

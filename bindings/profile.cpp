@@ -13,10 +13,7 @@ namespace {
 
 void push_counts_by_name(lua_State* L, const std::map<std::string, int64_t>& m) {
   lua_createtable(L, 0, static_cast<int>(m.size()));
-  for (const auto& [name, n] : m) {
-    lua_pushnumber(L, static_cast<lua_Number>(n));
-    lua_setfield(L, -2, name.c_str());
-  }
+  for (const auto& [name, n] : m) set_number_field(L, name.c_str(), static_cast<double>(n));
 }
 
 // torch.profiler.count_ops(fn, ...) -> counts, fn(...): runs fn and counts the
@@ -38,10 +35,8 @@ int profiler_count_ops(lua_State* L) {
   if (status != 0) return lua_error(L);
   int results = lua_gettop(L);
   lua_createtable(L, 0, 4);
-  lua_pushnumber(L, static_cast<lua_Number>(counts.ops));
-  lua_setfield(L, -2, "ops");
-  lua_pushnumber(L, static_cast<lua_Number>(counts.syncs));
-  lua_setfield(L, -2, "syncs");
+  set_number_field(L, "ops", static_cast<double>(counts.ops));
+  set_number_field(L, "syncs", static_cast<double>(counts.syncs));
   push_counts_by_name(L, counts.by_name);
   lua_setfield(L, -2, "by_name");
   push_counts_by_name(L, counts.syncs_by_name);
