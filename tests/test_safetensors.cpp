@@ -89,47 +89,39 @@ TEST_CASE("malformed files give clear errors", "[safetensors]") {
     std::ofstream(path) << "abc";
     CHECK(load_error(path) == "'" + path + "' is not a valid safetensors file: it is 3 bytes long, shorter than the 8-byte header length");
   }
-  SECTION("header length past the end") {
-    std::string path = write_raw("pastend", ok, 8, 1000);
-    CHECK(load_error(path).find("the header length 1000 runs past the end of the file") != std::string::npos);
-  }
-  SECTION("header that is not JSON") {
-    std::string path = write_raw("json", "{not json", 0);
-    CHECK(load_error(path).find("the header is not JSON") != std::string::npos);
-  }
-  SECTION("truncated data") {
-    std::string path = write_raw("truncated", ok, 4);
-    CHECK(load_error(path).find("tensor 'a' has data_offsets [0, 8] outside the 4 data bytes") != std::string::npos);
-  }
-  SECTION("offsets out of bounds") {
-    std::string path = write_raw("bounds", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 8);
-    CHECK(load_error(path).find("tensor 'a' has data_offsets [8, 16] outside the 8 data bytes") != std::string::npos);
-  }
-  SECTION("overlapping tensors") {
-    std::string path = write_raw("overlap",
-        R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
-    CHECK(load_error(path).find("tensors 'a' and 'b' overlap") != std::string::npos);
-  }
-  SECTION("unknown dtype") {
-    std::string path = write_raw("dtype", R"({"a":{"dtype":"F8","shape":[2],"data_offsets":[0,2]}})", 2);
-    CHECK(load_error(path).find("tensor 'a' has unknown dtype \"F8\"") != std::string::npos);
-  }
-  SECTION("shape and size disagree") {
-    std::string path = write_raw("size", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
-    CHECK(load_error(path).find("tensor 'a' of shape [3] needs 12 bytes but its data_offsets span 8") != std::string::npos);
-  }
-  SECTION("negative size") {
-    std::string path = write_raw("negative", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8);
-    CHECK(load_error(path).find("has a negative or non-integer size") != std::string::npos);
-  }
-  SECTION("a shape too large to exist") {
-    std::string path = write_raw("huge",
-        R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})", 8);
-    CHECK(load_error(path).find("has a shape too large to exist") != std::string::npos);
-  }
-  SECTION("missing fields") {
-    std::string path = write_raw("fields", R"({"a":{"dtype":"F32","shape":[2]}})", 8);
-    CHECK(load_error(path).find("tensor 'a' lacks dtype, shape or data_offsets") != std::string::npos);
+  // A file written from a header text and data bytes, and a part of the error it gives.
+  struct Malformed {
+    const char* section;
+    const char* name;
+    std::string header;
+    size_t data_bytes;
+    int64_t length_field;  // -1: the header's own length
+    const char* error;
+  };
+  const Malformed cases[] = {
+      {"header length past the end", "pastend", ok, 8, 1000, "the header length 1000 runs past the end of the file"},
+      {"header that is not JSON", "json", "{not json", 0, -1, "the header is not JSON"},
+      {"truncated data", "truncated", ok, 4, -1, "tensor 'a' has data_offsets [0, 8] outside the 4 data bytes"},
+      {"offsets out of bounds", "bounds", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", 8, -1,
+       "tensor 'a' has data_offsets [8, 16] outside the 8 data bytes"},
+      {"overlapping tensors", "overlap",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8, -1,
+       "tensors 'a' and 'b' overlap"},
+      {"unknown dtype", "dtype", R"({"a":{"dtype":"F8","shape":[2],"data_offsets":[0,2]}})", 2, -1,
+       "tensor 'a' has unknown dtype \"F8\""},
+      {"shape and size disagree", "size", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, -1,
+       "tensor 'a' of shape [3] needs 12 bytes but its data_offsets span 8"},
+      {"negative size", "negative", R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8, -1,
+       "has a negative or non-integer size"},
+      {"a shape too large to exist", "huge", R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})",
+       8, -1, "has a shape too large to exist"},
+      {"missing fields", "fields", R"({"a":{"dtype":"F32","shape":[2]}})", 8, -1, "tensor 'a' lacks dtype, shape or data_offsets"},
+  };
+  for (const Malformed& c : cases) {
+    DYNAMIC_SECTION(c.section) {
+      std::string path = write_raw(c.name, c.header, c.data_bytes, c.length_field);
+      CHECK(load_error(path).find(c.error) != std::string::npos);
+    }
   }
   SECTION("a file that does not exist") {
     CHECK(load_error("/no/such/file.safetensors").find("cannot open '/no/such/file.safetensors'") != std::string::npos);
