@@ -41,6 +41,11 @@ local function layers_of(model, where)
   return layers
 end
 
+-- An argument of Lua type `kind` ('table', 'string'), or an error naming it.
+local function argument(v, name, kind, where)
+  if type(v) ~= kind then error(('%s: %s must be a %s, got %s'):format(where, name, kind, type(v)), 3) end
+end
+
 -- A positive whole number option (nil: the default).
 local function whole(v, name, where, default)
   local r = options.whole(v, name, where, default, 1, 4)  -- 4: past this function (not a tail call) to its caller's caller
@@ -261,7 +266,7 @@ end
 function lens.from_translators(model, translators)
   local where = 'lens.from_translators'
   local layers = layers_of(model, where)
-  if type(translators) ~= 'table' then error(('%s: translators must be a table, got %s'):format(where, type(translators)), 2) end
+  argument(translators, 'translators', 'table', where)
   local self = new(model, layers, 'tuned')
   local C
   for i = 0, #layers - 1 do
@@ -292,7 +297,7 @@ end
 -- ('<row>.weight', '<row>.bias'), with the model's name, the hash of its
 -- weights and the rows in the metadata (written atomically).
 function Lens:save(path)
-  if type(path) ~= 'string' then error(('lens:save: path must be a string, got %s'):format(type(path)), 2) end
+  argument(path, 'path', 'string', 'lens:save')
   if self.kind ~= 'tuned' then error('lens:save: a logit lens has nothing to save (no translators)', 2) end
   local tensors = {}
   for i = 0, #self.names - 2 do
@@ -312,7 +317,7 @@ end
 function lens.load(model, path)
   local where = 'lens.load'
   local layers = layers_of(model, where)
-  if type(path) ~= 'string' then error(('%s: path must be a string, got %s'):format(where, type(path)), 2) end
+  argument(path, 'path', 'string', where)
   local ok, tensors, meta = pcall(torch.load_safetensors, path)
   if not ok then error(('%s: %s'):format(where, tostring(tensors):gsub('^torch%.load_safetensors: ', '')), 2) end
   meta = meta or {}

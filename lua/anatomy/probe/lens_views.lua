@@ -33,9 +33,18 @@ function views.install(Lens, helpers)
     return cols
   end
 
-  local Trajectory = {}
-  Trajectory.__index = Trajectory
-  Trajectory.__typename = 'lens.Trajectory'
+  -- A view's class, and a view of one text: the lens's rows and kind, the text's tokens and the view's own fields.
+  local function view_class(typename)
+    local cls = {__typename = typename}
+    cls.__index = cls
+    return cls
+  end
+  local function view(cls, self, ids, tok, fields)
+    fields.layers, fields.kind, fields.tokens = self.names, self.kind, inputs.token_texts(ids, tok)[1]
+    return setmetatable(fields, cls)
+  end
+
+  local Trajectory = view_class('lens.Trajectory')
 
   -- l:trajectory(text, {tokenizer}) -> t: per row (t.layers: 'embed', then
   -- each layer) and position (t.tokens), t.entropy (nats of the lens's
@@ -47,8 +56,7 @@ function views.install(Lens, helpers)
     opts = options.check(opts, {'tokenizer'}, where, 2)
     local ids, tok, reads, final = one_text(self, input, opts, where)
     local top = final:argmax(-1)  -- (T)
-    local out = setmetatable({layers = self.names, kind = self.kind, tokens = inputs.token_texts(ids, tok)[1], entropy = {}, kl = {}, rank = {}},
-      Trajectory)
+    local out = view(Trajectory, self, ids, tok, {entropy = {}, kl = {}, rank = {}})
     for r, lp in ipairs(reads) do
       out.entropy[r] = (-(lp:exp() * lp):sum(-1)):tolist()
       out.kl[r] = (final:exp() * (final - lp)):sum(-1):tolist()
@@ -93,9 +101,7 @@ function views.install(Lens, helpers)
       what == 'rank', {xlabel = 'position (input token)', ylabel = 'read after', value = label})
   end
 
-  local Table = {}
-  Table.__index = Table
-  Table.__typename = 'lens.Table'
+  local Table = view_class('lens.Table')
 
   -- l:table(text, {k = 5, tokenizer}) -> t: the k tokens each row's lens
   -- ranks first at each position (t.top[row][position] = {{token, p}, ...}),
@@ -109,8 +115,7 @@ function views.install(Lens, helpers)
     local ids, tok, reads, final = one_text(self, input, opts, where)
     local V = final:size(-1)
     if k > V then error(('%s: k must be at most the vocabulary (%d), got %d'):format(where, V, k), 2) end
-    local out = setmetatable({layers = self.names, kind = self.kind, k = k, tokens = inputs.token_texts(ids, tok)[1], top = {}, kl = {}},
-      Table)
+    local out = view(Table, self, ids, tok, {k = k, top = {}, kl = {}})
     local function text_of(id)
       local ok, s = false, nil
       if tok and tok.decode then ok, s = pcall(tok.decode, tok, torch.tensor({id}, {dtype = 'int64'})) end
