@@ -18,6 +18,15 @@ local function is_vec(vec, want, what)
   for i = 1, #want do is_q(vec[i], want[i], ('%s[%d]'):format(what, i)) end
 end
 
+-- Each case {step, want, what} of the trace t at `position`: want a list is a
+-- vector (is_vec), a string a rational (is_q)
+local function expect_values(t, position, cases)
+  for _, c in ipairs(cases) do
+    local v = t:find(c[1]).values[position]
+    if type(c[2]) == 'table' then is_vec(v, c[2], c[3]) else is_q(v, c[2], c[3]) end
+  end
+end
+
 local function reference()
   return exact.model{
     vocab = {'a', 'b', 'c'},
@@ -112,28 +121,17 @@ end)
 test('the reference example, position 1 (a): exact all the way', function()
   local t = exact.trace(reference(), 'a b')
   local function v(name) return t:find(name).values[1] end
-  is_vec(v('+pos'), {'1', '0'}, 'x')
-  is_vec(v('Q'), {'1', '0'}, 'Q')
-  is_vec(v('K'), {'1', '0'}, 'K')
-  is_vec(v('V'), {'1', '0'}, 'V')
-  is_vec(v('scores'), {'1'}, 'S')
-  is_vec(v('softmax'), {'1'}, 'softmax')
-  is_vec(v('attention'), {'1', '0'}, 'attn')
-  is_vec(v('residual1'), {'2', '0'}, 'residual1')
-  is_q(v('ln1.mean'), '1', 'ln1 mean')
-  is_vec(v('ln1.centered'), {'1', '-1'}, 'ln1 centered')
-  is_q(v('ln1.var'), '1', 'ln1 var')
-  is_q(v('ln1.std'), '1', 'ln1 std')
-  is_vec(v('ln1.out'), {'1', '-1'}, 'ln1 out')
-  is_vec(v('mlp.act'), {'1', '0'}, 'ReLU')
-  is_vec(v('mlp.out'), {'1', '0'}, 'mlp')
-  is_vec(v('residual2'), {'2', '-1'}, 'residual2')
-  is_q(v('ln2.mean'), '1/2', 'ln2 mean')
-  is_vec(v('ln2.centered'), {'3/2', '-3/2'}, 'ln2 centered')
-  is_q(v('ln2.var'), '9/4', 'ln2 var')
-  is_q(v('ln2.std'), '3/2', 'ln2 std')
-  is_vec(v('ln2.out'), {'1', '-1'}, 'ln2 out')
-  is_vec(v('logits'), {'1', '-1', '0'}, 'logits a, b, c')
+  expect_values(t, 1, {
+    {'+pos', {'1', '0'}, 'x'}, {'Q', {'1', '0'}, 'Q'}, {'K', {'1', '0'}, 'K'}, {'V', {'1', '0'}, 'V'},
+    {'scores', {'1'}, 'S'}, {'softmax', {'1'}, 'softmax'}, {'attention', {'1', '0'}, 'attn'},
+    {'residual1', {'2', '0'}, 'residual1'},
+    {'ln1.mean', '1', 'ln1 mean'}, {'ln1.centered', {'1', '-1'}, 'ln1 centered'}, {'ln1.var', '1', 'ln1 var'},
+    {'ln1.std', '1', 'ln1 std'}, {'ln1.out', {'1', '-1'}, 'ln1 out'},
+    {'mlp.act', {'1', '0'}, 'ReLU'}, {'mlp.out', {'1', '0'}, 'mlp'}, {'residual2', {'2', '-1'}, 'residual2'},
+    {'ln2.mean', '1/2', 'ln2 mean'}, {'ln2.centered', {'3/2', '-3/2'}, 'ln2 centered'}, {'ln2.var', '9/4', 'ln2 var'},
+    {'ln2.std', '3/2', 'ln2 std'}, {'ln2.out', {'1', '-1'}, 'ln2 out'},
+    {'logits', {'1', '-1', '0'}, 'logits a, b, c'},
+  })
   eq(v('argmax').index, 1)
   eq(v('output'), 'a')
   for _, s in ipairs(t.steps) do
@@ -144,11 +142,9 @@ end)
 test('the reference example, position 2 (b): named at the softmax', function()
   local t = exact.trace(reference(), 'a b')
   local function v(name) return t:find(name).values[2] end
-  is_vec(v('+pos'), {'1', '1'}, 'x')
-  is_vec(v('Q'), {'1', '1'}, 'Q')
-  is_vec(t:find('K').values[1], {'1', '0'}, 'K at position 1')
-  is_vec(v('K'), {'1', '1'}, 'K')
-  is_vec(v('scores'), {'1', '2'}, 'scores')
+  expect_values(t, 2, {{'+pos', {'1', '1'}, 'x'}, {'Q', {'1', '1'}, 'Q'}})
+  expect_values(t, 1, {{'K', {'1', '0'}, 'K at position 1'}})
+  expect_values(t, 2, {{'K', {'1', '1'}, 'K'}, {'scores', {'1', '2'}, 'scores'}})
   local p = v('softmax')
   eq({S(p[1]), S(p[2])}, {'e^1/(e^1+e^2)', 'e^2/(e^1+e^2)'})
   eq({exact.register(p[1]), exact.register(p[2])}, {'named', 'named'})
@@ -215,9 +211,8 @@ end)
 test('shapes and tokens: clear errors', function()
   local base = {vocab = {'a', 'b', 'c'}, E = {a = {1, 0}, b = {0, 1}, c = {1, 1}}, P = {{0, 0}, {1, 0}},
                 Wq = 'I', Wk = 'I', Wv = 'I', W1 = 'I', W2 = 'I'}
-  local function with(k, v)
-    local t = {}
-    for a, b in pairs(base) do t[a] = b end
+  local function with(k, v)  -- base with k set to v (nil: k left out)
+    local t = H.merged(base, {})
     t[k] = v
     return t
   end

@@ -317,12 +317,7 @@ end)
 
 test('config dimensions: zero, negative, fractional, NaN, infinite or past 2^31 is an error naming the key and value', function()
   local base = {model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = C, n_layer = L, n_head = 2}
-  local function with(k, v)
-    local c = {}
-    for key, value in pairs(base) do c[key] = value end
-    c[k] = v
-    return c
-  end
+  local function with(k, v) return H.merged(base, {[k] = v}) end
   local tail = ', which is not a dimension (a whole number from 1 to 2^31)'
   for _, c in ipairs{{'n_layer', 0, '0'}, {'n_layer', -2, '-2'}, {'n_embd', 8.5, '8.5'}, {'vocab_size', 2^31 + 1, '2147483649'},
       {'n_inner', 0, '0'}, {'n_head', math.huge, 'inf'}} do
@@ -340,9 +335,7 @@ test('config dimensions: zero, negative, fractional, NaN, infinite or past 2^31 
   local llama = {model_type = 'llama', vocab_size = V, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2,
     num_attention_heads = 4}
   for _, k in ipairs{'num_key_value_heads', 'head_dim', 'intermediate_size', 'max_position_embeddings'} do
-    local c = {}
-    for key, value in pairs(llama) do c[key] = value end
-    c[k] = -1
+    local c = H.merged(llama, {[k] = -1})
     raises(function() models.from_config(c) end, ('models.from_config: config.json has %s = -1%s'):format(k, tail))
   end
   local neox = {model_type = 'gpt_neox', vocab_size = V, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1e-3,

@@ -335,11 +335,15 @@ test('patching.edges: every edge once, the logits\' edges sum to AtP of the last
   eq(n, 0, 'nothing left attached')
 end)
 
-test("atp-qk is the metric's first-order change along the exact pattern change that patching a key makes; the rest is the metric's curvature", function()
+-- The attribution tests' case (seed 2): a three-layer GPT, a clean and a corrupt text, the logit difference of tokens 2 and 3
+local function attribution_case()
   torch.manual_seed(2)
   local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 3, seq = 8, ffn = 32}
-  local clean, corrupt = torch.tensor({{1, 2, 3, 4, 5}}):long(), torch.tensor({{6, 2, 7, 4, 8}}):long()
-  local metric = patching.logit_diff(2, 3)
+  return m, torch.tensor({{1, 2, 3, 4, 5}}):long(), torch.tensor({{6, 2, 7, 4, 8}}):long(), patching.logit_diff(2, 3)
+end
+
+test("atp-qk is the metric's first-order change along the exact pattern change that patching a key makes; the rest is the metric's curvature", function()
+  local m, clean, corrupt, metric = attribution_case()
   local number = function(l) return metric(l):item() end
   local qk = patching.attribute(m, clean, corrupt, metric, {over = 'attn.k', per = 'head', method = 'atp-qk'})
   local exact = patching.run(m, clean, corrupt, number, {over = 'attn.k', per = 'head'})
@@ -366,10 +370,7 @@ test("atp-qk is the metric's first-order change along the exact pattern change t
 end)
 
 test('patching.attribute: atp, atp-qk and ig near exact patching, the parameters\' gradients untouched, arguments named', function()
-  torch.manual_seed(2)
-  local m = models.gpt{vocab = 10, dim = 16, heads = 2, layers = 3, seq = 8, ffn = 32}
-  local clean, corrupt = torch.tensor({{1, 2, 3, 4, 5}}):long(), torch.tensor({{6, 2, 7, 4, 8}}):long()
-  local metric = patching.logit_diff(2, 3)
+  local m, clean, corrupt, metric = attribution_case()
   -- a parameter's gradient from before is kept as it was
   local p1 = m:parameters()[1]
   p1.grad = torch.ones_like(p1)

@@ -35,6 +35,14 @@ local end_first_template = {type = 'TemplateProcessing',
   single = {{SpecialToken = {id = '<|end|>', type_id = 0}}, {Sequence = {id = 'A', type_id = 0}}},
   pair = {}, special_tokens = {['<|end|>'] = {id = '<|end|>', ids = {19}, tokens = {'<|end|>'}}}}
 
+-- The tokenizer of base_spec() with that template, and the file it was read from.
+local function templated_tokenizer()
+  local spec = base_spec()
+  spec.post_processor = end_first_template
+  local path = write_tokenizer(spec)
+  return data.tokenizer(path), path
+end
+
 test('encode: pieces by the split pattern, merges by rank; ids 1-based', function()
   local path = write_tokenizer(base_spec())
   local tok = data.tokenizer(path)
@@ -58,10 +66,7 @@ test('encode: pieces by the split pattern, merges by rank; ids 1-based', functio
 end)
 
 test('a template adds special tokens; add_special_tokens = false leaves them out', function()
-  local spec = base_spec()
-  spec.post_processor = end_first_template
-  local path = write_tokenizer(spec)
-  local tok = data.tokenizer(path)
+  local tok, path = templated_tokenizer()
   eq(tok:encode('hello'):tolist(), {20, 17})
   eq(tok:encode('hello', {add_special_tokens = false}):tolist(), {17})
   os.remove(path)
@@ -146,10 +151,7 @@ test('a tokenizer.json of another layout, or whose template names no token, is r
 end)
 
 test('a corpus read with the tokenizer: ids without the template, decoded back to the text', function()
-  local spec = base_spec()
-  spec.post_processor = end_first_template
-  local path = write_tokenizer(spec)
-  local tok = data.tokenizer(path)
+  local tok, path = templated_tokenizer()
   local text_path = os.tmpname()
   local f = io.open(text_path, 'wb'); f:write(('hello abc! '):rep(30)); f:close()
   local c = data.text(text_path, {tokenizer = tok, split = 0.5})
