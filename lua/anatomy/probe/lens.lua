@@ -15,11 +15,13 @@
 -- positions); the autopsy takes {lens = l}.
 local torch = require('anatomy.torch')
 local hooks = require('anatomy.probe.hooks')
-local inputs = require('anatomy.probe.inputs')
 local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
 local nn = require('anatomy.nn')
 local optim = require('anatomy.optim')
+local lens_states = require('anatomy.probe.lens_states')
+local views = require('anatomy.probe.lens_views')
+local states, batch_of = lens_states.states, lens_states.batch_of
 
 local lens = {}
 local Lens = {}
@@ -89,30 +91,6 @@ function lens.logit(model)
   return new(model, layers_of(model, 'lens.logit'), 'logit')
 end
 
--- The residual stream at every row, detached: {[0] = embed, 1..N}, and the
--- model's logits, from one forward without gradients (under the padding
--- mask when there is one).
-local function states(self, ids, mask, where)
-  local model, layers = self.model, select(1, self.model:layers())
-  local h = {}
-  local logits = hooks.scope(model, function()
-    for i, l in ipairs(layers) do
-      hooks.replace(model, l[1], function(out, _, input)
-        if i == 1 and torch.is_tensor(input) then h[0] = input:detach() end
-        if torch.is_tensor(out) then h[i] = out:detach() end
-      end)
-    end
-    return torch.no_grad(function() return inputs.forward(model, ids, mask, where) end)
-  end)
-  for i = 0, #layers do
-    if not h[i] or h[i]:dim() ~= 3 or h[i]:size(-1) ~= h[#layers]:size(-1) then
-      error(('%s: %s did not give a (B, T, C) residual stream as the others (got %s)'):format(where, self.names[i + 1],
-        h[i] and format.shape(h[i]) or 'nothing'), 0)
-    end
-  end
-  return h, logits:detach()
-end
-
 -- l:readout(layer, h) -> logits: the hidden state h (..., C) of row `layer`
 -- (0 = 'embed', the first layer's input; i = layer i's output) read through
 -- the lens (the tuned lens translates it first).
@@ -142,16 +120,6 @@ local function kl(final_logp, read_logits)
   return (final_logp:exp() * (final_logp - lp)):sum(-1)
 end
 lens._kl = kl
-
--- ids and mask of an input (ids, a text, a list of texts or of ids).
--- Errors are raised at `level` (the user's call), without this file's position.
-local function batch_of(self, input, opts, where, level)
-  local ok, ids, tok, mask = pcall(inputs.to_ids, self.model, input, opts.tokenizer, where, opts.padding_side)
-  if not ok then error((tostring(ids):gsub('^[^\n]-:%d+: ', '')), level + 1) end
-  if ids.dtype ~= 'int64' then error(('%s: input must be token ids or text, got %s ids'):format(where, ids.dtype), level + 1) end
-  mask = inputs.check_mask(ids, mask, where)
-  return ids, tok, mask
-end
 
 -- l:evaluate(input, {tokenizer, padding_side}) -> {layers = names, kl = {...},
 -- loss = {...}}: per row (embed, then each layer), the mean over real
@@ -354,8 +322,8 @@ function lens.load(model, path)
   return self
 end
 
--- The per-token views, l:trajectory and l:table (probe/lens_views.lua).
-require('anatomy.probe.lens_views').install(Lens, {batch_of = batch_of, states = states, whole = whole})
+-- The per-token views (probe/lens_views.lua).
+Lens.trajectory, Lens.table = views.trajectory, views.table
 
 function Lens:__tostring()
   local n = #self.names - 1
