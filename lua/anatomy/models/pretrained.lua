@@ -20,6 +20,7 @@ local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
 local process = require('anatomy.models.process')
 local sizes = require('anatomy.models.sizes')
+local family = require('anatomy.models.family')
 
 local pretrained = {}
 pretrained.check_size = sizes.check_size
@@ -31,115 +32,9 @@ pretrained.check_size = sizes.check_size
 pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.llama', mistral = 'anatomy.models.llama',
   qwen2 = 'anatomy.models.llama', gpt_neox = 'anatomy.models.gpt_neox'}
 
--- The families' pre-norm residual block, x + attn(ln1(x)), then + mlp(ln2(x)),
--- publishing resid_pre, resid_mid and resid_post. Block.hook_names for it:
-pretrained.resid_hooks = {'resid_pre', 'resid_mid', 'resid_post'}
--- pretrained.prenorm(block, x, attn, ln1, mlp, ln2) -> x + attn(ln1(x)), then + mlp(ln2(.)), through the block's hook points
-function pretrained.prenorm(block, x, attn, ln1, mlp, ln2)
-  x = block:hook('resid_pre', x)
-  x = block:hook('resid_mid', x + attn(ln1(x)))
-  return block:hook('resid_post', x + mlp(ln2(x)))
-end
-
--- What the families' models share (a decoder: embed, a stack of blocks, a
--- final norm, a head tied to the token embedding or not), written once.
--- names: the model's own names of its token embedding, stack, final norm and
--- untied head. A class may define embed(ids) itself (GPT-2 adds positions).
-function pretrained.decoder(cls, names)
-  cls.final_norm = names.norm  -- whose output is Hugging Face's last hidden state
-  cls.pretrained_names = names  -- the embedding, the stack, the final norm and the head (models.process_weights)
-  -- The hidden state the first block reads: the token embeddings.
-  if not rawget(cls, 'embed') then
-    -- model:embed(ids) -> the hidden state the first block reads: the token embeddings
-    cls.embed = function(self, ids) return self[names.embed](ids) end
-  end
-  -- The head applied to a hidden state (B, T, C): the logit lens.
-  cls.readout = function(self, h)
-    h = self[names.norm](h)
-    local head = self[names.head]
-    if head then return head(h) end
-    return nn.functional.linear(h, self[names.embed].weight)
-  end
-  -- model:unembedding() -> the head's weight (V x C): the checkpoint's
-  -- lm_head, or the token embedding where the head is tied to it
-  cls.unembedding = function(self)
-    local head = self[names.head]
-    return head and head.weight or self[names.embed].weight
-  end
-  -- model:hidden_from(i, h) -> (B, T, C): layers i..N run from h, the
-  -- hidden state layer i reads (i = N + 1: h itself); what readout reads.
-  -- The model protocol's optional shortcut, for a model whose forward is
-  -- readout(hidden_from(1, embed(ids))): the autopsy's removal sweep then
-  -- reruns only the layers after the one it removes.
-  cls.hidden_from = function(self, i, x)
-    local stack = self[names.stack]
-    for k = i, #stack do x = stack[k](x) end
-    return x
-  end
-  -- ids (B, T) int64, 1-based -> logits (B, T, V)
-  cls.forward = function(self, ids)
-    models.check_ids(self, ids)
-    local y = self:readout(self:hidden_from(1, self:embed(ids)))
-    return y
-  end
-  -- model:context() -> the longest input it takes (the checkpoint's positions)
-  cls.context = function(self) return self.config.positions end
-end
-
--- The dropout a checkpoint's config.json asks for ({'attn_pdrop=0.1', ...},
--- the non-zero ones): anatomy does not apply it (in train mode either, where
--- transformers would); print(model) says so beside the rest of its config.
-function pretrained.dropout_settings(c)
-  local out = {}
-  for k, v in pairs(c) do
-    if type(k) == 'string' and type(v) == 'number' and v > 0 and (k:find('drop') or k:find('pdrop')) then
-      out[#out + 1] = ('%s=%g'):format(k, v)
-    end
-  end
-  table.sort(out)
-  return out
-end
-
--- What print(model) adds to a checkpoint's settings: ', weights processed
--- (fold_ln, ...)' where models.process_weights ran, ', dropout of the
--- checkpoint not applied (attn_pdrop=0.1, ...)' where it has some; or ''.
-function pretrained.config_note(model)
-  local processed = process.describe(model)
-  local note = processed and (', weights processed (%s)'):format(processed) or ''
-  local d = rawget(model, 'hf_dropout')
-  if type(d) ~= 'table' or #d == 0 then return note end
-  return note .. (', dropout of the checkpoint not applied (%s): anatomy runs it without dropout, in train mode too'):format(table.concat(d, ', '))
-end
-
--- config.json's number `key`, or an error naming it and the family.
-function pretrained.need(c, key, where)
-  if type(c[key]) ~= 'number' then error(('%s: config.json needs a number %s (%s)'):format(where, key, tostring(c.model_type)), 0) end
-  return c[key]
-end
-
--- config.json's dimension `key` (a size, a count of layers or heads): a
--- whole number from 1 to 2^31, or an error naming the key and its value. An
--- optional one may be absent (or null): nil then.
-function pretrained.dim(c, key, where, optional)
-  local v = c[key]
-  if optional and (v == nil or v == json.null) then return nil end
-  if type(v) ~= 'number' then return pretrained.need(c, key, where) end
-  if v ~= v or v < 1 or v > 2^31 or v ~= math.floor(v) then
-    error(('%s: config.json has %s = %s, which is not a dimension (a whole number from 1 to 2^31)'):format(
-      where, key, tostring(v)), 0)
-  end
-  return v
-end
-
--- Hugging Face's activation names -> nn.MLP's.
-pretrained.activations = {gelu_new = 'gelu_tanh', gelu_pytorch_tanh = 'gelu_tanh', gelu = 'gelu', relu = 'relu'}
-
--- The config's value of `key` checked against what anatomy does: `ok(value)`
--- true, else an error naming the key and its value.
-function pretrained.refuse(where, key, value, why)
-  error(('%s: config.json has %s = %s, which anatomy does not support (%s)'):format(
-    where, key, json.encode(value), why), 0)
-end
+-- The families' building pieces (models/family.lua), under the names the
+-- family files and scripts have used: pretrained.prenorm, .decoder, .dim, .rope, ...
+for k, v in pairs(family) do pretrained[k] = v end
 
 -- Translates a dotted name between anatomy's form and Hugging Face's: layers
 -- count from 1 here and from 0 there. With a model whose stack has another
@@ -170,42 +65,6 @@ function pretrained.anatomy_name(hf, model)
     return hf
   end
   return (shift(hf, 1))
-end
-
--- RoPE's settings from either config form: the Hub's (rope_theta and
--- rope_scaling; GPT-NeoX's rotary_emb_base and rotary_pct) or transformers
--- 5's (rope_parameters).
-function pretrained.rope(c, where)
-  local p = type(c.rope_parameters) == 'table' and c.rope_parameters or c.rope_scaling
-  local r = {theta = (type(c.rope_parameters) == 'table' and c.rope_parameters.rope_theta) or c.rope_theta
-    or c.rotary_emb_base or 10000, scaling = 'default',
-    -- the share of each head that rotates (GPT-NeoX's rotary_pct)
-    partial = (type(c.rope_parameters) == 'table' and c.rope_parameters.partial_rotary_factor) or c.rotary_pct or 1}
-  if type(p) == 'table' then
-    local kind = p.rope_type or p.type or 'default'
-    local key = type(c.rope_parameters) == 'table' and 'rope_parameters.rope_type' or 'rope_scaling.type'
-    if kind == 'linear' then
-      r.scaling, r.factor = 'linear', p.factor
-    elseif kind == 'llama3' then
-      r.scaling, r.factor = 'llama3', p.factor
-      r.low_freq_factor, r.high_freq_factor = p.low_freq_factor, p.high_freq_factor
-      r.original_max_positions = p.original_max_position_embeddings
-    elseif kind ~= 'default' then
-      pretrained.refuse(where, key, kind, 'supported: default, linear, llama3')
-    end
-  end
-  return r
-end
-
--- nn.RoPEAttention's options: the RoPE settings pretrained.rope read, and a
--- family's own (kv_heads, biases, rotary_dim, sliding_window).
-local rope_keys = {'theta', 'scaling', 'factor', 'low_freq_factor', 'high_freq_factor', 'original_max_positions'}
--- pretrained.attention_options(rope, own) -> nn.RoPEAttention's options table: the RoPE settings and the family's own
-function pretrained.attention_options(rope, own)
-  local o = {}
-  for _, k in ipairs(rope_keys) do o[k] = rope[k] end
-  for k, v in pairs(own) do o[k] = v end
-  return o
 end
 
 -- The weights of a folder, opened but not read: model.safetensors, or the
