@@ -48,4 +48,28 @@ test("a bar's length is its value: the axis of a bar chart starts at 0, close va
   close(hs[1] / hs[2], 2.371 / 2.378, 0.01, 'close values too')
 end)
 
+
+test('one result protocol: every result writes its JSON and its page, and shows in a notebook, the same way', function()
+  local result = require('anatomy.render.result')
+  local s = experiment.sweep({{'n', {1, 2}}}, function(cfg) return {y = cfg.n * 2} end, {quiet = true})
+  local types = {autopsy.Autopsy, require('anatomy.autopsy.compare').Comparison, require('anatomy.autopsy.series').Series, getmetatable(s)}
+  for i, T in ipairs(types) do
+    local Made = result.outputs(setmetatable({}, {__index = T}), 'x')  -- what the protocol makes from T's description
+    for _, method in ipairs{'json', 'report', '_repr_mimebundle'} do
+      eq(debug.getinfo(T[method], 'S').source, debug.getinfo(Made[method], 'S').source, ('type %d: %s from render/result.lua'):format(i, method))
+    end
+  end
+  local dir = H.tmpdir()
+  local path = s:json(dir .. '/made/for/it/s.json')
+  eq(H.read(path), json.encode(s:data()) .. '\n', 'the data as JSON, its folder made')
+  eq(H.read(s:report(dir .. '/s.html', 'A sweep')), s:html('A sweep'), 'the page, its arguments passed on')
+  local bundle = s:_repr_mimebundle()
+  eq(bundle['text/html'], s:html(), 'a notebook: the page (the kernel scopes it)')
+  eq(bundle['text/plain'], tostring(s))
+  raises(function() s:json(3) end, 'sweep:json: path must be a file path, got number')
+  raises(function() s:report('') end, 'sweep:report: path must be a file path, got string')
+  raises(function() result.write(nil, 'x', 'fig:save') end, 'fig:save: path must be a file path, got nil')
+  os.execute("rm -rf '" .. dir .. "'")
+end)
+
 H.done()

@@ -3,7 +3,6 @@
 -- (report.lua). Its methods are all here; the work is in those files, and
 -- which measures each output shows is the registry's (measures.lua).
 local models = require('anatomy.models')
-local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 local text = require('anatomy.autopsy.text')
 local measures = require('anatomy.autopsy.measures')
@@ -12,6 +11,7 @@ local figure = require('anatomy.render.figure')
 local report = require('anatomy.autopsy.report')
 local options = require('anatomy.torch.options')
 local export = require('anatomy.io.export')
+local result = require('anatomy.render.result')
 
 local Autopsy = {}
 Autopsy.__index = Autopsy
@@ -43,10 +43,9 @@ function Autopsy:chart(metric)
   return figure.new(title, charts.bars(title, labels, values, {ylabel = metric, xlabel = 'row'}), terminal)
 end
 
--- In a notebook, an autopsy shows as its HTML report (the table, the charts).
-function Autopsy:_repr_mimebundle()
-  return {['text/html'] = report.html(self), ['text/plain'] = tostring(self)}
-end
+-- a:html() -> the HTML report as a string (the table, the charts); a:report(path)
+-- writes it, and a notebook shows it (render/result.lua)
+function Autopsy:html() return report.html(self) end
 
 -- a:attention(layer, head, {numbers = false}) -> a figure: that head's attention
 -- map for the first sequence (the probe text when autopsy.run had one; up
@@ -110,11 +109,6 @@ function Autopsy:data()
       first_step = self.history.first_step} or nil}
 end
 
--- a:json(path): writes the autopsy as JSON; returns path
-function Autopsy:json(path)
-  return fs.write_atomic(path, json.encode(self:data()) .. '\n')
-end
-
 -- The per-layer measures, in the names the JSON uses, in table order: the
 -- registry's csv ones after what a row is (name, kind).
 Autopsy.columns = {unpack(measures.identity)}
@@ -153,9 +147,8 @@ function Autopsy:tensorboard(dir)
   return export.tensorboard(dir, scalars)
 end
 
--- a:report(path): writes the HTML report atomically; returns path
-function Autopsy:report(path)
-  return fs.write_atomic(path, report.html(self))
-end
+-- a:json(path) (a:data() as JSON), a:report(path) (a:html()) and the
+-- notebook's view: the protocol every result shares
+result.outputs(Autopsy, 'a')
 
 return Autopsy

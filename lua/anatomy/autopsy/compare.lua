@@ -11,6 +11,7 @@ local page = require('anatomy.render.page')
 local options = require('anatomy.torch.options')
 local charts = require('anatomy.render.charts')
 local measures = require('anatomy.autopsy.measures')
+local result = require('anatomy.render.result')
 
 local fmt = format.number
 
@@ -137,13 +138,6 @@ function Comparison:data()
   return {layers = self.layers, measures = self:present(), tolerance = Comparison.tolerance, runs = runs}
 end
 
--- c:json(path) -> path
-function Comparison:json(path)
-  if type(path) ~= 'string' or path == '' then error(('c:json: path must be a file path, got %s'):format(type(path)), 2) end
-  fs.mkdir(fs.dirname(path))
-  return fs.write_atomic(path, json.encode(self:data()) .. '\n')
-end
-
 -- c:html() -> the report as a string; c:report(path) writes it
 function Comparison:html()
   local esc = charts.esc
@@ -216,10 +210,7 @@ function Comparison:html()
   return page.new('Comparison: ' .. table.concat(labels, ' vs '), table.concat(parts))
 end
 
-function Comparison:report(path)
-  if type(path) ~= 'string' or path == '' then error(('c:report: path must be a file path, got %s'):format(type(path)), 2) end
-  fs.mkdir(fs.dirname(path))
-  return fs.write_atomic(path, self:html())
-end
+-- c:json(path), c:report(path) and the notebook's view (render/result.lua)
+result.outputs(Comparison, 'c')
 
 return {compare = compare, Comparison = Comparison}

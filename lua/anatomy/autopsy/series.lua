@@ -10,7 +10,6 @@
 -- with those changes marked.
 local torch = require('anatomy.torch')
 local fs = require('anatomy.io.fs')
-local json = require('anatomy.io.json')
 local hub = require('anatomy.io.hub')
 local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
@@ -20,6 +19,7 @@ local nn = require('anatomy.nn')
 local checkpoint = require('anatomy.train.checkpoint')
 local run = require('anatomy.autopsy.run')
 local measures = require('anatomy.autopsy.measures')
+local result = require('anatomy.render.result')
 local models = require('anatomy.models')
 
 local fmt = format.number
@@ -304,12 +304,6 @@ function Series:data()
     verdicts = self.verdicts, changes = self.changes, stories = self:stories(), duplicates = self.duplicates, runs = runs}
 end
 
-function Series:json(path)
-  if type(path) ~= 'string' or path == '' then error(('s:json: path must be a file path, got %s'):format(type(path)), 2) end
-  fs.mkdir(fs.dirname(path))
-  return fs.write_atomic(path, json.encode(self:data()) .. '\n')
-end
-
 -- s:html() -> the report: the verdict changes, a chart per measure (a line a
 -- layer over the steps, each verdict change marked) with its table, the
 -- verdicts per checkpoint, each checkpoint's provenance
@@ -380,14 +374,7 @@ function Series:html()
   return page.new('Autopsy series: ' .. self.source, table.concat(parts))
 end
 
-function Series:report(path)
-  if type(path) ~= 'string' or path == '' then error(('s:report: path must be a file path, got %s'):format(type(path)), 2) end
-  fs.mkdir(fs.dirname(path))
-  return fs.write_atomic(path, self:html())
-end
-
-function Series:_repr_mimebundle()
-  return {['text/html'] = page.embed(self:html()), ['text/plain'] = tostring(self)}
-end
+-- s:json(path), s:report(path) and the notebook's view (render/result.lua)
+result.outputs(Series, 's')
 
 return {series = series, Series = Series, step_of = step_of}

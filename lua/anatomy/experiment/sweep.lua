@@ -3,10 +3,9 @@
 -- chart per measured column (sklearn's ParameterGrid order: the first key
 -- varies slowest).
 local autopsy = require('anatomy.autopsy')
-local json = require('anatomy.io.json')
-local fs = require('anatomy.io.fs')
 local results = require('anatomy.experiment.results')
 local charts = require('anatomy.render.charts')
+local result = require('anatomy.render.result')
 
 local Sweep = {}
 Sweep.__index = Sweep
@@ -156,9 +155,6 @@ function Sweep:data()
   return {keys = self.keys, measured = self.measured, rows = self.rows}
 end
 
--- sweep:json(path) -> path: the sweep as JSON, written atomically
-function Sweep:json(path) return fs.write_atomic(path, json.encode(self:data()) .. '\n') end
-
 -- sweep:series(column[, x]) -> {{name, xs, ys}, ...}: column against the grid
 -- key x (default: the first), one series per combination of the other keys.
 function Sweep:series(column, x)
@@ -210,14 +206,9 @@ function Sweep:html(title)
   return table.concat(parts)
 end
 
--- sweep:report(path[, title]) -> path: sweep:html() written atomically
-function Sweep:report(path, title)
-  return fs.write_atomic(path, self:html(title))
-end
-
--- In a notebook: the table and its charts (the page, made a fragment by the kernel).
-function Sweep:_repr_mimebundle()
-  return {['text/html'] = self:html(), ['text/plain'] = tostring(self)}
-end
+-- sweep:json(path), sweep:report(path[, title]) (sweep:html(title) written)
+-- and, in a notebook, the table and its charts: the protocol every result
+-- shares (render/result.lua)
+result.outputs(Sweep, 'sweep')
 
 return Sweep

@@ -20,7 +20,7 @@ local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
 local charts = require('anatomy.render.charts')
 local page = require('anatomy.render.page')
-local fs = require('anatomy.io.fs')
+local result = require('anatomy.render.result')
 local terminal = require('anatomy.render.terminal')
 
 local edges = {}
@@ -422,7 +422,8 @@ end
 -- graph:report(path) -> path: a self-contained HTML page with the drawing
 -- and its edges as a table (written atomically)
 function Graph:report(path)
-  return fs.write_atomic(path, page.new('Edge attribution', self:svg()))
+  local written = result.write(path, page.new('Edge attribution', self:svg()), 'graph:report')  -- render/result.lua
+  return written
 end
 
 hooks.analysis(edges.edges)

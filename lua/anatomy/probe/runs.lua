@@ -8,7 +8,7 @@ local inputs = require('anatomy.probe.inputs')
 local terminal = require('anatomy.render.terminal')
 local charts = require('anatomy.render.charts')
 local page = require('anatomy.render.page')
-local fs = require('anatomy.io.fs')
+local result = require('anatomy.render.result')
 local format = require('anatomy.render.format')
 
 local runs = {}
@@ -266,7 +266,8 @@ function Result:report(path)
   end
   local html = page.new((kind(self):gsub('^%l', string.upper)), '<p>' .. esc(title) .. '</p><p>' .. esc(table.concat(lines, ' ')) .. '</p>'
     .. self:svg() .. '<table><thead>' .. table.concat(head) .. '</tr></thead><tbody>' .. table.concat(body) .. '</tbody></table>')
-  return fs.write_atomic(path, html)
+  local written = result.write(path, html, 'result:report')  -- render/result.lua: checked, its folder made, atomic
+  return written
 end
 
 return runs

@@ -4,7 +4,7 @@
 local page = require('anatomy.render.page')
 local charts = require('anatomy.render.charts')
 local terminal = require('anatomy.render.terminal')
-local fs = require('anatomy.io.fs')
+local result = require('anatomy.render.result')
 local Figure = {}
 Figure.__index = Figure
 
@@ -38,8 +38,10 @@ function Figure:svg()
   return tag .. svg:sub(#open + 1)
 end
 
+-- fig:save(path) -> path: the standalone SVG, written as every result writes (render/result.lua)
 function Figure:save(path)
-  return fs.write_atomic(path, self:svg())
+  local written = result.write(path, self:svg(), 'fig:save')
+  return written
 end
 
 -- The chart as HTML (its caption, the SVG, its numbers) under the report's
