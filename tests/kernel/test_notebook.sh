@@ -4,11 +4,7 @@
 # charts inline (the report's, a:chart's and the comparison's). A screenshot
 # of the page by headless Chromium is left in OUT_DIR to look at.
 #   test_notebook.sh ANATOMY_EXECUTABLE SOURCE_DIR [OUT_DIR]
-set -uo pipefail
-exe="$1"
-src="$2"
-out="${3:-}"
-dir="$(mktemp -d)"
+source "$(dirname "${BASH_SOURCE[0]}")/../shell_test.sh"
 trap 'rm -rf "$dir"; pkill -f -- "[-]-kernel $dir" 2>/dev/null' EXIT
 
 nbconvert="$(command -v jupyter-nbconvert || true)"
@@ -19,11 +15,6 @@ fi
 "$exe" --install-kernel --prefix "$dir/prefix" >/dev/null || { echo "FAIL: --install-kernel"; exit 1; }
 export JUPYTER_PATH="$dir/prefix/share/jupyter" JUPYTER_RUNTIME_DIR="$dir" ANATOMY_THREADS=2
 
-passed=0
-failed=0
-check() {  # check NAME CONDITION-RESULT DETAIL
-  if [[ "$2" == 0 ]]; then echo "ok    $1"; passed=$((passed + 1)); else echo "FAIL  $1: $3"; failed=$((failed + 1)); fi
-}
 started=$SECONDS
 timeout 600 "$nbconvert" --to html --execute --ExecutePreprocessor.timeout=500 --output-dir "$dir" \
   "$src/examples/autopsy.ipynb" >"$dir/nbconvert.log" 2>&1
@@ -46,5 +37,4 @@ if [[ -f "$html" ]]; then
     [[ -s "$out/notebook.png" ]]; check "screenshot: $out/notebook.png" $? "no screenshot"
   fi
 fi
-echo "$passed passed, $failed failed"
-[[ $failed == 0 ]]
+summary

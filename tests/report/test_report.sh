@@ -6,12 +6,7 @@
 # shows 0.1% differences). A screenshot is left in OUT_DIR to look at.
 # Installs chromium when it is missing; exits 77 (skipped) only if it cannot.
 #   test_report.sh ANATOMY_EXECUTABLE SOURCE_DIR [OUT_DIR]
-set -uo pipefail
-exe="$1"
-src="$2"
-out="${3:-}"
-dir="$(mktemp -d)"
-trap 'rm -rf "$dir"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/../shell_test.sh"
 
 browser="$(command -v chromium || true)"
 if [[ -z "$browser" ]]; then
@@ -29,11 +24,6 @@ expected="$("$exe" --threads=1 "$src/tests/report/make_report.lua" "$dir/report.
   --disable-component-update --disable-sync --user-data-dir="$dir/profile" --enable-logging=stderr --v=0 \
   --dump-dom "file://$dir/report.html" >"$dir/dom.html" 2>"$dir/console.log"
 
-passed=0
-failed=0
-check() {  # check NAME CONDITION-RESULT DETAIL
-  if [[ "$2" == 0 ]]; then echo "ok    $1"; passed=$((passed + 1)); else echo "FAIL  $1: $3"; failed=$((failed + 1)); fi
-}
 grep -q '</html>' "$dir/dom.html"; check "chromium loaded the report" $? "no DOM came back"
 errors="$(grep -E 'CONSOLE|Uncaught|ERROR:.*(file|resource)' "$dir/console.log" | grep -v -E 'dbus|gpu|GPU|sandbox|Fontconfig|crashpad|ALSA|udev|viz' || true)"
 [[ -z "$errors" ]]; check "no console errors" $? "$errors"
@@ -75,5 +65,4 @@ png="${out:-$dir}/main_job.png"
 [[ -z "$out" ]] || cp "$dir/main/autopsy.html" "$out/main_job.html"
 ANATOMY_SCREENSHOT_HEIGHT=6000 "$src/scripts/report-screenshot" "$dir/main/autopsy.html" "$png" >/dev/null 2>&1 && [[ -s "$png" ]]
 check "report-screenshot makes a PNG of the main job's report ($png)" $? "no screenshot"
-echo "$passed passed, $failed failed"
-[[ "$failed" -eq 0 ]]
+summary
