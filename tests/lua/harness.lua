@@ -154,6 +154,18 @@ function H.merged(base, extra)
   return c
 end
 
+-- H.fit_f32_bf16(make, corpus, steps, seed) -> the train.fit results of a
+-- model make() builds, trained in float32 and in bf16 from the same seed
+-- (batch 8, seq 32, lr 3e-3): what the bf16 tests compare
+function H.fit_f32_bf16(make, corpus, steps, seed)
+  local function run(dtype)
+    torch.manual_seed(seed)
+    return train.fit(make(), corpus, {steps = steps, batch = 8, seq = 32, lr = 3e-3, seed = seed, quiet = true, dtype = dtype,
+      eval_every = 1000})
+  end
+  return run('float32'), run('bf16')
+end
+
 -- The five pretrained families (random weights, built from their config.json
 -- settings; Mistral's sliding window `window`) and the built-in GPT, vocab V.
 function H.family_models(V, window)

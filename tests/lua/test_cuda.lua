@@ -76,13 +76,19 @@ test('memory counters follow an allocation', function()
   eq(torch.cuda.memory_allocated(), before, 'freed')
 end)
 
+-- What f() returns, computed while g captures it: g records the kernels f runs.
+local function captured(g, f)
+  g:capture_begin()
+  local y = f()
+  g:capture_end()
+  return y
+end
+
 test('a CUDA graph replays its kernels on new input', function()
   need_gpu()
   local x = torch.zeros(4, {device = 'cuda'})
   local g = torch.cuda.CUDAGraph()
-  g:capture_begin()
-  local y = x * 2 + 1
-  g:capture_end()
+  local y = captured(g, function() return x * 2 + 1 end)
   x:copy_(torch.tensor({1, 2, 3, 4}))
   g:replay()
   eq(y:cpu():tolist(), {3, 5, 7, 9})
@@ -103,9 +109,7 @@ test('a capture that fails is abandoned cleanly: random numbers and a new captur
   H.raises_part(function() g:capture_end() end, 'capture')  -- CUDA's reason; the capture is then reset
   eq(g:capturing(), false)
   eq(torch.rand(3, {device = 'cuda'}):size(), {3}, 'the generator left capture mode')
-  g:capture_begin()
-  local y = x * 3 + torch.rand(4, {device = 'cuda'}) * 0
-  g:capture_end()
+  local y = captured(g, function() return x * 3 + torch.rand(4, {device = 'cuda'}) * 0 end)
   g:replay()
   eq(y:cpu():tolist(), {3, 3, 3, 3}, 'a new capture on the same graph object replays')
 end)
@@ -148,11 +152,7 @@ test('bf16 on the GPU: 200 steps follow float32 within 0.03 nats (GPT and VibeNe
     gpt = function() return models.gpt{vocab = c.vocab_size, dim = 64, heads = 4, layers = 2, seq = 32, ffn = 256} end,
     vibenet = function() return models.vibenet{vocab = c.vocab_size, dim = 64, layers = 2, seq = 32, block = 'ffn'} end,
   } do
-    local function run(dtype)
-      torch.manual_seed(7)
-      return train.fit(make(), c, {steps = 200, batch = 8, seq = 32, lr = 3e-3, seed = 7, quiet = true, dtype = dtype, eval_every = 1000})
-    end
-    local f32, bf16 = run('float32'), run('bf16')
+    local f32, bf16 = H.fit_f32_bf16(make, c, 200, 7)
     local function tail(r) local t = 0 for i = 181, 200 do t = t + r.train[i] end return t / 20 end
     print(('  %s: first loss %.5f (bf16) against %.5f; mean of the last 20 %.5f against %.5f'):format(
       name, bf16.train[1], f32.train[1], tail(bf16), tail(f32)))

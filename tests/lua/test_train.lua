@@ -340,11 +340,7 @@ test('dtype = bf16 trains every seed architecture; VibeAttention under autocast 
     funnel = function() return models.funnel{vocab = V, seq = 32, widths = {32, 16, 8}, attentions = {1, 2, 3}} end,
     stateful = function() return models.stateful{vocab = V, dim = 32, heads = 2, layers = 2, seq = 32, ffn = 64} end,
   } do
-    local function run(dtype)
-      torch.manual_seed(3)
-      return train.fit(make(), c, {steps = 30, batch = 8, seq = 32, lr = 3e-3, seed = 3, quiet = true, dtype = dtype, eval_every = 1000})
-    end
-    local f32, bf16 = run('float32'), run('bf16')
+    local f32, bf16 = H.fit_f32_bf16(make, c, 30, 3)
     close(bf16.train[1], f32.train[1], 0.02, name .. ': first loss in bf16 against float32')
     assert(bf16.train[30] < bf16.train[1] - 0.3, ('%s: the bf16 run learned: %.3f -> %.3f'):format(name, bf16.train[1], bf16.train[30]))
   end
