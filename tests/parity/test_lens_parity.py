@@ -14,7 +14,6 @@ Tolerance: |anatomy - pytorch| <= 1e-5.
 Usage: test_lens_parity.py ANATOMY_EXECUTABLE
 """
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -44,7 +43,6 @@ def lens_numbers(model, ids, translators):
 
 def main():
     exe = sys.argv[1]
-    here = os.path.dirname(os.path.abspath(__file__))
     model = gpt.random_gpt(11)
     ids = torch.randint(0, gpt.V, (gpt.B, gpt.T))
     translators = [(0.2 * torch.randn(gpt.C, gpt.C), 0.2 * torch.randn(gpt.C)) for _ in range(gpt.L)]
@@ -58,10 +56,7 @@ def main():
         for i, (w, b) in enumerate(translators):
             tensors[f"input.translator.{i}.weight"], tensors[f"input.translator.{i}.bias"] = w, b
         safetensors_io.save(inp, tensors)
-        proc = subprocess.run([exe, "--threads=1", os.path.join(here, "lens_parity.lua"), inp, out], capture_output=True, text=True)
-        if proc.returncode != 0:
-            print("FAIL  anatomy failed\n%s%s" % (proc.stdout, proc.stderr))
-            print("0 passed, 1 failed")
+        if not safetensors_io.run_lua(exe, "lens_parity.lua", inp, out):
             return 1
         got, _ = safetensors_io.load(out)
     failed, worst = [], 0.0

@@ -15,7 +15,6 @@ float32 rounding; the fits are float64); accuracies equal.
 Usage: test_linear_probe_parity.py ANATOMY_EXECUTABLE
 """
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -52,7 +51,6 @@ def fit(x, y, train, test, K):
 
 def main():
     exe = sys.argv[1]
-    here = os.path.dirname(os.path.abspath(__file__))
     model = gpt.random_gpt(13)
     ids = torch.randint(0, 5, (B, T))  # five token types: classes repeat often enough to learn
     labels = torch.ones(B, T, dtype=torch.int64)
@@ -64,10 +62,7 @@ def main():
         tensors = gpt.state_dict(model)
         tensors["input.ids"], tensors["input.labels"], tensors["input.mask"] = ids + 1, labels, mask
         safetensors_io.save(inp, tensors)
-        proc = subprocess.run([exe, "--threads=1", os.path.join(here, "linear_probe_parity.lua"), inp, out], capture_output=True, text=True)
-        if proc.returncode != 0:
-            print("FAIL  anatomy failed\n%s%s" % (proc.stdout, proc.stderr))
-            print("0 passed, 1 failed")
+        if not safetensors_io.run_lua(exe, "linear_probe_parity.lua", inp, out):
             return 1
         got, _ = safetensors_io.load(out)
     positions = got["positions"] - 1                      # 0-based into B * T

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import safetensors_io
-from test_model_parity import B, C, T, V, causal_softmax, gpt_shapes
+from test_model_parity import B, C, T, V, causal_softmax, gpt_shapes, random_params
 
 
 def erank(m):
@@ -66,10 +66,7 @@ def readout(P, h):
 def main():
     exe = sys.argv[1]
     torch.manual_seed(2)
-    P = {}
-    for name, shape in gpt_shapes(pre=True).items():
-        base = torch.ones(shape) if name.endswith(("ln1.weight", "ln2.weight", "ln_f.weight")) else 0
-        P[name] = (base + 0.3 * torch.randn(shape)).requires_grad_()
+    P = random_params(gpt_shapes(pre=True))
     ids, targets = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = os.path.join(tmp, "in"), os.path.join(tmp, "out.json")

@@ -107,6 +107,16 @@ def gpt_shapes(pre=False, layers=2, ffn=32):
     return s
 
 
+def random_params(shapes):
+    """Parameters of the given shapes, requiring grad: 0.3 * N(0, 1), plus 1
+    for the norms' gains (names ending in norm.weight, ln1.weight, ln2.weight, ln_f.weight)."""
+    P = {}
+    for name, shape in shapes.items():
+        base = torch.ones(shape) if name.endswith(("norm.weight", "ln1.weight", "ln2.weight", "ln_f.weight")) else 0
+        P[name] = (base + 0.3 * torch.randn(shape)).requires_grad_()
+    return P
+
+
 CASES = {
     "vibenet_plain": (vibenet_shapes("plain"), lambda P, ids: vibenet(P, ids, "plain")),
     "vibenet_ffn": (vibenet_shapes("ffn"), lambda P, ids: vibenet(P, ids, "ffn")),
@@ -133,10 +143,7 @@ def main():
     passed = failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for case, (shapes, forward) in CASES.items():
-            P = {}
-            for name, shape in shapes.items():
-                base = torch.ones(shape) if name.endswith(("norm.weight", "ln1.weight", "ln2.weight", "ln_f.weight")) else 0
-                P[name] = (base + 0.3 * torch.randn(shape)).requires_grad_()
+            P = random_params(shapes)
             ids = torch.randint(0, V, (B, T))
             targets = torch.randint(0, V, (B, T))
             inp, out = os.path.join(tmp, case + ".in"), os.path.join(tmp, case + ".out")
