@@ -24,7 +24,8 @@ end
 -- What the families' models share (a decoder: embed, a stack of blocks, a
 -- final norm, a head tied to the token embedding or not), written once.
 -- names: the model's own names of its token embedding, stack, final norm and
--- untied head. A class may define embed(ids) itself (GPT-2 adds positions).
+-- untied head (and positions, GPT-2's learned ones). A class may define
+-- embed(ids) itself (GPT-2 adds positions).
 function family.decoder(cls, names)
   cls.final_norm = names.norm  -- whose output is Hugging Face's last hidden state
   cls.pretrained_names = names  -- the embedding, the stack, the final norm and the head (models.process_weights)
@@ -64,6 +65,23 @@ function family.decoder(cls, names)
   end
   -- model:context() -> the longest input it takes (the checkpoint's positions)
   cls.context = function(self) return self.config.positions end
+end
+
+-- family.decoder_parts(model, s, Norm, Block): a decoder's modules, in the
+-- order of its class's names (family.decoder): the token embedding (s.vocab x
+-- s.dim), GPT-2's learned positions where the names have them, s.layers
+-- Block(s, i) in a ModuleList, the final Norm(s.dim, {eps = s.eps}) and, unless
+-- s.tied, the head. The model keeps s as its config.
+function family.decoder_parts(model, s, Norm, Block)
+  local names = model.pretrained_names
+  rawset(model, 'config', s)
+  model[names.embed] = nn.Embedding(s.vocab, s.dim)
+  if names.positions then model[names.positions] = nn.Embedding(s.positions, s.dim) end
+  local blocks = {}
+  for i = 1, s.layers do blocks[i] = Block(s, i) end
+  model[names.stack] = nn.ModuleList(blocks)
+  model[names.norm] = Norm(s.dim, {eps = s.eps})
+  if not s.tied then model[names.head] = nn.Linear(s.dim, s.vocab, {bias = false}) end
 end
 
 -- The dropout a checkpoint's config.json asks for ({'attn_pdrop=0.1', ...},

@@ -52,14 +52,7 @@ function Block:forward(x)
 end
 
 local GPT2 = nn.block('models.GPT2', function(self, s)
-  rawset(self, 'config', s)
-  self.wte = nn.Embedding(s.vocab, s.dim)
-  self.wpe = nn.Embedding(s.positions, s.dim)
-  local blocks = {}
-  for i = 1, s.layers do blocks[i] = Block(s) end
-  self.h = nn.ModuleList(blocks)
-  self.ln_f = nn.LayerNorm(s.dim, {eps = s.eps})
-  if not s.tied then self.lm_head = nn.Linear(s.dim, s.vocab, {bias = false}) end
+  pretrained.decoder_parts(self, s, nn.LayerNorm, Block)
 end)
 models.GPT2 = GPT2
 -- GPT2LMHeadModel's names start with it (transformer.h.0.attn): the spelling
@@ -97,7 +90,7 @@ GPT2.incremental = true
 function GPT2:set_cache(on) rawset(self, '_past', on and 0 or nil) end
 -- m:set_mask(mask): the padding mask embed counts positions by (model:set_padding)
 function GPT2:set_mask(mask) rawset(self, '_mask', mask) end
-pretrained.decoder(GPT2, {embed = 'wte', stack = 'h', norm = 'ln_f', head = 'lm_head'})
+pretrained.decoder(GPT2, {embed = 'wte', positions = 'wpe', stack = 'h', norm = 'ln_f', head = 'lm_head'})
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function GPT2:extra_repr()

@@ -61,13 +61,7 @@ end
 function Block:extra_repr() return self.parallel and 'parallel residual' or 'sequential residual' end
 
 local GPTNeoX = nn.block('models.GPTNeoX', function(self, s)
-  rawset(self, 'config', s)
-  self.embed_in = nn.Embedding(s.vocab, s.dim)
-  local blocks = {}
-  for i = 1, s.layers do blocks[i] = Block(s) end
-  self.blocks = nn.ModuleList(blocks)
-  self.final_layer_norm = nn.LayerNorm(s.dim, {eps = s.eps})
-  if not s.tied then self.embed_out = nn.Linear(s.dim, s.vocab, {bias = false}) end
+  pretrained.decoder_parts(self, s, nn.LayerNorm, Block)
 end)
 models.GPTNeoX = GPTNeoX
 

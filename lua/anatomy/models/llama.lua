@@ -63,13 +63,7 @@ function Block:forward(x)
 end
 
 local Llama = nn.block('models.Llama', function(self, s)
-  rawset(self, 'config', s)
-  self.embed_tokens = nn.Embedding(s.vocab, s.dim)
-  local blocks = {}
-  for i = 1, s.layers do blocks[i] = Block(s, i) end
-  self.blocks = nn.ModuleList(blocks)
-  self.norm = nn.RMSNorm(s.dim, {eps = s.eps})
-  if not s.tied then self.lm_head = nn.Linear(s.dim, s.vocab, {bias = false}) end
+  pretrained.decoder_parts(self, s, nn.RMSNorm, Block)
 end)
 models.Llama = Llama
 
