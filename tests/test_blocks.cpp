@@ -1,5 +1,6 @@
 // Built-in blocks in C++, without Lua: options checked once with the field
-// named, PyTorch's parameter names and shapes, forward against ATen's own ops.
+// named, PyTorch's parameter names and shapes, forward against ATen's own ops,
+// the attentions' paths (fused, hooked, cached, padded) against each other.
 #include <catch2/catch.hpp>
 
 #include <ATen/ATen.h>
@@ -76,4 +77,80 @@ TEST_CASE("forward passes match ATen's operations on the same weights") {
     CHECK(maxdiff(emb.forward(ids), emb.weight.index_select(0, ids - 1)) == 0);
     CHECK_THROWS_WITH(emb.forward(at::tensor({0}, at::kLong)), "token id 0 is out of range 1..4 (ids are 1-based)");
   }
+}
+
+// The attentions' paths (one fused kernel, the explicit hooked one, the key/value
+// cache, the padding mask) must give the same outputs; tolerance 1e-5 in float32.
+TEST_CASE("attention's fused, hooked, cached and padded paths agree") {
+  at::manual_seed(2);
+  at::Tensor x = at::randn({2, 6, 16});
+  std::shared_ptr<Native> attn;
+  std::vector<std::string> points;
+  SECTION("Attention") {
+    attn = std::make_shared<Attention>(AttentionOptions(16, 4));
+    points = {"q", "k", "v", "scores", "pattern", "z", "result"};
+  }
+  SECTION("RoPEAttention: grouped keys, partial rotary, sliding window") {
+    attn = std::make_shared<RoPEAttention>(RoPEAttentionOptions(16, 4).kv_heads(2).rotary_dim(2).sliding_window(3));
+    points = {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"};
+  }
+  const at::Tensor plain = attn->forward(x);  // fused where LibTorch has the kernel
+  auto agrees = [&](const at::Tensor& y, const char* what) {
+    INFO(what << ": maxdiff " << maxdiff(y, plain));
+    CHECK(maxdiff(y, plain) < 1e-5);
+  };
+  attn->keep_pattern = true;
+  agrees(attn->forward(x), "kept pattern");
+  CHECK(maxdiff(attn->pattern.sum(-1), at::ones({2, 4, 6})) < 1e-6);
+  attn->keep_pattern = false;
+
+  std::vector<std::string> seen;
+  attn->hook = [&](const char* name, const at::Tensor& t) { return seen.push_back(name), t; };
+  attn->wanted = {"result"};
+  agrees(attn->forward(x), "identity hooks");
+  CHECK(seen == points);
+  attn->hook = nullptr;
+
+  attn->set_cache(true);
+  agrees(at::cat({attn->forward(x.narrow(1, 0, 4)), attn->forward(x.narrow(1, 4, 1)), attn->forward(x.narrow(1, 5, 1))}, 1),
+         "cached, 4 then 1 and 1 positions");
+  attn->set_cache(false);
+
+  at::Tensor mask = at::ones({2, 6}, at::kBool);
+  attn->set_mask(mask);
+  agrees(attn->forward(x), "padding mask without padding");
+  CHECK_THROWS_AS(attn->forward(x.narrow(1, 0, 5)), InputError);
+  mask[0].narrow(0, 0, 2).fill_(false);  // example 1 left-padded by 2: its real tokens as if alone
+  at::Tensor padded = attn->forward(x).select(0, 0).narrow(0, 2, 4);
+  attn->set_mask(at::Tensor());
+  at::Tensor alone = attn->forward(x.narrow(0, 0, 1).narrow(1, 2, 4)).select(0, 0);
+  INFO("left padding: maxdiff " << maxdiff(padded, alone));
+  CHECK(maxdiff(padded, alone) < 1e-5);
+}
+
+// GPT-2's attention takes its softmax in the scores' dtype, Llama's in float32
+// then back to the input's (as transformers does each): bfloat16 patterns equal,
+// bit for bit, those softmaxes of the scores the hook saw. (The CPU's bfloat16
+// softmax accumulates in float32, so on the CPU the two formulas agree.)
+TEST_CASE("attention's softmax dtype: the scores' for Attention, float32 for RoPEAttention") {
+  at::manual_seed(3);
+  at::Tensor x = at::randn({1, 5, 8}).to(at::kBFloat16);
+  auto pattern_and_scores = [&](Native& attn) {
+    attn.to(at::kBFloat16);
+    at::Tensor scores;
+    attn.hook = [&](const char* name, const at::Tensor& t) {
+      if (std::string(name) == "scores") scores = t.clone();
+      return t;
+    };
+    attn.keep_pattern = true;
+    attn.forward(x);
+    REQUIRE(attn.pattern.scalar_type() == at::kBFloat16);
+    return std::make_pair(attn.pattern, scores);
+  };
+  Attention gpt2(AttentionOptions(8, 2));
+  auto [p1, s1] = pattern_and_scores(gpt2);
+  CHECK(at::equal(p1, at::softmax(s1, -1)));
+  RoPEAttention llama(RoPEAttentionOptions(8, 2));
+  auto [p2, s2] = pattern_and_scores(llama);
+  CHECK(at::equal(p2, at::softmax(s2.to(at::kFloat), -1).to(at::kBFloat16)));
 }
