@@ -1,6 +1,7 @@
 // The built-in attentions (see blocks.h): Attention, RoPEAttention and
 // VibeAttention, their masks (causal, sliding window, padding) and key/value
-// caches, and the hooked tail (scores, pattern, z, each head's result).
+// caches, and attend(), the hooked tail (scores, pattern, z, each head's
+// result) the first two share.
 #include "host/nn/blocks.h"
 
 #include <ATen/ATen.h>
@@ -19,11 +20,34 @@ namespace anatomy::nn {
 using namespace detail;
 namespace {
 
-// true above the diagonal (filled with -inf): position t sees positions 1..t.
-// Kept in `cache` and rebuilt only when the length or the device changes.
-const at::Tensor& cached_causal_mask(at::Tensor& cache, int64_t T, const at::Device& device) {
-  if (!cache.defined() || cache.size(0) != T || cache.device() != device)
-    cache = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(device)).triu(1);
+// ---- masks ----------------------------------------------------------------------------
+
+// Which of Tk keys each of the last T of Tk positions attends to (T, Tk): key
+// j from query i when j <= Tk - T + i, with a window when Tk - T + i - j <
+// window. Under a padding mask pad (B, Tk), (B, 1, T, Tk): never a padded key,
+// and always itself (a padded query would see nothing else, and a softmax over
+// nothing is NaN; no real position and no metric reads a padded one's output).
+// Undefined when every query sees every key (no padding, one new position or
+// not causal, no window).
+at::Tensor allowed_keys(int64_t T, int64_t Tk, bool causal, int64_t window, const at::Tensor& pad, const at::Device& device) {
+  if (!pad.defined() && (!causal || T == 1) && window <= 0) return at::Tensor();
+  auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor i = at::arange(Tk - T, Tk, opts).unsqueeze(1), j = at::arange(Tk, opts).unsqueeze(0);
+  at::Tensor allowed = pad.defined() ? pad.to(device, at::kBool).view({pad.size(0), 1, 1, Tk}).expand({pad.size(0), 1, T, Tk})
+                                     : at::ones({T, Tk}, opts.dtype(at::kBool));
+  if (causal) allowed = allowed & j.le(i);
+  if (window > 0) allowed = allowed & (i - j).lt(window);
+  return pad.defined() ? allowed | j.eq(i) : allowed;
+}
+
+// Where T positions do not see each other (T, T), allowed_keys' complement for
+// masked_fill_; undefined when they all do. Kept in `cache` and rebuilt only
+// when the length or the device changes.
+const at::Tensor& blocked_keys(at::Tensor& cache, int64_t T, bool causal, int64_t window, const at::Device& device) {
+  if (!cache.defined() || cache.size(0) != T || cache.device() != device) {
+    at::Tensor allowed = allowed_keys(T, T, causal, window, at::Tensor(), device);
+    cache = allowed.defined() ? allowed.logical_not() : at::Tensor();
+  }
   return cache;
 }
 
@@ -40,46 +64,12 @@ void append_to_cache(at::Tensor& past_k, at::Tensor& past_v, at::Tensor& k, at::
   past_k = k, past_v = v;
 }
 
-// Which of Tk keys each of the last T of Tk positions attends to: key j from
-// query i when j <= Tk - T + i (and, with a window, Tk - T + i - j < window).
-// Undefined when every query sees every key (one new position, no window).
-at::Tensor cached_allowed(int64_t T, int64_t Tk, bool causal, int64_t window, const at::Device& device) {
-  if ((!causal || T == 1) && window <= 0) return at::Tensor();
-  at::Tensor i = at::arange(Tk - T, Tk, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(1);
-  at::Tensor j = at::arange(Tk, at::TensorOptions().dtype(at::kLong).device(device)).unsqueeze(0);
-  at::Tensor allowed = at::ones({T, Tk}, at::TensorOptions().dtype(at::kBool).device(device));
-  if (causal) allowed = allowed & j.le(i);
-  if (window > 0) allowed = allowed & (i - j).lt(window);
-  return allowed;
-}
-
-// Which keys (B, 1, T, Tk) each of the last T of Tk positions attends to
-// under a padding mask: causally (and within the window) as without one,
-// never to a padded key, and always to itself: a padded query would see
-// nothing else, and a softmax over nothing is NaN (a padded position's
-// output is read by no real one, and no metric reads it).
-at::Tensor padded_allowed(const at::Tensor& mask, int64_t T, bool causal, int64_t window) {
-  const int64_t B = mask.size(0), Tk = mask.size(1);
-  auto opts = at::TensorOptions().dtype(at::kLong).device(mask.device());
-  at::Tensor i = at::arange(Tk - T, Tk, opts).unsqueeze(1), j = at::arange(Tk, opts).unsqueeze(0);
-  at::Tensor allowed = mask.to(at::kBool).view({B, 1, 1, Tk}).expand({B, 1, T, Tk});
-  if (causal) allowed = allowed & j.le(i);
-  if (window > 0) allowed = allowed & (i - j).lt(window);
-  return allowed | j.eq(i);
-}
-
-}  // namespace
-
-// ---- attention ----------------------------------------------------------------------
-
-namespace {
 // The end of an attention's hooked path: z (B, T, H, D) through the output
 // projection. With "result" wanted, each head's share of the output,
 // result[b, t, h] = z[b, t, h] · W[:, h·D:(h+1)·D]ᵀ (B, T, H, C), passes
 // through the hook; replaced, the output is its sum over heads plus the
 // bias, else the projection as the unhooked path computes it.
-at::Tensor project_heads(Linear& out, const at::Tensor& z, const std::function<at::Tensor(const char*, const at::Tensor&)>& hook,
-                         bool want_result) {
+at::Tensor project_heads(Linear& out, const at::Tensor& z, const Native::HookFn& hook, bool want_result) {
   const int64_t B = z.size(0), T = z.size(1), H = z.size(2), D = z.size(3);
   if (want_result) {
     at::Tensor result = at::einsum("bthd,chd->bthc", {z, out.weight.view({out.out_features, H, D})});
@@ -91,7 +81,52 @@ at::Tensor project_heads(Linear& out, const at::Tensor& z, const std::function<a
   }
   return out.forward(z.reshape({B, T, H * D}));
 }
+
 }  // namespace
+
+// ---- what the attentions share ------------------------------------------------------
+
+at::Tensor AttentionBase::split_heads(const char* name, const at::Tensor& t, int64_t H) const {
+  return at_hook(name, t.view({t.size(0), t.size(1), H, t.size(2) / H})).transpose(1, 2);
+}
+
+const at::Tensor& AttentionBase::padding(int64_t B, int64_t Tk) const {
+  check_mask(pad_mask, B, Tk, kind().c_str());
+  return pad_mask;
+}
+
+// While caching or under a padding mask the keys are more than q's positions,
+// or some padded: which each query sees is made for this call. Else the mask
+// depends on T alone and is kept; with no window, the fused kernel's causal
+// flag stands for it.
+at::Tensor AttentionBase::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Linear& out,
+                                 const AttendOptions& how) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), Tk = k.size(2);
+  const bool general = caching || pad_mask.defined();
+  const at::Tensor& pad = pad_mask.defined() ? padding(B, Tk) : pad_mask;
+  const at::Tensor allowed = general ? allowed_keys(T, Tk, how.causal(), how.window(), pad, q.device()) : at::Tensor();
+  auto square = [&]() -> const at::Tensor& { return blocked_keys(blocked_, T, how.causal(), how.window(), q.device()); };
+  if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
+    const at::Tensor mask = general ? allowed : how.window() > 0 ? square().logical_not() : at::Tensor();
+    at::Tensor y = compat::fused_attention(q, k, v, mask, how.causal() && !general);
+    if (y.defined()) return out.forward(y.transpose(1, 2).reshape({B, T, H * D}));
+  }
+  // (B, H, T, Tk), scaled and masked in place: the product is a fresh tensor
+  // autograd does not keep (matmul keeps q and k), and at 8x256 tokens each
+  // copy would be 25 MiB more of fresh memory per layer
+  at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
+  const at::Tensor blocked = !general ? square() : allowed.defined() ? allowed.logical_not() : allowed;
+  if (blocked.defined()) att.masked_fill_(blocked, -std::numeric_limits<double>::infinity());
+  att = at_hook("scores", att);
+  const at::ScalarType to = how.float_softmax();
+  att = at_hook("pattern", to == at::ScalarType::Undefined ? at::softmax(att, -1) : at::softmax(att, -1, at::kFloat).to(to));
+  if (keep_pattern) pattern = pattern_grad ? att : att.detach();
+  at::Tensor z = at::matmul(att, v).transpose(1, 2);  // (B, T, H, D)
+  if (!hook) return out.forward(z.reshape({B, T, H * D}));
+  return project_heads(out, at_hook("z", z), hook, wants("result"));
+}
+
+// ---- attention ----------------------------------------------------------------------
 
 Attention::Attention(const AttentionOptions& o) : dim(o.dim()), heads(o.heads()), causal(o.causal()) {
   require_positive(dim, "dim");
@@ -104,57 +139,11 @@ Attention::Attention(const AttentionOptions& o) : dim(o.dim()), heads(o.heads())
 
 at::Tensor Attention::forward(const at::Tensor& x) {
   require_btc(x, dim, "Attention");
-  const int64_t B = x.size(0), T = x.size(1), C = dim, H = heads, D = C / H;
-  auto parts = qkv->forward(x).split(C, -1);  // q, k, v: (B, T, C)
-  if (caching || pad_mask.defined()) return forward_general(parts[0], parts[1], parts[2]);
-  if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
-    auto split_heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };  // (B, H, T, D)
-    at::Tensor y = compat::fused_attention(split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), at::Tensor(), causal);
-    if (y.defined()) return proj->forward(y.transpose(1, 2).reshape({B, T, C}));
-  }
-  // (B, T, H, D) through the hook, then (B, H, T, D)
-  auto heads_of = [&](const char* name, const at::Tensor& t) { return at_hook(name, t.view({B, T, H, D})).transpose(1, 2); };
-  at::Tensor q = heads_of("q", parts[0]), k = heads_of("k", parts[1]), v = heads_of("v", parts[2]);
-  // (B, H, T, T), scaled and masked in place: the product is a fresh tensor
-  // autograd does not keep (matmul keeps q and k), and at 8x256 tokens each
-  // copy would be 25 MiB more of fresh memory per layer
-  at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
-  if (causal) att.masked_fill_(cached_causal_mask(mask_, T, x.device()), -std::numeric_limits<double>::infinity());
-  att = at_hook("scores", att);
-  att = at_hook("pattern", at::softmax(att, -1));
-  if (keep_pattern) pattern = pattern_grad ? att : att.detach();
-  at::Tensor z = at::matmul(att, v).transpose(1, 2);  // (B, T, H, D)
-  if (!hook) return proj->forward(z.reshape({B, T, C}));
-  return project_heads(*proj, at_hook("z", z), hook, wants("result"));
-}
-
-// forward while caching or under a padding mask: x's positions follow the
-// cached ones; q, k, v (B, T, C) through their hooks for these positions
-// only; scores and pattern (B, H, T, past + T); no padded key attended to.
-at::Tensor Attention::forward_general(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
-  const int64_t B = q_in.size(0), T = q_in.size(1), C = dim, H = heads, D = C / H;
-  auto heads_of = [&](const char* name, const at::Tensor& t) { return at_hook(name, t.view({B, T, H, D})).transpose(1, 2); };
-  at::Tensor q = heads_of("q", q_in), k = heads_of("k", k_in), v = heads_of("v", v_in);
+  auto parts = qkv->forward(x).split(dim, -1);  // q, k, v: (B, T, C)
+  at::Tensor q = split_heads("q", parts[0], heads), k = split_heads("k", parts[1], heads);  // (B, H, T, D)
+  at::Tensor v = split_heads("v", parts[2], heads);
   if (caching) append_to_cache(past_k, past_v, k, v);
-  at::Tensor allowed;
-  if (pad_mask.defined()) {
-    check_mask(pad_mask, B, k.size(2), "Attention");
-    allowed = padded_allowed(pad_mask.to(q.device()), T, causal, 0);
-  } else {
-    allowed = cached_allowed(T, k.size(2), causal, 0, q.device());
-  }
-  if (!keep_pattern && !hook) {
-    at::Tensor y = compat::fused_attention(q, k, v, allowed, false);
-    if (y.defined()) return proj->forward(y.transpose(1, 2).reshape({B, T, C}));
-  }
-  at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
-  if (allowed.defined()) att.masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
-  att = at_hook("scores", att);
-  att = at_hook("pattern", at::softmax(att, -1));
-  if (keep_pattern) pattern = pattern_grad ? att : att.detach();
-  at::Tensor z = at::matmul(att, v).transpose(1, 2);  // (B, T, H, D)
-  if (!hook) return proj->forward(z.reshape({B, T, C}));
-  return project_heads(*proj, at_hook("z", z), hook, wants("result"));
+  return attend(q, k, v, *proj, AttendOptions().causal(causal));
 }
 
 std::string Attention::describe() const {
@@ -200,90 +189,59 @@ RoPEAttention::RoPEAttention(const RoPEAttentionOptions& o) : options(o) {
   }
 }
 
+// project, split heads, rotate, cache, attend, project (nanoGPT's CausalSelfAttention.forward, with RoPE)
 at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   require_btc(x, options.dim(), "RoPEAttention");
-  const int64_t B = x.size(0), T = x.size(1), H = options.heads(), KV = options.kv_heads(), D = head_dim, R = rotary_dim;
-  // (B, T, heads, D) through the hook, then (B, heads, T, D)
-  at::Tensor qh = at_hook("q", q->forward(x).view({B, T, H, D})).transpose(1, 2);
-  at::Tensor kh = at_hook("k", k->forward(x).view({B, T, KV, D})).transpose(1, 2);
-  at::Tensor vh = at_hook("v", v->forward(x).view({B, T, KV, D})).transpose(1, 2);
-  // while caching, these positions follow the cached ones; under a padding mask each example's count its real tokens
-  const int64_t first = caching && past_k.defined() ? past_k.size(2) : 0;
-  at::Tensor cos = cos_, sin = sin_;
+  at::Tensor qh = split_heads("q", q->forward(x), options.heads());     // (B, H, T, D)
+  at::Tensor kh = split_heads("k", k->forward(x), options.kv_heads());  // (B, kv_heads, T, D)
+  at::Tensor vh = split_heads("v", v->forward(x), options.kv_heads());
+  auto [cos, sin] = angles(x);
+  qh = rotate("rot_q", qh, cos, sin);
+  kh = rotate("rot_k", kh, cos, sin);
+  if (caching) append_to_cache(past_k, past_v, kh, vh);
+  // softmax in float32, as transformers does
+  auto how = AttendOptions().causal(options.causal()).window(options.sliding_window()).float_softmax(x.scalar_type());
+  return attend(qh, shared(kh), shared(vh), *o, how);
+}
+
+// cos and sin of x's positions' angles (T, R), under a padding mask (B, 1, T, R),
+// in x's dtype: while caching, x's positions follow the cached ones; under a
+// padding mask each example's count its real tokens.
+std::pair<at::Tensor, at::Tensor> RoPEAttention::angles(const at::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), first = past();
+  at::Tensor emb;
   if (pad_mask.defined()) {
-    check_mask(pad_mask, B, first + T, "RoPEAttention");
-    at::Tensor pos = positions_of(pad_mask, T).to(at::kFloat);                                   // (B, T), the mask's device
+    at::Tensor pos = positions_of(padding(B, first + T), T).to(at::kFloat);                          // (B, T), the mask's device
     at::Tensor freqs = pos.unsqueeze(-1) * inv_freq.to(pos.device(), at::kFloat).view({1, 1, -1});  // (B, T, R/2)
-    at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                       // (B, 1, T, R)
-    cos = emb.cos().to(x.device(), x.scalar_type());
-    sin = emb.sin().to(x.device(), x.scalar_type());
+    emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                                                  // (B, 1, T, R)
   } else if (first > 0 || !cos_.defined() || cos_.size(0) != T || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
     // angles in float32 as transformers computes them, then cast to x's dtype
     at::Tensor pos = at::arange(first, first + T, at::TensorOptions().dtype(at::kFloat));
     at::Tensor freqs = at::outer(pos, inv_freq.to(at::kFloat));  // (T, R/2)
-    at::Tensor emb = at::cat({freqs, freqs}, -1);                 // (T, R)
-    cos = emb.cos().to(x.device(), x.scalar_type());
-    sin = emb.sin().to(x.device(), x.scalar_type());
-    if (first == 0) cos_ = cos, sin_ = sin;
+    emb = at::cat({freqs, freqs}, -1);                            // (T, R)
+  } else {
+    return {cos_, sin_};
   }
-  auto rotate = [&](const at::Tensor& t) {
-    at::Tensor r = R == D ? t : t.narrow(-1, 0, R);
-    at::Tensor half1 = r.narrow(-1, 0, R / 2), half2 = r.narrow(-1, R / 2, R / 2);
-    at::Tensor rotated = r * cos + at::cat({-half2, half1}, -1) * sin;
-    return R == D ? rotated : at::cat({rotated, t.narrow(-1, R, D - R)}, -1);
-  };
-  qh = rotate(qh);
-  kh = rotate(kh);
-  if (hook) {
-    qh = at_hook("rot_q", qh.transpose(1, 2)).transpose(1, 2);
-    kh = at_hook("rot_k", kh.transpose(1, 2)).transpose(1, 2);
-  }
-  // while caching or under a padding mask: which of the keys each query sees
-  const bool general = caching || pad_mask.defined();
-  at::Tensor allowed_cached;
-  if (caching) append_to_cache(past_k, past_v, kh, vh);
-  if (pad_mask.defined()) {
-    allowed_cached = padded_allowed(pad_mask.to(x.device()), T, options.causal(), options.sliding_window());
-  } else if (caching) {
-    allowed_cached = cached_allowed(T, kh.size(2), options.causal(), options.sliding_window(), x.device());
-  }
-  if (KV != H) {
-    kh = kh.repeat_interleave(H / KV, 1);
-    vh = vh.repeat_interleave(H / KV, 1);
-  }
-  auto make_mask = [&] {
-    if (!mask_.defined() || mask_.size(0) != T || mask_.device() != x.device()) {
-      at::Tensor i = at::arange(T, at::TensorOptions().dtype(at::kLong).device(x.device())).unsqueeze(1);
-      at::Tensor j = i.transpose(0, 1);
-      at::Tensor masked = at::zeros({T, T}, at::TensorOptions().dtype(at::kBool).device(x.device()));
-      if (options.causal()) masked = masked | j.gt(i);
-      if (options.sliding_window() > 0) masked = masked | (i - j).ge(options.sliding_window());
-      mask_ = masked;
-    }
-  };
-  if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
-    at::Tensor allowed = allowed_cached;
-    if (!general && options.sliding_window() > 0) {
-      make_mask();
-      allowed = mask_.logical_not();
-    }
-    at::Tensor y = compat::fused_attention(qh, kh, vh, allowed, options.causal() && !general);
-    if (y.defined()) return o->forward(y.transpose(1, 2).reshape({B, T, H * D}));
-  }
-  // (B, H, T, T) (while caching (B, H, T, past + T)), scaled and masked in place (as in Attention::forward)
-  at::Tensor att = at::matmul(qh, kh.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
-  if (general) {
-    if (allowed_cached.defined()) att.masked_fill_(allowed_cached.logical_not(), -std::numeric_limits<double>::infinity());
-  } else if (options.causal() || options.sliding_window() > 0) {
-    make_mask();
-    att.masked_fill_(mask_, -std::numeric_limits<double>::infinity());
-  }
-  att = at_hook("scores", att);
-  att = at_hook("pattern", at::softmax(att, -1, at::kFloat).to(x.scalar_type()));  // softmax in float32, as transformers does
-  if (keep_pattern) pattern = pattern_grad ? att : att.detach();
-  at::Tensor z = at::matmul(att, vh).transpose(1, 2);  // (B, T, H, D)
-  if (!hook) return o->forward(z.reshape({B, T, H * D}));
-  return project_heads(*o, at_hook("z", z), hook, wants("result"));
+  at::Tensor cos = emb.cos().to(x.device(), x.scalar_type()), sin = emb.sin().to(x.device(), x.scalar_type());
+  if (!pad_mask.defined() && first == 0) cos_ = cos, sin_ = sin;
+  return {cos, sin};
+}
+
+// t (B, heads, T, D) with the first R dims of each head rotated, the pairs
+// being (i, i + R/2); through the hook as (B, T, heads, D).
+at::Tensor RoPEAttention::rotate(const char* name, const at::Tensor& t, const at::Tensor& cos, const at::Tensor& sin) const {
+  const int64_t R = rotary_dim, D = head_dim;
+  at::Tensor r = R == D ? t : t.narrow(-1, 0, R);
+  at::Tensor half1 = r.narrow(-1, 0, R / 2), half2 = r.narrow(-1, R / 2, R / 2);
+  at::Tensor rotated = r * cos + at::cat({-half2, half1}, -1) * sin;
+  if (R != D) rotated = at::cat({rotated, t.narrow(-1, R, D - R)}, -1);
+  return hook ? at_hook(name, rotated.transpose(1, 2)).transpose(1, 2) : rotated;
+}
+
+// Keys or values (B, kv_heads, Tk, D) repeated for each query head of their group (B, H, Tk, D).
+at::Tensor RoPEAttention::shared(const at::Tensor& kv) const {
+  const int64_t H = options.heads(), KV = options.kv_heads();
+  return KV == H ? kv : kv.repeat_interleave(H / KV, 1);
 }
 
 std::string RoPEAttention::describe() const {
@@ -343,7 +301,8 @@ at::Tensor VibeAttention::forward(const at::Tensor& x) {
   require_btc(x, 0, "VibeAttention");
   const int64_t T = x.size(1), C = x.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(C));
-  const at::Tensor* mask = causal ? &cached_causal_mask(mask_, T, x.device()) : nullptr;
+  const at::Tensor& blocked = blocked_keys(mask_, T, causal, 0, x.device());
+  const at::Tensor* mask = blocked.defined() ? &blocked : nullptr;
   // Under autocast the composed ops too: autocast picks each op's dtype (the matmuls in bfloat16, the softmax in
   // float32), which the one node's backward, run without autocast, could not follow.
   if ((keep_pattern && pattern_grad) || hook || compat::autocast_enabled(x.device().type())) {

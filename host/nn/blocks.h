@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace anatomy::nn {
@@ -248,30 +249,58 @@ class Dropout : public Native {
   double p;
 };
 
+/// How AttentionBase::attend masks and normalises.
+struct AttendOptions {
+  /// a query sees no later key
+  TORCH_ARG(bool, causal) = true;
+  /// nor one this many positions back or more (0: no limit)
+  TORCH_ARG(int64_t, window) = 0;
+  /// softmax in float32, the pattern then in this dtype (the input's, as transformers' Llama does);
+  /// Undefined: softmax in the scores' dtype (as its GPT-2 does)
+  TORCH_ARG(at::ScalarType, float_softmax) = at::ScalarType::Undefined;
+};
+
+/// What Attention and RoPEAttention share: the key/value cache, the padding
+/// mask, and attend(), the tail from q, k, v to the output projection that
+/// passes scores, pattern, z and each head's result through the hook.
+class AttentionBase : public Native {
+ public:
+  bool takes_cache() const override { return true; }
+  void set_cache(bool on) override { caching = on, past_k = at::Tensor(), past_v = at::Tensor(); }
+  bool takes_mask() const override { return true; }
+  void set_mask(const at::Tensor& mask) override { pad_mask = mask; }
+
+ protected:
+  /// t (B, T, H·D) as heads (B, T, H, D) through the hook, then (B, H, T, D).
+  at::Tensor split_heads(const char* name, const at::Tensor& t, int64_t H) const;
+  /// Positions seen before this forward's while caching.
+  int64_t past() const { return caching && past_k.defined() ? past_k.size(2) : 0; }
+  /// The padding mask, checked against the Tk positions it must cover.
+  const at::Tensor& padding(int64_t B, int64_t Tk) const;
+  /// softmax(q kᵀ / √D, masked) v through `out` (B, T, C): q (B, H, T, D) holds
+  /// the last T of the Tk positions of k and v (B, H, Tk, D).
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Linear& out, const AttendOptions& how);
+  bool caching = false;
+  at::Tensor past_k, past_v;  // (B, heads, past, D) while caching
+  at::Tensor pad_mask;        // (B, past + T) while set
+
+ private:
+  at::Tensor blocked_;  // the mask over T positions for the last length and device seen
+};
+
 /// Multi-head attention with a fused QKV projection and an output projection:
 /// children qkv (dim -> 3·dim; q, k, v in that order) and proj (dim -> dim).
 /// Input (B, T, C); scores scaled by 1/√(C/heads); causal mask optional.
-class Attention : public Native {
+class Attention : public AttentionBase {
  public:
   explicit Attention(const AttentionOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "Attention"; }
   std::string describe() const override;
   std::vector<std::string> hook_points() const override { return {"q", "k", "v", "scores", "pattern", "z", "result"}; }
-  bool takes_cache() const override { return true; }
-  void set_cache(bool on) override { caching = on, past_k = at::Tensor(), past_v = at::Tensor(); }
-  bool takes_mask() const override { return true; }
-  void set_mask(const at::Tensor& mask) override { pad_mask = mask; }
   int64_t dim, heads;
   bool causal;
   std::shared_ptr<Linear> qkv, proj;
-
- private:
-  at::Tensor forward_general(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
-  at::Tensor mask_;  // the causal mask for the last length seen
-  bool caching = false;
-  at::Tensor past_k, past_v;  // (B, H, past, D) while caching
-  at::Tensor pad_mask;        // (B, past + T) while set
 };
 
 /// Parameter-free attention: softmax(mask(x xᵀ / √C)) x. One head.
@@ -292,17 +321,13 @@ class VibeAttention : public Native {
 /// Qwen2 and GPT-NeoX use it: q, k, v and o projections; keys and values
 /// shared by groups of query heads (kv_heads); the first rotary_dim dims of
 /// each head rotated by position, the pairs being (i, i + rotary_dim/2).
-class RoPEAttention : public Native {
+class RoPEAttention : public AttentionBase {
  public:
   explicit RoPEAttention(const RoPEAttentionOptions& options);
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "RoPEAttention"; }
   std::string describe() const override;
   std::vector<std::string> hook_points() const override { return {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"}; }
-  bool takes_cache() const override { return true; }
-  void set_cache(bool on) override { caching = on, past_k = at::Tensor(), past_v = at::Tensor(); }
-  bool takes_mask() const override { return true; }
-  void set_mask(const at::Tensor& mask) override { pad_mask = mask; }
   RoPEAttentionOptions options;
   int64_t head_dim, rotary_dim;
   std::shared_ptr<Linear> q, k, v, o;
@@ -310,10 +335,10 @@ class RoPEAttention : public Native {
   at::Tensor inv_freq;
 
  private:
-  at::Tensor cos_, sin_, mask_;  // for the last length, device and dtype seen
-  bool caching = false;
-  at::Tensor past_k, past_v;  // (B, kv_heads, past, D), rotated, while caching
-  at::Tensor pad_mask;        // (B, past + T) while set
+  std::pair<at::Tensor, at::Tensor> angles(const at::Tensor& x);
+  at::Tensor rotate(const char* name, const at::Tensor& t, const at::Tensor& cos, const at::Tensor& sin) const;
+  at::Tensor shared(const at::Tensor& kv) const;
+  at::Tensor cos_, sin_;  // for the last length, device and dtype seen
 };
 
 /// SwiGLU MLP (Llama): down(silu(gate(x)) * up(x)).
