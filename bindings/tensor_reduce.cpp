@@ -337,22 +337,16 @@ int tensor_fill_(lua_State* L) {
   return 1;
 }
 
-int tensor_uniform_(lua_State* L) {
+// x:uniform_(from = 0, to = 1) and x:normal_(mean = 0, std = 1): x filled in place with draws
+template <bool Normal>
+int tensor_random_(lua_State* L) {
   at::Tensor& t = check_tensor(L, 1);
-  double from = lua_isnoneornil(L, 2) ? 0 : check_number(L, 2);
-  double to = lua_isnoneornil(L, 3) ? 1 : check_number(L, 3);
-  if (from > to) throw ArgError(3, "upper bound must not be below lower bound");
-  t.uniform_(from, to);
-  lua_settop(L, 1);
-  return 1;
-}
-
-int tensor_normal_(lua_State* L) {
-  at::Tensor& t = check_tensor(L, 1);
-  double mean = lua_isnoneornil(L, 2) ? 0 : check_number(L, 2);
-  double std = lua_isnoneornil(L, 3) ? 1 : check_number(L, 3);
-  if (std < 0) throw ArgError(3, "standard deviation must be non-negative");
-  t.normal_(mean, std);
+  double a = lua_isnoneornil(L, 2) ? 0 : check_number(L, 2);
+  double b = lua_isnoneornil(L, 3) ? 1 : check_number(L, 3);
+  if (Normal && b < 0) throw ArgError(3, "standard deviation must be non-negative");
+  if (!Normal && a > b) throw ArgError(3, "upper bound must not be below lower bound");
+  if (Normal) t.normal_(a, b);
+  else t.uniform_(a, b);
   lua_settop(L, 1);
   return 1;
 }
@@ -385,8 +379,8 @@ const luaL_Reg reduce_methods[] = {
     {"tril", guarded<tensor_tril>},
     {"triu", guarded<tensor_triu>},
     {"fill_", guarded<tensor_fill_>},
-    {"uniform_", guarded<tensor_uniform_>},
-    {"normal_", guarded<tensor_normal_>},
+    {"uniform_", guarded<tensor_random_<false>>},
+    {"normal_", guarded<tensor_random_<true>>},
     {"multinomial", guarded<tensor_multinomial>},
     {nullptr, nullptr},
 };
