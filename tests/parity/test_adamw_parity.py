@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import safetensors_io
-from test_model_parity import B, T, V, gpt, gpt_shapes, random_params
+from test_model_parity import B, T, V, gpt, gpt_shapes, random_params, save_inputs
 
 
 def main():
@@ -23,9 +23,7 @@ def main():
     ids, targets = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = os.path.join(tmp, "in"), os.path.join(tmp, "out")
-        tensors = dict(P)
-        tensors["input.ids"], tensors["input.targets"] = ids + 1, targets + 1
-        safetensors_io.save(inp, tensors)
+        save_inputs(inp, P, ids, targets)
         opt = torch.optim.AdamW(P.values(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
         losses = []
         for _ in range(3):

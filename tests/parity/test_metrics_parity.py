@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import safetensors_io
-from test_model_parity import B, C, T, V, causal_softmax, gpt_shapes, random_params
+from test_model_parity import B, C, T, V, causal_softmax, gpt_shapes, random_params, save_inputs
 
 
 def erank(m):
@@ -70,9 +70,7 @@ def main():
     ids, targets = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
     with tempfile.TemporaryDirectory() as tmp:
         inp, out = os.path.join(tmp, "in"), os.path.join(tmp, "out.json")
-        tensors = dict(P)
-        tensors["input.ids"], tensors["input.targets"] = ids + 1, targets + 1
-        safetensors_io.save(inp, tensors)
+        save_inputs(inp, P, ids, targets)
         if not safetensors_io.run_lua(exe, "metrics_parity.lua", inp, out):
             return 1
         got = json.load(open(out))

@@ -117,6 +117,14 @@ def random_params(shapes):
     return P
 
 
+def save_inputs(path, P, ids, targets):
+    """Writes the parameters P and a batch for a parity script: ids and
+    targets as input.ids and input.targets, 1-based as anatomy reads them."""
+    tensors = dict(P)
+    tensors["input.ids"], tensors["input.targets"] = ids + 1, targets + 1
+    safetensors_io.save(path, tensors)
+
+
 CASES = {
     "vibenet_plain": (vibenet_shapes("plain"), lambda P, ids: vibenet(P, ids, "plain")),
     "vibenet_ffn": (vibenet_shapes("ffn"), lambda P, ids: vibenet(P, ids, "ffn")),
@@ -147,10 +155,7 @@ def main():
             ids = torch.randint(0, V, (B, T))
             targets = torch.randint(0, V, (B, T))
             inp, out = os.path.join(tmp, case + ".in"), os.path.join(tmp, case + ".out")
-            tensors = dict(P)
-            tensors["input.ids"] = ids + 1          # anatomy's token ids are 1-based
-            tensors["input.targets"] = targets + 1
-            safetensors_io.save(inp, tensors)
+            save_inputs(inp, P, ids, targets)
             logits = forward(P, ids)
             loss = F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
             loss.backward()
