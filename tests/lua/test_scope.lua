@@ -3,7 +3,8 @@
 -- train and eval), every parameter's requires_grad and .grad, the grad mode,
 -- and nothing left attached. Each function below is made to fail midway (a
 -- metric, or a hook in the forward, raising on a later call) and the state is
--- compared before and after.
+-- compared before and after, and the next forward checked to be a fresh
+-- one's (no key/value cache or padding mask left on).
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
 local test, eq = H.test, H.eq
@@ -37,6 +38,14 @@ local function same(a, b, what)
     else eq(torch.equal(b.grads[name], g), true, what .. ': ' .. name .. '.grad as it was') end
   end
 end
+
+-- the logits of clean in eval mode, before any case ran
+local reference_logits = torch.no_grad(function()
+  model:eval()
+  local y = model(clean)
+  model:train()
+  return y
+end)
 
 -- a mixed state: the model training, its second block in eval, one
 -- parameter frozen, gradients present on the others
@@ -73,6 +82,18 @@ local function failing_forward(n, fn)
   return pcall(probe.with, h, fn)
 end
 
+-- an SAE on block 1's output, trained once on a clean model (for the cases that read one)
+local an_sae
+local function trained_sae()
+  if not an_sae then
+    an_sae = probe.scope(model, function()
+      return sae.train(model, corpus, {point = 'blocks.1', width = 16, steps = 3, batch = 4, seq = 8, sequences = 2, buffer = 8,
+        quiet = true})
+    end)
+  end
+  return an_sae
+end
+
 local cases = {
   {'patching.run', function() return pcall(patching.run, model, clean, corrupt, failing_metric(4), {over = 'resid_pre'}) end},
   {'patching.path', function()
@@ -94,6 +115,29 @@ local cases = {
   {'lens.logit', function()
     return failing_forward(1, function() return lens.logit(model):evaluate(clean) end)
   end},
+  {'steer.vector', function()
+    return failing_forward(2, function() return steer.vector(model, {'the quic', 'the qui'}, {'the lazy', 'the laz'}, {tokenizer = corpus}) end)
+  end},
+  {'sae.train', function()
+    return failing_forward(1, function()
+      return sae.train(model, corpus, {point = 'blocks.1', width = 16, steps = 3, batch = 4, seq = 8, sequences = 2, buffer = 8,
+        quiet = true})
+    end)
+  end},
+  {'sae.evaluate', function()
+    return failing_forward(2, function() return sae.evaluate(model, trained_sae(), corpus, {batches = 2, batch = 2, seq = 8}) end)
+  end},
+  {'sae.top_activations', function()
+    return failing_forward(2, function() return sae.top_activations(model, trained_sae(), corpus, {batches = 2, batch = 2, seq = 8}) end)
+  end},
+  {'model:generate (cached)', function()
+    return failing_forward(3, function() return model:generate(clean, {max_new = 4, kv_cache = true}) end)
+  end},
+  {'model:generate (padded)', function()
+    local mask = torch.ones(2, 6, {dtype = 'bool', device = device})
+    mask[2][1] = false
+    return failing_forward(2, function() return model:generate(torch.cat({clean, corrupt}, 1), {max_new = 3, attention_mask = mask}) end)
+  end},
 }
 
 for _, case in ipairs(cases) do
@@ -103,6 +147,10 @@ for _, case in ipairs(cases) do
     eq(ok, false, case[1] .. ' raised')
     eq(tostring(err):find('boom from the', 1, true) ~= nil, true, 'the error is the one raised midway: ' .. tostring(err))
     same(before, snapshot(model), case[1])
+    -- nothing else left on: a forward gives what a fresh one does (a cache
+    -- or padding mask left behind would change it)
+    eq(torch.equal(probe.scope(model, function() return torch.no_grad(function() return model(clean) end) end, {mode = 'eval'}),
+      reference_logits), true, case[1] .. ': the next forward is unchanged (no cache, no padding left on)')
   end)
 end
 
@@ -127,6 +175,8 @@ test('probe.scope puts back modes, hooks, grad mode, requires_grad and grads, an
   H.raises_part(function() probe.scope(model, function() end, {grad = true}) end, "probe.scope: unknown option 'grad'")
   H.raises_part(function() probe.scope({}, function() end) end, 'probe.scope: model must be a model')
   H.raises_part(function() probe.scope(model, 3) end, 'probe.scope: fn must be a function')
+  H.raises_part(function() probe.scope(model, function() end, {padding = 3}) end, 'probe.scope: padding must be a (B, T) mask tensor or true')
+  H.raises_part(function() probe.scope(model, function() end, {kv_cache = 'yes'}) end, 'probe.scope: kv_cache must be a boolean')
 end)
 
 H.done()

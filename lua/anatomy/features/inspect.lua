@@ -5,6 +5,7 @@
 local torch = require('anatomy.torch')
 local options = require('anatomy.torch.options')
 local hooks = require('anatomy.probe.hooks')
+local scope = require('anatomy.probe.scope')
 local points = require('anatomy.probe.points')
 local charts = require('anatomy.render.charts')
 local page = require('anatomy.render.page')
@@ -43,22 +44,17 @@ local function scan(model, s, corpus, o, fn)
   local x = ids:narrow(1, 1, n * T):view(n, T)
   local device = model:device()  -- the windows stay on the CPU (for their text); each batch goes to the model
   local index = torch.tensor(o.features, {dtype = 'int64', device = device})
-  local was_training = model.training
-  model:eval()
-  local ok, err = pcall(torch.no_grad, function()
+  scope.run(model, function() torch.no_grad(function()
     for first = 1, n, o.batch do
       local b = math.min(o.batch, n - first + 1)
       local xb = x:narrow(1, first, b):to(device)
       local act
       local h = hooks.replace(model, o.point, function(t, _, input) act = s.cfg.transcoder and input or t end)
-      local ok2, e2 = pcall(model, xb)
+      model(xb)
       h:remove()
-      if not ok2 then error(e2, 0) end
       fn(s:encode(act:float()):index_select(3, index), xb, first)
     end
-  end)
-  model:train(was_training)
-  if not ok then error(err, 0) end
+  end) end, {mode = 'eval'})
   return x
 end
 

@@ -8,6 +8,7 @@ local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
+local scope = require('anatomy.probe.scope')
 local splice = {}
 
 local function check_sae(s, where)
@@ -130,15 +131,13 @@ function splice.evaluate(model, s, corpus, opts)
   if split ~= 'val' and split ~= 'train' then error(("%s: split must be 'train' or 'val', got %s"):format(where, tostring(split)), 2) end
   local point = point_of(model, s, opts.point, where)
   local x_all, y_all = windows(corpus, split, T, batches * B, where)
-  local was_training = model.training
-  model:eval()
   local D, F = s.cfg.d_in, s.cfg.d_sae
   local device = model:device()  -- the corpus's windows are on the CPU; each batch goes to the model
   local sq_err, sum, sum_sq, n_rows, active = 0, torch.zeros(D, {dtype = 'float64', device = device}), 0, 0, 0
   local counts = torch.zeros(F, {dtype = 'float64', device = device})
   local ce = {clean = 0, spliced = 0, zero = 0}
   local tokens = 0
-  local ok, err = pcall(torch.no_grad, function()
+  scope.run(model, function() torch.no_grad(function()
     for first = 1, x_all:size(1), B do
       local n = math.min(B, x_all:size(1) - first + 1)
       local xb, yb = x_all:narrow(1, first, n):to(device), y_all:narrow(1, first, n):to(device)
@@ -168,9 +167,7 @@ function splice.evaluate(model, s, corpus, opts)
       active = active + on:double():sum():item()
       counts = counts + on:double():sum(1)
     end
-  end)
-  model:train(was_training)
-  if not ok then error(err, 0) end
+  end) end, {mode = 'eval'})
   local total_var = sum_sq - (sum:square():sum():item()) / n_rows
   local density = counts / n_rows
   local e = setmetatable({point = point, tokens = n_rows, l0 = active / n_rows, mse = sq_err / (n_rows * D),

@@ -19,6 +19,7 @@ local torch = require('anatomy.torch')
 local native = require('anatomy.torch.native')
 local optim = require('anatomy.optim')
 local options = require('anatomy.torch.options')
+local scope = require('anatomy.probe.scope')
 local Store = require('anatomy.features.store')
 local SAE = require('anatomy.features.SAE')
 local json = require('anatomy.io.json')
@@ -220,97 +221,102 @@ function M.train(model, corpus, opts, where)
     error(('%s: checkpoint must be a file path, got %s'):format(where, tostring(opts.checkpoint)), 2)
   end
   local every = options.whole(opts.checkpoint_every, 'checkpoint_every', where, o.log_every)
-  local was_training = model.training
-  model:eval()
-  torch.manual_seed(o.seed)
-  local store = Store.new(model, corpus, point, {seq = o.seq, batch = o.sequences, buffer = o.buffer, transcoder = o.transcoder,
-    cache = o.cache, seed = o.seed})
-  local s, x, y, first, history, var
+  local checkpoint  -- a resumed run's tensors and settings, read and checked before anything runs
   if opts.resume then
     local t, meta, step = read_checkpoint(opts.resume, point, o, where)
     local D = tonumber(meta.d_in)
     M.sizes(o, opts, D, where)
     check_settings(meta, o, where)
-    s = SAE._trained(o, D, point, model)
-    s.cfg.apply_b_dec_to_input = meta.apply_b_dec_to_input == 'true'
-    s.cfg.variance, s.cfg.bandwidth = tonumber(meta.variance), tonumber(meta.bandwidth)
-    torch.no_grad(function()
-      for _, name in ipairs{'W_enc', 'b_enc', 'W_dec', 'b_dec', 'threshold'} do
-        if s[name] then s[name]:copy_(t['sae.' .. name]) end
-      end
-    end)
-    local device = model:device()  -- the file reads onto the default device
-    store.x, store.y, store.at = t.store_x:to(device), t.store_y and t.store_y:to(device), t.store_at:item()
-    store.shards_read = tonumber(meta.shards_read)
-    store.rows_gathered, store.rows_from_cache = tonumber(meta.rows_gathered), tonumber(meta.rows_from_cache)
-    if store.shards and store.shards_read > #store.shards then
-      error(('%s: resume: the checkpoint read %d shards of the activation cache, which holds %d'):format(where,
-        store.shards_read, #store.shards), 2)
-    end
-    history = json.decode(meta.history)
-    resume = {t = t, step = step}
-    first = step + 1
-  else
-    s, x, y = fresh(model, store, o, opts, point, where)
-    history = {step = {}, loss = {}, l0 = {}, explained_variance = {}, dead = {}}
-    first = 1
+    checkpoint = {t = t, meta = meta, step = step, D = D}
   end
-  var = s.cfg.variance
-  local learnt = {}  -- a BatchTopK's threshold is a running mean, not learnt
-  for _, p in ipairs(s:parameters()) do if p.requires_grad then learnt[#learnt + 1] = p end end
-  local opt = optim.AdamW(learnt, {lr = o.lr, betas = {0.9, 0.999}, weight_decay = 0})
-  local since = torch.zeros(o.width, {device = model:device()})  -- rows since each feature last fired
-  if resume then
-    opt:load_state_tensors(resume.t, 'optim.')
-    since:copy_(resume.t.since)
-    torch.set_rng_state(resume.t.rng)
-  end
-  local t0 = native.now()
-  for step = first, o.steps do
-    if not (step == first and x) then x, y = store:next(o.batch) end
-    local target = y or x
-    local dead = since:gt(o.dead_after)
-    opt:set_lr(o.lr * math.min(1, step / math.max(1, o.warmup)))
-    opt:zero_grad()
-    local total, mse, f, _, extra = losses(s, o, x, target, var, dead)
-    total:backward()
-    s:remove_parallel_gradient()
-    opt:step()
-    s:normalize_decoder()
-    torch.no_grad(function()
-      local fired = f:gt(0):any(1)
-      since:add_(o.batch):masked_fill_(fired, 0)
-      if o.kind == 'jumprelu' then s.threshold:clamp_(0) end
-      if o.kind == 'batchtopk' then  -- the threshold used after training: a running mean of each batch's
-        local th = s.threshold
-        if step == 1 then th:fill_(extra) else th:mul_(0.99):add_(0.01 * extra) end
+  -- in eval mode, and the model's modes, hooks and grad state back after, an error included
+  return scope.run(model, function()
+    torch.manual_seed(o.seed)
+    local store = Store.new(model, corpus, point, {seq = o.seq, batch = o.sequences, buffer = o.buffer, transcoder = o.transcoder,
+      cache = o.cache, seed = o.seed})
+    local s, x, y, first, history, var
+    if checkpoint then
+      local t, meta, step, D = checkpoint.t, checkpoint.meta, checkpoint.step, checkpoint.D
+      s = SAE._trained(o, D, point, model)
+      s.cfg.apply_b_dec_to_input = meta.apply_b_dec_to_input == 'true'
+      s.cfg.variance, s.cfg.bandwidth = tonumber(meta.variance), tonumber(meta.bandwidth)
+      torch.no_grad(function()
+        for _, name in ipairs{'W_enc', 'b_enc', 'W_dec', 'b_dec', 'threshold'} do
+          if s[name] then s[name]:copy_(t['sae.' .. name]) end
+        end
+      end)
+      local device = model:device()  -- the file reads onto the default device
+      store.x, store.y, store.at = t.store_x:to(device), t.store_y and t.store_y:to(device), t.store_at:item()
+      store.shards_read = tonumber(meta.shards_read)
+      store.rows_gathered, store.rows_from_cache = tonumber(meta.rows_gathered), tonumber(meta.rows_from_cache)
+      if store.shards and store.shards_read > #store.shards then
+        error(('%s: resume: the checkpoint read %d shards of the activation cache, which holds %d'):format(where,
+          store.shards_read, #store.shards), 0)
       end
-    end)
-    if step % o.log_every == 0 or step == o.steps then
-      local l0 = f:gt(0):float():sum(-1):mean():item()
-      local ev = 1 - mse:item()
-      local dead_share = since:gt(o.dead_after):float():mean():item()
-      local n = #history.step + 1
-      history.step[n], history.loss[n], history.l0[n], history.explained_variance[n], history.dead[n] =
-        step, total:item(), l0, ev, dead_share
-      if o.print then
-        print(('sae step %5d/%d  loss %.4f  L0 %.1f  explained variance %.3f  dead %.1f%%  (%.0f rows/s)'):format(step, o.steps,
-          total:item(), l0, ev, 100 * dead_share, (step - first + 1) * o.batch / math.max(1e-9, native.now() - t0)))
+      history = json.decode(meta.history)
+      resume = {t = t, step = step}
+      first = step + 1
+    else
+      s, x, y = fresh(model, store, o, opts, point, where)
+      history = {step = {}, loss = {}, l0 = {}, explained_variance = {}, dead = {}}
+      first = 1
+    end
+    var = s.cfg.variance
+    local learnt = {}  -- a BatchTopK's threshold is a running mean, not learnt
+    for _, p in ipairs(s:parameters()) do if p.requires_grad then learnt[#learnt + 1] = p end end
+    local opt = optim.AdamW(learnt, {lr = o.lr, betas = {0.9, 0.999}, weight_decay = 0})
+    local since = torch.zeros(o.width, {device = model:device()})  -- rows since each feature last fired
+    if resume then
+      opt:load_state_tensors(resume.t, 'optim.')
+      since:copy_(resume.t.since)
+      torch.set_rng_state(resume.t.rng)
+    end
+    local t0 = native.now()
+    for step = first, o.steps do
+      if not (step == first and x) then x, y = store:next(o.batch) end
+      local target = y or x
+      local dead = since:gt(o.dead_after)
+      opt:set_lr(o.lr * math.min(1, step / math.max(1, o.warmup)))
+      opt:zero_grad()
+      local total, mse, f, _, extra = losses(s, o, x, target, var, dead)
+      total:backward()
+      s:remove_parallel_gradient()
+      opt:step()
+      s:normalize_decoder()
+      torch.no_grad(function()
+        local fired = f:gt(0):any(1)
+        since:add_(o.batch):masked_fill_(fired, 0)
+        if o.kind == 'jumprelu' then s.threshold:clamp_(0) end
+        if o.kind == 'batchtopk' then  -- the threshold used after training: a running mean of each batch's
+          local th = s.threshold
+          if step == 1 then th:fill_(extra) else th:mul_(0.99):add_(0.01 * extra) end
+        end
+      end)
+      if step % o.log_every == 0 or step == o.steps then
+        local l0 = f:gt(0):float():sum(-1):mean():item()
+        local ev = 1 - mse:item()
+        local dead_share = since:gt(o.dead_after):float():mean():item()
+        local n = #history.step + 1
+        history.step[n], history.loss[n], history.l0[n], history.explained_variance[n], history.dead[n] =
+          step, total:item(), l0, ev, dead_share
+        if o.print then
+          print(('sae step %5d/%d  loss %.4f  L0 %.1f  explained variance %.3f  dead %.1f%%  (%.0f rows/s)'):format(step, o.steps,
+            total:item(), l0, ev, 100 * dead_share, (step - first + 1) * o.batch / math.max(1e-9, native.now() - t0)))
+        end
+      end
+      if opts.checkpoint and (step % every == 0 or step == o.steps) then
+        save_checkpoint(opts.checkpoint, s, opt, since, store, step, history, o)
       end
     end
-    if opts.checkpoint and (step % every == 0 or step == o.steps) then
-      save_checkpoint(opts.checkpoint, s, opt, since, store, step, history, o)
-    end
-  end
-  s.cfg.trained = {steps = o.steps, batch = o.batch, lr = o.lr, seq = o.seq, sequences = o.sequences, seed = o.seed,
-    rows = o.steps * o.batch,
-    rows_from_model = store.rows_gathered, rows_from_cache = store.rows_from_cache, l1 = o.kind == 'relu' and o.l1 or nil,
-    l0 = o.kind == 'jumprelu' and o.l0 or nil, dead_after = o.dead_after, k_aux = o.k_aux, aux_coefficient = o.aux_coefficient,
-    resumed_at = resume and resume.step or nil}
-  s.cfg.dead_after = o.dead_after
-  rawset(s, 'since_fired', since)
-  if was_training then model:train() end
-  return s, history
+    s.cfg.trained = {steps = o.steps, batch = o.batch, lr = o.lr, seq = o.seq, sequences = o.sequences, seed = o.seed,
+      rows = o.steps * o.batch,
+      rows_from_model = store.rows_gathered, rows_from_cache = store.rows_from_cache, l1 = o.kind == 'relu' and o.l1 or nil,
+      l0 = o.kind == 'jumprelu' and o.l0 or nil, dead_after = o.dead_after, k_aux = o.k_aux, aux_coefficient = o.aux_coefficient,
+      resumed_at = resume and resume.step or nil}
+    s.cfg.dead_after = o.dead_after
+    rawset(s, 'since_fired', since)
+    return s, history
+  end, {mode = 'eval'})
 end
 
 return M

@@ -5,6 +5,7 @@ local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local Cache = require('anatomy.probe.cache')
 local hooks = require('anatomy.probe.hooks')
+local scope = require('anatomy.probe.scope')
 local runs = require('anatomy.probe.runs')
 local inputs = require('anatomy.probe.inputs')
 local options = require('anatomy.torch.options')
@@ -138,8 +139,8 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
   for _, n in ipairs(names) do filter[#filter + 1] = n end
   for _, n in ipairs(extra) do filter[#filter + 1] = n end
   -- in eval mode; the backwards below reach the parameters too: their
-  -- gradients, the modes and the hooks come back as they were (hooks.scope)
-  return hooks.scope(model, function()
+  -- gradients, the modes and the hooks come back as they were (probe.scope)
+  return scope.run(model, function()
     local clean_out, clean_cache = Cache.run_with_cache(model, clean_ids, {filter = filter, attention_mask = mask})
     local clean_metric = runs.as_number(metric(clean_out, mask), where)
     local corrupt_out, corrupt_cache = Cache.run_with_cache(model, corrupt_ids, {filter = filter, grad = true, attention_mask = mask})
@@ -160,7 +161,7 @@ function attribute.attribute(model, clean, corrupt, metric, opts)
         for k = 1, steps do
           local alpha = (k - 0.5) / steps
           local at
-          hooks.scope(model, function()
+          scope.run(model, function()
             hooks.replace(model, name, function()
               at = (base + delta * alpha):detach():requires_grad_(true)
               return at

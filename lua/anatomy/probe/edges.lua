@@ -14,6 +14,7 @@ local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local Cache = require('anatomy.probe.cache')
 local hooks = require('anatomy.probe.hooks')
+local scope = require('anatomy.probe.scope')
 local runs = require('anatomy.probe.runs')
 local inputs = require('anatomy.probe.inputs')
 local options = require('anatomy.torch.options')
@@ -67,7 +68,7 @@ end
 -- Returns the metric (a scalar tensor) and {name = tensor}.
 local function forward_kept(model, ids, mask, metric, names, first_pre, embed, where)
   local kept = {}
-  local out = hooks.scope(model, function()
+  local out = scope.run(model, function()
     if embed then hooks.replace(model, first_pre, function() return embed end) end
     for _, name in ipairs(names) do
       hooks.replace(model, name, function(t)
@@ -95,7 +96,7 @@ local function input_gradients(model, ids, mask, parts, grads, slots, S, first_p
   local function copies(t) local c = {} for s = 1, S do c[s] = t end return torch.cat(c, 1) end
   local stacked, stacked_mask = copies(ids), mask and copies(mask)
   local leaves, seen = {}, {}
-  hooks.scope(model, function()
+  scope.run(model, function()
     for i, part in ipairs(parts) do
       leaves[i], seen[i] = {}, {}
       local function leaf(key)
@@ -199,7 +200,7 @@ function edges.edges(model, clean, corrupt, metric, opts)
   local parts, last = layer_parts(model, where)
   -- in eval mode; the parameters' .grad (a backward adds into them), modes
   -- and hooks come back as they were, after an error too
-  return hooks.scope(model, function()
+  return scope.run(model, function()
     -- the upstream outputs and the residual stream, in both runs
     local wanted = {last}
     for _, part in ipairs(parts) do

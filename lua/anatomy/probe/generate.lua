@@ -9,6 +9,7 @@ local nn = require('anatomy.nn')
 local data = require('anatomy.data')
 local inputs = require('anatomy.probe.inputs')
 local Cache = require('anatomy.probe.cache')
+local scope = require('anatomy.probe.scope')
 local generate = {}
 
 -- The next-token distribution's sample from logits (B, V).
@@ -92,11 +93,10 @@ function generate.generate(self, ids, opts)
   local filter = opts.return_cache
   if filter == true then filter = nil end
   local steps = opts.return_cache and opts.return_cache ~= false and {} or nil
-  local was_training = self.training
-  self:eval()
   local state, fed = nil, 0  -- fed: the positions the cache holds
-  if cached then self:kv_cache(true) end
-  local ok, err = pcall(torch.no_grad, function()
+  -- in eval mode, the cache on while it can follow, the padding taken off
+  -- and the mode back after, an error included
+  scope.run(self, function() torch.no_grad(function()
     for _ = 1, opts.max_new or 200 do
       if cached and ids:size(2) > seq then  -- cropping from here on: every position moves, the cache cannot follow
         self:kv_cache(false)
@@ -133,11 +133,7 @@ function generate.generate(self, ids, opts)
       ids = torch.cat({ids, next_id:long()}, 2)
       if mask then mask = torch.cat({mask, torch.ones(mask:size(1), 1, {dtype = 'bool', device = mask.device})}, 2) end
     end
-  end)
-  if cached then self:kv_cache(false) end
-  if mask then self:set_padding(nil) end
-  self:train(was_training)
-  if not ok then error(err, 0) end
+  end) end, {mode = 'eval', kv_cache = cached or nil, padding = mask and true or nil})
   ids = squeeze and ids:squeeze(1) or ids
   if steps then return ids, steps end
   return ids

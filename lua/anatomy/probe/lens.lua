@@ -15,6 +15,7 @@
 -- positions); the autopsy takes {lens = l}.
 local torch = require('anatomy.torch')
 local hooks = require('anatomy.probe.hooks')
+local scope = require('anatomy.probe.scope')
 local options = require('anatomy.torch.options')
 local format = require('anatomy.render.format')
 local nn = require('anatomy.nn')
@@ -192,10 +193,10 @@ function lens.tuned(model, corpus, opts)
     params[#params + 1], params[#params + 2] = t.weight, t.bias
   end
   -- the model frozen (no gradient into its weights) and in eval mode; both
-  -- as they were after, an error included (hooks.scope)
+  -- as they were after, an error included (probe.scope)
   local opt = optim.AdamW(params, {lr = cfg.lr, weight_decay = cfg.weight_decay})
   local history = {}
-  hooks.scope(model, function()
+  scope.run(model, function()
     torch.manual_seed(cfg.seed)
     for step = 1, cfg.steps do
       local xb = corpus:batch(cfg.batch, cfg.seq, {split = cfg.split, device = device})

@@ -3,6 +3,7 @@
 -- residual stream at every row with the model's logits, from one forward.
 local torch = require('anatomy.torch')
 local hooks = require('anatomy.probe.hooks')
+local scope = require('anatomy.probe.scope')
 local inputs = require('anatomy.probe.inputs')
 local format = require('anatomy.render.format')
 
@@ -24,7 +25,7 @@ end
 function read.states(lens, ids, mask, where)
   local model, layers = lens.model, select(1, lens.model:layers())
   local h = {}
-  local logits = hooks.scope(model, function()
+  local logits = scope.run(model, function()
     for i, l in ipairs(layers) do
       hooks.replace(model, l[1], function(out, _, input)
         if i == 1 and torch.is_tensor(input) then h[0] = input:detach() end

@@ -12,6 +12,7 @@ local inputs = require('anatomy.probe.inputs')
 local Cache = require('anatomy.probe.cache')
 local interventions = require('anatomy.probe.interventions')
 local hooks = require('anatomy.probe.hooks')
+local scope = require('anatomy.probe.scope')
 local runs = require('anatomy.probe.runs')
 local options = require('anatomy.torch.options')
 local terminal = require('anatomy.render.terminal')
@@ -116,7 +117,7 @@ function patching.run(model, clean, corrupt, metric, opts)
     cols = positions()
   end
   local function patched(name, selection)
-    local out = hooks.scope(model, function()
+    local out = scope.run(model, function()
       interventions.patch(model, name, cache, selection)
       return run_corrupt()
     end)
@@ -274,7 +275,7 @@ function patching.path(model, clean, corrupt, metric, opts)
   -- step 2 records the receivers' inputs; step 3 is the corrupt run with
   -- those inputs, nothing else. Each step's hooks go when it ends, after an
   -- error too.
-  local step2 = select(2, hooks.scope(model, function()
+  local step2 = select(2, scope.run(model, function()
     for i, name in ipairs(z_names) do
       local frozen, from_clean = corrupt_cache[name], clean_cache[name]
       local heads = by_layer[i]
@@ -286,7 +287,7 @@ function patching.path(model, clean, corrupt, metric, opts)
     end
     return Cache.run_with_cache(model, corrupt_ids, {filter = receiver_names, attention_mask = mask})
   end))
-  local out = hooks.scope(model, function()
+  local out = scope.run(model, function()
     for i, r in ipairs(receivers) do
       local key = via ~= 'resid' and {head = r[2]} or nil
       local patched_ok, err = pcall(interventions.patch, model, receiver_names[i], step2, key)

@@ -9,6 +9,7 @@
 local torch = require('anatomy.torch')
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
+local scope = require('anatomy.probe.scope')
 local inputs = require('anatomy.probe.inputs')
 local Cache = require('anatomy.probe.cache')
 local options = require('anatomy.torch.options')
@@ -110,11 +111,9 @@ function steer.vector(model, positive, negative, opts)
     error(('%s: pca pairs the examples: positive has %d, negative %d'):format(where, #pos, #neg), 2)
   end
   if method == 'pca' and #pos < 2 then error(('%s: pca needs at least two pairs, got %d'):format(where, #pos), 2) end
-  local was_training = model.training
-  model:eval()
-  local ok, a_pos, a_neg = pcall(function() return activations(model, pos, list, reduce), activations(model, neg, list, reduce) end)
-  model:train(was_training)
-  if not ok then error(a_pos, 2) end
+  local a_pos, a_neg = scope.run(model, function()
+    return activations(model, pos, list, reduce), activations(model, neg, list, reduce)
+  end, {mode = 'eval'})
   local self = setmetatable({model = nn.typename(model), point = point, method = method, reduce = reduce, layers = {}, vectors = {},
     positive = #pos, negative = #neg}, Vector)
   for _, t in ipairs(list) do

@@ -11,6 +11,7 @@ local optim = require('anatomy.optim')
 local fs = require('anatomy.io.fs')
 local probe_record = require('anatomy.train.probe_record')
 local hooks = require('anatomy.probe.hooks')
+local scope = require('anatomy.probe.scope')
 local parallel = require('anatomy.train.parallel')
 local checkpoint = require('anatomy.train.checkpoint')
 local evaluate = require('anatomy.train.evaluate')
@@ -30,7 +31,7 @@ end
 -- dotted name and class of the first module whose output is not finite.
 function Trainer.find_nonfinite(model, x)
   local found
-  hooks.scope(model, function()
+  scope.run(model, function()
     hooks.watch(model, function(name, y, m)
       if found == nil and torch.is_tensor(y) and y:is_floating_point() and not y:isfinite():all():item() then
         found = ('%s (%s)'):format(name, nn.typename(m))
@@ -148,7 +149,7 @@ function Trainer:prepare()
     local ids = self.corpus:tokens()
     local probe_ids = torch.full({1, o.seq}, ids:min():item(), {dtype = 'int64', device = self.device})  -- not the default device
     probe_ids:narrow(2, o.seq, 1):fill_(ids:max():item())
-    local ok, err = pcall(hooks.scope, model, function()  -- the ids as inputs and as targets
+    local ok, err = pcall(scope.run, model, function()  -- the ids as inputs and as targets
       torch.no_grad(function() nn.functional.cross_entropy((model(probe_ids)), probe_ids) end)
     end, {mode = 'eval'})
     if not ok then

@@ -5,6 +5,7 @@ local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local parallel = require('anatomy.train.parallel')
 local inputs = require('anatomy.probe.inputs')
+local scope = require('anatomy.probe.scope')
 local options = require('anatomy.torch.options')
 
 -- Windows of seq + 1 tokens laid end to end over ids, at most `limit` of
@@ -70,7 +71,7 @@ local function evaluate(model, corpus, opts)
   local batches = options.whole(opts.batches, 'batches', 'train.evaluate', 8)
   local B = options.whole(opts.batch, 'batch', 'train.evaluate', 16)
   if opts.texts ~= nil then
-    local total, count = hooks.scope(model, function()
+    local total, count = scope.run(model, function()
       return torch.no_grad(function()
         return evaluate_texts(model, corpus, opts.texts, given_seq or model:context() or math.huge, B, 'train.evaluate')
       end)
@@ -95,7 +96,7 @@ local function evaluate(model, corpus, opts)
   end
   local total, count = 0, 0
   local device = model:device()  -- the corpus's windows are on the CPU
-  hooks.scope(model, function() torch.no_grad(function()
+  scope.run(model, function() torch.no_grad(function()
     for first = 1, x:size(1), B do
       local n = math.min(B, x:size(1) - first + 1)
       local xb, yb = x:narrow(1, first, n), y:narrow(1, first, n)
