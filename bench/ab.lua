@@ -1,8 +1,8 @@
 -- One side of an A/B timing (scripts/ab runs two builds of anatomy on it in
 -- turns): the training step and the autopsy, on models of the seed
 -- architectures, with the numbers each run's median makes. Written for the
--- library of any commit since the autopsy took `history`: it reads the clock
--- where each keeps it (anatomy.torch.native.now, torch._now before).
+-- library of any commit since the autopsy took `history` (bench/timing.lua
+-- reads the clock where each keeps it).
 --   anatomy --threads=N bench/ab.lua --steps=N --warmup=N --out=FILE
 local cfg = torch.config.parse({
   steps = 15,     -- timed repetitions per case (the median is reported)
@@ -12,27 +12,11 @@ local cfg = torch.config.parse({
   only = '',      -- run only the cases whose name contains this
 }, arg, 'usage: anatomy bench/ab.lua [--steps=N] [--warmup=N] [--autopsies=N] [--out=FILE]')
 
-local ok, native = pcall(require, 'anatomy.torch.native')
-local now = ok and native.now or rawget(torch, '_now')
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local timing = require('timing')
 
-local function median(times)
-  local s = {}
-  for i, t in ipairs(times) do s[i] = t end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
-
-local function timed(n, warmup, fn)
-  for _ = 1, warmup do fn() end
-  local times = {}
-  for i = 1, n do
-    local t0 = now()
-    fn()
-    times[i] = now() - t0
-  end
-  return median(times)
-end
+-- the median of n timed calls of fn() after warmup untimed ones
+local function timed(n, warmup, fn) return timing.steps(n, warmup, fn).median end
 
 local function want(name) return cfg.only == '' or name:find(cfg.only, 1, true) end
 local results = {}
@@ -83,11 +67,4 @@ end
 local parts = {}
 for name, v in pairs(results) do parts[#parts + 1] = ('"%s": %.6f'):format(name, v) end
 table.sort(parts)
-local line = '{' .. table.concat(parts, ', ') .. '}'
-if cfg.out ~= '' then
-  local f = assert(io.open(cfg.out, 'w'))
-  f:write(line, '\n')
-  f:close()
-else
-  print(line)
-end
+timing.write(cfg.out, '{' .. table.concat(parts, ', ') .. '}')

@@ -1,7 +1,8 @@
 -- The anatomy half of the side-by-side benchmark (scripts/bench runs it next
 -- to bench/peer.py and prints both). Writes one JSON object to --out.
 --   anatomy --threads=N bench/bench.lua --steps=20 --warmup=5 --out=FILE
-local native = require('anatomy.torch.native')
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local timing = require('timing')
 local cfg = torch.config.parse({
   steps = 20,        -- timed steps per case (the median is reported)
   warmup = 5,        -- untimed steps first
@@ -10,31 +11,12 @@ local cfg = torch.config.parse({
   only = '',         -- run only the cases whose name contains this
 }, arg, 'usage: anatomy bench/bench.lua [--steps=N] [--warmup=N] [--out=FILE]')
 
-local now = native.now
+local now = timing.now
 local results = {threads = torch.get_num_threads(), libtorch = torch.libtorch_version, cases = {},
   blas = torch.__config__.show():match('BLAS_INFO=(%w+)') or '?', cpu_capability = torch.backends.cpu.get_cpu_capability()}
 
--- median, range and the times themselves (scripts/bench merges rounds)
-local function summary(times)
-  local sorted = {}
-  for i, t in ipairs(times) do sorted[i] = t end
-  table.sort(sorted)
-  local n = #sorted
-  local median = n % 2 == 1 and sorted[(n + 1) / 2] or (sorted[n / 2] + sorted[n / 2 + 1]) / 2
-  return {median = median, min = sorted[1], max = sorted[n], n = n, times = times}
-end
-
--- times fn() over cfg.steps calls after cfg.warmup
-local function time_steps(fn)
-  for _ = 1, cfg.warmup do fn() end
-  local times = {}
-  for i = 1, cfg.steps do
-    local t0 = now()
-    fn()
-    times[i] = now() - t0
-  end
-  return summary(times)
-end
+-- cfg.steps timed calls of fn() after cfg.warmup: their median, range and the times themselves (scripts/bench merges rounds)
+local function time_steps(fn) return timing.steps(cfg.steps, cfg.warmup, fn) end
 
 -- times fa() and fb() alternately (fa first on odd steps, fb first on even
 -- ones), so that a slow spell of the machine falls on both
@@ -50,7 +32,7 @@ local function time_pair(fa, fb)
       if first then ta[#ta + 1] = dt else tb[#tb + 1] = dt end
     end
   end
-  return summary(ta), summary(tb)
+  return timing.summary(ta), timing.summary(tb)
 end
 
 local function batch(V, B, T)
@@ -159,11 +141,4 @@ if want('blas') then
   results.cases.blas = s
 end
 
-local text = require('anatomy.io.json').encode(results)
-if cfg.out ~= '' then
-  local f = assert(io.open(cfg.out, 'w'))
-  f:write(text, '\n')
-  f:close()
-else
-  print(text)
-end
+timing.write(cfg.out, require('anatomy.io.json').encode(results))
