@@ -5,31 +5,24 @@ local torch = require('anatomy.torch')
 local native = require('anatomy.torch.native')
 _G.torch = torch
 
--- nn, models, data, optim, train, text, probe, patching, steer, lens, weights, sae, autopsy, provenance, experiment, exact and dist are globals in scripts and the REPL, like torch.
-torch.nn = require 'anatomy.nn'
-nn = torch.nn
-models = require 'anatomy.models'
-data = require 'anatomy.data'
-optim = require 'anatomy.optim'
-train = require 'anatomy.train'
-text = require 'anatomy.data.text'
-probe = require 'anatomy.probe'
-patching = require 'anatomy.probe.patching'
-steer = require 'anatomy.probe.steer'
-lens = require 'anatomy.probe.lens'
-weights = require 'anatomy.probe.weights'
-sae = require 'anatomy.features'
-autopsy = require 'anatomy.autopsy'
--- the global: the record (io/provenance.lua) and its text (render/provenance.lua)
+-- The library's parts are globals in scripts and the REPL, like torch, in
+-- the order they load.
+local globals = {
+  {'nn', 'anatomy.nn'}, {'models', 'anatomy.models'}, {'data', 'anatomy.data'}, {'optim', 'anatomy.optim'},
+  {'train', 'anatomy.train'}, {'text', 'anatomy.data.text'}, {'probe', 'anatomy.probe'},
+  {'patching', 'anatomy.probe.patching'}, {'steer', 'anatomy.probe.steer'}, {'lens', 'anatomy.probe.lens'},
+  {'weights', 'anatomy.probe.weights'}, {'sae', 'anatomy.features'}, {'autopsy', 'anatomy.autopsy'},
+  {'hub', 'anatomy.io.hub'}, {'experiment', 'anatomy.experiment'}, {'exact', 'anatomy.exact'}, {'dist', 'anatomy.torch.dist'},
+}
+torch.nn = require('anatomy.nn')
+for _, g in ipairs(globals) do _G[g[1]] = require(g[2]) end
+local dist = require('anatomy.torch.dist')
+torch.distributed = dist
+-- the global provenance: the record (io/provenance.lua) and its text (render/provenance.lua)
 provenance = {}
 for k, v in pairs(require('anatomy.io.provenance')) do provenance[k] = v end
 for k, v in pairs(require('anatomy.render.provenance')) do provenance[k] = v end
-hub = require 'anatomy.io.hub'
-experiment = require 'anatomy.experiment'
-exact = require 'anatomy.exact'
 help = require('anatomy.session.help').help
-dist = require 'anatomy.torch.dist'
-torch.distributed = dist
 
 -- Under `anatomy --nproc N` or a launcher (torchrun, a SLURM script) that
 -- sets WORLD_SIZE, this process joins the world before the script runs; on
