@@ -54,12 +54,12 @@ if want('fit') then
   end) / fit_steps
 end
 
--- autopsy.run over 2 validation batches, every measurement of the default run
+-- autopsy.run over 4 validation batches of 16, every measurement of the default run
 if want('autopsy') then
   torch.manual_seed(1)
   local model = models.gpt{vocab = corpus.vocab_size, dim = 64, heads = 2, layers = 4, seq = 64, ffn = 256}
   results.autopsy_run = timed(cfg.autopsies, 1, function()
-    local a = autopsy.run(model, corpus, {steps = 2, batch = 8, seq = 64})
+    local a = autopsy.run(model, corpus, {steps = 4, batch = 16, seq = 64})
     assert(#a.rows >= 4)
   end)
 end
