@@ -1,0 +1,116 @@
+-- nn.MoE(dim, hidden, experts, top_k, {norm_topk_prob = true, bias = false}):
+-- a sparse mixture of experts in place of an MLP (Mixtral's
+-- MixtralSparseMoeBlock). A router `gate` (Linear dim -> experts, no bias)
+-- scores each token; the top_k experts by softmax probability (in float32)
+-- each run on their tokens alone, and their outputs add up weighted by those
+-- probabilities, renormalised to sum to one when norm_topk_prob. Children:
+-- gate and experts (an nn.ModuleList of nn.MoEExpert: the SwiGLU's gate, up
+-- and down Linears). E experts, K top_k, N = B * T tokens, C dim.
+local torch = require('anatomy.torch')
+local options = require('anatomy.torch.options')
+local nn = require('anatomy.nn')
+
+-- One expert: down(silu(gate(x)) * up(x)), nn.SwiGLU's function and names.
+-- nn.MoE runs it on a gather of the tokens routed to it, (n, C), which is no
+-- (batch, pos) tensor: so it runs through Expert.forward, out of the probes'
+-- sight (their caches, padding and positions read (batch, pos, ...)); its
+-- share of the output is the MoE's expert_out point.
+local Expert = nn.block('nn.MoEExpert', function(self, dim, hidden, bias)
+  self.gate = nn.Linear(dim, hidden, {bias = bias})
+  self.up = nn.Linear(dim, hidden, {bias = bias})
+  self.down = nn.Linear(hidden, dim, {bias = bias})
+end)
+nn.MoEExpert = Expert
+
+-- x (..., C) -> (..., C)
+function Expert:forward(x)
+  local F = nn.functional
+  local h = F.linear(x, self.gate.weight, self.gate.bias):silu() * F.linear(x, self.up.weight, self.up.bias)
+  return F.linear(h, self.down.weight, self.down.bias)
+end
+
+local MoE = nn.class('nn.MoE', nn.Module)
+nn.MoE = MoE
+MoE.block_role = 'mlp'  -- the layer's MLP to the probes (probe/roles.lua)
+-- Hook points: the router's logits, and each expert's weighted output (E
+-- times the block's output in memory: computed only where a probe names it;
+-- the block's output is then their sum, so patching one expert's share moves it).
+MoE.declares = {nn.point('router_logits', {'batch', 'pos', 'expert'}),
+  nn.point('expert_out', {'batch', 'pos', 'expert', 'd_model'}, 'asked')}
+
+function MoE:__init(dim, hidden, experts, top_k, opts)
+  nn.Module.__init(self)
+  local where = 'nn.MoE(dim, hidden, experts, top_k, opts)'
+  for i, v in ipairs{{dim, 'dim'}, {hidden, 'hidden'}, {experts, 'experts'}, {top_k, 'top_k'}} do
+    if v[1] == nil then error(('%s: %s (argument %d) is missing'):format(where, v[2], i), 3) end
+    options.whole(v[1], v[2], where, nil, 1, 4)
+  end
+  if top_k > experts then error(('%s: top_k must be at most experts (%d), got %d'):format(where, experts, top_k), 3) end
+  opts = options.check(opts, {'norm_topk_prob', 'bias'}, where, 3)
+  for _, k in ipairs{'norm_topk_prob', 'bias'} do
+    if opts[k] ~= nil and type(opts[k]) ~= 'boolean' then error(('%s: %s must be true or false, got %s'):format(where, k, tostring(opts[k])), 3) end
+  end
+  self.num_experts, self.top_k = experts, top_k
+  self.norm_topk_prob = opts.norm_topk_prob ~= false
+  self.gate = nn.Linear(dim, experts, {bias = false})
+  local list = {}
+  for e = 1, experts do list[e] = Expert(dim, hidden, opts.bias == true) end
+  self.experts = nn.ModuleList(list)
+end
+
+-- The experts' weights for each token: weights (N, K) float32 and their
+-- experts (N, K), 1-based, from the router's logits (N, E).
+function MoE:route(logits)
+  local probs = logits:float():softmax(-1)
+  local w, idx = probs:topk(self.top_k)
+  if self.norm_topk_prob then w = w / w:sum(-1, true) end
+  return w, idx
+end
+
+-- Whether a probe asks for the expert_out point (its cost is 'asked').
+local function wants_experts(self)
+  for _, n in ipairs(rawget(self, '_hooks_wanted') or {}) do
+    if n == 'expert_out' then return true end
+  end
+  return false
+end
+
+-- x (B, T, C) -> (B, T, C): each token through its top_k experts, weighted
+function MoE:forward(x)
+  local B, T, C = x:size(1), x:size(2), x:size(3)
+  local E, N = self.num_experts, B * T
+  local flat = x:reshape(N, C)
+  local logits = self:hook('router_logits', nn.call_child(self, 'gate', self.gate, x))  -- (B, T, E)
+  local w, idx = self:route(logits:reshape(N, E))  -- (N, K) each
+  local ids = torch.arange(1, N + 1, {device = x.device})
+  local per_expert = wants_experts(self) and {} or nil
+  local out = torch.zeros_like(flat)  -- (N, C)
+  for e = 1, E do
+    local hit = idx:eq(e)  -- (N, K): where expert e is among a token's top_k
+    local tokens = ids:masked_select(hit:any(-1))  -- (n) the tokens it runs on
+    local n = tokens:size(1)
+    local share
+    if n > 0 then
+      local y = Expert.forward(self.experts[e], flat:index_select(1, tokens))  -- (n, C)
+      local we = (w * hit:float()):sum(-1):index_select(1, tokens):unsqueeze(-1)  -- (n, 1) its weight, float32
+      y = (y.dtype == 'float32' and y * we or (y:float() * we):to(y.dtype))  -- weighted in float32, as transformers
+      share = tokens:unsqueeze(-1):expand(n, C)
+      out = out:scatter_add(1, share, y)
+      if per_expert then per_expert[e] = torch.zeros_like(flat):scatter_add(1, share, y) end
+    elseif per_expert then
+      per_expert[e] = torch.zeros_like(flat)
+    end
+  end
+  if per_expert then  -- (B, T, E, C), and the block's output their sum
+    local each = self:hook('expert_out', torch.stack(per_expert, 2):reshape(B, T, E, C))
+    return each:sum(3)
+  end
+  return out:reshape(B, T, C)
+end
+
+-- What print(model) shows beside its children
+function MoE:extra_repr()
+  return ('experts=%d, top_k=%d%s'):format(self.num_experts, self.top_k, self.norm_topk_prob and '' or ', norm_topk_prob=false')
+end
+
+return MoE

@@ -1,0 +1,115 @@
+-- nn.MoE on its own: top-k routing against a dense reference computed here
+-- (every expert on every token, the top k by sorting the router's
+-- probabilities), with and without norm_topk_prob; its gradients; the
+-- expert_out point; bfloat16; and the errors for bad arguments.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require('harness')
+local test, eq, close, raises = H.test, H.eq, H.close, H.raises
+
+-- The dense reference: x (B, T, C) -> (B, T, C), each expert run on every
+-- token, weighted by the router's top-k probabilities (zero off the top k)
+local function dense(m, x, norm)
+  local B, T, C = x:size(1), x:size(2), x:size(3)
+  local E, K = m.num_experts, m.top_k
+  local probs = nn.functional.linear(x, m.gate.weight):softmax(-1)  -- (B, T, E)
+  local sorted, order = probs:sort(-1, true)
+  local top = sorted:narrow(3, 1, K)
+  if norm then top = top / top:sum(-1, true) end
+  local weights = torch.zeros(B, T, E):scatter(3, order:narrow(3, 1, K), top)  -- (B, T, E)
+  local out = torch.zeros(B, T, C)
+  for e = 1, E do out = out + m.experts[e](x) * weights:narrow(3, e, 1) end
+  return out, weights
+end
+
+test('top-k routing equals the dense reference, norm_topk_prob on and off, every k', function()
+  for _, norm in ipairs{true, false} do
+    for k = 1, 4 do
+      torch.manual_seed(10 * k + (norm and 1 or 0))
+      local m = nn.MoE(8, 12, 4, k, {norm_topk_prob = norm})
+      torch.no_grad(function() m.gate.weight:mul_(8) end)  -- decided routing: no near ties
+      local x = torch.randn(3, 7, 8)
+      local got = torch.no_grad(function() return m(x) end)
+      local want, weights = torch.no_grad(function() return dense(m, x, norm) end)
+      close(got, want, 1e-5, ('k = %d, norm_topk_prob = %s'):format(k, tostring(norm)))
+      eq(weights:gt(0):sum(-1):max():item(), k, 'experts with a weight per token')
+      if norm then close(weights:sum(-1), torch.ones(3, 7), 1e-6, 'renormalised weights') end
+    end
+  end
+end)
+
+test('without renormalising, top-1 output is the chosen expert scaled by its probability, not the expert alone', function()
+  torch.manual_seed(3)
+  local m = nn.MoE(6, 10, 3, 1, {norm_topk_prob = false})
+  local x = torch.randn(1, 5, 6)
+  local scaled = torch.no_grad(function() return m(x) end)
+  m.norm_topk_prob = true
+  local whole = torch.no_grad(function() return m(x) end)
+  local p = nn.functional.linear(x, m.gate.weight):softmax(-1):max(-1)  -- (1, 5) the top probability
+  close(scaled, whole * p:unsqueeze(-1), 1e-6, 'output = top probability x the expert')
+  assert((scaled - whole):abs():max():item() > 1e-3, 'norm_topk_prob changes the output')
+end)
+
+test('gradients reach the router, the chosen experts and the input as the dense reference\'s', function()
+  torch.manual_seed(4)
+  local m = nn.MoE(8, 12, 4, 2)
+  local x = torch.randn(2, 5, 8, {requires_grad = true})
+  m(x):pow(2):sum():backward()
+  local gx, gg = x.grad:clone(), m.gate.weight.grad:clone()
+  local function expert_grad()
+    for n, p in m:named_parameters() do if n == 'experts.1.down.weight' then return p.grad end end
+  end
+  local g1 = expert_grad():clone()
+  x.grad = nil
+  m:zero_grad()
+  dense(m, x, true):pow(2):sum():backward()
+  close(gx, x.grad, 1e-5, 'input gradient')
+  close(gg, m.gate.weight.grad, 1e-5, 'router gradient')
+  assert(gg:abs():max():item() > 0, 'the router has a gradient')
+  close(g1, expert_grad(), 1e-5, 'expert 1 gradient')
+end)
+
+test('expert_out: each expert\'s weighted share, summing to the output; a share changed there changes the output', function()
+  torch.manual_seed(5)
+  local m = nn.MoE(8, 12, 4, 2)
+  local x = torch.randn(2, 6, 8)
+  local names = {}
+  for _, p in ipairs(nn.declared_points(m)) do names[#names + 1] = p.name .. ':' .. table.concat(p.layout, ',') .. ':' .. p.cost end
+  eq(names, {'router_logits:batch,pos,expert:free', 'expert_out:batch,pos,expert,d_model:asked'})
+  eq(m.block_role, 'mlp')
+  local plain = torch.no_grad(function() return m(x) end)
+  local _, weights = torch.no_grad(function() return dense(m, x, true) end)
+  local shares
+  local out = probe.run_with_hooks(m, x, {{'expert_out', function(t) shares = t:clone(); return t end}})
+  eq(shares:size(), {2, 6, 4, 8}, 'expert_out shape')
+  close(shares:sum(3), plain, 1e-6, 'shares sum to the output')
+  close(out, plain, 1e-6, 'hooked output')
+  eq(shares:abs():sum(-1):gt(0):float():sum():item(), weights:gt(0):float():sum():item(), 'non-zero shares where routed')
+  local cut = probe.run_with_hooks(m, x, {{'expert_out', function(t)
+    local z = t:clone(); z:narrow(3, 1, 1):fill_(0); return z end}})
+  close(cut, plain - shares:narrow(3, 1, 1):squeeze(3), 1e-6, 'expert 1 removed')
+end)
+
+test('bfloat16: within bfloat16 rounding of float32', function()
+  torch.manual_seed(6)
+  local m = nn.MoE(8, 12, 4, 2)
+  torch.no_grad(function() m.gate.weight:mul_(8) end)
+  local x = torch.randn(2, 5, 8)
+  local want = torch.no_grad(function() return m(x) end)
+  m:to('bfloat16')
+  local got = torch.no_grad(function() return m(x:to('bfloat16')) end)
+  eq(got.dtype, 'bfloat16')
+  close(got:float(), want, 0.05, 'bfloat16 output')
+end)
+
+test('bad arguments are errors naming the argument', function()
+  raises(function() nn.MoE(8, 12, 4) end, 'nn.MoE(dim, hidden, experts, top_k, opts): top_k (argument 4) is missing')
+  raises(function() nn.MoE(8, 12, 0, 1) end, 'nn.MoE(dim, hidden, experts, top_k, opts): experts must be a whole number >= 1, got 0')
+  raises(function() nn.MoE(8, 12.5, 4, 1) end, 'nn.MoE(dim, hidden, experts, top_k, opts): hidden must be a whole number >= 1, got 12.5')
+  raises(function() nn.MoE(8, 12, 4, 5) end, 'nn.MoE(dim, hidden, experts, top_k, opts): top_k must be at most experts (4), got 5')
+  raises(function() nn.MoE(8, 12, 4, 2, {norm = true}) end,
+    "nn.MoE(dim, hidden, experts, top_k, opts): unknown option 'norm' (expected bias, norm_topk_prob)")
+  raises(function() nn.MoE(8, 12, 4, 2, {norm_topk_prob = 1}) end,
+    'nn.MoE(dim, hidden, experts, top_k, opts): norm_topk_prob must be true or false, got 1')
+end)
+
+H.done()
