@@ -6,6 +6,7 @@ package.loaded['anatomy.nn'] = nn  -- the files below require it while it loads
 
 require 'anatomy.nn.class'
 require 'anatomy.nn.Module'
+require 'anatomy.nn.call_child'
 require 'anatomy.nn.incremental'
 require 'anatomy.nn.hook_point'
 require 'anatomy.nn.Native'
