@@ -179,6 +179,8 @@ function H.family_models(V, window)
     {'mistral (sliding window ' .. window .. ')', with{model_type = 'mistral', num_key_value_heads = 2, sliding_window = window}},
     {'qwen2 (q, k, v biases)', with{model_type = 'qwen2'}},
     {'gpt_neox (partial rotary, parallel)', with{model_type = 'gpt_neox', rotary_pct = 0.5, use_parallel_residual = true}},
+    {'mixtral (4 experts, top-2, sliding window ' .. window .. ')', with{model_type = 'mixtral', num_key_value_heads = 2,
+      num_local_experts = 4, num_experts_per_tok = 2, sliding_window = window}},
   }
   local out = {}
   for i, c in ipairs(configs) do

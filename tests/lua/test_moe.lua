@@ -101,6 +101,30 @@ test('bfloat16: within bfloat16 rounding of float32', function()
   close(got:float(), want, 0.05, 'bfloat16 output')
 end)
 
+test('a Mixtral from its config: saved and read back the same, floats kept floats; jitter noted; weight processing refused', function()
+  local config = {model_type = 'mixtral', vocab_size = 50, hidden_size = 16, intermediate_size = 24, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, num_local_experts = 3, num_experts_per_tok = 2, router_jitter_noise = 0}
+  local m = models.from_config(config, {seed = 7})
+  eq(nn.typename(m.blocks[1].mlp), 'nn.MoE')
+  local n = 0
+  for _, p in m:named_parameters() do n = n + p:numel() end
+  eq(require('anatomy.models.llama').parameters(m.config), n, 'parameters implied (pretrained.check_size) and built')
+  local dir = H.tmpdir()
+  m:save_pretrained(dir)
+  local text = H.read(dir .. '/config.json')
+  assert(text:find('"router_jitter_noise":0.0', 1, true), 'router_jitter_noise written as a float: ' .. text)
+  local back = models.from_pretrained(dir)
+  local ids = torch.randint(1, 51, {2, 6})
+  H.identical(back(ids), m(ids), 'read back')
+  assert(not m:extra_repr():find('jitter'), 'no note without noise')
+  config.router_jitter_noise = 0.25
+  local noisy = models.from_config(config)
+  assert(noisy:extra_repr():find('router_jitter_noise=0.25 not applied', 1, true), noisy:extra_repr())
+  H.raises_part(function() models.process_weights(m, {fold_ln = true}) end, 'blocks.1 is not a pre-norm block')
+  config.num_experts_per_tok = 4
+  H.raises_part(function() models.from_config(config) end, 'num_experts_per_tok = 4, which anatomy does not support (more than num_local_experts = 3)')
+end)
+
 test('bad arguments are errors naming the argument', function()
   raises(function() nn.MoE(8, 12, 4) end, 'nn.MoE(dim, hidden, experts, top_k, opts): top_k (argument 4) is missing')
   raises(function() nn.MoE(8, 12, 0, 1) end, 'nn.MoE(dim, hidden, experts, top_k, opts): experts must be a whole number >= 1, got 0')

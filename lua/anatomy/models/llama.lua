@@ -1,7 +1,8 @@
 -- models.Llama: Hugging Face's Llama family (model_type "llama", "mistral",
--- "qwen2"; SmolLM is "llama") in the library's blocks, for
+-- "qwen2", "mixtral"; SmolLM is "llama") in the library's blocks, for
 -- models.from_pretrained. Pre-norm blocks of RMSNorm, nn.RoPEAttention
--- (grouped-query, rotary positions) and nn.SwiGLU; a final RMSNorm; the head
+-- (grouped-query, rotary positions) and nn.SwiGLU (Mixtral: nn.MoE, a
+-- sparse mixture of SwiGLU experts); a final RMSNorm; the head
 -- tied to the embedding or not. Names follow Hugging Face's, except the stack:
 -- blocks.1 is model.layers.0 (`layers` is the method every model has).
 local nn = require('anatomy.nn')
@@ -9,6 +10,22 @@ local models = require('anatomy.models')
 local pretrained = require('anatomy.models.pretrained')
 
 local F = {}
+
+-- Mixtral's sparse MLP (nn.MoE): num_local_experts experts, num_experts_per_tok
+-- of them for each token, their weights renormalised (norm_topk_prob).
+-- router_jitter_noise scales the block's input by noise in train mode only:
+-- anatomy adds none (the same in eval), and print(model) says so as it does of dropout.
+local function moe(c, where)
+  local m = {experts = pretrained.dim(c, 'num_local_experts', where), top_k = pretrained.dim(c, 'num_experts_per_tok', where),
+    norm_topk_prob = true, jitter = type(c.router_jitter_noise) == 'number' and c.router_jitter_noise or 0}
+  if m.top_k > m.experts then
+    pretrained.refuse(where, 'num_experts_per_tok', m.top_k, ('more than num_local_experts = %d'):format(m.experts))
+  end
+  if c.output_router_logits == true then
+    pretrained.refuse(where, 'output_router_logits', true, "transformers then adds the router's auxiliary loss to the loss; anatomy's loss is the language model's")
+  end
+  return m
+end
 
 function F.check(c, where)
   local function dim(key, optional) return pretrained.dim(c, key, where, optional) end
@@ -26,6 +43,7 @@ function F.check(c, where)
   if act ~= 'silu' then pretrained.refuse(where, 'hidden_act', act, 'the SwiGLU MLP gates with silu') end
   if (c.pretraining_tp or 1) ~= 1 then pretrained.refuse(where, 'pretraining_tp', c.pretraining_tp, 'only 1') end
   if c.mlp_bias then s.mlp_bias = true end
+  if c.model_type == 'mixtral' then s.moe = moe(c, where) end
   -- Llama's attention_bias covers q, k, v and o; Qwen2 has q, k, v biases and none on o.
   if c.model_type == 'qwen2' then
     s.qkv_bias, s.out_bias = true, false
@@ -34,7 +52,7 @@ function F.check(c, where)
   end
   -- Sliding windows: Mistral's whenever set; Qwen2's only with use_sliding_window,
   -- and then from layer max_window_layers on (counted from 0).
-  if c.model_type == 'mistral' and type(c.sliding_window) == 'number' then
+  if (c.model_type == 'mistral' or c.model_type == 'mixtral') and type(c.sliding_window) == 'number' then
     s.window, s.window_from = c.sliding_window, 1
   elseif c.model_type == 'qwen2' and c.use_sliding_window and type(c.sliding_window) == 'number' then
     s.window, s.window_from = c.sliding_window, (c.max_window_layers or 0) + 1
@@ -50,7 +68,11 @@ local Block = nn.block('models.LlamaBlock', function(self, s, i)
     head_dim = s.head_dim, qkv_bias = s.qkv_bias, out_bias = s.out_bias,
     sliding_window = (s.window and i >= s.window_from) and s.window or nil}))
   self.post_attention_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
-  self.mlp = nn.SwiGLU(s.dim, s.ffn, {bias = s.mlp_bias})
+  if s.moe then
+    self.mlp = nn.MoE(s.dim, s.ffn, s.moe.experts, s.moe.top_k, {norm_topk_prob = s.moe.norm_topk_prob})
+  else
+    self.mlp = nn.SwiGLU(s.dim, s.ffn, {bias = s.mlp_bias})
+  end
 end)
 models.LlamaBlock = Block
 
@@ -76,7 +98,9 @@ Llama.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is mode
 function Llama:extra_repr()
   local s = self.config
   return ('%s: vocab=%d, dim=%d, heads=%d, kv_heads=%d, layers=%d, ffn=%d%s'):format(
-    s.family, s.vocab, s.dim, s.heads, s.kv_heads, s.layers, s.ffn, s.tied and ', tied head' or '') .. pretrained.config_note(self)
+    s.family, s.vocab, s.dim, s.heads, s.kv_heads, s.layers, s.ffn, s.tied and ', tied head' or '')
+    .. (s.moe and (', experts=%d, top_k=%d'):format(s.moe.experts, s.moe.top_k) or '') .. pretrained.config_note(self)
+    .. ((s.moe and s.moe.jitter > 0) and (', router_jitter_noise=%g not applied: anatomy adds no noise in train mode'):format(s.moe.jitter) or '')
 end
 
 function F.build(s) return Llama(s) end
@@ -84,13 +108,14 @@ function F.build(s) return Llama(s) end
 -- The parameters build makes from the settings, counted without making them
 -- (pretrained.check_size), and the config keys they come from.
 F.size_keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads',
-  'head_dim', 'vocab_size'}
+  'head_dim', 'vocab_size', 'num_local_experts'}
 function F.parameters(s)
   local C = s.dim
   local hd = s.head_dim or math.floor(C / s.heads)
   local q, kv = s.heads * hd, s.kv_heads * hd  -- widths of q and of each of k, v
   local attn = 2 * C * q + 2 * C * kv + (s.qkv_bias and q + 2 * kv or 0) + (s.out_bias and C or 0)
   local mlp = 3 * C * s.ffn + (s.mlp_bias and 2 * s.ffn + C or 0)  -- gate, up, down
+  if s.moe then mlp = s.moe.experts * mlp + C * s.moe.experts end  -- each expert's, and the router
   return s.vocab * C * (s.tied and 1 or 2) + s.layers * (2 * C + attn + mlp) + C
 end
 
@@ -111,7 +136,7 @@ end
 function F.weights(s, tensors)
   local prefix = (tensors == nil or tensors['model.embed_tokens.weight'] ~= nil) and 'model.' or ''  -- nil: the layout save_pretrained writes
   local list = {{'embed_tokens.weight', prefix .. 'embed_tokens.weight'}}
-  local function add(name, hf) list[#list + 1] = {name, prefix .. hf} end
+  local function add(name, hf, convert) list[#list + 1] = {name, prefix .. hf, convert} end
   for i = 1, s.layers do
     local b, h = 'blocks.' .. i .. '.', 'layers.' .. (i - 1) .. '.'
     add(b .. 'input_layernorm.weight', h .. 'input_layernorm.weight')
@@ -122,15 +147,50 @@ function F.weights(s, tensors)
         add(b .. 'self_attn.' .. p .. '.bias', h .. 'self_attn.' .. p .. '_proj.bias')
       end
     end
-    for _, p in ipairs{'gate', 'up', 'down'} do
-      add(b .. 'mlp.' .. p .. '.weight', h .. 'mlp.' .. p .. '_proj.weight')
-      if s.mlp_bias then add(b .. 'mlp.' .. p .. '.bias', h .. 'mlp.' .. p .. '_proj.bias') end
+    if s.moe then
+      F.expert_weights(s, add, b, h, tensors and tensors[prefix .. h .. 'mlp.experts.gate_up_proj'] ~= nil)
+    else
+      for _, p in ipairs{'gate', 'up', 'down'} do
+        add(b .. 'mlp.' .. p .. '.weight', h .. 'mlp.' .. p .. '_proj.weight')
+        if s.mlp_bias then add(b .. 'mlp.' .. p .. '.bias', h .. 'mlp.' .. p .. '_proj.bias') end
+      end
     end
   end
   add('norm.weight', 'norm.weight')
   if not s.tied then list[#list + 1] = {'lm_head.weight', 'lm_head.weight'} end
   return list
 end
+
+-- A Mixtral layer's router and experts, in either layout: the Hub's, one
+-- tensor per expert (block_sparse_moe.experts.E.w1 = gate, w3 = up, w2 =
+-- down; what transformers 5's save_pretrained writes too), or transformers
+-- 5's in memory, all experts in one tensor (mlp.experts.gate_up_proj (E,
+-- 2 ffn, C), mlp.experts.down_proj (E, C, ffn)), each expert's part cut out.
+-- add(name, hf[, convert]) as F.weights; b, h: the layer's prefixes.
+function F.expert_weights(s, add, b, h, fused)
+  local E, ffn = s.moe.experts, s.ffn
+  if not fused then
+    add(b .. 'mlp.gate.weight', h .. 'block_sparse_moe.gate.weight')
+    for e = 1, E do
+      local x = h .. 'block_sparse_moe.experts.' .. (e - 1) .. '.'
+      for _, p in ipairs{{'gate', 'w1'}, {'up', 'w3'}, {'down', 'w2'}} do
+        add(b .. 'mlp.experts.' .. e .. '.' .. p[1] .. '.weight', x .. p[2] .. '.weight')
+      end
+    end
+    return
+  end
+  add(b .. 'mlp.gate.weight', h .. 'mlp.gate.weight')
+  for e = 1, E do  -- consecutive, so that each fused tensor is read once
+    add(b .. 'mlp.experts.' .. e .. '.gate.weight', h .. 'mlp.experts.gate_up_proj', function(t) return t:select(1, e):narrow(1, 1, ffn) end)
+    add(b .. 'mlp.experts.' .. e .. '.up.weight', h .. 'mlp.experts.gate_up_proj', function(t) return t:select(1, e):narrow(1, ffn + 1, ffn) end)
+  end
+  for e = 1, E do
+    add(b .. 'mlp.experts.' .. e .. '.down.weight', h .. 'mlp.experts.down_proj', function(t) return t:select(1, e) end)
+  end
+end
+
+-- Mixtral's config settings transformers 5 takes only as floats (save_pretrained writes 0.0, not 0)
+F.float_keys = {'router_jitter_noise', 'router_aux_loss_coef'}
 
 -- Not weights: rotary frequencies some checkpoints keep, a tied head saved anyway.
 function F.ignored(name)

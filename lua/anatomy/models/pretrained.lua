@@ -30,6 +30,7 @@ pretrained.check_size = sizes.check_size
 -- weights(settings, tensors) -> {{anatomy name, hf name, convert}, ...}, where
 -- convert is true (stored transposed) or a function of the stored tensor.
 pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.llama', mistral = 'anatomy.models.llama',
+  mixtral = 'anatomy.models.llama',
   qwen2 = 'anatomy.models.llama', gpt_neox = 'anatomy.models.gpt_neox'}
 
 -- The families' building pieces (models/family.lua), under the names the
@@ -347,7 +348,12 @@ function pretrained.save(model, folder)
   local cfg = {}
   for k, v in pairs(config) do cfg[k] = v end
   cfg.torch_dtype = 'float32'
-  fs.write_atomic(folder .. '/config.json', json.encode(cfg) .. '\n')
+  local text = json.encode(cfg)
+  -- transformers 5 checks a float setting's type: the family's (F.float_keys) keep their point when whole (0.0, not 0)
+  for _, k in ipairs(F.float_keys or {}) do
+    if type(cfg[k]) == 'number' and cfg[k] % 1 == 0 then text = text:gsub('("' .. k .. '":%-?%d+)([,}])', '%1.0%2') end
+  end
+  fs.write_atomic(folder .. '/config.json', text .. '\n')
   local from = rawget(model, 'hf_folder')
   for _, file in ipairs{'tokenizer.json', 'tokenizer.model', 'vocab.json', 'merges.txt', 'tokenizer_config.json', 'special_tokens_map.json',
                         'generation_config.json'} do

@@ -18,7 +18,7 @@ local layer_names  -- below
 local tl_block = {hook_resid_pre = 'resid_pre', hook_resid_mid = 'resid_mid', hook_resid_post = 'resid_post'}
 local tl_attn = {hook_q = 'q', hook_k = 'k', hook_v = 'v', hook_z = 'z', hook_pattern = 'pattern', hook_attn_scores = 'scores',
   hook_result = 'result', hook_rot_q = 'rot_q', hook_rot_k = 'rot_k'}
-local tl_mlp = {hook_pre = 'pre', hook_post = 'post'}
+local tl_mlp = {hook_pre = 'pre', hook_post = 'post', hook_router_logits = 'router_logits'}  -- the last: nn.MoE's
 local tl_norm = {hook_scale = 'scale', hook_normalized = 'normalized'}
 tl.tables = {block = tl_block, attn = tl_attn, mlp = tl_mlp, norm = tl_norm}
 
@@ -86,7 +86,7 @@ end
 local tl_layer_order = {'hook_resid_pre', 'ln1.hook_scale', 'ln1.hook_normalized', 'attn.hook_q', 'attn.hook_k',
   'attn.hook_v', 'attn.hook_rot_q', 'attn.hook_rot_k', 'attn.hook_attn_scores', 'attn.hook_pattern', 'attn.hook_z',
   'attn.hook_result', 'hook_attn_out', 'hook_resid_mid', 'ln2.hook_scale', 'ln2.hook_normalized', 'mlp.hook_pre',
-  'mlp.hook_post', 'hook_mlp_out', 'hook_resid_post'}
+  'mlp.hook_post', 'mlp.hook_router_logits', 'hook_mlp_out', 'hook_resid_post'}
 
 -- probe.transformer_lens_names(model) -> {{tl, anatomy}, ...}: every
 -- TransformerLens hook name the model has a point for, in TransformerLens's
