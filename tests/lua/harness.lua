@@ -181,6 +181,7 @@ function H.family_models(V, window)
     {'gpt_neox (partial rotary, parallel)', with{model_type = 'gpt_neox', rotary_pct = 0.5, use_parallel_residual = true}},
     {'mixtral (4 experts, top-2, sliding window ' .. window .. ')', with{model_type = 'mixtral', num_key_value_heads = 2,
       num_local_experts = 4, num_experts_per_tok = 2, sliding_window = window}},
+    {'phi (one norm, parallel, head bias)', with{model_type = 'phi', partial_rotary_factor = 0.5}},
   }
   local out = {}
   for i, c in ipairs(configs) do

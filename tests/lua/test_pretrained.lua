@@ -275,8 +275,12 @@ test('models.from_config: fresh weights of a family, written by save_pretrained 
   local x = torch.randint(1, V + 1, {2, 6})
   H.identical(back(x), m(x), 'the checkpoint reads back as it was written')
   eq(back.hf_config.n_embd, 32)
+  local known = {}  -- every family registered, sorted (they grow: phi, ...)
+  for k in pairs(require('anatomy.models.pretrained').families) do known[#known + 1] = k end
+  table.sort(known)
+  assert(table.concat(known, ','):find('gpt2,gpt_neox,llama,mistral,', 1, true), table.concat(known, ', '))
   raises(function() models.from_config({model_type = 'bert'}) end,
-    "models.from_config: model_type 'bert' is not supported (supported: gpt2, gpt_neox, llama, mistral, mixtral, qwen2)")
+    "models.from_config: model_type 'bert' is not supported (supported: " .. table.concat(known, ', ') .. ")")
   raises(function() models.from_config({model_type = 'gpt2', vocab_size = V, n_positions = P, n_embd = 32, n_layer = 2, n_head = 2,
     initializer_range = -1}) end, 'models.from_config: initializer_range must be a positive number, got -1')
   raises(function() models.from_config(cfg, {sed = 1}) end, "models.from_config: unknown option 'sed', did you mean 'seed'? (expected seed)")

@@ -5,11 +5,12 @@ TransformerLens 4.3 itself.
 A tiny GPT-2 (LayerNorm, every step), a tiny Llama with grouped keys and
 values (RMSNorm: fold_ln and center_unembed; TransformerLens does not centre
 writing weights under RMSNorm, and anatomy refuses to; it has no value
-biases to fold) and a tiny Qwen2 (the same, with value biases and no output
+biases to fold), a tiny Qwen2 (the same, with value biases and no output
 bias, which both give it for the fold: fold_ln, center_unembed,
-fold_value_biases), written
-by `transformers`, booted in TransformerLens's TransformerBridge and processed
-with enable_compatibility_mode() (its defaults: all four), are compared on:
+fold_value_biases) and a tiny Phi (one LayerNorm read by attention and
+MLP, a head with a bias: all four), written by `transformers`, booted in
+TransformerLens's TransformerBridge and processed with
+enable_compatibility_mode() (its defaults: all four), are compared on:
   - every processed weight in TransformerLens's layout: W_E, W_pos, W_Q, W_K,
     W_V, W_O, b_Q, b_K, b_V, b_O, W_in, b_in, (W_gate), W_out, b_out, W_U, b_U
     (grouped keys and values repeated to every query head, as
@@ -107,7 +108,12 @@ def main():
              ("llama-gqa", lambda: perturbed(tl_side.tiny("llama", V, 2, 0.3), lambda n: "norm" in n),
               ["fold_ln", "center_unembed"]),  # no value biases: anatomy refuses a fold of nothing
              ("qwen2-gqa", lambda: perturbed(tl_side.tiny("qwen2", V, 2, 0.3), lambda n: "norm" in n or n.endswith("bias")),
-              ["fold_ln", "center_unembed", "fold_value_biases"])]  # value biases into an output bias it gains
+              ["fold_ln", "center_unembed", "fold_value_biases"]),  # value biases into an output bias it gains
+             ("phi", lambda: perturbed(tl_side.transformers.PhiForCausalLM(tl_side.transformers.PhiConfig(
+                 vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64, initializer_range=0.3, bos_token_id=0, eos_token_id=0)),
+                 lambda n: "layernorm" in n or n.endswith("bias")),  # one norm read by attention and MLP, a head bias
+              ["fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases"])]
     report = tl_side.Report()
     with tempfile.TemporaryDirectory() as tmp:
         for name, make, steps in cases:

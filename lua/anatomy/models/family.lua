@@ -71,7 +71,7 @@ end
 -- order of its class's names (family.decoder): the token embedding (s.vocab x
 -- s.dim), GPT-2's learned positions where the names have them, s.layers
 -- Block(s, i) in a ModuleList, the final Norm(s.dim, {eps = s.eps}) and, unless
--- s.tied, the head. The model keeps s as its config.
+-- s.tied, the head (with a bias where s.head_bias: Phi's). The model keeps s as its config.
 function family.decoder_parts(model, s, Norm, Block)
   local names = model.pretrained_names
   rawset(model, 'config', s)
@@ -81,7 +81,7 @@ function family.decoder_parts(model, s, Norm, Block)
   for i = 1, s.layers do blocks[i] = Block(s, i) end
   model[names.stack] = nn.ModuleList(blocks)
   model[names.norm] = Norm(s.dim, {eps = s.eps})
-  if not s.tied then model[names.head] = nn.Linear(s.dim, s.vocab, {bias = false}) end
+  if not s.tied then model[names.head] = nn.Linear(s.dim, s.vocab, {bias = s.head_bias == true}) end
 end
 
 -- The dropout a checkpoint's config.json asks for ({'attn_pdrop=0.1', ...},

@@ -69,7 +69,9 @@ local function with_out_bias(block, part)
   return new
 end
 
--- A block's parts: {ln1, attn, ln2, mlp} by the types of its children, in order.
+-- A block's parts: {ln1, attn, ln2, mlp} by the types of its children, in
+-- order. A block whose one norm feeds both (Block.shared_norm: Phi's) has ln2
+-- = ln1, folded once into the readers of both.
 local function parts_of(path, block, where, level)
   local out, norms = {path = path, block = block}, {}
   for name, c in block:named_children() do
@@ -79,8 +81,10 @@ local function parts_of(path, block, where, level)
     elseif t == 'nn.MLP' or t == 'nn.SwiGLU' then out.mlp = {name, c} end
   end
   out.ln1, out.ln2 = norms[1], norms[2]
-  if not (out.ln1 and out.ln2 and out.attn and out.mlp and #norms == 2) then
-    error(('%s: %s is not a pre-norm block of two norms, an attention and an MLP that anatomy knows how to process'):format(where, path), level)
+  if block.shared_norm == true and #norms == 1 then out.ln2 = out.ln1 end
+  if not (out.ln1 and out.ln2 and out.attn and out.mlp and (#norms == 2 or out.ln2 == out.ln1)) then
+    error(('%s: %s is not a pre-norm block of two norms (or one it declares shared), an attention and an MLP that anatomy knows how to process')
+      :format(where, path), level)
   end
   return out
 end
@@ -209,8 +213,14 @@ function process.process_weights(model, opts)
     local np = params_of(final[2])
     local head = own_head(model, names, np.bias ~= nil)
     for _, b in ipairs(blocks) do
-      fold_norm({b.path .. '.' .. b.ln1[1], b.ln1[2]}, readers({b.path .. '.' .. b.attn[1], b.attn[2]}), where, 2)
-      fold_norm({b.path .. '.' .. b.ln2[1], b.ln2[2]}, readers({b.path .. '.' .. b.mlp[1], b.mlp[2]}), where, 2)
+      local attn, mlp = readers({b.path .. '.' .. b.attn[1], b.attn[2]}), readers({b.path .. '.' .. b.mlp[1], b.mlp[2]})
+      if b.ln2 == b.ln1 then  -- one norm read by both
+        for _, r in ipairs(mlp) do attn[#attn + 1] = r end
+        fold_norm({b.path .. '.' .. b.ln1[1], b.ln1[2]}, attn, where, 2)
+      else
+        fold_norm({b.path .. '.' .. b.ln1[1], b.ln1[2]}, attn, where, 2)
+        fold_norm({b.path .. '.' .. b.ln2[1], b.ln2[2]}, mlp, where, 2)
+      end
     end
     fold_norm(final, {{head.weight, head.bias, names.head}}, where, 2)
   end
