@@ -3,6 +3,10 @@
 -- "N passed, N failed" line with a matching exit code.
 local H = {passed = 0, failed = 0, skipped = 0}
 
+-- each result line leaves at once, so that a test that kills the process
+-- (a crash in native code) is the one after the last line in ctest's log
+io.stdout:setvbuf('line')
+
 -- a temporary file holding content; returns its path
 function H.tmpfile(content)
   local path = os.tmpname()
