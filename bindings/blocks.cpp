@@ -61,11 +61,14 @@ int new_embedding(lua_State* L) {
   return 1;
 }
 
-// LayerNorm(dim, {eps = 1e-5}), RMSNorm(dim, {eps = 1e-6})
+// LayerNorm(dim, {eps = 1e-5}), RMSNorm(dim, {eps = 1e-6, offset = 0})
 template <typename Norm>
 int new_norm(lua_State* L, double default_eps) {
   nn::NormOptions o(check_integer(L, 1), default_eps);
   if (auto v = option<double>(L, 2, "eps")) o.eps(*v);
+  if constexpr (std::is_same_v<Norm, nn::RMSNorm>) {
+    if (auto v = option<double>(L, 2, "offset")) o.offset(*v);
+  }
   push_new(L, 2, {{"dim", 1}}, [&] { return std::make_shared<Norm>(o); });
   return 1;
 }
@@ -291,7 +294,9 @@ const luaL_Reg module_methods[] = {
 
 // RoPEAttention(dim, heads, {kv_heads, head_dim, rotary_dim, theta, scaling,
 // factor, low_freq_factor, high_freq_factor, original_max_positions,
-// qkv_bias, out_bias, causal, sliding_window})
+// qkv_bias, out_bias, causal, sliding_window, scale, softcap, qk_norm,
+// qk_norm_eps, qk_norm_offset, interleaved, short_factor, long_factor,
+// attention_factor})
 int new_rope_attention(lua_State* L) {
   nn::RoPEAttentionOptions o(check_integer(L, 1), check_integer(L, 2));
   if (auto v = option<int64_t>(L, 3, "kv_heads")) o.kv_heads(*v);
@@ -307,14 +312,24 @@ int new_rope_attention(lua_State* L) {
   if (auto v = option<bool>(L, 3, "out_bias")) o.out_bias(*v);
   if (auto v = option<bool>(L, 3, "causal")) o.causal(*v);
   if (auto v = option<int64_t>(L, 3, "sliding_window")) o.sliding_window(*v);
+  if (auto v = option<double>(L, 3, "scale")) o.scale(*v);
+  if (auto v = option<double>(L, 3, "softcap")) o.softcap(*v);
+  if (auto v = option<std::string>(L, 3, "qk_norm")) o.qk_norm(*v);
+  if (auto v = option<double>(L, 3, "qk_norm_eps")) o.qk_norm_eps(*v);
+  if (auto v = option<double>(L, 3, "qk_norm_offset")) o.qk_norm_offset(*v);
+  if (auto v = option<bool>(L, 3, "interleaved")) o.interleaved(*v);
+  if (auto v = option<std::vector<double>>(L, 3, "short_factor")) o.short_factor(*v);
+  if (auto v = option<std::vector<double>>(L, 3, "long_factor")) o.long_factor(*v);
+  if (auto v = option<double>(L, 3, "attention_factor")) o.attention_factor(*v);
   push_new(L, 3, {{"dim", 1}, {"heads", 2}}, [&] { return std::make_shared<nn::RoPEAttention>(o); });
   return 1;
 }
 
-// SwiGLU(dim, hidden, {bias})
+// SwiGLU(dim, hidden, {bias, activation = 'silu'})
 int new_swiglu(lua_State* L) {
   nn::SwiGLUOptions o(check_integer(L, 1), check_integer(L, 2));
   if (auto v = option<bool>(L, 3, "bias")) o.bias(*v);
+  if (auto v = option<std::string>(L, 3, "activation")) o.activation(*v);
   push_new(L, 3, {{"dim", 1}, {"hidden", 2}}, [&] { return std::make_shared<nn::SwiGLU>(o); });
   return 1;
 }

@@ -126,8 +126,13 @@ auto read_option(int idx, const char* key, F&& read) -> decltype(read()) {
   }
 }
 
+/// The length of the list at idx; ArgError(arg) naming `what` when it has a
+/// hole (a nil before its last entry: {1, nil, 3}).
+size_t check_list_length(lua_State* L, int idx, int arg, const char* what);
+
 /// The one way a binding reads a field of an options table: field `key` of
-/// the table at idx as T (bool, std::string, double or int64_t), or nothing
+/// the table at idx as T (bool, std::string, double, int64_t or a list of
+/// numbers, std::vector<double>), or nothing
 /// when the table or the field is absent. A value of another kind is an
 /// ArgError about argument idx that names the option ("option 'lr': number
 /// expected, got string").
@@ -144,8 +149,21 @@ std::optional<T> option(lua_State* L, int idx, const char* key) {
         return check_string(L, -1);
       } else if constexpr (std::is_same_v<T, int64_t>) {
         return check_integer(L, -1);
+      } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+        if (type != LUA_TTABLE) throw ArgError(-1, "a list of numbers expected, got " + type_name(L, -1));
+        const int list = lua_gettop(L);
+        const size_t n = check_list_length(L, list, -1, key);
+        T values;
+        for (size_t i = 1; i <= n; ++i) {
+          lua_rawgeti(L, list, static_cast<int>(i));
+          if (lua_type(L, -1) != LUA_TNUMBER)
+            throw ArgError(-1, "a list of numbers expected, item " + std::to_string(i) + " is " + type_name(L, -1));
+          values.push_back(lua_tonumber(L, -1));
+          lua_pop(L, 1);
+        }
+        return values;
       } else {
-        static_assert(std::is_same_v<T, double>, "option<T>: T is bool, std::string, int64_t or double");
+        static_assert(std::is_same_v<T, double>, "option<T>: T is bool, std::string, int64_t, double or std::vector<double>");
         return check_number(L, -1);
       }
     });
@@ -158,9 +176,6 @@ std::optional<T> option(lua_State* L, int idx, const char* key) {
 std::vector<int64_t> check_token_ids(lua_State* L, int idx);
 /// Sizes from numbers at start.. (stopping at a non-number) or one table.
 std::vector<int64_t> check_sizes(lua_State* L, int start, int* next = nullptr);
-/// The length of the list at idx; ArgError(arg) naming `what` when it has a
-/// hole (a nil before its last entry: {1, nil, 3}).
-size_t check_list_length(lua_State* L, int idx, int arg, const char* what);
 /// dtype from its name ("float32", "float", "int64", "long", ...).
 c10::ScalarType parse_dtype(const std::string& name, int arg);
 c10::Device parse_device_arg(const std::string& name, int arg);

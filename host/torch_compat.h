@@ -54,18 +54,18 @@ inline at::ScalarType autocast_dtype(at::DeviceType device) {
 #endif
 }
 
-/// softmax(q kᵀ/√d, masked) v as one fused kernel (PyTorch's
+/// softmax(q kᵀ·scale (0: 1/√d), masked) v as one fused kernel (PyTorch's
 /// scaled_dot_product_attention), for (B, H, T, D) q, k, v. `allowed` (bool,
 /// true where a query may attend) or `causal` gives the mask. Returns an
 /// undefined tensor where this LibTorch has no such kernel (1.13): the caller
 /// computes it step by step.
 inline at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
-                                  bool causal) {
+                                  bool causal, double scale = 0.0) {
 #if ANATOMY_TORCH_AT_LEAST(2, 1)
   return at::scaled_dot_product_attention(q, k, v, allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt, 0.0,
-                                          causal && !allowed.defined());
+                                          causal && !allowed.defined(), scale > 0 ? std::optional<double>(scale) : std::nullopt);
 #else
-  (void)q, (void)k, (void)v, (void)allowed, (void)causal;
+  (void)q, (void)k, (void)v, (void)allowed, (void)causal, (void)scale;
   return at::Tensor();
 #endif
 }

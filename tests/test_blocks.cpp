@@ -94,6 +94,17 @@ TEST_CASE("attention's fused, hooked, cached and padded paths agree") {
     attn = std::make_shared<RoPEAttention>(RoPEAttentionOptions(16, 4).kv_heads(2).rotary_dim(2).sliding_window(3));
     points = {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"};
   }
+  SECTION("RoPEAttention: Gemma's scale and soft-capping, QK-norm per head, interleaved pairs") {
+    attn = std::make_shared<RoPEAttention>(
+        RoPEAttentionOptions(16, 4).kv_heads(2).scale(0.3).softcap(2.0).qk_norm("head").qk_norm_offset(1.0).interleaved(true));
+    points = {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"};
+  }
+  SECTION("RoPEAttention: QK-norm over the projection, a scale through the fused kernel, longrope") {
+    attn = std::make_shared<RoPEAttention>(RoPEAttentionOptions(16, 4).kv_heads(2).scale(0.2).qk_norm("proj").scaling("longrope")
+                                               .short_factor({1.0, 1.3}).long_factor({2.0, 4.0}).original_max_positions(64)
+                                               .attention_factor(1.1));
+    points = {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"};
+  }
   const at::Tensor plain = attn->forward(x);  // fused where LibTorch has the kernel
   auto agrees = [&](const at::Tensor& y, const char* what) {
     INFO(what << ": maxdiff " << maxdiff(y, plain));

@@ -106,15 +106,17 @@ at::Tensor AttentionBase::attend(const at::Tensor& q, const at::Tensor& k, const
   const at::Tensor& pad = pad_mask.defined() ? padding(B, Tk) : pad_mask;
   const at::Tensor allowed = general ? allowed_keys(T, Tk, how.causal(), how.window(), pad, q.device()) : at::Tensor();
   auto square = [&]() -> const at::Tensor& { return blocked_keys(blocked_, T, how.causal(), how.window(), q.device()); };
-  if (!keep_pattern && !hook) {  // no probe wants the pattern: one fused kernel where LibTorch has it
+  const double scale = how.scale() > 0 ? how.scale() : 1.0 / std::sqrt(static_cast<double>(D));
+  if (!keep_pattern && !hook && how.softcap() == 0) {  // no probe wants the pattern: one fused kernel where LibTorch has it
     const at::Tensor mask = general ? allowed : how.window() > 0 ? square().logical_not() : at::Tensor();
-    at::Tensor y = compat::fused_attention(q, k, v, mask, how.causal() && !general);
+    at::Tensor y = compat::fused_attention(q, k, v, mask, how.causal() && !general, how.scale());
     if (y.defined()) return out.forward(y.transpose(1, 2).reshape({B, T, H * D}));
   }
   // (B, H, T, Tk), scaled and masked in place: the product is a fresh tensor
   // autograd does not keep (matmul keeps q and k), and at 8x256 tokens each
   // copy would be 25 MiB more of fresh memory per layer
-  at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(1.0 / std::sqrt(static_cast<double>(D)));
+  at::Tensor att = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+  if (how.softcap() > 0) att = at::tanh(att / how.softcap()) * how.softcap();  // (Gemma 2's soft-capping, before the mask)
   const at::Tensor blocked = !general ? square() : allowed.defined() ? allowed.logical_not() : allowed;
   if (blocked.defined()) att.masked_fill_(blocked, -std::numeric_limits<double>::infinity());
   att = at_hook("scores", att);
@@ -166,14 +168,36 @@ RoPEAttention::RoPEAttention(const RoPEAttentionOptions& o) : options(o) {
   if (!(o.theta() > 0)) throw OptionError("theta", "theta must be positive, got " + std::to_string(o.theta()));
   if (o.sliding_window() < 0) throw OptionError("sliding_window", "sliding_window must be >= 0, got " + std::to_string(o.sliding_window()));
   const std::string& sc = o.scaling();
-  if (sc != "default" && sc != "linear" && sc != "llama3")
-    throw OptionError("scaling", "unknown RoPE scaling '" + sc + "', expected default, linear or llama3");
+  if (sc != "default" && sc != "linear" && sc != "llama3" && sc != "longrope")
+    throw OptionError("scaling", "unknown RoPE scaling '" + sc + "', expected default, linear, llama3 or longrope");
   if (!(o.factor() > 0)) throw OptionError("factor", "factor must be positive, got " + std::to_string(o.factor()));
+  if (!(o.scale() >= 0) || !std::isfinite(o.scale())) throw OptionError("scale", "scale must be positive, got " + number_str(o.scale()));
+  if (!(o.softcap() >= 0) || !std::isfinite(o.softcap())) throw OptionError("softcap", "softcap must be positive, got " + number_str(o.softcap()));
+  if (!(o.attention_factor() > 0) || !std::isfinite(o.attention_factor()))
+    throw OptionError("attention_factor", "attention_factor must be positive, got " + number_str(o.attention_factor()));
+  const std::string& qn = o.qk_norm();
+  if (qn != "none" && qn != "head" && qn != "proj")
+    throw OptionError("qk_norm", "unknown qk_norm '" + qn + "', expected none, head (over each head) or proj (over the whole projection)");
+  if (sc == "longrope") {
+    for (const auto& [name, f] : {std::pair<const char*, const std::vector<double>*>{"short_factor", &o.short_factor()}, {"long_factor", &o.long_factor()}}) {
+      if (static_cast<int64_t>(f->size()) != rotary_dim / 2)
+        throw OptionError(name, std::string(name) + " must hold rotary_dim/2 = " + std::to_string(rotary_dim / 2) + " numbers, got " + std::to_string(f->size()));
+      for (double x : *f)
+        if (!(x > 0) || !std::isfinite(x)) throw OptionError(name, std::string(name) + " must hold positive numbers, got " + number_str(x));
+    }
+  } else if (!o.short_factor().empty() || !o.long_factor().empty()) {
+    throw OptionError(o.short_factor().empty() ? "long_factor" : "short_factor", "short_factor and long_factor are longrope's; scaling is " + sc);
+  }
   const int64_t H = o.heads(), KV = o.kv_heads(), D = head_dim, C = o.dim();
   q = register_module("q", std::make_shared<Linear>(LinearOptions(C, H * D).bias(o.qkv_bias())));
   k = register_module("k", std::make_shared<Linear>(LinearOptions(C, KV * D).bias(o.qkv_bias())));
   v = register_module("v", std::make_shared<Linear>(LinearOptions(C, KV * D).bias(o.qkv_bias())));
   this->o = register_module("o", std::make_shared<Linear>(LinearOptions(H * D, C).bias(o.out_bias())));
+  if (qn != "none") {
+    auto norm_of = [&](int64_t width) { return std::make_shared<RMSNorm>(NormOptions(width, o.qk_norm_eps()).offset(o.qk_norm_offset())); };
+    q_norm = register_module("q_norm", norm_of(qn == "head" ? D : H * D));
+    k_norm = register_module("k_norm", norm_of(qn == "head" ? D : KV * D));
+  }
   // inv_freq[i] = theta^(-2i / rotary_dim), then the scaling's adjustment (as transformers computes it).
   inv_freq = at::arange(0, rotary_dim, 2, at::kDouble).div(static_cast<double>(rotary_dim)).mul(std::log(o.theta())).neg().exp();
   if (sc == "linear") inv_freq = inv_freq / o.factor();
@@ -187,20 +211,26 @@ RoPEAttention::RoPEAttention(const RoPEAttentionOptions& o) : options(o) {
     at::Tensor medium = wavelen.ge(high_wavelen) & wavelen.le(low_wavelen);
     inv_freq = at::where(medium, smoothed, scaled);
   }
+  if (sc == "longrope") {
+    auto factors = [](const std::vector<double>& f) { return at::tensor(at::ArrayRef<double>(f), at::kDouble); };
+    inv_freq_long = inv_freq / factors(o.long_factor());
+    inv_freq = inv_freq / factors(o.short_factor());
+  }
 }
 
 // project, split heads, rotate, cache, attend, project (nanoGPT's CausalSelfAttention.forward, with RoPE)
 at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   require_btc(x, options.dim(), "RoPEAttention");
-  at::Tensor qh = split_heads("q", q->forward(x), options.heads());     // (B, H, T, D)
-  at::Tensor kh = split_heads("k", k->forward(x), options.kv_heads());  // (B, kv_heads, T, D)
+  at::Tensor qh = norm(q_norm, split_heads("q", q->forward(x), options.heads()));     // (B, H, T, D)
+  at::Tensor kh = norm(k_norm, split_heads("k", k->forward(x), options.kv_heads()));  // (B, kv_heads, T, D)
   at::Tensor vh = split_heads("v", v->forward(x), options.kv_heads());
   auto [cos, sin] = angles(x);
   qh = rotate("rot_q", qh, cos, sin);
   kh = rotate("rot_k", kh, cos, sin);
   if (caching) append_to_cache(past_k, past_v, kh, vh);
   // softmax in float32, as transformers does
-  auto how = AttendOptions().causal(options.causal()).window(options.sliding_window()).float_softmax(x.scalar_type());
+  auto how = AttendOptions().causal(options.causal()).window(options.sliding_window()).float_softmax(x.scalar_type())
+      .scale(options.scale()).softcap(options.softcap());
   return attend(qh, shared(kh), shared(vh), *o, how);
 }
 
@@ -209,33 +239,57 @@ at::Tensor RoPEAttention::forward(const at::Tensor& x) {
 // padding mask each example's count its real tokens.
 std::pair<at::Tensor, at::Tensor> RoPEAttention::angles(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), first = past();
+  // each frequency for both dims of its pair: (f0, f1, ..., f0, f1, ...), interleaved (f0, f0, f1, f1, ...)
+  auto pairs = [&](const at::Tensor& f) { return options.interleaved() ? f.repeat_interleave(2, -1) : at::cat({f, f}, -1); };
+  // longrope: the long factors' frequencies when the last position is past original_max_positions (all positions, as transformers)
+  auto freq = [&](int64_t last) {
+    return inv_freq_long.defined() && last > options.original_max_positions() ? inv_freq_long : inv_freq;
+  };
   at::Tensor emb;
   if (pad_mask.defined()) {
-    at::Tensor pos = positions_of(padding(B, first + T), T).to(at::kFloat);                          // (B, T), the mask's device
-    at::Tensor freqs = pos.unsqueeze(-1) * inv_freq.to(pos.device(), at::kFloat).view({1, 1, -1});  // (B, T, R/2)
-    emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                                                  // (B, 1, T, R)
+    at::Tensor pos = positions_of(padding(B, first + T), T).to(at::kFloat);  // (B, T), the mask's device
+    const int64_t last = inv_freq_long.defined() ? static_cast<int64_t>(pos.max().item<float>()) + 1 : 0;
+    at::Tensor freqs = pos.unsqueeze(-1) * freq(last).to(pos.device(), at::kFloat).view({1, 1, -1});  // (B, T, R/2)
+    emb = pairs(freqs).unsqueeze(1);                                                                    // (B, 1, T, R)
   } else if (first > 0 || !cos_.defined() || cos_.size(0) != T || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
     // angles in float32 as transformers computes them, then cast to x's dtype
     at::Tensor pos = at::arange(first, first + T, at::TensorOptions().dtype(at::kFloat));
-    at::Tensor freqs = at::outer(pos, inv_freq.to(at::kFloat));  // (T, R/2)
-    emb = at::cat({freqs, freqs}, -1);                            // (T, R)
+    at::Tensor freqs = at::outer(pos, freq(first + T).to(at::kFloat));  // (T, R/2)
+    emb = pairs(freqs);                                                  // (T, R)
   } else {
     return {cos_, sin_};
   }
-  at::Tensor cos = emb.cos().to(x.device(), x.scalar_type()), sin = emb.sin().to(x.device(), x.scalar_type());
+  at::Tensor c = emb.cos(), s = emb.sin();
+  if (options.attention_factor() != 1.0) c = c * options.attention_factor(), s = s * options.attention_factor();
+  at::Tensor cos = c.to(x.device(), x.scalar_type()), sin = s.to(x.device(), x.scalar_type());
   if (!pad_mask.defined() && first == 0) cos_ = cos, sin_ = sin;
   return {cos, sin};
 }
 
 // t (B, heads, T, D) with the first R dims of each head rotated, the pairs
-// being (i, i + R/2); through the hook as (B, T, heads, D).
+// being (i, i + R/2), interleaved (2i, 2i + 1); through the hook as (B, T, heads, D).
 at::Tensor RoPEAttention::rotate(const char* name, const at::Tensor& t, const at::Tensor& cos, const at::Tensor& sin) const {
   const int64_t R = rotary_dim, D = head_dim;
   at::Tensor r = R == D ? t : t.narrow(-1, 0, R);
-  at::Tensor half1 = r.narrow(-1, 0, R / 2), half2 = r.narrow(-1, R / 2, R / 2);
-  at::Tensor rotated = r * cos + at::cat({-half2, half1}, -1) * sin;
+  at::Tensor turned;  // each pair (a, b) as (-b, a)
+  if (options.interleaved()) {
+    at::Tensor p = r.unflatten(-1, {R / 2, 2});
+    turned = at::stack({-p.select(-1, 1), p.select(-1, 0)}, -1).flatten(-2);
+  } else {
+    turned = at::cat({-r.narrow(-1, R / 2, R / 2), r.narrow(-1, 0, R / 2)}, -1);
+  }
+  at::Tensor rotated = r * cos + turned * sin;
   if (R != D) rotated = at::cat({rotated, t.narrow(-1, R, D - R)}, -1);
   return hook ? at_hook(name, rotated.transpose(1, 2)).transpose(1, 2) : rotated;
+}
+
+// Queries or keys (B, heads, T, D) through their qk_norm: over D, or over the
+// whole projection (heads·D) as it came out of q or k; unchanged without one.
+at::Tensor RoPEAttention::norm(const std::shared_ptr<RMSNorm>& n, const at::Tensor& t) const {
+  if (!n) return t;
+  if (options.qk_norm() == "head") return n->forward(t);
+  const int64_t B = t.size(0), H = t.size(1), T = t.size(2), D = t.size(3);
+  return n->forward(t.transpose(1, 2).reshape({B, T, H * D})).view({B, T, H, D}).transpose(1, 2);
 }
 
 // Keys or values (B, kv_heads, Tk, D) repeated for each query head of their group (B, H, Tk, D).
@@ -250,8 +304,13 @@ std::string RoPEAttention::describe() const {
   if (head_dim * options.heads() != options.dim()) s += ", head_dim=" + std::to_string(head_dim);
   if (rotary_dim != head_dim) s += ", rotary_dim=" + std::to_string(rotary_dim);
   s += ", theta=" + number_str(options.theta());
-  if (options.scaling() != "default") s += ", scaling=" + options.scaling() + " x" + number_str(options.factor());
+  if (options.scaling() == "longrope") s += ", scaling=longrope";
+  else if (options.scaling() != "default") s += ", scaling=" + options.scaling() + " x" + number_str(options.factor());
   if (options.sliding_window() > 0) s += ", sliding_window=" + std::to_string(options.sliding_window());
+  if (options.interleaved()) s += ", interleaved";
+  if (options.scale() > 0) s += ", scale=" + number_str(options.scale());
+  if (options.softcap() > 0) s += ", softcap=" + number_str(options.softcap());
+  if (options.qk_norm() != "none") s += ", qk_norm=" + options.qk_norm();
   return s;
 }
 

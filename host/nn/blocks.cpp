@@ -107,20 +107,25 @@ at::Tensor LayerNorm::forward(const at::Tensor& x) {
 
 std::string LayerNorm::describe() const { return std::to_string(dim) + ", eps=" + number_str(eps); }
 
-RMSNorm::RMSNorm(const NormOptions& o) : dim(o.dim()), eps(o.eps()) {
+RMSNorm::RMSNorm(const NormOptions& o) : dim(o.dim()), eps(o.eps()), offset(o.offset()) {
   require_positive(dim, "dim");
   require_positive(eps, "eps");
-  weight = register_parameter("weight", at::ones({dim}, param_options()));
+  if (!std::isfinite(offset)) throw OptionError("offset", "offset must be a finite number, got " + number_str(offset));
+  // weight + offset starts at one
+  weight = register_parameter("weight", at::full({dim}, 1.0 - offset, param_options()));
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
   require_last_dim(x, dim, "RMSNorm");
-  if (!hook) return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  const at::Tensor w = offset == 0 ? weight : weight + offset;
+  if (!hook) return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * w;
   at::Tensor scale = at_hook("scale", (x.pow(2).mean(-1, /*keepdim=*/true) + eps).sqrt());  // (B, T, 1)
-  return at_hook("normalized", x / scale) * weight;
+  return at_hook("normalized", x / scale) * w;
 }
 
-std::string RMSNorm::describe() const { return std::to_string(dim) + ", eps=" + number_str(eps); }
+std::string RMSNorm::describe() const {
+  return std::to_string(dim) + ", eps=" + number_str(eps) + (offset != 0 ? ", offset=" + number_str(offset) : "");
+}
 
 // ---- activations and dropout ---------------------------------------------------------
 
@@ -150,22 +155,33 @@ bool Native::wants(const char* name) const {
   return hook && std::find(wanted.begin(), wanted.end(), name) != wanted.end();
 }
 
-SwiGLU::SwiGLU(const SwiGLUOptions& o) : dim(o.dim()), hidden(o.hidden()) {
+SwiGLU::SwiGLU(const SwiGLUOptions& o) : dim(o.dim()), hidden(o.hidden()), activation(o.activation()) {
   require_positive(dim, "dim");
   require_positive(hidden, "hidden");
+  if (activation != "silu" && activation != "gelu_tanh" && activation != "gelu")
+    throw OptionError("activation", "unknown activation '" + activation + "', expected silu, gelu_tanh or gelu");
   gate = register_module("gate", std::make_shared<Linear>(LinearOptions(dim, hidden).bias(o.bias())));
   up = register_module("up", std::make_shared<Linear>(LinearOptions(dim, hidden).bias(o.bias())));
   down = register_module("down", std::make_shared<Linear>(LinearOptions(hidden, dim).bias(o.bias())));
 }
 
+namespace {
+at::Tensor gate_activation(const std::string& name, const at::Tensor& x) {
+  return name == "silu" ? at::silu(x) : at::gelu(x, name == "gelu_tanh" ? "tanh" : "none");
+}
+}  // namespace
+
 at::Tensor SwiGLU::forward(const at::Tensor& x) {
   require_last_dim(x, dim, "SwiGLU");
-  if (!hook) return down->forward(at::silu(gate->forward(x)) * up->forward(x));
+  if (!hook) return down->forward(gate_activation(activation, gate->forward(x)) * up->forward(x));
   at::Tensor pre = at_hook("pre", gate->forward(x)), pre_linear = at_hook("pre_linear", up->forward(x));
-  return down->forward(at_hook("post", at::silu(pre) * pre_linear));
+  return down->forward(at_hook("post", gate_activation(activation, pre) * pre_linear));
 }
 
-std::string SwiGLU::describe() const { return std::to_string(dim) + " -> " + std::to_string(hidden) + " -> " + std::to_string(dim); }
+std::string SwiGLU::describe() const {
+  return std::to_string(dim) + " -> " + std::to_string(hidden) + " -> " + std::to_string(dim) +
+         (activation != "silu" ? ", activation='" + activation + "'" : "");
+}
 
 VibeAttention::VibeAttention(bool c) : causal(c) {}
 

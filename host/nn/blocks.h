@@ -54,6 +54,8 @@ struct NormOptions {
   TORCH_ARG(int64_t, dim);
   /// added to the variance (or mean square) before the square root, > 0
   TORCH_ARG(double, eps);
+  /// RMSNorm: scale by weight + offset (Gemma's norms: 1, the checkpoint holding weight - 1)
+  TORCH_ARG(double, offset) = 0.0;
 };
 
 struct AttentionOptions {
@@ -108,6 +110,24 @@ struct RoPEAttentionOptions {
   TORCH_ARG(bool, causal) = true;
   /// attend to at most this many positions back, the current one included (Mistral); 0: no limit
   TORCH_ARG(int64_t, sliding_window) = 0;
+  /// the scores' factor; 0: 1/√head_dim (Gemma: query_pre_attn_scalar^-1/2)
+  TORCH_ARG(double, scale) = 0.0;
+  /// attention-logit soft-capping, scores = softcap·tanh(scores/softcap) (Gemma 2); 0: none
+  TORCH_ARG(double, softcap) = 0.0;
+  /// RMSNorm on queries and keys after the projections: "none", "head" (over each head's dims:
+  /// Qwen3, Gemma 3) or "proj" (over the whole projection: OLMo 2, OLMoE); children q_norm, k_norm
+  TORCH_ARG(std::string, qk_norm) = "none";
+  TORCH_ARG(double, qk_norm_eps) = 1e-6;
+  /// the norms' offset (Gemma 3: 1, see NormOptions)
+  TORCH_ARG(double, qk_norm_offset) = 0.0;
+  /// rotate the pairs (2i, 2i+1) rather than (i, i + rotary_dim/2) (GPT-J)
+  TORCH_ARG(bool, interleaved) = false;
+  /// "longrope" (Phi-3): the frequencies divided by short_factor, or by long_factor when a
+  /// forward's last position is past original_max_positions; rotary_dim/2 numbers each
+  TORCH_ARG(std::vector<double>, short_factor);
+  TORCH_ARG(std::vector<double>, long_factor);
+  /// cos and sin multiplied by this (longrope's attention factor)
+  TORCH_ARG(double, attention_factor) = 1.0;
 };
 
 struct SwiGLUOptions {
@@ -118,6 +138,8 @@ struct SwiGLUOptions {
   TORCH_ARG(int64_t, hidden);
   /// biases in gate, up and down
   TORCH_ARG(bool, bias) = false;
+  /// the gate's activation: "silu" (Llama's SwiGLU), "gelu_tanh" (Gemma's GeGLU) or "gelu"
+  TORCH_ARG(std::string, activation) = "silu";
 };
 
 class Native : public torch::nn::Module {
@@ -223,7 +245,7 @@ class RMSNorm : public Native {
   std::string describe() const override;
   std::vector<std::string> hook_points() const override { return {"scale", "normalized"}; }
   int64_t dim;
-  double eps;
+  double eps, offset;
   at::Tensor weight;
 };
 
@@ -251,6 +273,10 @@ class Dropout : public Native {
 
 /// How AttentionBase::attend masks and normalises.
 struct AttendOptions {
+  /// the scores' factor; 0: 1/√D
+  TORCH_ARG(double, scale) = 0.0;
+  /// scores = softcap·tanh(scores/softcap) before the mask; 0: none
+  TORCH_ARG(double, softcap) = 0.0;
   /// a query sees no later key
   TORCH_ARG(bool, causal) = true;
   /// nor one this many positions back or more (0: no limit)
@@ -277,7 +303,7 @@ class AttentionBase : public Native {
   int64_t past() const { return caching && past_k.defined() ? past_k.size(2) : 0; }
   /// The padding mask, checked against the Tk positions it must cover.
   const at::Tensor& padding(int64_t B, int64_t Tk) const;
-  /// softmax(q kᵀ / √D, masked) v through `out` (B, T, C): q (B, H, T, D) holds
+  /// softmax(q kᵀ·scale (1/√D unless set), soft-capped, masked) v through `out` (B, T, C): q (B, H, T, D) holds
   /// the last T of the Tk positions of k and v (B, H, Tk, D).
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Linear& out, const AttendOptions& how);
   bool caching = false;
@@ -331,12 +357,16 @@ class RoPEAttention : public AttentionBase {
   RoPEAttentionOptions options;
   int64_t head_dim, rotary_dim;
   std::shared_ptr<Linear> q, k, v, o;
-  /// the rotation frequencies (rotary_dim / 2), float64 on the CPU
-  at::Tensor inv_freq;
+  /// with qk_norm: the norms of queries and keys (over head_dim, or the whole projection)
+  std::shared_ptr<RMSNorm> q_norm, k_norm;
+  /// the rotation frequencies (rotary_dim / 2), float64 on the CPU; longrope's past
+  /// original_max_positions in inv_freq_long
+  at::Tensor inv_freq, inv_freq_long;
 
  private:
   std::pair<at::Tensor, at::Tensor> angles(const at::Tensor& x);
   at::Tensor rotate(const char* name, const at::Tensor& t, const at::Tensor& cos, const at::Tensor& sin) const;
+  at::Tensor norm(const std::shared_ptr<RMSNorm>& n, const at::Tensor& t) const;
   at::Tensor shared(const at::Tensor& kv) const;
   at::Tensor cos_, sin_;  // for the last length, device and dtype seen
 };
@@ -350,6 +380,7 @@ class SwiGLU : public Native {
   std::string describe() const override;
   std::vector<std::string> hook_points() const override { return {"pre", "pre_linear", "post"}; }
   int64_t dim, hidden;
+  std::string activation;
   std::shared_ptr<Linear> gate, up, down;
 };
 

@@ -9,7 +9,7 @@ local out = {}
 for _, c in ipairs(cases) do
   local m
   if c.kind == 'swiglu' then
-    m = nn.SwiGLU(c.dim, c.hidden, {bias = c.bias})
+    m = nn.SwiGLU(c.dim, c.hidden, {bias = c.bias, activation = c.activation})
   else
     m = nn.RoPEAttention(c.dim, c.heads, c.options)
     m:keep_pattern(true)
