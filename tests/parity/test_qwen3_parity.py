@@ -1,0 +1,310 @@
+"""Qwen3 and Qwen3-MoE (model_type "qwen3", "qwen3_moe"): tiny random
+Qwen3ForCausalLM and Qwen3MoeForCausalLM models written here by
+`transformers` with save_pretrained load through models.from_pretrained
+(models/qwen3.lua: Llama's block with an RMSNorm over each head's queries and
+keys, nn.MoE on the sparse layers) and give transformers' numbers, through
+test_pretrained_parity's checks (its compare): token ids, logits, every
+hidden state, every attention pattern, the same with every hook point on, the
+loss and greedy generation with the key/value cache, token for token. Then:
+the model anatomy saves (its final norm edited) holds the tensors
+transformers' save_pretrained writes (Qwen3-MoE's experts one tensor each,
+mlp.experts.E.gate_proj/up_proj/down_proj) and transformers reads it back to
+the same logits; a batch of three texts padded on the left gives each text's
+logits as when it runs alone and transformers' logits of the same padded
+batch, and its greedy continuation with the attention mask is transformers'
+generate of the same batch. Qwen3-MoE's sparse layers (mlp_only_layers and
+decoder_sparse_step leave others dense): each one's router logits
+(blocks.L.mlp.router_logits, and TransformerLens's
+blocks.{l}.mlp.hook_router_logits resolving to it) are transformers'
+(output_router_logits=True), the same experts chosen; each expert's share
+(expert_out) sums to the MLP's output, at most top_k of them non-zero for a
+token, and hooking it leaves the logits as they are. The first Qwen3 and the
+first Qwen3-MoE in bfloat16 against transformers' cast to bfloat16; a folder
+in transformers 5's fused layout (mlp.experts.gate_up_proj, down_proj) loads
+to the same logits; the config switches anatomy does not honour are refused
+by name. Last, TransformerLens 4.3's TransformerBridge (unprocessed) on the
+first of each: every tensor it caches under a name anatomy maps is found in
+anatomy's cache by that name and equal (test_tl_parity's check_names), and
+for Qwen3-MoE its router logits (blocks.{l}.mlp.gate.hook_out) and MLP
+inputs and outputs (blocks.{l}.hook_mlp_out, and its MoE bridge's aliases
+mlp.hook_pre and mlp.hook_post, which anatomy does not map: its MoE has no
+hidden layer of (batch, pos)) are anatomy's.
+Variants: Qwen3 with head_dim 16 over hidden_size 32 and 4 heads (head_dim
+is its own setting), grouped keys and values, untied; Qwen3 with
+attention_bias (q, k, v and o), multi-query, a tied head, and the sliding
+window 4 from max_window_layers 1 on (use_sliding_window), rope_theta 500;
+Qwen3 with layer_types naming the sliding layers (1 and 3 of 3); Qwen3-MoE
+with 4 experts, top-2 not renormalised (norm_topk_prob false, transformers'
+default), moe_intermediate_size 24 and the middle layer dense
+(mlp_only_layers [1], intermediate_size 48); Qwen3-MoE with 5 experts, top-3
+renormalised, decoder_sparse_step 2 (layers 2 and 4 of 4 sparse), the
+sliding window 4 on every layer; the Hub's config.json form (Qwen/Qwen3-30B-A3B's:
+num_experts, max_window_layers and rope_theta at the top level).
+
+Tolerance (float32): test_pretrained_parity's, |anatomy - transformers| <=
+1e-4 + 1e-4 * |transformers| for logits, hidden states, patterns and router
+logits; loss within 1e-5; ids and expert choices exact. The experts' shares
+against the MLP's output: 1e-5. Padded against alone: the same bound as
+logits. bfloat16: 0.02 + 0.02 * |logit|. TransformerLens: 1e-5 + 1e-4 * |TL|.
+Needs transformers and tokenizers (the PyPI build's venv); exits 77 without.
+Usage: test_qwen3_parity.py ANATOMY_EXECUTABLE
+"""
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    import transformers
+    from safetensors import safe_open
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from test_bpe_parity import llama3_like
+    import test_pretrained_parity as P
+    from test_phi_parity import check_padded
+except ImportError as e:
+    print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
+    sys.exit(77)
+
+TEXTS = ["The quick brown fox", "jumps over the lazy dog. Ünïcödé 👋🏽", "1234!"]
+
+
+def qwen3(tmp, name, tok, **config):
+    return P.make_llama(tmp, name, tok, cls=Qwen3ForCausalLM, config_cls=Qwen3Config, **config)
+
+
+def qwen3_moe(tmp, name, tok, **config):
+    base = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, num_hidden_layers=3)
+    base.update(config)
+    return P.make_llama(tmp, name, tok, cls=Qwen3MoeForCausalLM, config_cls=Qwen3MoeConfig, **base)
+
+
+def run_side(exe, folder, tmp):
+    out = os.path.join(tmp, "qwen3.json")
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([exe, "--threads=1", os.path.join(here, "qwen3_parity.lua"), folder, out] + TEXTS,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, (proc.stdout + proc.stderr).strip()
+    return json.load(open(out)), None
+
+
+def saved_names(folder):
+    with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
+        return set(f.keys())
+
+
+def check_router(name, got, hf, failures):
+    """Each sparse layer's router logits against transformers', the experts they choose, the TransformerLens
+    name; the experts' shares against the MLP's output, and the logits with them hooked."""
+    checks = 0
+
+    def check(what, ok, detail=""):
+        nonlocal checks
+        checks += 1
+        if not ok:
+            failures.append(f"{name}: {what} {detail}")
+
+    cfg = hf.config
+    want_sparse = [i + 1 for i in range(cfg.num_hidden_layers)
+                   if i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0]
+    sparse = list(got["sparse"] or [])
+    check("sparse layers", sparse == want_sparse, f"{sparse} vs transformers' {want_sparse}")
+    ids = torch.tensor([got["ids"][0]])
+    with torch.no_grad():
+        o = hf(ids, output_router_logits=True)
+    check("number of router logits", len(got["router"] or []) == len(o.router_logits))
+    worst, K = 0.0, cfg.num_experts_per_tok
+    for k, r in enumerate(o.router_logits[:len(sparse)]):  # transformers': (B * T, E), the sparse layers in order
+        l = sparse[k]
+        excess, d = P.max_excess(got["router"][k], r)
+        worst = max(worst, d if isinstance(d, float) else float("inf"))
+        check(f"router logits of layer {l}", excess <= 0, f"(max difference {d})")
+        chosen = torch.tensor(got["router"][k]).topk(K).indices.sort().values
+        check(f"experts chosen in layer {l}", torch.equal(chosen, r.topk(K).indices.sort().values))
+        want = f"blocks.{l}.mlp.router_logits"
+        check(f"blocks.{l - 1}.mlp.hook_router_logits resolves", got["tl"][k] == want, f"to {got['tl'][k]!r}, not {want!r}")
+    print(f"      router logits of layers {sparse}: largest difference {worst:.3g}")
+    check("the experts' shares sum to the MLP's output", got["expert_gap"] <= 1e-5, f"(gap {got['expert_gap']})")
+    check("experts with a share of one token", 0 < got["experts_used"] <= K, f"{got['experts_used']}, top_k {K}")
+    excess, d = P.max_excess(got["hooked_logits"], hf(ids).logits[0].detach())
+    check("logits with expert_out hooked", excess <= 0, f"(max difference {d})")
+    return checks
+
+
+def check_bridge(name, exe, folder, hf, got, failures):
+    """TransformerLens 4.3's bridge (unprocessed) on the folder: its hook tensors by the names anatomy maps
+    (test_tl_parity.check_names) and, for Qwen3-MoE, its router logits and MLP outputs of the sparse layers, and
+    the MLP's input and output its MoE bridge names mlp.hook_pre and hook_post there (aliases of its hook_in, hook_out)."""
+    try:
+        import test_tl_parity
+        from transformer_lens.model_bridge import TransformerBridge
+    except (ImportError, SystemExit):
+        print("skip  TransformerLens's hook names: the venv has no transformer-lens")
+        return 0
+    eager = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        bridge = TransformerBridge.boot_transformers(folder, hf_model=eager, device="cpu")
+        bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as tmp:
+        n, failed = test_tl_parity.check_names(exe, here, tmp, folder, hf.config, bridge)
+    sparse = list(got["sparse"] or [])
+    # on a sparse layer the bridge's mlp.hook_pre and hook_post alias the MLP's input and output (compared below)
+    aliased = [f"blocks.{l - 1}.mlp.hook_{p}: TransformerLens caches it and anatomy does not map it" for l in sparse for p in ("pre", "post")]
+    failures += [f"{name}: TransformerLens: {f}" for f in failed if f not in aliased]
+    if not sparse:
+        return n
+    checks, worst = 0, 0.0
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(torch.tensor([got["ids"][0]]))
+    for k, l in enumerate(sparse):
+        for what, tl_name, mine in (("router logits", f"blocks.{l - 1}.mlp.gate.hook_out", got["router"][k]),
+                                    ("MLP output", f"blocks.{l - 1}.hook_mlp_out", got["mlp_out"][k]),
+                                    ("MLP output", f"blocks.{l - 1}.mlp.hook_post", got["mlp_out"][k]),
+                                    ("MLP input", f"blocks.{l - 1}.mlp.hook_pre", got["mlp_in"][k])):
+            want = cache[tl_name]
+            excess, d = P.max_excess(mine, want.reshape(torch.tensor(mine).shape))
+            checks += 1
+            worst = max(worst, d)
+            if excess > 0:
+                failures.append(f"{name}: TransformerLens's {tl_name} ({what}) differs by {d}")
+    print(f"      TransformerLens 4.3's bridge: {checks} router logits, MLP inputs and outputs, largest difference {worst:.3g}")
+    return n + checks
+
+
+def check_bf16(name, exe, folder, tmp, hf, ids, failures):
+    got16, err = P.run(exe, folder, tmp, dtype="bfloat16")
+    if err:
+        failures.append(f"{name}: bfloat16: anatomy failed: {err}")
+        return 1
+    with torch.no_grad():
+        ref = hf.to(torch.bfloat16)(torch.tensor([ids])).logits[0].float()
+    hf.float()
+    d = (torch.tensor(got16["logits"]) - ref).abs()
+    print(f"      bfloat16 logits: largest difference {d.max().item():.3g}")
+    if got16["dtype"] != "bfloat16" or not bool((d <= 0.02 + 0.02 * ref.abs()).all()):
+        failures.append(f"{name}: bfloat16 logits ({got16['dtype']}) differ by {d.max().item()}")
+    return 1
+
+
+def hub_form(folder):
+    """Qwen/Qwen3-30B-A3B's config.json form: num_experts, rope_theta and max_window_layers at the top level."""
+    path = os.path.join(folder, "config.json")
+    cfg = json.load(open(path))
+    rope = cfg.pop("rope_parameters")
+    cfg["num_experts"] = cfg.pop("num_local_experts")
+    cfg.update(rope_theta=rope["rope_theta"], rope_scaling=None, max_window_layers=48, sliding_window=None,
+               use_sliding_window=False)
+    json.dump(cfg, open(path, "w"))
+
+
+def main():
+    exe = sys.argv[1]
+    passed, failures = 0, []
+    tok = llama3_like()
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [
+            ("qwen3: head_dim 16 of its own, grouped-query, untied", qwen3, dict(head_dim=16)),
+            ("qwen3: attention_bias, multi-query, tied head, sliding window 4 from max_window_layers 1, rope_theta 500",
+             qwen3, dict(attention_bias=True, num_key_value_heads=1, tie_word_embeddings=True, use_sliding_window=True,
+                         sliding_window=4, max_window_layers=1, rope_theta=500.0, num_hidden_layers=3)),
+            ("qwen3: layer_types naming the sliding layers (1 and 3 of 3)", qwen3,
+             dict(use_sliding_window=True, sliding_window=4, num_hidden_layers=3,
+                  layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+            ("qwen3_moe: 4 experts, top-2 not renormalised, moe_intermediate_size 24, mlp_only_layers [1]", qwen3_moe,
+             dict(mlp_only_layers=[1], head_dim=16)),
+            ("qwen3_moe: 5 experts, top-3 renormalised, decoder_sparse_step 2, sliding window 4", qwen3_moe,
+             dict(num_experts=5, num_experts_per_tok=3, norm_topk_prob=True, decoder_sparse_step=2, num_hidden_layers=4,
+                  use_sliding_window=True, sliding_window=4)),
+            ("qwen3_moe: the Hub's config.json (Qwen/Qwen3-30B-A3B's form)", qwen3_moe,
+             dict(head_dim=16, rope_theta=500.0, hub=True)),
+        ]
+        firsts = set()
+        for name, make, config in cases:
+            hub = config.pop("hub", False)
+            folder, hf = make(tmp, "".join(c if c.isalnum() else "_" for c in name), tok, **config)
+            if hub:
+                hub_form(folder)
+                hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+            hf.generation_config.eos_token_id = None
+            hf.generation_config.pad_token_id = hf.config.vocab_size - 1
+            saved = folder + "-saved"
+            got, err = P.run(exe, folder, tmp, saved)
+            if err:
+                failures.append(f"{name}: anatomy failed: {err}")
+                continue
+            before = len(failures)
+            n = P.compare(name, got, hf, tok, failures)
+            # save_pretrained: the tensors transformers writes, read back by transformers
+            n += 2
+            if saved_names(saved) != saved_names(folder):
+                failures.append(f"{name}: save_pretrained wrote {sorted(saved_names(saved) ^ saved_names(folder))[:4]} "
+                                "where transformers' save_pretrained does not (or the reverse)")
+            reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
+            with torch.no_grad():
+                logits = reloaded(torch.tensor([got["ids"]])).logits[0]
+            excess, d = P.max_excess(got["edited_logits"], logits)
+            if excess > 0:
+                failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
+            side, err = run_side(exe, folder, tmp)
+            if err:
+                failures.append(f"{name}: anatomy failed on the padded batch and the router: {err}")
+            else:
+                n += check_padded(name, side, hf, failures)
+                if make is qwen3_moe:
+                    n += check_router(name, side, hf, failures)
+                if make not in firsts:  # the first of each family: TransformerLens's bridge, and bfloat16 (last: the cast rounds)
+                    n += check_bridge(name, exe, folder, hf, side, failures)
+                    n += check_bf16(name, exe, folder, tmp, hf, got["ids"], failures)
+                    firsts.add(make)
+            passed += n - (len(failures) - before)
+            print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
+        # transformers 5's own layout (save_original_format=False): the experts fused
+        folder, hf = qwen3_moe(tmp, "fused", tok, mlp_only_layers=[0])
+        fused = folder + "-fused"
+        hf.save_pretrained(fused, save_original_format=False)
+        tok.save(os.path.join(fused, "tokenizer.json"))
+        names = saved_names(fused)
+        got, err = P.run(exe, fused, tmp)
+        with torch.no_grad():
+            ref = hf(torch.tensor([tok.encode(P.TEXT).ids])).logits[0] if not err else None
+        excess, d = P.max_excess(got["logits"], ref) if not err else (float("inf"), err)
+        if "model.layers.1.mlp.experts.gate_up_proj" not in names:
+            failures.append(f"fused layout: transformers wrote no gate_up_proj ({sorted(names)[:6]})")
+        elif excess > 0:
+            failures.append(f"fused layout (mlp.experts.gate_up_proj, down_proj): logits differ by {d}")
+        else:
+            passed += 1
+            print(f"ok    qwen3_moe: fused layout (mlp.experts.gate_up_proj, down_proj): logits within tolerance ({d:.3g})")
+        refusals = [
+            (qwen3_moe, dict(output_router_logits=True), "config.json has output_router_logits = true, which anatomy does not support"),
+            (qwen3_moe, dict(num_experts_per_tok=5), "config.json has num_experts_per_tok = 5, which anatomy does not support"),
+            (qwen3, dict(hidden_act="gelu"), "config.json has hidden_act = \"gelu\", which anatomy does not support"),
+            (qwen3, dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32)),
+             "config.json has rope_parameters.rope_type = \"yarn\", which anatomy does not support"),
+        ]
+        for i, (make, config, want) in enumerate(refusals):
+            try:
+                folder, _ = make(tmp, f"refused_{i}", tok, **config)
+            except Exception as e:  # transformers refuses it too: write the config by hand
+                failures.append(f"refusal {want}: transformers would not make the model: {e}")
+                continue
+            _, err = P.run(exe, folder, tmp)
+            if err and want in err:
+                passed += 1
+                print(f"ok    refused: {want}")
+            else:
+                failures.append(f"expected an error with '{want}', got {err!r}")
+    for f in failures:
+        print("FAIL  " + f)
+    print(f"largest logit difference: {P.largest[0]:.3g}")
+    print(f"{passed} passed, {len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
