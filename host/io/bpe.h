@@ -1,10 +1,11 @@
 // BPE as Hugging Face's `tokenizers` applies it, read from a `tokenizer.json`
 // (or GPT-2's `vocab.json` + `merges.txt`). Two kinds:
-//  - byte-level (GPT-2, Pythia, Llama 3, Qwen2): added tokens split out
+//  - byte-level (GPT-2, GPT-J, Pythia, Llama 3, Qwen2/3, OLMo 2): added tokens split out
 //    first, the pre-tokenizer's split pattern (PCRE2, with Unicode
 //    properties), bytes mapped to printable characters, merges by rank;
-//  - SentencePiece-style (Llama 2, Mistral, TinyLlama): spaces become "▁"
-//    (a Metaspace pre-tokenizer, or the Prepend + Replace normalizers), merges
+//  - SentencePiece-style (Llama 2, Mistral, TinyLlama, Phi-3, Gemma): spaces
+//    become "▁" (a Metaspace pre-tokenizer, or the Replace normalizer, with
+//    Prepend where the text gets a leading "▁"), merges
 //    over characters, a character outside the vocabulary spelled as its
 //    bytes' <0xNN> tokens (byte_fallback), unknown runs fused into one unk;
 //    decoded through the file's decoder chain (Replace, ByteFallback, Fuse,
@@ -107,6 +108,7 @@ class BpeTokenizer : public Tokenizer {
   bool byte_level_ = true;
   bool byte_fallback_ = false, fuse_unk_ = false;
   std::string space_;               // "▁" (empty: spaces stay spaces)
+  bool replaces_spaces_ = false;    // the normalizer's Replace(' ' -> space_): no ' ' reaches the pre-tokenizer
   enum class Prepend { never, first, always } prepend_ = Prepend::never;
   bool prepend_if_missing_ = false;  // Metaspace: not when the segment already starts with it
   bool split_at_space_ = false;

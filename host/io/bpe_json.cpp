@@ -122,6 +122,7 @@ void BpeTokenizer::read_normalizer(const json& norm, const std::string& path) {
       space_ = n.value("prepend", "");
     } else if (kind == "Replace" && n.contains("pattern") && n["pattern"].contains("String") && n["pattern"]["String"] == " ") {
       space_ = n.value("content", "");
+      replaces_spaces_ = !space_.empty();
     } else {
       throw TokenizerError(where("normalizer") + " is '" + kind +
                            "'; supported: NFC, Prepend and Replace(' ' -> '\u2581'), alone or in a Sequence");
@@ -190,10 +191,15 @@ void BpeTokenizer::read_pre_tokenizer(const json& pre, const std::string& path) 
     split_at_space_ = flag(pre, "split", true);
   } else if (pre_type == "none" && !space_.empty()) {
     byte_level_ = false;  // the normalizers did the work (Llama 2's tokenizer.json)
+  } else if (pre_type == "Split" && replaces_spaces_ && pre.contains("pattern") && pre["pattern"].is_object() &&
+             pre["pattern"].value("String", json()) == " " && !flag(pre, "invert", false)) {
+    // Gemma's (transformers' GemmaConverter): a Split at ' ' after the normalizer
+    // has replaced every ' ', so it finds none and leaves the text whole
+    byte_level_ = false;
   } else {
     throw TokenizerError(where("pre_tokenizer") + " is '" + pre_type +
-                         "'; supported: ByteLevel, a Sequence of Split and ByteLevel, Metaspace, or none after the "
-                         "Prepend and Replace normalizers");
+                         "'; supported: ByteLevel, a Sequence of Split and ByteLevel, Metaspace, or none (or a Split "
+                         "at ' ') after the Prepend and Replace normalizers");
   }
   if (byte_level_ && (byte_fallback_ || !space_.empty()))
     throw TokenizerError(where(byte_fallback_ ? "model.byte_fallback" : "normalizer") +

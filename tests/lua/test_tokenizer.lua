@@ -76,7 +76,7 @@ test('what it does not do is refused by name', function()
   local cases = {
     {function(s) s.model.type = 'WordPiece' end, "model.type is 'WordPiece'; only BPE is supported"},
     {function(s) s.normalizer = {type = 'Lowercase'} end, "alone or in a Sequence"},
-    {function(s) s.pre_tokenizer = {type = 'Whitespace'} end, "supported: ByteLevel, a Sequence of Split and ByteLevel, Metaspace, or none after the Prepend and Replace normalizers"},
+    {function(s) s.pre_tokenizer = {type = 'Whitespace'} end, "supported: ByteLevel, a Sequence of Split and ByteLevel, Metaspace, or none (or a Split at ' ') after the Prepend and Replace normalizers"},
     {function(s) s.model.byte_fallback = true end, 'model.byte_fallback: SentencePiece-style settings with a ByteLevel pre-tokenizer are not supported'},
     {function(s) s.decoder = {type = 'WordPiece'} end, "decoder is 'WordPiece'; only ByteLevel is supported with byte-level BPE"},
     {function(s) s.pre_tokenizer = {type = 'Metaspace', replacement = '_', prepend_scheme = 'first', split = false}; s.decoder = {type = 'ByteLevel'} end,
@@ -162,6 +162,79 @@ test('a corpus read with the tokenizer: ids without the template, decoded back t
   eq(c:tokens():narrow(1, 1, 5):tolist(), {17, 9, 19, 3, 8})
   os.remove(text_path)
   os.remove(path)
+end)
+
+-- Gemma's tokenizer.json as transformers' GemmaConverter writes it: spaces
+-- become U+2581 by a Replace normalizer with no prefix, then a Split at ' '
+-- (which finds none left), byte fallback, a <bos> template; <mask> is an added
+-- token that is not special, and transformers makes it one (GemmaTokenizer's
+-- default mask_token), so decode skips it with skip_special_tokens.
+local function gemma_folder(config)
+  local U = '\226\150\129'  -- U+2581
+  local vocab = {}
+  for i, t in ipairs{'<pad>', '<eos>', '<bos>', '<unk>', '<mask>', U, 'h', 'i', 'hi', U .. 'hi', '<0xC3>', '<0xA9>'} do vocab[t] = i - 1 end
+  local function added(content, special)
+    return {id = vocab[content], content = content, special = special, lstrip = false, rstrip = false, single_word = false, normalized = false}
+  end
+  local spec = {
+    version = '1.0',
+    added_tokens = {added('<pad>', true), added('<eos>', true), added('<bos>', true), added('<unk>', true), added('<mask>', false)},
+    normalizer = {type = 'Replace', pattern = {String = ' '}, content = U},
+    pre_tokenizer = {type = 'Split', pattern = {String = ' '}, behavior = 'MergedWithPrevious', invert = false},
+    post_processor = {type = 'TemplateProcessing', single = {{SpecialToken = {id = '<bos>', type_id = 0}}, {Sequence = {id = 'A', type_id = 0}}},
+      pair = {}, special_tokens = {['<bos>'] = {id = '<bos>', ids = {2}, tokens = {'<bos>'}}}},
+    decoder = {type = 'Sequence', decoders = {{type = 'Replace', pattern = {String = U}, content = ' '}, {type = 'ByteFallback'}, {type = 'Fuse'}}},
+    model = {type = 'BPE', dropout = json.null, unk_token = '<unk>', fuse_unk = true, byte_fallback = true, ignore_merges = false,
+      vocab = vocab, merges = {{'h', 'i'}, {U, 'hi'}}},
+  }
+  local dir = H.tmpdir()
+  local f = assert(io.open(dir .. '/tokenizer.json', 'wb'))
+  f:write(json.encode(spec))
+  f:close()
+  if config then
+    f = assert(io.open(dir .. '/tokenizer_config.json', 'wb'))
+    f:write(json.encode(config))
+    f:close()
+  end
+  return dir, spec
+end
+
+test("Gemma's layout: Replace, a Split at ' ', byte fallback; the tokens tokenizer_config.json names are special", function()
+  local dir, spec = gemma_folder({tokenizer_class = 'GemmaTokenizer', bos_token = '<bos>', eos_token = '<eos>'})
+  local tok = data.tokenizer(dir)
+  -- 1-based: <bos> 3, <unk> 4, <mask> 5, h 7, hi 9, ▁hi 10, <0xC3> 11, <0xA9> 12
+  eq(tok:encode('hi hi'):tolist(), {3, 9, 10}, 'no prefix space; ▁ merged with what follows')
+  eq(tok:encode(' hi'):tolist(), {3, 10})
+  eq(tok:encode('hé'):tolist(), {3, 7, 11, 12}, 'é by its bytes')
+  eq(tok:encode('x'):tolist(), {3, 4}, 'no byte token for x: <unk>')
+  eq(tok:decode({3, 9, 10, 7, 11, 12}), '<bos>hi hihé')
+  eq(tok:decode({3, 5, 9, 10}), '<bos><mask>hi hi')
+  eq(tok:decode({3, 5, 9, 10}, {skip_special_tokens = true}), 'hi hi', "<mask>: GemmaTokenizer's mask_token")
+  eq(tok:decode(torch.tensor({5, 10}, {dtype = torch.int64}), {skip_special_tokens = true}), ' hi', 'ids as a tensor')
+  os.execute("rm -rf '" .. dir .. "'")
+  -- without tokenizer_config.json only the file's special tokens are skipped; mask_token = null names none
+  for _, config in ipairs {false, {tokenizer_class = 'GemmaTokenizer', mask_token = json.null}} do
+    dir = gemma_folder(config or nil)
+    eq(data.tokenizer(dir):decode({3, 5, 9, 10}, {skip_special_tokens = true}), '<mask>hi hi')
+    os.execute("rm -rf '" .. dir .. "'")
+  end
+  -- extra_special_tokens (Gemma 3's image tokens) and a named token are special too
+  dir = gemma_folder({extra_special_tokens = {boi_token = 'h'}, pad_token = {content = '<mask>'}})
+  eq(data.tokenizer(dir):decode({5, 7, 9}, {skip_special_tokens = true}), 'hi')
+  os.execute("rm -rf '" .. dir .. "'")
+  -- a Split at ' ' is a no-op only after the Replace; elsewhere it is refused
+  local split_refused = "pre_tokenizer is 'Split'; supported: ByteLevel, a Sequence of Split and ByteLevel, Metaspace, "
+    .. "or none (or a Split at ' ') after the Prepend and Replace normalizers"
+  for _, c in ipairs {{function(s) s.normalizer = json.null end, split_refused},
+                      {function(s) s.pre_tokenizer.invert = true end, split_refused},
+                      {function(s) s.pre_tokenizer.pattern = {String = '-'} end, split_refused}} do
+    dir, spec = gemma_folder()
+    c[1](spec)
+    local path = write_tokenizer(spec)
+    raises(function() data.tokenizer(path) end, c[2])
+    os.remove(path)
+    os.execute("rm -rf '" .. dir .. "'")
+  end
 end)
 
 -- A SentencePiece model file written byte by byte (tests/lua/spm_model.lua:

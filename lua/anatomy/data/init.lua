@@ -126,9 +126,10 @@ function Corpus:__tostring()
 end
 
 -- A pretrained model's BPE tokenizer, as Hugging Face's `tokenizers` applies
--- it (host/io/bpe.cpp): byte-level (GPT-2, Pythia, Llama 3, Qwen2) or
--- SentencePiece-style with byte fallback (Llama 2, Mistral, TinyLlama). Ids
--- are 1-based: Hugging Face's id i is anatomy's i + 1.
+-- it (host/io/bpe.cpp): byte-level (GPT-2, GPT-J, Pythia, Llama 3, Qwen2/3,
+-- OLMo 2) or SentencePiece-style with byte fallback (Llama 2, Mistral,
+-- TinyLlama, Phi-3, Gemma 2/3). Ids are 1-based: Hugging Face's id i is
+-- anatomy's i + 1.
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
 data.Tokenizer = Tokenizer
@@ -160,6 +161,39 @@ local function from_sentencepiece(folder, model)
   end
   return natives.data._bpe_from_sentencepiece(model, settings.add_bos_token, settings.add_eos_token,
     settings.add_prefix_space, settings.legacy)
+end
+
+-- The tokens transformers 5 makes special on top of tokenizer.json's own:
+-- those tokenizer_config.json names (bos_token, ..., mask_token,
+-- additional_special_tokens, extra_special_tokens), and the ones its class
+-- names by default where the file names none (GemmaTokenizer's <mask>, which
+-- Gemma's tokenizer.json has as a plain added token). decode skips them with
+-- skip_special_tokens, as transformers does. A set of 1-based ids, or nil.
+local named_keys = {'bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token'}
+local class_defaults = {
+  GemmaTokenizer = {pad_token = '<pad>', eos_token = '<eos>', bos_token = '<bos>', unk_token = '<unk>', mask_token = '<mask>'},
+  LlamaTokenizer = {unk_token = '<unk>', bos_token = '<s>', eos_token = '</s>'},
+  Qwen2Tokenizer = {unk_token = '<|endoftext|>', eos_token = '<|endoftext|>', pad_token = '<|endoftext|>'},
+  GPT2Tokenizer = {unk_token = '<|endoftext|>', bos_token = '<|endoftext|>', eos_token = '<|endoftext|>'},
+}
+local function named_special(native, config)
+  local class = type(config.tokenizer_class) == 'string' and config.tokenizer_class:gsub('Fast$', '') or nil
+  local defaults = class_defaults[class] or {}
+  local set, any = {}, false
+  local function add(v)
+    if type(v) == 'table' then v = v.content end
+    local id = type(v) == 'string' and native:token_to_id(v)
+    if id then set[id], any = true, true end
+  end
+  for _, key in ipairs(named_keys) do
+    if config[key] == nil then add(defaults[key]) else add(config[key]) end
+  end
+  for _, key in ipairs {'additional_special_tokens', 'extra_special_tokens'} do
+    if type(config[key]) == 'table' then
+      for _, v in pairs(config[key]) do add(v) end
+    end
+  end
+  return any and set or nil
 end
 
 -- data.tokenizer(path, {revision, token, cache_dir, local_files_only}) ->
@@ -194,14 +228,16 @@ function data.tokenizer(path, opts)
     native = natives.data._bpe_from_json(path)
   end
   local tok = setmetatable({_native = native, vocab_size = native:vocab_size(), path = name}, Tokenizer)
-  -- the BOS token tokenizer_config.json names (to_str_tokens' prepend_bos), when it is in the vocabulary
   local folder = fs.is_dir(path) and path or fs.dirname(path)
   local config = folder and folder .. '/tokenizer_config.json'
   if config and fs.exists(config) then
     local ok, c = pcall(json.decode, fs.read(config))
-    local bos = ok and type(c) == 'table' and c.bos_token
-    if type(bos) == 'table' then bos = bos.content end
-    if type(bos) == 'string' and native:token_to_id(bos) then tok.bos_token = bos end
+    if ok and type(c) == 'table' then
+      -- the BOS token it names (to_str_tokens' prepend_bos), when it is in the vocabulary
+      local bos = type(c.bos_token) == 'table' and c.bos_token.content or c.bos_token
+      if type(bos) == 'string' and native:token_to_id(bos) then tok.bos_token = bos end
+      tok._named_special = named_special(native, c)
+    end
   end
   return tok
 end
@@ -237,7 +273,15 @@ end
 -- tok:decode(ids, {skip_special_tokens = false}) -> text
 function Tokenizer:decode(ids, opts)
   opts = check_options(opts, {skip_special_tokens = true}, 'decode')
-  local text = self._native:decode(ids, opts.skip_special_tokens == true)
+  local skip, named = opts.skip_special_tokens == true, self._named_special
+  if skip and named and (type(ids) == 'table' or (torch.is_tensor(ids) and ids:dim() == 1)) then
+    local kept = {}
+    for _, id in ipairs(torch.is_tensor(ids) and ids:tolist() or ids) do
+      if not named[id] then kept[#kept + 1] = id end
+    end
+    ids = kept
+  end
+  local text = self._native:decode(ids, skip)
   return text
 end
 

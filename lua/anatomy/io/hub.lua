@@ -346,9 +346,10 @@ function hub.hf_hub_download(repo_id, filename, opts)
   return snap:fetch(filename)
 end
 
--- The tokenizer files the loaders read, whichever of them a repository has.
+-- The tokenizer files the loaders read, whichever of them a repository has
+-- (added_tokens.json: the added tokens beside vocab.json + merges.txt, GPT-J's).
 hub.tokenizer_files = {'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'vocab.json', 'merges.txt',
-  'tokenizer.model'}
+  'added_tokens.json', 'tokenizer.model'}
 
 -- hub.pickle_refusal(where, what) -> the message for weights kept only as a
 -- Python pickle (pytorch_model.bin)
