@@ -513,6 +513,28 @@ test('a hook that calls its own model ends in one stack overflow error, and the 
   eq(m(x):size(3), 7)
 end)
 
+-- The bound on nested children counts per coroutine: one abandoned while
+-- suspended inside a forward (a generator stopped early) once left its count
+-- on the global counter, and 200 of them made every later forward fail.
+test('coroutines abandoned inside a forward leave the nesting bound as it was', function()
+  local Pause = nn.block('test.Pause', function() end)
+  function Pause:forward(x) coroutine.yield(); return x end
+  local m = nn.Sequential{nn.Sequential{Pause()}}
+  local x = torch.ones(1, 2)
+  for _ = 1, 250 do
+    local co = coroutine.create(function() return m(x) end)
+    assert(coroutine.resume(co))
+    eq(coroutine.status(co), 'suspended')
+  end
+  collectgarbage()
+  local co = coroutine.create(function() return m(x) end)
+  assert(coroutine.resume(co))
+  local ok, y = coroutine.resume(co)
+  eq(ok, true, tostring(y))
+  eq(y:size(2), 2, 'a forward after 250 abandoned ones runs')
+  eq(nn.Sequential{nn.Linear(2, 2)}(x):size(2), 2, 'and one on the main thread')
+end)
+
 test("TransformerLens's hook names, layers from 0, name the same points on a built-in GPT; a name with no counterpart says so", function()
   torch.manual_seed(0)
   local m = models.gpt{vocab = 10, dim = 8, heads = 2, layers = 2, seq = 8, ffn = 16, norm = 'pre'}

@@ -20,15 +20,21 @@ end
 
 -- A model run again inside its own forward (a hook calling its model) stops at 200 nested children, before
 -- LuaJIT's own stack overflow, which unwound through hundreds of native frames has crashed it on occasion.
-local MAX_NESTING, nesting = 200, 0
+-- Counted per coroutine (each has its own stack), in a table with weak keys: a coroutine abandoned while
+-- suspended inside a forward takes its count with it rather than leaving it on everyone's.
+local MAX_NESTING = 200
+local nesting = setmetatable({}, {__mode = 'k'})
+local MAIN = {}  -- the main thread's key (coroutine.running() is nil there in Lua 5.1)
 
 -- nn.call_child(self, name, child, x, ...) -> child(x, ...), an error from it prefixed with where it
 -- happened ('in block 2 (nn.Linear) of nn.Sequential: ...'), as torch/nn's containers do
 function nn.call_child(self, name, child, x, ...)
-  if nesting >= MAX_NESTING then error('stack overflow', 0) end
-  nesting = nesting + 1
+  local co = coroutine.running() or MAIN
+  local depth = nesting[co] or 0
+  if depth >= MAX_NESTING then error('stack overflow', 0) end
+  nesting[co] = depth + 1
   local ok, y = pcall(child._call, child, x, ...)
-  nesting = nesting - 1
+  nesting[co] = depth > 0 and depth or nil
   if not ok then
     local msg = tostring(y)
     local where, rest = msg:match('^([^\n]-:%d+: )(.*)$')
