@@ -141,7 +141,7 @@ test('broken folders: each an error naming what is wrong', function()
     remove(dir)
   end
   raises(function() models.from_pretrained('/no/such/folder') end, "models.from_pretrained: '/no/such/folder' is not a folder (nor a Hub repository id)")
-  raises(function() models.from_pretrained('/tmp', {dtype = 'int8'}) end, "models.from_pretrained: dtype must be 'float32', 'bfloat16' (or 'bf16') or 'float16' (or 'fp16'), got 'int8'")
+  raises(function() models.from_pretrained('/tmp', {dtype = 'int8'}) end, "models.from_pretrained: dtype must be 'float32', 'bfloat16' (or 'bf16'), 'float16' (or 'fp16') or 'auto' (the checkpoint's), got 'int8'")
   raises(function() models.from_pretrained('/tmp') end, "models.from_pretrained: '/tmp' has no config.json")
 end)
 
@@ -235,7 +235,7 @@ test('by name: options checked before anything is fetched, local paths never sen
     ("models.from_pretrained: option 'revision' is for a Hub repository id, and '%s' is a local folder"):format(folder))
   H.raises(function() models.from_pretrained('org/name', {revision = 3}) end, 'models.from_pretrained: revision must be a non-empty string, got 3')
   H.raises(function() models.from_pretrained('org/name', {dtype = 'int8'}) end,
-    "models.from_pretrained: dtype must be 'float32', 'bfloat16' (or 'bf16') or 'float16' (or 'fp16'), got 'int8'")
+    "models.from_pretrained: dtype must be 'float32', 'bfloat16' (or 'bf16'), 'float16' (or 'fp16') or 'auto' (the checkpoint's), got 'int8'")
   H.raises(function() models.from_pretrained('org/name', {local_files_only = 'yes'}) end,
     'models.from_pretrained: local_files_only must be true or false, got yes')
   H.raises(function() models.from_pretrained('./no/such/folder') end, "models.from_pretrained: './no/such/folder' is not a folder (nor a Hub repository id)")

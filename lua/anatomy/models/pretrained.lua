@@ -114,6 +114,28 @@ local function open_weights(folder, where)
   return files, ("the weights in the shards '%s' lists"):format(index)
 end
 
+-- The dtype a checkpoint is stored in (dtype = 'auto'): config.json's
+-- `dtype` (transformers 5) or `torch_dtype`, as transformers reads it first;
+-- else the floating dtype that holds most of the weights' elements; float32
+-- for any other (float64: anatomy's dtypes are these three).
+local stored_dtypes = {float32 = true, bfloat16 = true, float16 = true}
+local function stored_dtype(config, files)
+  local said = type(config.dtype) == 'string' and config.dtype or config.torch_dtype
+  if stored_dtypes[said] then return said end
+  local count = {}
+  for name, f in pairs(files) do
+    local k = 1
+    for _, d in ipairs(f:shape(name)) do k = k * d end
+    local dt = f:dtype(name)
+    count[dt] = (count[dt] or 0) + k
+  end
+  local best, most = 'float32', -1
+  for _, dt in ipairs{'float32', 'bfloat16', 'float16'} do
+    if (count[dt] or 0) > most then best, most = dt, count[dt] or 0 end
+  end
+  return best
+end
+
 -- Where a checkpoint is: a local folder as given, else a Hub repository id
 -- fetched into huggingface_hub's cache (io/hub.lua). Returns the folder and,
 -- for the Hub, the snapshot (its repo_id, revision and commit).
@@ -186,7 +208,7 @@ function pretrained.from_config(config, opts)
   return model
 end
 
--- models.from_pretrained(name, {revision = 'main', dtype = 'float32'|'bfloat16'|'float16',
+-- models.from_pretrained(name, {revision = 'main', dtype = 'float32'|'bfloat16'|'float16'|'auto',
 -- device, token, cache_dir, local_files_only, fold_ln, center_writing_weights,
 -- center_unembed, fold_value_biases}) -> model, tokenizer (nil when
 -- the checkpoint has none). name is a local folder, or a Hub repository id
@@ -197,7 +219,11 @@ end
 -- family's settings and model.hf_config the config.json read. Every tensor is
 -- checked (present, placed, shaped) before the model is made, then read from
 -- its file and copied into its parameter one at a time: the weights are never
--- held twice. fold_ln, center_writing_weights, center_unembed and
+-- held twice. Each parameter is made in its dtype before it is read (dtype
+-- 'auto': the checkpoint's, as transformers 5's default: config.json's
+-- `dtype` or `torch_dtype`, else the one most of the weights are in), so a
+-- bfloat16 or float16 checkpoint loads as it is stored, with no float32 copy
+-- (the memory is the file's; docs/pretrained.md). fold_ln, center_writing_weights, center_unembed and
 -- fold_value_biases (all off unless given) are TransformerLens's weight
 -- processing, done before any dtype conversion (models.process_weights).
 function pretrained.from_pretrained(name, opts)
@@ -207,8 +233,9 @@ function pretrained.from_pretrained(name, opts)
   local processing = process.check(opts, where, 2)  -- checked now, done once the weights are in
   local dtypes = {float32 = 'float32', float = 'float32', fp32 = 'float32', bfloat16 = 'bfloat16', bf16 = 'bfloat16',
     float16 = 'float16', fp16 = 'float16', half = 'float16'}
-  if opts.dtype ~= nil and not dtypes[opts.dtype] then
-    error(("%s: dtype must be 'float32', 'bfloat16' (or 'bf16') or 'float16' (or 'fp16'), got '%s'"):format(where, tostring(opts.dtype)), 2)
+  if opts.dtype ~= nil and opts.dtype ~= 'auto' and not dtypes[opts.dtype] then
+    error(("%s: dtype must be 'float32', 'bfloat16' (or 'bf16'), 'float16' (or 'fp16') or 'auto' (the checkpoint's), got '%s'"):format(
+      where, tostring(opts.dtype)), 2)
   end
   for _, k in ipairs{'revision', 'cache_dir'} do
     if opts[k] ~= nil and (type(opts[k]) ~= 'string' or opts[k] == '') then
@@ -234,7 +261,10 @@ function pretrained.from_pretrained(name, opts)
   local F = require(family)
   local settings = F.check(config, where)
   local files, weights = open_weights(folder, where)
-  pretrained.check_size(F, settings, config, ("'%s'"):format(config_path), where, files, weights)  -- before the plan, as long as the layers
+  local dtype = opts.dtype == 'auto' and stored_dtype(config, files) or dtypes[opts.dtype or 'float32']
+  local load_dtype = processing and 'float32' or dtype  -- what the parameters are read in: processing is done in float32
+  -- before the plan, as long as the layers
+  pretrained.check_size(F, settings, config, ("'%s'"):format(config_path), where, files, weights, load_dtype)
   local plan = F.weights(settings, files)
   local used = {}  -- checkpoint name -> how many parameters take from it
   for _, w in ipairs(plan) do
@@ -267,28 +297,71 @@ function pretrained.from_pretrained(name, opts)
       check_shape(w, stored, w[3] and {stored[2], stored[1]} or stored)
     end
   end
+  -- Every parameter in the dtype it is read in, empty, before any is read.
+  -- Built without init, the float32 ones were never written and hold no
+  -- memory; freed, they would wait in the CPU pool (torch.cpu.memory_stats)
+  -- for a later buffer to fill them: the pool gives them back at once
+  local swapped = false
+  for _, w in ipairs(plan) do
+    local p = params[w[1]]
+    if p.dtype ~= load_dtype then
+      p.data = torch.empty(p:size(), {dtype = load_dtype, device = p.device})
+      swapped = true
+    end
+  end
+  if swapped then torch.cpu.empty_cache() end
+  -- A tensor stored as its parameter is (dtype, shape, on the CPU) is read
+  -- straight into it. Any other (transposed, fused, another dtype, another
+  -- device) is read into one buffer of its stored dtype, made once as large
+  -- as the largest of them, and converted from there; a conversion's result
+  -- (GPT-NeoX's q, k, v cut from query_key_value) gives its memory back once
+  -- copied, not at the next garbage collection. The memory is then the
+  -- parameters' and the buffers'
+  local function numel(shape) local n = 1 for _, d in ipairs(shape) do n = n * d end return n end
+  local function direct(w) return w[3] == nil and files[w[2]]:dtype(w[2]) == params[w[1]].dtype and params[w[1]].device == 'cpu' end
+  local most = {}  -- stored dtype -> the elements its buffer holds
+  for _, w in ipairs(plan) do
+    if not direct(w) then
+      local dt = files[w[2]]:dtype(w[2])
+      most[dt] = math.max(most[dt] or 0, numel(files[w[2]]:shape(w[2])))
+    end
+  end
+  local buffers = {}
+  for dt, n in pairs(most) do buffers[dt] = torch.empty(n, {dtype = dt, device = 'cpu'}) end
   local last_name, last  -- a stored tensor that feeds several parameters is read once
+  local none = torch.empty(0)
   torch.no_grad(function()
     for _, w in ipairs(plan) do
-      -- stored as the parameter is: read straight into it, no buffer between
-      if w[3] == nil and files[w[2]]:read_into(w[2], params[w[1]]) then goto placed end
+      local p, f, name = params[w[1]], files[w[2]], w[2]
+      if direct(w) and f:read_into(name, p) then goto placed end
       do
-        local t = w[2] == last_name and last or files[w[2]]:get_tensor(w[2])
-        last_name, last = w[2], t
+        if name ~= last_name then
+          if last then last.data = none end  -- a view of a buffer, or a tensor read alone: its memory back now
+          local shape, buffer = f:shape(name), buffers[f:dtype(name)]
+          last = buffer and buffer:narrow(1, 1, numel(shape)):view(shape)
+          if not (last and f:read_into(name, last)) then last = f:get_tensor(name) end
+          last_name = name
+        end
+        local t = last
         if w[3] == true then t = t:t() elseif w[3] then t = w[3](t) end
-        check_shape(w, files[w[2]]:shape(w[2]), t:size())
-        params[w[1]]:copy_(t)
+        check_shape(w, f:shape(name), t:size())
+        p:copy_(t)
+        if not rawequal(t, last) then
+          t.data = none
+          if last:numel() ~= numel(f:shape(name)) then last_name = nil end  -- t was last itself: read it again if needed
+        end
       end
       ::placed::
     end
   end)
+  if last then last.data = none end
+  buffers = nil
   last = nil
   if processing then  -- in float32, before any other dtype
     local ok, err = pcall(process.process_weights, model, processing)
     if not ok then error((tostring(err):gsub('^[^\n]-:%d+: ', '')):gsub('^models%.process_weights', where), 2) end
   end
-  local dtype = dtypes[opts.dtype or 'float32']
-  if dtype ~= 'float32' then model:to(dtype) end
+  if dtype ~= 'float32' then model:to(dtype) end  -- the parameters read in it already stay as they are
   if opts.device then model:to(opts.device) end
   rawset(model, 'hf_config', config)
   rawset(model, 'hf_folder', folder)

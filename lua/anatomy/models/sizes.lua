@@ -21,26 +21,28 @@ end
 
 -- A config that says n_layer = 10^9 over a small checkpoint is refused from
 -- its sizes alone, in milliseconds, where building it ran minutes before the
--- allocator gave up. The count is the family's (F.parameters) in float32, the
--- dtype every model is built in; the memory is what the memory guard counts
+-- allocator gave up. The count is the family's (F.parameters), in bytes of
+-- the dtype the parameters are read in (float32 unless given); the memory is what the memory guard counts
 -- (native.available_memory). The weights may hold more than the config
 -- implies (buffers, a tied head saved anyway) or a little less (an untied
 -- head left out, named later as the missing tensor): only a config implying
 -- more than 1.5 times their elements is refused.
 
--- pretrained.check_size(F, s, config, source, where[, files, weights]) -> the
+-- pretrained.check_size(F, s, config, source, where[, files, weights, dtype]) -> the
 -- parameter count s implies; an error naming source, the keys, the count and
 -- the memory left when it needs more memory than is left or, given the
 -- weights (files: name -> its safe_open file; weights: how to name them),
--- more than 1.5 times the elements their headers hold
-function sizes.check_size(F, s, config, source, where, files, weights)
+-- more than 1.5 times the elements their headers hold. dtype: what the
+-- parameters are read in ('float32', 'bfloat16', 'float16'; float32 if nil)
+function sizes.check_size(F, s, config, source, where, files, weights, dtype)
   local n = F.parameters(s)
-  local bytes = 4 * n
+  dtype = dtype or 'float32'
+  local bytes = (dtype == 'float32' and 4 or 2) * n
   local keys = {}
   for _, k in ipairs(F.size_keys) do
     if type(config[k]) == 'number' then keys[#keys + 1] = ('%s = %s'):format(k, tostring(config[k])) end
   end
-  local implies = ('%s implies %s parameters, %s in float32 (%s)'):format(source, count_text(n), bytes_text(bytes),
+  local implies = ('%s implies %s parameters, %s in %s (%s)'):format(source, count_text(n), bytes_text(bytes), dtype,
     table.concat(keys, ', '))
   local available = native.available_memory()
   local memory = available > 0 and ('this machine has %s of memory left'):format(bytes_text(available))
