@@ -91,6 +91,10 @@ TEXTS = [
     " ",
     "x",
     "  two leading, \u2581 a literal U+2581 and \u2581\u2581 two",
+    "\x00nul\x00", " " * 40 + "x", "\t \n \r\n\r\n  \u3000ideographic space", "a\u200bzero\u200dwidth\ufeffbom",
+    "emoji 🧑🏿‍🚀 flags 🇫🇷🇯🇵 keycap 1️⃣ and ⚠️", "ǅungla ﬁ ligature ｆｕｌｌｗｉｄｔｈ ¼ ½ ²³",
+    "\u2581", "\u2581\u2581\u2581 x \u2581", "<0x41> <unk> </s> <s>", "1234567890123 ٣٤٥ ১২৩", "'S 'T 'Re 'vE",
+    "x" * 300, "ab " * 100,
 ]
 
 CHAT = {
