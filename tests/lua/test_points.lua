@@ -80,6 +80,7 @@ test('points.resid, points.part and the rest name the points TransformerLens nam
       end
       eq(points.part(m, l, 'attn'), probe.from_transformer_lens(m, ('blocks.%d.hook_attn_out'):format(l - 1)))
       eq(points.part(m, l, 'mlp'), probe.from_transformer_lens(m, ('blocks.%d.hook_mlp_out'):format(l - 1)))
+      eq(points.output(m, l, 'attn'), points.part(m, l, 'attn'), 'a pre-norm block adds its attention\'s output itself')
       eq(points.part(m, l, 'ln2'), probe.from_transformer_lens(m, ('blocks.%d.ln2.hook_out'):format(l - 1)))
     end
     local named, final = pcall(probe.from_transformer_lens, m, 'ln_final.hook_out')
@@ -90,7 +91,7 @@ test('points.resid, points.part and the rest name the points TransformerLens nam
   local m = tiny()
   raises(function() points.resid(m, 3, 'pre') end, 'layer must be in 1..2, got 3')
   raises(function() points.resid(m, 1, 'middle') end, "points.resid: where must be 'pre', 'mid' or 'post', got middle")
-  raises(function() points.part(m, 1, 'ffn') end, "points.part: role must be 'attn', 'mlp', 'ln1' or 'ln2', got ffn")
+  raises(function() points.part(m, 1, 'ffn') end, "points.part: role must be 'attn', 'mlp', 'ln1', 'ln2', 'ln1_post' or 'ln2_post', got ffn")
   local _, why = points.embedding(models.llama{vocab = 13, dim = 16, heads = 4, layers = 1, ffn = 32, seq = 8}, 'positions')
   eq(why, 'the model has no positional embedding child (its positions are rotary, or inside another block)')
 end)

@@ -11,15 +11,18 @@ local pretrained = require('anatomy.models.pretrained')
 
 local F = {}
 
--- Mixtral's sparse MLP (nn.MoE): num_local_experts experts, num_experts_per_tok
--- of them for each token, their weights renormalised (norm_topk_prob).
+-- A sparse MLP's settings (nn.MoE): `key` experts (Mixtral's
+-- num_local_experts, OLMoE's num_experts), num_experts_per_tok of them for
+-- each token, their weights renormalised unless norm_topk_prob is false;
+-- names: where the Hub's per-expert layout keeps them (F.expert_weights).
 -- router_jitter_noise scales the block's input by noise in train mode only:
 -- anatomy adds none (the same in eval), and print(model) says so as it does of dropout.
-local function moe(c, where)
-  local m = {experts = pretrained.dim(c, 'num_local_experts', where), top_k = pretrained.dim(c, 'num_experts_per_tok', where),
-    norm_topk_prob = true, jitter = type(c.router_jitter_noise) == 'number' and c.router_jitter_noise or 0}
+local mixtral_names = {router = 'block_sparse_moe.gate', experts = 'block_sparse_moe.experts.', gate = 'w1', up = 'w3', down = 'w2'}
+function F.moe(c, where, key, norm_topk_prob, names)
+  local m = {experts = pretrained.dim(c, key, where), top_k = pretrained.dim(c, 'num_experts_per_tok', where),
+    norm_topk_prob = norm_topk_prob, names = names, jitter = type(c.router_jitter_noise) == 'number' and c.router_jitter_noise or 0}
   if m.top_k > m.experts then
-    pretrained.refuse(where, 'num_experts_per_tok', m.top_k, ('more than num_local_experts = %d'):format(m.experts))
+    pretrained.refuse(where, 'num_experts_per_tok', m.top_k, ('more than %s = %d'):format(key, m.experts))
   end
   if c.output_router_logits == true then
     pretrained.refuse(where, 'output_router_logits', true, "transformers then adds the router's auxiliary loss to the loss; anatomy's loss is the language model's")
@@ -43,7 +46,7 @@ function F.check(c, where)
   if act ~= 'silu' then pretrained.refuse(where, 'hidden_act', act, 'the SwiGLU MLP gates with silu') end
   if (c.pretraining_tp or 1) ~= 1 then pretrained.refuse(where, 'pretraining_tp', c.pretraining_tp, 'only 1') end
   if c.mlp_bias then s.mlp_bias = true end
-  if c.model_type == 'mixtral' then s.moe = moe(c, where) end
+  if c.model_type == 'mixtral' then s.moe = F.moe(c, where, 'num_local_experts', true, mixtral_names) end
   -- Llama's attention_bias covers q, k, v and o; Qwen2 has q, k, v biases and none on o.
   if c.model_type == 'qwen2' then
     s.qkv_bias, s.out_bias = true, false
@@ -66,7 +69,7 @@ local Block = nn.block('models.LlamaBlock', function(self, s, i)
   self.input_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
   self.self_attn = nn.RoPEAttention(s.dim, s.heads, pretrained.attention_options(s.rope, {kv_heads = s.kv_heads,
     head_dim = s.head_dim, qkv_bias = s.qkv_bias, out_bias = s.out_bias,
-    sliding_window = (s.window and i >= s.window_from) and s.window or nil}))
+    sliding_window = (s.window and i >= s.window_from) and s.window or nil, qk_norm = s.qk_norm, qk_norm_eps = s.qk_norm and s.eps}))
   self.post_attention_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
   if s.moe then
     self.mlp = nn.MoE(s.dim, s.ffn, s.moe.experts, s.moe.top_k, {norm_topk_prob = s.moe.norm_topk_prob})
@@ -108,12 +111,13 @@ function F.build(s) return Llama(s) end
 -- The parameters build makes from the settings, counted without making them
 -- (pretrained.check_size), and the config keys they come from.
 F.size_keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads',
-  'head_dim', 'vocab_size', 'num_local_experts'}
+  'head_dim', 'vocab_size', 'num_local_experts', 'num_experts'}
 function F.parameters(s)
   local C = s.dim
   local hd = s.head_dim or math.floor(C / s.heads)
   local q, kv = s.heads * hd, s.kv_heads * hd  -- widths of q and of each of k, v
   local attn = 2 * C * q + 2 * C * kv + (s.qkv_bias and q + 2 * kv or 0) + (s.out_bias and C or 0)
+    + (s.qk_norm == 'proj' and q + kv or s.qk_norm == 'head' and 2 * hd or 0)  -- q_norm, k_norm
   local mlp = 3 * C * s.ffn + (s.mlp_bias and 2 * s.ffn + C or 0)  -- gate, up, down
   if s.moe then mlp = s.moe.experts * mlp + C * s.moe.experts end  -- each expert's, and the router
   return s.vocab * C * (s.tied and 1 or 2) + s.layers * (2 * C + attn + mlp) + C
@@ -132,20 +136,23 @@ function F.new(cfg)
 end
 
 -- {anatomy name, Hugging Face name}: LlamaForCausalLM prefixes `model.`;
--- a checkpoint of the base LlamaModel does not.
+-- a checkpoint of the base LlamaModel does not. A layer's two norms are
+-- s.norms (OLMo 2's come after attention and MLP), q_norm and k_norm with s.qk_norm.
 function F.weights(s, tensors)
   local prefix = (tensors == nil or tensors['model.embed_tokens.weight'] ~= nil) and 'model.' or ''  -- nil: the layout save_pretrained writes
   local list = {{'embed_tokens.weight', prefix .. 'embed_tokens.weight'}}
   local function add(name, hf, convert) list[#list + 1] = {name, prefix .. hf, convert} end
   for i = 1, s.layers do
     local b, h = 'blocks.' .. i .. '.', 'layers.' .. (i - 1) .. '.'
-    add(b .. 'input_layernorm.weight', h .. 'input_layernorm.weight')
-    add(b .. 'post_attention_layernorm.weight', h .. 'post_attention_layernorm.weight')
+    for _, n in ipairs(s.norms or {'input_layernorm', 'post_attention_layernorm'}) do add(b .. n .. '.weight', h .. n .. '.weight') end
     for _, p in ipairs{'q', 'k', 'v', 'o'} do
       add(b .. 'self_attn.' .. p .. '.weight', h .. 'self_attn.' .. p .. '_proj.weight')
       if (p == 'o' and s.out_bias) or (p ~= 'o' and s.qkv_bias) then
         add(b .. 'self_attn.' .. p .. '.bias', h .. 'self_attn.' .. p .. '_proj.bias')
       end
+    end
+    if s.qk_norm then
+      for _, n in ipairs{'q_norm', 'k_norm'} do add(b .. 'self_attn.' .. n .. '.weight', h .. 'self_attn.' .. n .. '.weight') end
     end
     if s.moe then
       F.expert_weights(s, add, b, h, tensors and tensors[prefix .. h .. 'mlp.experts.gate_up_proj'] ~= nil)
@@ -161,20 +168,22 @@ function F.weights(s, tensors)
   return list
 end
 
--- A Mixtral layer's router and experts, in either layout: the Hub's, one
--- tensor per expert (block_sparse_moe.experts.E.w1 = gate, w3 = up, w2 =
--- down; what transformers 5's save_pretrained writes too), or transformers
--- 5's in memory, all experts in one tensor (mlp.experts.gate_up_proj (E,
--- 2 ffn, C), mlp.experts.down_proj (E, C, ffn)), each expert's part cut out.
--- add(name, hf[, convert]) as F.weights; b, h: the layer's prefixes.
+-- A sparse layer's router and experts, in either layout: the Hub's, one
+-- tensor per expert under s.moe.names (Mixtral's block_sparse_moe.gate and
+-- block_sparse_moe.experts.E.w1 = gate, w3 = up, w2 = down; OLMoE's mlp.gate
+-- and mlp.experts.E.gate_proj, up_proj, down_proj; what transformers 5's
+-- save_pretrained writes too), or transformers 5's in memory, all experts in
+-- one tensor (mlp.experts.gate_up_proj (E, 2 ffn, C), mlp.experts.down_proj
+-- (E, C, ffn)), each expert's part cut out. add(name, hf[, convert]) as
+-- F.weights; b, h: the layer's prefixes.
 function F.expert_weights(s, add, b, h, fused)
-  local E, ffn = s.moe.experts, s.ffn
+  local E, ffn, n = s.moe.experts, s.ffn, s.moe.names
   if not fused then
-    add(b .. 'mlp.gate.weight', h .. 'block_sparse_moe.gate.weight')
+    add(b .. 'mlp.gate.weight', h .. n.router .. '.weight')
     for e = 1, E do
-      local x = h .. 'block_sparse_moe.experts.' .. (e - 1) .. '.'
-      for _, p in ipairs{{'gate', 'w1'}, {'up', 'w3'}, {'down', 'w2'}} do
-        add(b .. 'mlp.experts.' .. e .. '.' .. p[1] .. '.weight', x .. p[2] .. '.weight')
+      local x = h .. n.experts .. (e - 1) .. '.'
+      for _, p in ipairs{'gate', 'up', 'down'} do
+        add(b .. 'mlp.experts.' .. e .. '.' .. p .. '.weight', x .. n[p] .. '.weight')
       end
     end
     return

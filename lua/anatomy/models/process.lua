@@ -82,6 +82,11 @@ local function parts_of(path, block, where, level)
   end
   out.ln1, out.ln2 = norms[1], norms[2]
   if block.shared_norm == true and #norms == 1 then out.ln2 = out.ln1 end
+  local declared = block.norm_roles
+  if declared and not declared.ln1 and not declared.ln2 then  -- norms after the parts only (OLMo 2's): TransformerLens does not fold them either
+    error(('%s: %s normalises its attention\'s and MLP\'s outputs (%s), which no weight reading the stream can take in'):format(
+      where, path, table.concat({declared.ln1_post, declared.ln2_post}, ', ')), level)
+  end
   if not (out.ln1 and out.ln2 and out.attn and out.mlp and (#norms == 2 or out.ln2 == out.ln1)) then
     error(('%s: %s is not a pre-norm block of two norms (or one it declares shared), an attention and an MLP that anatomy knows how to process')
       :format(where, path), level)

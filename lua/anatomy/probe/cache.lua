@@ -288,12 +288,12 @@ function methods:decompose_resid(opts)
     if pos and self._tensors[pos] ~= nil then parts[2] = {self._tensors[pos], 'pos_embed'} end
   end
   for l = 1, layer - 1 do
-    parts[#parts + 1] = {need(self, where, points.part, l, 'attn'), l .. '_attn_out'}
-    parts[#parts + 1] = {need(self, where, points.part, l, 'mlp'), l .. '_mlp_out'}
+    parts[#parts + 1] = {need(self, where, points.output, l, 'attn'), l .. '_attn_out'}
+    parts[#parts + 1] = {need(self, where, points.output, l, 'mlp'), l .. '_mlp_out'}
   end
   if o.mlp_input then
     if layer == L + 1 then error(('%s: mlp_input names a layer; the final norm has no MLP before it'):format(where), 2) end
-    parts[#parts + 1] = {need(self, where, points.part, layer, 'attn'), layer .. '_attn_out'}
+    parts[#parts + 1] = {need(self, where, points.output, layer, 'attn'), layer .. '_attn_out'}
   end
   return stacked(self, parts, o, layer)
 end

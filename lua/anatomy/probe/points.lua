@@ -14,6 +14,7 @@ points.role_child = roles.child
 -- A layer's points by name, directly (probe/roles.lua): points.resid(model,
 -- 2, 'pre'), points.part(model, 2, 'attn'), points.final_norm(model) ...
 points.layer, points.resid, points.part = roles.layer, roles.resid, roles.part
+points.output = roles.output  -- what a layer's attention or MLP adds to the stream (points.output(model, 2, 'attn'))
 points.final_norm, points.embedding = roles.final_norm, roles.embedding
 points.from_transformer_lens = tl.from_transformer_lens
 points.transformer_lens_names = tl.transformer_lens_names

@@ -6,16 +6,23 @@
 local nn = require('anatomy.nn')
 local roles = {}
 
-local wanted = {attn = 'attention', mlp = 'mlp', ln1 = 'norm', ln2 = 'norm'}
+local wanted = {attn = 'attention', mlp = 'mlp', ln1 = 'norm', ln2 = 'norm', ln1_post = 'norm', ln2_post = 'norm'}
 -- What each role is, as an error says it is missing.
 roles.described = {attn = "attention (a child declaring block_role = 'attention')",
   mlp = "MLP (a child declaring block_role = 'mlp')", ln1 = "ln1 (a first child declaring block_role = 'norm')",
-  ln2 = "ln2 (a second child declaring block_role = 'norm')"}
+  ln2 = "ln2 (a second child declaring block_role = 'norm')",
+  ln1_post = "ln1_post (a norm of the attention's output, in its block's norm_roles)",
+  ln2_post = "ln2_post (a norm of the MLP's output, in its block's norm_roles)"}
 
 -- roles.child(block, role) -> the name of the child of a layer that plays
 -- role: 'attn' (its attention), 'mlp', 'ln1' or 'ln2' (its first or second
--- norm); nil when none does
+-- norm), 'ln1_post' or 'ln2_post' (a norm of the attention's or MLP's
+-- output); nil when none does. A block with norms elsewhere than before
+-- attention and MLP names them (Block.norm_roles = {ln1_post =
+-- 'post_attention_layernorm', ...}: OLMo 2's), as TransformerLens's adapters do.
 function roles.child(block, role)
+  local declared = block.norm_roles
+  if wanted[role] == 'norm' and (declared or role == 'ln1_post' or role == 'ln2_post') then return declared and declared[role] end
   local norms = 0
   for n, c in block:named_children() do
     local r = c.block_role
@@ -50,16 +57,30 @@ function roles.resid(model, layer, where, level)
   return roles.layer(model, layer, level) .. '.resid_' .. where
 end
 
--- points.part(model, layer, 'attn'|'mlp'|'ln1'|'ln2') -> the name of the
+-- points.part(model, layer, 'attn'|'mlp'|'ln1'|'ln2'|'ln1_post'|'ln2_post') -> the name of the
 -- layer's child in that role, whose output is the part's ('blocks.2.attn':
 -- TransformerLens's attn_out); an error at `level` when the layer has none
 function roles.part(model, layer, role, level)
   level = (level or 1) + 1
-  if not wanted[role] then error(("points.part: role must be 'attn', 'mlp', 'ln1' or 'ln2', got %s"):format(tostring(role)), level) end
+  if not wanted[role] then
+    error(("points.part: role must be 'attn', 'mlp', 'ln1', 'ln2', 'ln1_post' or 'ln2_post', got %s"):format(tostring(role)), level)
+  end
   local path, block = roles.layer(model, layer, level)
   local child = roles.child(block, role)
   if not child then error(('%s has no %s'):format(path, roles.described[role]), level) end
   return path .. '.' .. child
+end
+
+-- points.output(model, layer, 'attn'|'mlp') -> the name of what the part
+-- adds to the residual stream: its post-norm's output where the block has
+-- one (ln1_post, ln2_post: OLMo 2's), else the part's own; TransformerLens's
+-- hook_attn_out and hook_mlp_out
+function roles.output(model, layer, role, level)
+  level = (level or 1) + 1
+  local path, block = roles.layer(model, layer, level)
+  local post = (role == 'attn' or role == 'mlp') and roles.child(block, role == 'attn' and 'ln1_post' or 'ln2_post')
+  if post then return path .. '.' .. post end
+  return roles.part(model, layer, role, level)
 end
 
 -- points.final_norm(model) -> the name of the model's final norm

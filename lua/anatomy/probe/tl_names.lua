@@ -53,12 +53,12 @@ function tl.from_transformer_lens(model, name, level)
     if rest == 'hook_out' then return path end  -- the bridge's wrapper of the block: its output
     if rest == 'hook_attn_out' or rest == 'hook_mlp_out' then
       local role = rest == 'hook_attn_out' and 'attn' or 'mlp'
-      local child = role_child(block, role)
-      if not child then fail(('%s has no %s'):format(path, roles.described[role])) end
-      return path .. '.' .. child
+      -- what the part adds to the stream: its post-norm's output where it has one (TransformerLens's BlockBridge)
+      if not role_child(block, role) then fail(('%s has no %s'):format(path, roles.described[role])) end
+      return roles.output(model, i + 1, role)
     end
-    local sub, hook = rest:match('^(%w+)%.(hook_[%w_]+)$')
-    local map = sub == 'attn' and tl_attn or sub == 'mlp' and tl_mlp or (sub == 'ln1' or sub == 'ln2') and tl_norm or nil
+    local sub, hook = rest:match('^([%w_]+)%.(hook_[%w_]+)$')
+    local map = sub == 'attn' and tl_attn or sub == 'mlp' and tl_mlp or roles.described[sub] and sub:match('^ln') and tl_norm or nil
     if not map or not (map[hook] or hook == 'hook_out') then fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)') end
     local child = role_child(block, sub)
     if not child then fail(('%s has no %s'):format(path, roles.described[sub])) end
@@ -85,8 +85,9 @@ end
 -- The names of a layer's TransformerLens hook points, in TransformerLens's order.
 local tl_layer_order = {'hook_resid_pre', 'ln1.hook_scale', 'ln1.hook_normalized', 'attn.hook_q', 'attn.hook_k',
   'attn.hook_v', 'attn.hook_rot_q', 'attn.hook_rot_k', 'attn.hook_attn_scores', 'attn.hook_pattern', 'attn.hook_z',
-  'attn.hook_result', 'hook_attn_out', 'hook_resid_mid', 'ln2.hook_scale', 'ln2.hook_normalized', 'mlp.hook_pre',
-  'mlp.hook_post', 'mlp.hook_router_logits', 'hook_mlp_out', 'hook_resid_post'}
+  'attn.hook_result', 'ln1_post.hook_scale', 'ln1_post.hook_normalized', 'hook_attn_out', 'hook_resid_mid', 'ln2.hook_scale',
+  'ln2.hook_normalized', 'mlp.hook_pre', 'mlp.hook_post', 'mlp.hook_router_logits', 'ln2_post.hook_scale', 'ln2_post.hook_normalized',
+  'hook_mlp_out', 'hook_resid_post'}
 
 -- probe.transformer_lens_names(model) -> {{tl, anatomy}, ...}: every
 -- TransformerLens hook name the model has a point for, in TransformerLens's
