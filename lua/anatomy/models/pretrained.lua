@@ -33,7 +33,8 @@ pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.lla
   mixtral = 'anatomy.models.llama',
   qwen2 = 'anatomy.models.llama', gpt_neox = 'anatomy.models.gpt_neox', phi = 'anatomy.models.phi',
   qwen3 = 'anatomy.models.qwen3', qwen3_moe = 'anatomy.models.qwen3',
-  olmo2 = 'anatomy.models.olmo', olmoe = 'anatomy.models.olmo'}
+  olmo2 = 'anatomy.models.olmo', olmoe = 'anatomy.models.olmo',
+  phi3 = 'anatomy.models.phi3'}
 
 -- The families' building pieces (models/family.lua), under the names the
 -- family files and scripts have used: pretrained.prenorm, .decoder, .dim, .rope, ...

@@ -52,7 +52,9 @@ end
 -- keeping the keys and values of the positions before (model:kv_cacheable();
 -- unset: used when the model can, true: an error when it cannot, false:
 -- the whole context every step). Past the model's seq the context is
--- cropped, and the cache dropped (cropping moves every position).
+-- cropped, and the cache dropped (cropping moves every position); a model
+-- with kv_refill(past, total) true runs the whole context again at that
+-- step, its cache refilled (Phi-3's long RoPE, as transformers' generate).
 -- Probes and interventions act at every step: on the new position alone
 -- with the cache, on the whole context without. return_cache = true (or
 -- globs, as run_with_cache's filter): also each step's activations, a list
@@ -101,6 +103,13 @@ function generate.generate(self, ids, opts)
       if cached and ids:size(2) > seq then  -- cropping from here on: every position moves, the cache cannot follow
         self:kv_cache(false)
         cached = false
+      end
+      -- a model whose cached keys no longer fit the positions to come says so
+      -- (model:kv_refill(past, total): Phi-3's long RoPE) and reads the whole context again
+      if cached and fed > 0 and self.kv_refill and self:kv_refill(fed, ids:size(2)) then
+        self:kv_cache(false)
+        self:kv_cache(true)
+        fed = 0
       end
       local context, context_mask
       if cached then
