@@ -78,6 +78,12 @@ test('long RoPE: the long factors from the input that passes original_max_positi
   close(m.config.rope.attention_factor, math.sqrt(1 + math.log(8) / math.log(8)), 1e-12, 'attention factor from the config')
   eq(phi3({rope_parameters = H.merged(config.rope_parameters, {attention_factor = 1.25})}).config.rope.attention_factor, 1.25)
   eq(phi3({max_position_embeddings = 8}).config.rope.attention_factor, 1, 'no extension: 1')
+  -- the boundary is the top-level original_max_position_embeddings, 4096 when absent, whatever
+  -- rope_parameters says (transformers 5.23's Phi3Config overwrites it there)
+  local c = H.merged(config, {rope_parameters = H.merged(config.rope_parameters, {original_max_position_embeddings = 16})})
+  eq(models.from_config(c).config.rope.original_max_positions, 8)
+  c.original_max_position_embeddings = nil
+  eq(models.from_config(c).config.rope.original_max_positions, 4096)
   assert(tostring(m):find('longrope past 8 positions (attention factor 1.414)', 1, true), tostring(m))
 end)
 
