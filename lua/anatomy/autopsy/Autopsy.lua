@@ -103,7 +103,7 @@ function Autopsy:data()
     rows[i] = copy
   end
   return {provenance = self.provenance, model = self.model, loss = self.loss, rows = rows, params = self.params, weights = self.weights,
-    removal = self.removal, thresholds = self.thresholds, missing = self.missing,
+    removal = self.removal, moe = self.moe, thresholds = self.thresholds, missing = self.missing,
     entropy_heads = self.entropy_heads, patterns = self.patterns,
     history = self.history and {train = self.history.train, val = self.history.val, probes = self.history.probes,
       first_step = self.history.first_step} or nil}
@@ -112,14 +112,27 @@ end
 -- The per-layer measures, in the names the JSON uses, in table order: the
 -- registry's csv ones after what a row is (name, kind).
 Autopsy.columns = {unpack(measures.identity)}
-for _, name in ipairs(measures.where('csv')) do Autopsy.columns[#Autopsy.columns + 1] = name end
+for _, name in ipairs(measures.where('csv', true)) do Autopsy.columns[#Autopsy.columns + 1] = name end
+
+-- a's CSV columns: Autopsy.columns, and each csv = 'present' measure in the
+-- registry's order where a row has it (a model with an nn.MoE: its experts')
+local function columns_of(a)
+  local out, present = {unpack(Autopsy.columns)}, {}
+  for _, m in ipairs(measures.rows) do
+    for _, r in ipairs(m.csv == 'present' and a.rows or {}) do present[m.name] = present[m.name] or r[m.name] ~= nil end
+  end
+  if not next(present) then return out end
+  out = {unpack(measures.identity)}
+  for _, m in ipairs(measures.rows) do if m.csv == true or present[m.name] then out[#out + 1] = m.name end end
+  return out
+end
 
 -- a:csv(path): the per-layer table as CSV (one row a layer, the JSON's
 -- names as columns); returns path
 function Autopsy:csv(path)
   if type(path) ~= 'string' or path == '' then error(('a:csv: path must be a file path, got %s'):format(type(path)), 2) end
   fs.mkdir(fs.dirname(path))
-  return export.csv(path, self:data().rows, Autopsy.columns)
+  return export.csv(path, self:data().rows, columns_of(self))
 end
 
 -- a:tensorboard(dir): the per-layer measures as TensorBoard scalars
@@ -132,7 +145,7 @@ function Autopsy:tensorboard(dir)
   local depth = 0
   for _, r in ipairs(self.rows) do
     depth = depth + 1
-    for _, key in ipairs(Autopsy.columns) do
+    for _, key in ipairs(columns_of(self)) do
       local v = r[key]
       if type(v) == 'number' and v == v then scalars[#scalars + 1] = {tag = 'autopsy/' .. key, step = depth, value = v} end
     end

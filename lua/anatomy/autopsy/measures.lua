@@ -9,7 +9,9 @@
 --   phase    batches: each measured batch's forward and backward, averaged
 --            over the batches (run.lua's per-layer sums); rows: from the
 --            averaged parameters' gradients and the weights; removal: blocks
---            skipped; saes: autopsy.run{saes}; verdicts: verdicts.lua
+--            skipped; saes: autopsy.run{saes}; moe: autopsy/moe.lua (a
+--            layer holding an nn.MoE: its routers read, experts removed);
+--            verdicts: verdicts.lua
 --   metric   the opts.metrics name that asks for it (autopsy.all_metrics);
 --            grad_norm, act_std and what comes with them are measured always
 --   digits   decimals in the terminal table (3 without); text: its own cell
@@ -17,7 +19,8 @@
 --   table    always: a column of the terminal and HTML tables with its
 --            legend line; present: one when some row has a value
 --   terminal false: not a column of the terminal table (a line under it)
---   csv      a column of a:csv and a scalar of a:tensorboard
+--   csv      a column of a:csv and a scalar of a:tensorboard ('present':
+--            one when some row has a value)
 --   plot     a:plot and a:chart draw it
 --   compare  autopsy.compare tabulates it; series: autopsy.series does
 --   chart    the report's chart ({title, over = 'rows' or the blocks}) and
@@ -98,6 +101,46 @@ measures.rows = {
     meaning = 'SAE in the layer: explained variance of its reconstruction, 1 - sum |x - x_hat|^2 / sum |x - mean|^2'},
   {name = 'sae_ce_recovered', phase = 'saes', table = 'present', csv = true,
     meaning = 'SAE in the layer: (loss zero-ablated - loss spliced) / (loss zero-ablated - clean loss), the reconstruction in place of the point'},
+  -- a layer holding a mixture of experts (an nn.MoE, found by autopsy/moe.lua whatever the family): shown on its rows.
+  -- Experts are numbered from 1, as anatomy's parameters (mlp.experts.1); Hugging Face's from 0.
+  {name = 'router_entropy', phase = 'moe', unit = 'nats', table = 'present', csv = 'present',
+    text = function(r, fmt)
+      if not r.router_entropy then return '-' end
+      return r.router_entropy_ratio and ('%s (%d%%)'):format(fmt(r.router_entropy), math.floor(100 * r.router_entropy_ratio + 0.5))
+        or fmt(r.router_entropy)
+    end,
+    meaning = 'MoE: mean over tokens of the entropy of the router\'s softmax over its E experts, in nats, not normalised; '
+      .. 'in parentheses its share of log E (100%: uniform routing)'},
+  {name = 'router_entropy_ratio', phase = 'moe', csv = 'present',
+    meaning = 'MoE: router_entropy / log E (the terminal prints it beside router_entropy)'},
+  {name = 'expert_load_max', phase = 'moe', table = 'present', csv = 'present',
+    meaning = 'MoE: the largest expert load, an expert\'s load being its share of the routed slots (every token\'s top_k slots '
+      .. 'counted, so the E loads sum to 1; uniform: 1/E)'},
+  {name = 'experts_dead', phase = 'verdicts', table = 'present', csv = 'present',
+    text = function(r) return r.experts_dead and ('%d/%d'):format(r.experts_dead, #r.expert_load) or '-' end,
+    meaning = 'MoE: dead experts, of E: load at most the dead_expert threshold (default 0: no token routed to it on the autopsy\'s batches)'},
+  {name = 'top1_loss', phase = 'moe', metric = 'removal', unit = 'nats', table = 'present', csv = 'present',
+    meaning = 'MoE: loss with this layer\'s router keeping its top-1 expert alone in place of its top_k (weight 1 when '
+      .. 'norm_topk_prob, else its probability)'},
+  {name = 'experts_passenger', phase = 'verdicts', table = 'present', csv = 'present',
+    text = function(r)
+      local v = r.experts_passenger
+      if not v then return '-' end
+      local n, cut = 0, nil
+      for i in v:gmatch('()[^,]+') do n = n + 1; if n == 7 then cut = i end end
+      return cut and ('%s +%d more'):format(v:sub(1, cut - 2), n - 6) or v
+    end,
+    meaning = 'MoE: the experts whose removal raises the loss by under the passenger_expert threshold of it (dead ones marked): '
+      .. 'the rule is under the table'},
+  -- each expert's, E numbers a row (the JSON's rows, and a.moe.experts)
+  {name = 'expert_load', phase = 'moe',
+    meaning = 'MoE: each expert\'s load, its share of the routed slots (each token counted once in each of its top_k slots)'},
+  {name = 'expert_tokens', phase = 'moe',
+    meaning = 'MoE: each expert\'s count of routed slots (tokens routed to it) over the autopsy\'s batches, real positions only'},
+  {name = 'expert_removal_loss', phase = 'moe', metric = 'removal', unit = 'nats',
+    meaning = 'MoE: the loss with each expert removed: its router logit -inf, so its probability is 0 and the softmax is over the '
+      .. 'others (each p / (1 - p_removed)), from which the router picks its top_k (all the others when fewer remain), renormalised '
+      .. 'when norm_topk_prob'},
   {name = 'verdict', phase = 'verdicts', table = 'always', csv = true, compare = true,
     text = function(r) return r.verdict or '' end,
     meaning = 'worker, passenger, exploding, or boundary (input/output rows): the rule is under the table'},

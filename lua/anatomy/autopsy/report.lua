@@ -6,6 +6,7 @@ local format = require('anatomy.render.format')
 local page = require('anatomy.render.page')
 local text = require('anatomy.autopsy.text')
 local measures = require('anatomy.autopsy.measures')
+local moe = require('anatomy.autopsy.moe')
 local report = {}
 
 local esc = svg.esc
@@ -15,8 +16,9 @@ local esc = svg.esc
 local function legend_html(a)
   local out = {}
   for _, m in ipairs(text.columns(a)) do out[#out + 1] = ('<dt>%s</dt><dd>%s</dd>'):format(esc(m.name), esc(m.meaning)) end
-  local lines = text.legend(a)
-  out[#out + 1] = '<dt>verdicts</dt><dd>' .. esc((lines[#lines]:gsub('^verdicts: ', ''))) .. '</dd>'
+  local lines, experts = text.legend(a), text.expert_rule(a)
+  out[#out + 1] = '<dt>verdicts</dt><dd>' .. esc((lines[#lines - (experts and 1 or 0)]:gsub('^verdicts: ', ''))) .. '</dd>'
+  if experts then out[#out + 1] = '<dt>expert verdicts</dt><dd>' .. esc((experts:gsub('^expert verdicts %(a.moe.experts%): ', ''))) .. '</dd>' end
   return table.concat(out)
 end
 
@@ -109,6 +111,7 @@ function report.html(a)
       if beside[m.name] then beside[m.name]() end
     end
   end
+  for _, c in ipairs(moe.charts(a)) do charts[#charts + 1] = c end  -- a model with an nn.MoE: its experts
 
   -- every head's attention map, the tokens on both axes: a <details> a layer
   -- (the first open), with the whole text they were read from
@@ -139,7 +142,7 @@ function report.html(a)
     local tds = {}
     for _, c in ipairs(cols) do
       local v = r[c]
-      if c == 'sae_alive' and v then v = measures.by_name.sae_alive.text(r) end
+      if (c == 'sae_alive' or c == 'experts_dead') and v then v = measures.by_name[c].text(r) end
       tds[#tds + 1] = '<td>' .. esc(type(v) == 'number' and format.number(v) or (v or '')) .. '</td>'
     end
     tbody[#tbody + 1] = ('<tr class="%s">%s</tr>'):format(r.verdict or '', table.concat(tds))

@@ -21,6 +21,7 @@ local format = require('anatomy.render.format')
 local options = require('anatomy.torch.options')
 local lens_module = require('anatomy.probe.lens')
 local args = require('anatomy.autopsy.arguments')
+local moe = require('anatomy.autopsy.moe')
 
 local function same_shape(a, b) return format.shape(a) == format.shape(b) end
 local hidden_from
@@ -348,6 +349,15 @@ local function loss_with(s, attach, batch_loss)
   return ok and total or nil
 end
 
+-- Stepwise: the loss of a measured batch b run from block `first`'s input (else nil).
+local function from_block(s, first)
+  local from_stream = s.stepwise and first >= 1 and first < math.huge
+  for _, b in ipairs(s.seen_batches) do from_stream = from_stream and torch.is_tensor(b.inputs[first]) end
+  return from_stream and function(b)
+    return head_loss(s.model, measure.real_rows(hidden_from(s, first, b.inputs[first]), s.idx), measure.real_rows(b[2], s.idx))
+  end or nil
+end
+
 -- The loss with the blocks `names` skipped. Stepwise: from the input of the
 -- first block removed (the layers before it run as in the measured
 -- forward), every batch's kept.
@@ -361,11 +371,7 @@ local function loss_without(s, names)
   end
   local first = math.huge
   for _, n in ipairs(names) do first = math.min(first, index[n] or -math.huge) end
-  local from_stream = s.stepwise and first >= 1 and first < math.huge
-  for _, b in ipairs(s.seen_batches) do from_stream = from_stream and torch.is_tensor(b.inputs[first]) end
-  return loss_with(s, skips, from_stream and function(b)
-    return head_loss(s.model, measure.real_rows(hidden_from(s, first, b.inputs[first]), s.idx), measure.real_rows(b[2], s.idx))
-  end or nil)
+  return loss_with(s, skips, from_block(s, first))
 end
 
 -- Phase 4: each block skipped in turn (a wrapper's f zeroed, its learned
@@ -471,6 +477,7 @@ local function run(model, source, opts)
     probe_maps(s)
     local a = rows(s)
     if s.want.removal then removal(s, a) end
+    moe.run(s, a, loss_with, from_block)  -- the layers holding an nn.MoE (autopsy/moe.lua)
     if s.want.attn_entropy then
       local any = false
       for _, r in ipairs(s.block_rows) do any = any or r.entropy ~= nil end

@@ -3,6 +3,7 @@
 -- measures each shows comes from the registry (measures.lua).
 local format = require('anatomy.render.format')
 local measures = require('anatomy.autopsy.measures')
+local moe = require('anatomy.autopsy.moe')
 local text = {}
 
 local fmt = format.number
@@ -32,7 +33,18 @@ function text.legend(a)
     .. 'f_residual and f_removal_loss); exploding = amplification > %g in this block and the one before or after it '
     .. '(the stream\'s growth compounding)'):format(
     t.boundary, t.boundary_middle, t.passenger, t.passenger_grad, t.passenger_removal or 0, t.exploding)
+  local experts = text.expert_rule(a)
+  if experts then lines[#lines + 1] = experts end
   return lines
+end
+
+-- text.expert_rule(a) -> the experts' verdicts' rule (a model with an nn.MoE), or nil
+function text.expert_rule(a)
+  local t = a.thresholds
+  if not (a.moe and t.passenger_expert) then return nil end
+  return ('expert verdicts (a.moe.experts): dead = load <= %g (%s); passenger = removing it (the router as if it were not there) '
+    .. 'raises the loss by < %g of the loss; else worker'):format(t.dead_expert,
+    t.dead_expert == 0 and 'no token routed to it on these batches' or 'of the routed slots', t.passenger_expert)
 end
 
 -- The per-layer table.
@@ -69,6 +81,7 @@ function text.table(a)
   for _, key in ipairs{'entropy', 'lens_loss', 'removal_loss', 'sae_ce_recovered'} do
     if a.missing and a.missing[key] then out[#out + 1] = ('%s: - because %s'):format(shown[key], a.missing[key]) end
   end
+  for _, l in ipairs(moe.lines(a)) do out[#out + 1] = l end
   if a.removal then
     out[#out + 1] = ('without the %d least influential blocks (%s): loss %s (full model %s)'):format(
       a.removal.k, table.concat(a.removal.blocks, ', '), fmt(a.removal.loss, 4), fmt(a.removal.full_loss, 4))

@@ -59,12 +59,55 @@ function MoE:__init(dim, hidden, experts, top_k, opts)
 end
 
 -- The experts' weights for each token: weights (N, K) float32 and their
--- experts (N, K), 1-based, from the router's logits (N, E).
+-- experts (N, K), 1-based, from the router's logits (N, E); under
+-- moe:set_routing, without the removed experts and with its top_k.
 function MoE:route(logits)
-  local probs = logits:float():softmax(-1)
-  local w, idx = probs:topk(self.top_k)
+  local r = rawget(self, 'routing')
+  logits = logits:float()
+  if r and r.mask then logits = logits + r.mask:to(logits.device) end  -- -inf: the removed experts' probability 0
+  local probs = logits:softmax(-1)
+  local w, idx = probs:topk(r and r.top_k or self.top_k)
   if self.norm_topk_prob then w = w / w:sum(-1, true) end
   return w, idx
+end
+
+-- probe.scope saves and puts back the routing (moe:set_routing) as it was
+MoE.scoped_fields = {'routing'}
+
+-- moe:set_routing{removed = {e, ...}, top_k = k} -> a handle whose :remove()
+-- (or moe:set_routing(nil)) routes as built again. Until then the router
+-- works as if the removed experts (1-based) did not exist: their logits
+-- are -inf, so their probability is 0 and the softmax is over the others
+-- (each kept probability p / (1 - the removed ones' p)), from which it
+-- picks top_k (default the block's own) experts, renormalised when
+-- norm_topk_prob. top_k = 1: the router's top-1 alone (weight 1 when
+-- norm_topk_prob, else its probability). The router_logits point still
+-- shows the router's own logits. probe.scope puts the routing back as it
+-- was, after an error too (MoE.scoped_fields). The autopsy's expert
+-- removal and top-1 losses run under it.
+function MoE:set_routing(opts)
+  local where = 'moe:set_routing{removed, top_k}'
+  if opts == nil then rawset(self, 'routing', nil); return nil end
+  opts = options.check(opts, {'removed', 'top_k'}, where, 2)
+  local E = self.num_experts
+  local bias, kept = {}, E
+  for e = 1, E do bias[e] = 0 end
+  if opts.removed ~= nil and type(opts.removed) ~= 'table' then
+    error(('%s: removed must be a list of experts (1..%d), got %s'):format(where, E, type(opts.removed)), 2)
+  end
+  for _, e in ipairs(opts.removed or {}) do
+    if type(e) ~= 'number' or e % 1 ~= 0 or e < 1 or e > E then
+      error(('%s: removed experts must be in 1..%d, got %s'):format(where, E, tostring(e)), 2)
+    end
+    if bias[e] == 0 then kept = kept - 1 end
+    bias[e] = -math.huge
+  end
+  options.whole(opts.top_k, 'top_k', where, nil, 1, 2)
+  local k = opts.top_k or self.top_k
+  if k > kept then error(('%s: top_k (%d) must be at most the experts kept (%d of %d)'):format(where, k, kept, E), 2) end
+  local r = {removed = opts.removed and {unpack(opts.removed)} or nil, top_k = opts.top_k, mask = kept < E and torch.tensor(bias) or nil}
+  rawset(self, 'routing', r)
+  return {remove = function() if rawget(self, 'routing') == r then rawset(self, 'routing', nil) end end}
 end
 
 -- Whether a probe asks for the expert_out point (its cost is 'asked').
@@ -110,7 +153,10 @@ end
 
 -- What print(model) shows beside its children
 function MoE:extra_repr()
-  return ('experts=%d, top_k=%d%s'):format(self.num_experts, self.top_k, self.norm_topk_prob and '' or ', norm_topk_prob=false')
+  local r = rawget(self, 'routing')
+  local routing = r and (', routing: %s%s'):format(r.removed and ('experts %s removed'):format(table.concat(r.removed, ',')) or '',
+    r.top_k and ((r.removed and ', ' or '') .. 'top_k ' .. r.top_k) or '') or ''
+  return ('experts=%d, top_k=%d%s%s'):format(self.num_experts, self.top_k, self.norm_topk_prob and '' or ', norm_topk_prob=false', routing)
 end
 
 return MoE

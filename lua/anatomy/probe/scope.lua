@@ -1,8 +1,9 @@
 -- probe.scope: the one way an analysis leaves a model as it found it. It
 -- runs a function and puts back, on return and on error, what running it may
 -- change: each module's training flag, the hook entries attached meanwhile,
--- the grad mode, each parameter's requires_grad (and .grad when asked), and
--- the padding mask and key/value cache generation switches on.
+-- the grad mode, each parameter's requires_grad (and .grad when asked), the
+-- padding mask and key/value cache generation switches on, and the fields a
+-- module's class lists in scoped_fields (nn.MoE's routing: moe:set_routing).
 local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local hooks = require('anatomy.probe.hooks')
@@ -14,7 +15,8 @@ local allowed = {mode = true, grads = true, frozen = true, padding = true, kv_ca
 -- probe.scope(model, fn, {mode, grads, frozen, padding, kv_cache}) -> fn(model)'s
 -- results: runs fn and puts the model back as it was, on return and on error:
 -- each module's training flag, the entries attached to any of its modules
--- while fn ran (removed; those attached before stay), the grad mode, each
+-- while fn ran (removed; those attached before stay), the fields its class
+-- lists in scoped_fields (nn.MoE's routing), the grad mode, each
 -- parameter's requires_grad, and with grads = true each parameter's .grad (a
 -- backward adds into it). mode = 'eval' or 'train' runs fn in that mode;
 -- frozen = true with no parameter requiring a gradient; padding = a (B, T)
@@ -43,9 +45,10 @@ function scope.run(model, fn, opts)
   if opts.kv_cache ~= nil and type(opts.kv_cache) ~= 'boolean' then
     error(('probe.scope: kv_cache must be a boolean, got %s'):format(type(opts.kv_cache)), 2)
   end
-  local modes, before = {}, {}
+  local modes, before, fields = {}, {}, {}
   for _, m in model:named_modules() do
     modes[#modes + 1] = {m, rawget(m, 'training')}
+    for _, f in ipairs(m.scoped_fields or {}) do fields[#fields + 1] = {m, f, rawget(m, f)} end
     for _, e in ipairs(rawget(m, '_probes') or {}) do before[e] = true end
   end
   local grad_mode = torch.is_grad_enabled()
@@ -81,6 +84,7 @@ function scope.run(model, fn, opts)
       if m._set_training then m:_set_training(flag ~= false) end
     end
   end
+  for _, t in ipairs(fields) do rawset(t[1], t[2], t[3]) end
   torch.set_grad_enabled(grad_mode)
   for i, p in ipairs(params) do
     if p.requires_grad ~= wanted[i] then p:requires_grad_(wanted[i]) end
