@@ -170,7 +170,7 @@ function H.fit_f32_bf16(make, corpus, steps, seed)
   return run('float32'), run('bf16')
 end
 
--- The five pretrained families (random weights, built from their config.json
+-- The pretrained families (random weights, built from their config.json
 -- settings; Mistral's sliding window `window`) and the built-in GPT, vocab V.
 function H.family_models(V, window)
   local pretrained = require('anatomy.models.pretrained')
@@ -186,6 +186,8 @@ function H.family_models(V, window)
     {'mixtral (4 experts, top-2, sliding window ' .. window .. ')', with{model_type = 'mixtral', num_key_value_heads = 2,
       num_local_experts = 4, num_experts_per_tok = 2, sliding_window = window}},
     {'phi (one norm, parallel, head bias)', with{model_type = 'phi', partial_rotary_factor = 0.5}},
+    {'gptj (one norm, parallel, interleaved partial rotary, head bias)', {model_type = 'gptj', vocab_size = V, n_positions = 48,
+      n_embd = 32, n_layer = 2, n_head = 4, rotary_dim = 4}},
   }
   local out = {}
   for i, c in ipairs(configs) do

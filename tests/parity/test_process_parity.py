@@ -7,8 +7,10 @@ values (RMSNorm: fold_ln and center_unembed; TransformerLens does not centre
 writing weights under RMSNorm, and anatomy refuses to; it has no value
 biases to fold), a tiny Qwen2 (the same, with value biases and no output
 bias, which both give it for the fold: fold_ln, center_unembed,
-fold_value_biases) and a tiny Phi (one LayerNorm read by attention and
-MLP, a head with a bias: all four), written by `transformers`, booted in
+fold_value_biases), a tiny Phi (one LayerNorm read by attention and
+MLP, a head with a bias: all four) and a tiny GPT-J (Phi's block with no
+biases on q, k, v and the output, which gain them as TransformerLens's b_Q,
+b_K, b_V and b_O: all four), written by `transformers`, booted in
 TransformerLens's TransformerBridge and processed with
 enable_compatibility_mode() (its defaults: all four), are compared on:
   - every processed weight in TransformerLens's layout: W_E, W_pos, W_Q, W_K,
@@ -113,6 +115,11 @@ def main():
                  vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  max_position_embeddings=64, initializer_range=0.3, bos_token_id=0, eos_token_id=0)),
                  lambda n: "layernorm" in n or n.endswith("bias")),  # one norm read by attention and MLP, a head bias
+              ["fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases"]),
+             ("gptj", lambda: perturbed(tl_side.transformers.GPTJForCausalLM(tl_side.transformers.GPTJConfig(
+                 vocab_size=V, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, initializer_range=0.3,
+                 bos_token_id=0, eos_token_id=0)), lambda n: "ln_" in n or n.endswith("bias")),
+              # q, k, v without biases: ln_1's shift folds into the b_Q, b_K, b_V they gain, b_V then into b_O
               ["fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases"])]
     report = tl_side.Report()
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,6 +21,23 @@ function family.prenorm(block, x, attn, ln1, mlp, ln2)
   return block:hook('resid_post', x + mlp(ln2(x)))
 end
 
+-- pretrained.parallel_block(class, names, init) -> a block class (nn.block(class, init)) whose one norm
+-- feeds attention and MLP in parallel, x + attn(ln(x)) + mlp(ln(x)) (Phi's, GPT-J's): names = {norm, attn,
+-- mlp}, its children's names. It publishes resid_pre and resid_post (no resid_mid: the two read the same
+-- stream and add together) and declares its norm shared (models.process_weights folds it into both).
+function family.parallel_block(class, names, init)
+  local Block = nn.block(class, init)
+  Block.hook_names = {'resid_pre', 'resid_post'}
+  Block.shared_norm = true
+  -- block(x) -> x + attn(ln(x)) + mlp(ln(x)), through the hook points
+  function Block:forward(x)
+    x = self:hook('resid_pre', x)
+    local h = self[names.norm](x)
+    return self:hook('resid_post', x + self[names.attn](h) + self[names.mlp](h))
+  end
+  return Block
+end
+
 -- What the families' models share (a decoder: embed, a stack of blocks, a
 -- final norm, a head tied to the token embedding or not), written once.
 -- names: the model's own names of its token embedding, stack, final norm and

@@ -36,24 +36,13 @@ function F.check(c, where)
   return s
 end
 
-local Block = nn.block('models.PhiBlock', function(self, s)
+local Block = pretrained.parallel_block('models.PhiBlock', {norm = 'input_layernorm', attn = 'self_attn', mlp = 'mlp'}, function(self, s)
   self.input_layernorm = nn.LayerNorm(s.dim, {eps = s.eps})
   self.self_attn = nn.RoPEAttention(s.dim, s.heads, pretrained.attention_options(s.rope, {kv_heads = s.kv_heads,
     head_dim = s.head_dim, rotary_dim = s.rotary_dim, qkv_bias = true, out_bias = true}))
   self.mlp = nn.MLP(s.dim, s.ffn, {activation = s.activation})
 end)
 models.PhiBlock = Block
-
--- no resid_mid: attention and MLP read the same stream and add together
-Block.hook_names = {'resid_pre', 'resid_post'}
-Block.shared_norm = true  -- its one norm feeds attention and MLP (models.process_weights folds it into both)
-
--- block(x) -> x + attn(ln(x)) + mlp(ln(x)), through the hook points
-function Block:forward(x)
-  x = self:hook('resid_pre', x)
-  local h = self.input_layernorm(x)
-  return self:hook('resid_post', x + self.self_attn(h) + self.mlp(h))
-end
 
 local Phi = nn.block('models.Phi', function(self, s)
   pretrained.decoder_parts(self, s, nn.LayerNorm, Block)

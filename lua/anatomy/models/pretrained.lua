@@ -34,7 +34,8 @@ pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.lla
   qwen2 = 'anatomy.models.llama', gpt_neox = 'anatomy.models.gpt_neox', phi = 'anatomy.models.phi',
   qwen3 = 'anatomy.models.qwen3', qwen3_moe = 'anatomy.models.qwen3',
   olmo2 = 'anatomy.models.olmo', olmoe = 'anatomy.models.olmo',
-  phi3 = 'anatomy.models.phi3'}
+  phi3 = 'anatomy.models.phi3',
+  gptj = 'anatomy.models.gptj'}
 
 -- The families' building pieces (models/family.lua), under the names the
 -- family files and scripts have used: pretrained.prenorm, .decoder, .dim, .rope, ...

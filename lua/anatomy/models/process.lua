@@ -19,7 +19,8 @@
 --                           output bias (every pattern row sums to 1).
 -- Computed in float64, written back in the parameters' dtype. A tied head is
 -- untied first (the embedding and the head change differently); the head
--- gains a bias where the final norm's shift has to go somewhere.
+-- gains a bias where the final norm's shift has to go somewhere, and so do
+-- q, k and v where a block's norm has one (GPT-J's).
 local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
@@ -46,13 +47,14 @@ local function value_bias(attn)
   return p['v.bias']
 end
 
--- A rotary attention without an output bias, made again with one (zero),
--- its other weights copied, in its block's place: where folded value biases go.
-local function with_out_bias(block, part)
+-- A rotary attention made again with the biases `which` names ('out_bias':
+-- where folded value biases go, Qwen2; 'qkv_bias': where a folded LayerNorm's
+-- shift goes, GPT-J), zero, its other weights copied, in its block's place.
+local function with_bias(block, part, which)
   local old = part[2]
   local made = {}
   for k, v in pairs(rawget(old, '_made_with') or {}) do made[k] = v end
-  made.out_bias = true
+  made[which] = true
   local dim, heads = made.dim, made.heads
   made.dim, made.heads = nil, nil
   local new = nn.RoPEAttention(dim, heads, made)
@@ -92,6 +94,13 @@ local function parts_of(path, block, where, level)
       :format(where, path), level)
   end
   return out
+end
+
+-- Whether fold_ln gives a block's attention q, k and v biases: a rotary one
+-- without them under a norm with a shift (GPT-J's), which folds in there, as
+-- TransformerLens's b_Q, b_K and b_V (b_V then into b_O by fold_value_biases).
+local function gains_qkv_bias(b)
+  return nn.typename(b.attn[2]) == 'nn.RoPEAttention' and params_of(b.ln1[2]).bias ~= nil and params_of(b.attn[2])['q.bias'] == nil
 end
 
 -- The linear maps reading a part's input: {{weight, bias or nil, name}, ...} (weights out x in)
@@ -208,7 +217,7 @@ function process.process_weights(model, opts)
   end
   if opts.fold_value_biases then
     local any = false
-    for _, b in ipairs(blocks) do any = any or value_bias(b.attn[2]) ~= nil end
+    for _, b in ipairs(blocks) do any = any or value_bias(b.attn[2]) ~= nil or (opts.fold_ln and gains_qkv_bias(b)) end
     if not any then
       error(('%s: fold_value_biases: %s has no value biases, so there is nothing to fold (leave the step out)'):format(where,
         nn.typename(model)), 2)
@@ -218,6 +227,7 @@ function process.process_weights(model, opts)
     local np = params_of(final[2])
     local head = own_head(model, names, np.bias ~= nil)
     for _, b in ipairs(blocks) do
+      if gains_qkv_bias(b) then b.attn[2] = with_bias(b.block, b.attn, 'qkv_bias') end
       local attn, mlp = readers({b.path .. '.' .. b.attn[1], b.attn[2]}), readers({b.path .. '.' .. b.mlp[1], b.mlp[2]})
       if b.ln2 == b.ln1 then  -- one norm read by both
         for _, r in ipairs(mlp) do attn[#attn + 1] = r end
@@ -259,7 +269,7 @@ function process.process_weights(model, opts)
       if bv then
         local W_O, b_O = writer(b.attn)
         if not b_O then  -- an output bias to take them, zero, as TransformerLens's b_O (Qwen2 has none)
-          attn = with_out_bias(b.block, b.attn)
+          attn = with_bias(b.block, b.attn, 'out_bias')
           b.attn[2] = attn
           bv = value_bias(attn)
           W_O, b_O = writer(b.attn)
