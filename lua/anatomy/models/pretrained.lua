@@ -35,7 +35,8 @@ pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.lla
   qwen3 = 'anatomy.models.qwen3', qwen3_moe = 'anatomy.models.qwen3',
   olmo2 = 'anatomy.models.olmo', olmoe = 'anatomy.models.olmo',
   phi3 = 'anatomy.models.phi3',
-  gptj = 'anatomy.models.gptj'}
+  gptj = 'anatomy.models.gptj',
+  gemma = 'anatomy.models.gemma', gemma2 = 'anatomy.models.gemma', gemma3_text = 'anatomy.models.gemma'}
 
 -- The families' building pieces (models/family.lua), under the names the
 -- family files and scripts have used: pretrained.prenorm, .decoder, .dim, .rope, ...
@@ -167,7 +168,7 @@ end
 -- folder holding it) with fresh weights, as transformers'
 -- AutoModel.from_config: every 2-D weight drawn from N(0,
 -- initializer_range) (0.02 unless the config says), biases zero, norms'
--- weights one. The config is kept (model.hf_config), so save_pretrained
+-- weights one (the family's F.norm_weight: Gemma's 0). The config is kept (model.hf_config), so save_pretrained
 -- writes a checkpoint that from_pretrained and transformers read. seed:
 -- torch.manual_seed before the draw.
 function pretrained.from_config(config, opts)
@@ -200,7 +201,7 @@ function pretrained.from_config(config, opts)
   torch.no_grad(function()
     for name, p in model:named_parameters() do
       if p:dim() >= 2 then p:normal_(0, range)
-      elseif name:match('norm[^.]*%.weight$') or name:match('ln[^.]*%.weight$') then p:fill_(1)
+      elseif name:match('norm[^.]*%.weight$') or name:match('ln[^.]*%.weight$') then p:fill_(F.norm_weight or 1)  -- Gemma's: 0 (it scales by 1 + weight)
       else p:zero_() end
     end
   end)

@@ -122,10 +122,13 @@ local function writer(part)
 end
 
 -- Folds norm (weight gamma, bias beta) into the maps that read it; under
--- LayerNorm the folded weights are centred over their input dimension.
+-- LayerNorm the folded weights are centred over their input dimension. An
+-- RMSNorm with an offset (Gemma's) scales by gamma + offset, and is left at
+-- weight 1 - offset.
 local function fold_norm(norm, maps, where, level)
   local np = params_of(norm[2])
-  local gamma, beta = f64(np.weight), np.bias and f64(np.bias)
+  local offset = (rawget(norm[2], '_made_with') or {}).offset or 0
+  local gamma, beta = f64(np.weight) + offset, np.bias and f64(np.bias)
   local layer = nn.typename(norm[2]) == 'nn.LayerNorm'
   for _, map in ipairs(maps) do
     local W, b = map[1], map[2]
@@ -140,7 +143,7 @@ local function fold_norm(norm, maps, where, level)
     if layer then w = w - w:mean(2, true) end
     set(W, w)
   end
-  set(np.weight, torch.ones_like(gamma))
+  set(np.weight, torch.ones_like(gamma) - offset)
   if np.bias then set(np.bias, torch.zeros_like(beta)) end
 end
 

@@ -93,11 +93,11 @@ end
 
 -- points.embedding(model, 'tokens'|'positions') -> the name of the model's
 -- token or position embedding (an nn.Embedding child, in that order; a
--- model's own pos_embed hook point), or nil and why not
+-- model's own embed or pos_embed hook point), or nil and why not
 function roles.embedding(model, which)
-  if which == 'positions' then
-    for _, p in ipairs(model:hook_points()) do if p == 'pos_embed' then return 'pos_embed' end end  -- GPT-2 adds wpe's rows itself
-  end
+  -- GPT-2 adds wpe's rows itself (pos_embed); Gemma scales the token embeddings (embed)
+  local own = which == 'positions' and 'pos_embed' or 'embed'
+  for _, p in ipairs(model:hook_points()) do if p == own then return own end end
   local embeddings = {}
   for n, c in model:named_children() do
     if nn.typename(c) == 'nn.Embedding' then embeddings[#embeddings + 1] = n end

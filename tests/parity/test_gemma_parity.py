@@ -1,0 +1,228 @@
+"""Gemma (model_type "gemma", "gemma2", "gemma3_text"): tiny random
+GemmaForCausalLM, Gemma2ForCausalLM and Gemma3ForCausalLM models written here
+by `transformers` with save_pretrained load through models.from_pretrained
+and give transformers' numbers, through test_pretrained_parity's checks (its
+compare): token ids, logits, every hidden state, every attention pattern, the
+same with every hook point on, the loss and greedy generation with the
+key/value cache, token for token (sliding windows of 4 over a text of ~30
+tokens, both soft-cappings). Then: the model anatomy saves (its final norm
+edited) is read back by transformers to the same logits; a batch of three
+texts padded on the left gives each text's logits as when it runs alone and
+transformers' logits of the same padded batch, and its greedy continuation
+with the attention mask is transformers' generate of the same batch
+(test_phi_parity's padded and check_padded); each soft-capping a case sets
+moves transformers' logits by more than 1e-3 when switched off (so the
+parity covers it); the Hub's config.json forms (Gemma 3's rope_theta,
+rope_local_base_freq, rope_scaling and sliding_window_pattern with no
+layer_types; Gemma 1's legacy hidden_act "gelu") read by transformers to the
+same logits as the model written; the config switches anatomy does not
+honour are refused by name. Last, TransformerLens 4.3's TransformerBridge on
+the Gemma 2 and Gemma 3 models: every tensor it caches under a name anatomy
+maps is found in anatomy's cache by that name and equal (test_tl_parity's
+check_names: 1e-5 + 1e-4 * |TL|).
+
+Tolerance (float32): test_pretrained_parity's, |anatomy - transformers| <=
+1e-4 + 1e-4 * |transformers|; loss within 1e-5; ids exact. Padded against
+alone: the same bound. The first model in bfloat16 (dtype = 'bfloat16'
+against transformers' cast to bfloat16): 0.02 + 0.02 * |logit|, as there.
+Needs transformers and tokenizers (the PyPI build's venv); exits 77 without.
+Usage: test_gemma_parity.py ANATOMY_EXECUTABLE
+"""
+import json
+import os
+import sys
+import tempfile
+
+try:
+    import torch
+    import transformers
+    from transformers import (GemmaConfig, GemmaForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
+                              Gemma3TextConfig)
+    from test_bpe_parity import gpt2_like
+    import test_pretrained_parity as P
+    from test_phi_parity import padded, check_padded
+except ImportError as e:
+    print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
+    sys.exit(77)
+
+CLASSES = {"gemma": (GemmaForCausalLM, GemmaConfig), "gemma2": (Gemma2ForCausalLM, Gemma2Config),
+           "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig)}
+
+
+def gemma(tmp, name, tok, kind, **config):
+    cls, config_cls = CLASSES[kind]
+    base = dict(head_dim=8, tie_word_embeddings=True, initializer_range=0.2)
+    if kind != "gemma":
+        base.update(sliding_window=4, query_pre_attn_scalar=12)
+    base.update(config)
+    return P.make_llama(tmp, name, tok, cls=cls, config_cls=config_cls, **base)
+
+
+def logits_without(hf, ids, key):
+    """transformers' logits with the config's `key` (a soft-capping) switched off
+    (the attention's copy of it too)."""
+    holders = [hf.config] + [m for m in hf.modules() if hasattr(m, key)]
+    old = getattr(hf.config, key)
+    for h in holders:
+        setattr(h, key, None)
+    try:
+        with torch.no_grad():
+            return hf(ids).logits[0]
+    finally:
+        for h in holders:
+            setattr(h, key, old)
+
+
+def hub_form(folder, kind):
+    """config.json rewritten in the form the Hub's checkpoints have it."""
+    path = os.path.join(folder, "config.json")
+    cfg = json.load(open(path))
+    if kind == "gemma3":  # google/gemma-3-1b-pt's: no layer_types, the RoPE settings at the top
+        rope = cfg.pop("rope_parameters")
+        full = dict(rope["full_attention"])
+        cfg.pop("layer_types")
+        cfg.update(rope_theta=full.pop("rope_theta"), rope_local_base_freq=rope["sliding_attention"]["rope_theta"],
+                   sliding_window_pattern=2)
+        cfg["rope_scaling"] = full if full.get("rope_type", "default") != "default" else None
+    else:  # google/gemma-7b's legacy activation name
+        cfg["hidden_act"] = "gelu"
+    json.dump(cfg, open(path, "w"))
+
+
+def main():
+    exe = sys.argv[1]
+    passed, failures = 0, []
+    tok = gpt2_like()
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [
+            # weights at transformers' default scale (0.02), as the bfloat16 check's tolerance assumes
+            ("gemma2: alternating sliding and global layers, both soft-cappings, tied head", "gemma2",
+             dict(num_hidden_layers=3, initializer_range=0.02, attn_logit_softcapping=0.05, final_logit_softcapping=0.2)),
+            ("gemma2: layer_types given, untied head, head_dim 16, multi-query, attention_bias, rope_theta 500, no soft-capping",
+             "gemma2",
+             dict(num_hidden_layers=3, layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+                  tie_word_embeddings=False, head_dim=16, num_key_value_heads=1, attention_bias=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                  null=["final_logit_softcapping", "attn_logit_softcapping"])),
+            ("gemma3_text: QK-norm, local and global RoPE (linear scaling 8 on the global), final soft-capping", "gemma3",
+             dict(num_hidden_layers=3, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                  rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}},
+                  final_logit_softcapping=0.5, attn_logit_softcapping=0.5)),
+            ("gemma3_text: the Hub's config.json (rope_theta, rope_local_base_freq, sliding_window_pattern 2)", "gemma3",
+             dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
+                  rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}},
+                  initializer_range=0.02, hub_form=True)),  # TransformerLens's model: its tolerance is 1e-5
+            ("gemma: Gemma 1 (pre-norm, GeGLU, scaled embeddings), the legacy hidden_act gelu", "gemma",
+             dict(hub_form=True)),
+        ]
+        tl_models = []  # the Gemma 2 and 3 models' folders and configs, for TransformerLens
+        for name, kind, config in cases:
+            rewrite, nulls = config.pop("hub_form", False), config.pop("null", [])
+            folder, hf = gemma(tmp, "".join(c if c.isalnum() else "_" for c in name), tok, kind, **config)
+            if nulls:  # switched off: null in config.json (make_llama leaves a None out, so the default would stand)
+                path = os.path.join(folder, "config.json")
+                cfg = json.load(open(path))
+                for key in nulls:
+                    cfg[key] = None
+                    for h in [hf.config] + [m for m in hf.modules() if hasattr(m, key)]:
+                        setattr(h, key, None)
+                json.dump(cfg, open(path, "w"))
+            before = len(failures)
+            n = 0
+            ids = torch.tensor([tok.encode(P.TEXT).ids])
+            for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+                if kind == "gemma2" and getattr(hf.config, key, None) is not None:
+                    with torch.no_grad():
+                        d = (hf(ids).logits[0] - logits_without(hf, ids, key)).abs().max().item()
+                    n += 1
+                    if d <= 1e-3:
+                        failures.append(f"{name}: {key} moves transformers' logits by only {d:.3g}: the test does not exercise it")
+            if rewrite:
+                hub_form(folder, kind)
+                with torch.no_grad():
+                    again = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+                    d = (again(ids).logits - hf(ids).logits).abs().max().item()
+                n += 1
+                if d > 1e-6:
+                    failures.append(f"{name}: transformers reads the rewritten config.json as another model ({d:.3g})")
+            hf.generation_config.eos_token_id = None
+            hf.generation_config.pad_token_id = hf.config.vocab_size - 1
+            saved = folder + "-saved"
+            got, err = P.run(exe, folder, tmp, saved)
+            if got is None:
+                failures.append(f"{name}: anatomy failed: {err}")
+                continue
+            # the first of each; TransformerLens 4.3's bridge applies Gemma 3's attn_logit_softcapping,
+            # which transformers 5.23 (and anatomy) leave out, so a Gemma 3 without it
+            if kind != "gemma" and kind not in [k for k, _, _ in tl_models] and (
+                    kind == "gemma2" or hf.config.attn_logit_softcapping is None):
+                tl_models.append((kind, folder, hf.config))
+            overall, P.largest[0] = P.largest[0], 0.0
+            n += P.compare(name, got, hf, tok, failures)
+            case_largest, P.largest[0] = P.largest[0], max(overall, P.largest[0])
+            reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
+            with torch.no_grad():
+                logits = reloaded(torch.tensor([got["ids"]])).logits[0]
+            excess, d = P.max_excess(got["edited_logits"], logits)
+            n += 1
+            if excess > 0:
+                failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
+            pad, err = padded(exe, folder, tmp)
+            if err:
+                failures.append(f"{name}: padded batch: anatomy failed: {err}")
+            else:
+                n += check_padded(name, pad, hf, failures)
+            if name == cases[0][0]:  # bfloat16, against the model cast to it in transformers (last: the cast rounds its weights)
+                got16, err = P.run(exe, folder, tmp, dtype="bfloat16")
+                n += 1
+                if err:
+                    failures.append(f"{name}: bfloat16: anatomy failed: {err}")
+                else:
+                    with torch.no_grad():
+                        ref = hf.to(torch.bfloat16)(torch.tensor([got["ids"]])).logits[0].float()
+                    hf.float()
+                    d = (torch.tensor(got16["logits"]) - ref).abs()
+                    print(f"      bfloat16 logits: largest difference {d.max().item():.3g}")
+                    if got16["dtype"] != "bfloat16" or not bool((d <= 0.02 + 0.02 * ref.abs()).all()):
+                        failures.append(f"{name}: bfloat16 logits ({got16['dtype']}) differ by {d.max().item()}")
+            passed += n - (len(failures) - before)
+            print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks, largest logit difference {case_largest:.3g}")
+        # TransformerLens 4.3's bridge: its hook tensors by its names in anatomy's cache
+        try:
+            import test_tl_parity
+            from transformer_lens.model_bridge import TransformerBridge
+        except (ImportError, SystemExit):
+            print("skip  TransformerLens's hook names: the venv has no transformer-lens")
+        else:
+            here = os.path.dirname(os.path.abspath(__file__))
+            for kind, folder, cfg in tl_models:
+                eager = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+                bridge = TransformerBridge.boot_transformers(folder, hf_model=eager, device="cpu")
+                print(f"      TransformerLens on {kind}:", end=" ")
+                n, failed = test_tl_parity.check_names(exe, here, tmp, folder, cfg, bridge)
+                passed += n
+                failures += [f"{kind}: {f}" for f in failed]
+        refusals = [
+            ("gemma3", dict(use_bidirectional_attention=True),
+             "config.json has use_bidirectional_attention = true, which anatomy does not support"),
+            ("gemma2", dict(hidden_activation="relu"), "config.json has hidden_activation = \"relu\", which anatomy does not support"),
+        ]
+        for i, (kind, config, want) in enumerate(refusals):
+            folder, _ = gemma(tmp, f"refused_{i}", tok, kind, **config)
+            _, err = P.run(exe, folder, tmp)
+            if err and want in err:
+                passed += 1
+                print(f"ok    refused: {want}")
+            else:
+                failures.append(f"expected an error with '{want}', got {err!r}")
+    for f in failures:
+        print("FAIL  " + f)
+    print(f"largest logit difference: {P.largest[0]:.3g}")
+    print(f"{passed} passed, {len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
