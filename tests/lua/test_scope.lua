@@ -172,11 +172,29 @@ test('probe.scope puts back modes, hooks, grad mode, requires_grad and grads, an
   eq(seen, false, "mode = 'eval' runs fn in eval mode")
   same(before, snapshot(model), 'probe.scope with mode and frozen')
   H.raises_part(function() probe.scope(model, function() end, {mode = 'test'}) end, "probe.scope: mode must be 'eval' or 'train'")
-  H.raises_part(function() probe.scope(model, function() end, {grad = true}) end, "probe.scope: unknown option 'grad'")
+  H.raises_part(function() probe.scope(model, function() end, {grad = true}) end, "probe.scope: unknown option 'grad', did you mean 'grads'?")
   H.raises_part(function() probe.scope({}, function() end) end, 'probe.scope: model must be a model')
   H.raises_part(function() probe.scope(model, 3) end, 'probe.scope: fn must be a function')
   H.raises_part(function() probe.scope(model, function() end, {padding = 3}) end, 'probe.scope: padding must be a (B, T) mask tensor or true')
   H.raises_part(function() probe.scope(model, function() end, {kv_cache = 'yes'}) end, 'probe.scope: kv_cache must be a boolean')
+end)
+
+-- The padding mask came off only when the key/value cache had: a cache that
+-- failed to switch off left the mask on, and the next forward of another
+-- batch size failed on it.
+test('a key/value cache that fails to switch off still leaves no padding mask behind', function()
+  local mask = torch.ones(2, 6, {dtype = 'bool'}):to(device)
+  local kv_cache = model.kv_cache
+  rawset(model, 'kv_cache', function(self, on)
+    if not on then kv_cache(self, false); error('kv_cache: could not switch off', 0) end
+    return kv_cache(self, on)
+  end)
+  local ok, err = pcall(probe.scope, model, function() return 1 end, {padding = mask, kv_cache = true})
+  rawset(model, 'kv_cache', nil)
+  eq(ok, false)
+  eq(tostring(err), 'kv_cache: could not switch off', 'the failure is raised')
+  local fine, out = pcall(model, clean)
+  eq(fine, true, 'a batch of one runs: no mask of two examples left on (' .. tostring(out) .. ')')
 end)
 
 H.done()

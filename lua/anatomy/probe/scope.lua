@@ -7,10 +7,11 @@
 local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local hooks = require('anatomy.probe.hooks')
+local options = require('anatomy.torch.options')
 
 local scope = {}
 
-local allowed = {mode = true, grads = true, frozen = true, padding = true, kv_cache = true}
+local allowed = {'mode', 'grads', 'frozen', 'padding', 'kv_cache'}
 
 -- probe.scope(model, fn, {mode, grads, frozen, padding, kv_cache}) -> fn(model)'s
 -- results: runs fn and puts the model back as it was, on return and on error:
@@ -29,13 +30,7 @@ local allowed = {mode = true, grads = true, frozen = true, padding = true, kv_ca
 function scope.run(model, fn, opts)
   if not nn.is_module(model) then error(('probe.scope: model must be a model, got %s'):format(nn.typename(model)), 2) end
   if type(fn) ~= 'function' then error(('probe.scope: fn must be a function, got %s'):format(type(fn)), 2) end
-  opts = opts or {}
-  if type(opts) ~= 'table' then error(('probe.scope: opts must be a table, got %s'):format(type(opts)), 2) end
-  for k in pairs(opts) do
-    if not allowed[k] then
-      error(("probe.scope: unknown option '%s' (mode, grads, frozen, padding, kv_cache)"):format(tostring(k)), 2)
-    end
-  end
+  opts = options.check(opts, allowed, 'probe.scope', 2)
   if opts.mode ~= nil and opts.mode ~= 'eval' and opts.mode ~= 'train' then
     error(("probe.scope: mode must be 'eval' or 'train', got %s"):format(tostring(opts.mode)), 2)
   end
@@ -66,9 +61,13 @@ function scope.run(model, fn, opts)
     if opts.kv_cache then model:kv_cache(true) end
     return fn(model)
   end)}
+  -- each switch off even where the other's failed; the first failure is raised after the rest is put back
   local undone = {true}
   if opts.kv_cache then undone = {pcall(model.kv_cache, model, false)} end
-  if opts.padding and undone[1] then undone = {pcall(model.set_padding, model, nil)} end
+  if opts.padding then
+    local cleared = {pcall(model.set_padding, model, nil)}
+    if undone[1] then undone = cleared end
+  end
   for _, m in model:named_modules() do
     local probes = rawget(m, '_probes')
     if probes then
