@@ -188,6 +188,10 @@ function H.family_models(V, window)
     {'phi (one norm, parallel, head bias)', with{model_type = 'phi', partial_rotary_factor = 0.5}},
     {'gptj (one norm, parallel, interleaved partial rotary, head bias)', {model_type = 'gptj', vocab_size = V, n_positions = 48,
       n_embd = 32, n_layer = 2, n_head = 4, rotary_dim = 4}},
+    {'gemma2 (sliding window ' .. window .. ', four norms, both soft-cappings)', with{model_type = 'gemma2', head_dim = 8,
+      sliding_window = window, attn_logit_softcapping = 0.5, final_logit_softcapping = 2}},
+    {'gemma3_text (QK-norm, local RoPE base, sliding window ' .. window .. ')', with{model_type = 'gemma3_text', head_dim = 8,
+      sliding_window = window, layer_types = {'sliding_attention', 'full_attention'}}},
   }
   local out = {}
   for i, c in ipairs(configs) do
