@@ -57,6 +57,29 @@ TEST_CASE("forward passes match ATen's operations on the same weights") {
     at::Tensor want = x / at::sqrt(x.pow(2).mean(-1, true) + 1e-6);
     CHECK(maxdiff(norm.forward(x), want) < 1e-6);
   }
+  SECTION("RMSNorm in bfloat16: normalised in float32, as transformers' Llama (offset 0) and Gemma (offset 1)") {
+    at::Tensor xb = (x * 30).to(at::kBFloat16), xf = xb.to(at::kFloat);
+    at::Tensor n = xf * at::rsqrt(xf.pow(2).mean(-1, true) + 1e-6);
+    for (double offset : {0.0, 1.0}) {
+      RMSNorm norm(NormOptions(8, 1e-6).offset(offset));
+      {
+        at::NoGradGuard no_grad;
+        norm.weight.copy_(at::randn({8}) * 0.5);
+      }
+      at::Tensor wb = norm.weight.detach().to(at::kBFloat16);
+      norm.to(at::kBFloat16);
+      at::Tensor want = offset == 0 ? n.to(at::kBFloat16) * wb : (n * (wb.to(at::kFloat) + offset)).to(at::kBFloat16);
+      at::Tensor got = norm.forward(xb);
+      INFO("offset " << offset);
+      CHECK(got.scalar_type() == at::kBFloat16);
+      CHECK(maxdiff(got.to(at::kFloat), want.to(at::kFloat)) == 0);
+      std::vector<std::string> seen;
+      norm.hook = [&](const char* name, const at::Tensor& t) { return seen.push_back(name + std::string(":") + (t.scalar_type() == at::kBFloat16 ? "bf16" : "other")), t; };
+      // hooked: x / scale rather than x * rsqrt, so at most one bfloat16 rounding step apart (outputs below 4)
+      CHECK(maxdiff(norm.forward(xb).to(at::kFloat), got.to(at::kFloat)) <= 0.016);
+      CHECK(seen == std::vector<std::string>{"scale:bf16", "normalized:bf16"});
+    }
+  }
   SECTION("MLP applies its activation between fc and proj") {
     MLP mlp(MLPOptions(8, 16).activation("relu"));
     at::Tensor want = mlp.proj->forward(at::relu(mlp.fc->forward(x)));
@@ -97,13 +120,13 @@ TEST_CASE("attention's fused, hooked, cached and padded paths agree") {
   SECTION("RoPEAttention: Gemma's scale and soft-capping, QK-norm per head, interleaved pairs") {
     attn = std::make_shared<RoPEAttention>(
         RoPEAttentionOptions(16, 4).kv_heads(2).scale(0.3).softcap(2.0).qk_norm("head").qk_norm_offset(1.0).interleaved(true));
-    points = {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"};
+    points = {"q", "q_normed", "k", "k_normed", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"};
   }
   SECTION("RoPEAttention: QK-norm over the projection, a scale through the fused kernel, longrope") {
     attn = std::make_shared<RoPEAttention>(RoPEAttentionOptions(16, 4).kv_heads(2).scale(0.2).qk_norm("proj").scaling("longrope")
                                                .short_factor({1.0, 1.3}).long_factor({2.0, 4.0}).original_max_positions(64)
                                                .attention_factor(1.1));
-    points = {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"};
+    points = {"q", "q_normed", "k", "k_normed", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"};
   }
   const at::Tensor plain = attn->forward(x);  // fused where LibTorch has the kernel
   auto agrees = [&](const at::Tensor& y, const char* what) {

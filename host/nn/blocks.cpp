@@ -117,10 +117,30 @@ RMSNorm::RMSNorm(const NormOptions& o) : dim(o.dim()), eps(o.eps()), offset(o.of
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
   require_last_dim(x, dim, "RMSNorm");
-  const at::Tensor w = offset == 0 ? weight : weight + offset;
-  if (!hook) return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * w;
-  at::Tensor scale = at_hook("scale", (x.pow(2).mean(-1, /*keepdim=*/true) + eps).sqrt());  // (B, T, 1)
-  return at_hook("normalized", x / scale) * w;
+  const at::ScalarType dtype = x.scalar_type();
+  if (dtype != at::kHalf && dtype != at::kBFloat16) {
+    const at::Tensor w = offset == 0 ? weight : weight + offset;
+    if (!hook) return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * w;
+    at::Tensor scale = at_hook("scale", (x.pow(2).mean(-1, /*keepdim=*/true) + eps).sqrt());  // (B, T, 1)
+    return at_hook("normalized", x / scale) * w;
+  }
+  // float16 and bfloat16: normalised in float32 as transformers' norms are, then
+  // Llama's x.to(dtype) * weight, or Gemma's (x * (1 + weight)) in float32, then
+  // to dtype. The hooks see x's dtype; an identity hook changes nothing.
+  const at::Tensor xf = x.to(at::kFloat);
+  at::Tensor normalized;
+  if (!hook) {
+    normalized = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  } else {
+    auto through = [&](const char* name, const at::Tensor& f) {
+      const at::Tensor h = f.to(dtype), r = at_hook(name, h);
+      return r.is_same(h) ? f : r.to(at::kFloat);
+    };
+    const at::Tensor scale = through("scale", (xf.pow(2).mean(-1, /*keepdim=*/true) + eps).sqrt());
+    normalized = through("normalized", xf / scale);
+  }
+  if (offset == 0) return normalized.to(dtype) * weight;
+  return (normalized * (weight.to(at::kFloat) + offset)).to(dtype);
 }
 
 std::string RMSNorm::describe() const {
