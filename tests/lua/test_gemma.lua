@@ -5,7 +5,10 @@
 -- readout (so in the logit lens), sliding layers see only their window,
 -- cached generation is the uncached one, a fresh model's norms are Gemma's
 -- zeros, weight processing keeps Gemma 1's probabilities and refuses Gemma
--- 2's block by name, and the autopsy gives a row per layer. Numbers against
+-- 2's block by name, and the autopsy gives a row per layer; Gemma 3's
+-- multimodal checkpoint loads its language model (both weight layouts, the
+-- vision tower passed over by name, no final soft-capping), saves as a
+-- gemma3_text one and takes the Hub's sparse text_config. Numbers against
 -- transformers and TransformerLens are tests/parity/test_gemma_parity.py's.
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
@@ -159,6 +162,87 @@ test('config switches anatomy does not honour are refused by name', function()
     'layer_types = ["full_attention"], which anatomy does not support (one per layer, 3 of them)')
   H.raises_part(function() models.from_config(H.merged(gemma2, {hidden_activation = 'relu'})) end,
     'hidden_activation = "relu", which anatomy does not support')
+end)
+
+-- Gemma 3's multimodal folder (model_type gemma3, Gemma3ForConditionalGeneration) by hand: a text model's
+-- weights under `prefix` (its untied head as `head`), a vision tower's and a projector's tensors beside them,
+-- text_config holding tie_word_embeddings true and the top level false (transformers reads the top level's)
+local function multimodal(text, prefix, head)
+  local m = model(text)
+  torch.no_grad(function() m.lm_head.weight:mul_(50) end)  -- logits a soft-capping at 0.7 would bend
+  local plain = H.tmpdir()
+  m:save_pretrained(plain)
+  local f, tensors = torch.safe_open(plain .. '/model.safetensors'), {
+    ['vision_tower.encoder.layers.0.mlp.fc1.weight'] = torch.randn({6, 4}),
+    ['multi_modal_projector.mm_input_projection_weight'] = torch.randn({4, 24})}
+  for _, name in ipairs(f:keys()) do
+    tensors[name == 'lm_head.weight' and head or prefix .. name:sub(#'model.' + 1)] = f:get_tensor(name)
+  end
+  local dir = H.tmpdir()
+  torch.save_safetensors(dir .. '/model.safetensors', tensors, {format = 'pt'})
+  local config = {model_type = 'gemma3', architectures = {'Gemma3ForConditionalGeneration'}, tie_word_embeddings = false,
+    text_config = H.merged(text, {tie_word_embeddings = true}), vision_config = {model_type = 'siglip_vision_model', hidden_size = 4}}
+  require('anatomy.io.fs').write_atomic(dir .. '/config.json', require('anatomy.io.json').encode(config))
+  return dir, m
+end
+
+test("Gemma 3's multimodal checkpoint: its language model in both layouts, the vision tower left out by name", function()
+  local text = H.merged(gemma3, {tie_word_embeddings = false})  -- final_logit_softcapping 0.7, as gemma2's
+  local ids = torch.randint(1, V + 1, {2, 7})
+  for _, layout in ipairs{{'language_model.model.', 'language_model.lm_head.weight'}, {'model.language_model.', 'lm_head.weight'}} do
+    local dir, m = multimodal(text, layout[1], layout[2])
+    local mm = models.from_pretrained(dir)
+    eq(mm.config.tied, false, layout[1] .. ': the top level tie_word_embeddings false unties the head')
+    -- Gemma3ForConditionalGeneration's logits are its head's, not soft-capped
+    local capped, cap = m(ids), m.config.final_softcap
+    m.config.final_softcap = nil
+    local want = m(ids)
+    m.config.final_softcap = cap
+    assert((capped - want):abs():max():item() > 0.1, 'the soft-capping would move these logits')
+    H.identical(mm(ids), want, layout[1] .. ': the logits, uncapped')
+    local shown = tostring(mm)
+    assert(shown:find("Gemma3ForConditionalGeneration's language model: its vision tower and multi-modal projector not loaded, "
+      .. 'final_logit_softcapping 0.7 not applied (as transformers)', 1, true), shown)
+  end
+end)
+
+test('save_pretrained writes the multimodal model as a gemma3_text checkpoint, read back as it is', function()
+  local dir = multimodal(H.merged(gemma3, {tie_word_embeddings = false}), 'language_model.model.', 'language_model.lm_head.weight')
+  local mm, out = models.from_pretrained(dir), H.tmpdir()
+  mm:save_pretrained(out)
+  local json = require('anatomy.io.json')
+  local config = json.decode(H.read(out .. '/config.json'))
+  eq({config.model_type, config.architectures[1], config.tie_word_embeddings, config.final_logit_softcapping == json.null,
+    config.text_config == nil}, {'gemma3_text', 'Gemma3ForCausalLM', false, true, true}, 'the saved config')
+  local names = torch.safe_open(out .. '/model.safetensors'):keys()
+  table.sort(names)
+  eq({names[1], names[#names], #names}, {'lm_head.weight', 'model.norm.weight', 1 + 1 + 3 * 13 + 1}, 'the saved names')
+  local again = models.from_pretrained(out)
+  local ids = torch.randint(1, V + 1, {1, 9})
+  H.identical(again(ids), mm(ids), 'the logits read back')
+  -- a vision tensor is passed over in a gemma3 checkpoint only
+  local f, tensors = torch.safe_open(out .. '/model.safetensors'), {['vision_tower.x'] = torch.zeros({2})}
+  for _, n in ipairs(f:keys()) do tensors[n] = f:get_tensor(n) end
+  torch.save_safetensors(out .. '/model.safetensors', tensors, {format = 'pt'})
+  H.raises_part(function() models.from_pretrained(out) end, 'the checkpoint has a tensor anatomy does not place: vision_tower.x')
+end)
+
+test("the Hub's sparse text_config takes Gemma3TextConfig's defaults; no text_config is refused by name", function()
+  local F = require('anatomy.models.gemma')
+  -- google/gemma-3-4b-pt's config.json
+  local s = F.check({model_type = 'gemma3', text_config = {model_type = 'gemma3_text', hidden_size = 2560, intermediate_size = 10240,
+    num_hidden_layers = 34, rope_scaling = {factor = 8.0, rope_type = 'linear'}, sliding_window = 1024}}, 'here')
+  eq({s.vocab, s.dim, s.ffn, s.layers, s.heads, s.kv_heads, s.head_dim, s.tied, s.window, s.multimodal},
+    {262208, 2560, 10240, 34, 8, 4, 256, true, 1024, true}, 'sizes')
+  close(s.scale, 1 / 16, 1e-12, 'query_pre_attn_scalar 256')
+  eq({s.types[5], s.types[6], s.types[12], #s.types}, {'sliding_attention', 'full_attention', 'full_attention', 34}, '5:1 pattern')
+  eq({s.rope.theta, s.rope.scaling, s.rope.factor, s.rope_local.theta}, {1e6, 'linear', 8, 1e4}, 'RoPE, global and local')
+  for _, t in ipairs{false, require('anatomy.io.json').null} do  -- absent, and null
+    H.raises_part(function() models.from_config({model_type = 'gemma3', vision_config = {}, text_config = t or nil}) end,
+      'config.json has text_config = null, which anatomy does not support')
+  end
+  H.raises_part(function() models.from_config({model_type = 'gemma3', text_config = H.merged(gemma2, {})}) end,
+    'config.json has text_config.model_type = "gemma2", which anatomy does not support')
 end)
 
 H.done()

@@ -16,7 +16,16 @@ parity covers it); the Hub's config.json forms (Gemma 3's rope_theta,
 rope_local_base_freq, rope_scaling and sliding_window_pattern with no
 layer_types; Gemma 1's legacy hidden_act "gelu") read by transformers to the
 same logits as the model written; the config switches anatomy does not
-honour are refused by name. Last, TransformerLens 4.3's TransformerBridge on
+honour are refused by name. Gemma 3's multimodal checkpoints (model_type
+gemma3, Gemma3ForConditionalGeneration, a tiny SigLIP vision tower written
+with them): the language model alone, against transformers' forward of the
+whole model on token ids (no images), in both weight layouts transformers
+reads (language_model.model., which its save_pretrained writes and the Hub's
+files hold; model.language_model.), the head tied by the top level's
+tie_word_embeddings, text_config's final_logit_softcapping left out as
+there, the Hub's sparse text_config; saved as a gemma3_text checkpoint that
+transformers reads as Gemma3ForCausalLM; no text_config and a tensor of
+another part refused by name. Last, TransformerLens 4.3's TransformerBridge on
 the Gemma 2 and Gemma 3 models: every tensor it caches under a name anatomy
 maps is found in anatomy's cache by that name and equal (test_tl_parity's
 check_names: 1e-5 + 1e-4 * |TL|).
@@ -36,8 +45,9 @@ import tempfile
 try:
     import torch
     import transformers
+    from safetensors.torch import load_file, save_file
     from transformers import (GemmaConfig, GemmaForCausalLM, Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
-                              Gemma3TextConfig)
+                              Gemma3TextConfig, Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig)
     from test_bpe_parity import gpt2_like
     import test_pretrained_parity as P
     from test_phi_parity import padded, check_padded
@@ -49,7 +59,40 @@ CLASSES = {"gemma": (GemmaForCausalLM, GemmaConfig), "gemma2": (Gemma2ForCausalL
            "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig)}
 
 
+def multimodal(tmp, name, tok, tie=True, layout="saved", **text):
+    """A tiny Gemma3ForConditionalGeneration (a one-layer SigLIP vision tower) as
+    transformers writes it; layout "modules": its weights under its module
+    names (model.language_model., lm_head) instead."""
+    torch.manual_seed(len(name))
+    base = dict(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128, sliding_window=4,
+                query_pre_attn_scalar=12, bos_token_id=0, eos_token_id=0, initializer_range=0.2)
+    base.update(text)
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    cfg = Gemma3Config(text_config=base, vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                       image_token_index=base["vocab_size"] - 1, tie_word_embeddings=tie)
+    cfg._attn_implementation = "eager"
+    model = Gemma3ForConditionalGeneration(cfg).eval()
+    model.config.vocab_size = base["vocab_size"]  # for the checks that read it (the text config's)
+    with torch.no_grad():  # random norms, so that a misplaced one shows
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    folder = os.path.join(tmp, name)
+    model.save_pretrained(folder)
+    saved = load_file(os.path.join(folder, "model.safetensors"))
+    assert "language_model.model.embed_tokens.weight" in saved and any(k.startswith("vision_tower.") for k in saved)
+    if layout == "modules":
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(folder, "model.safetensors"),
+                  metadata={"format": "pt"})
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    return folder, model
+
+
 def gemma(tmp, name, tok, kind, **config):
+    if kind == "gemma3mm":
+        return multimodal(tmp, name, tok, **config)
     cls, config_cls = CLASSES[kind]
     base = dict(head_dim=8, tie_word_embeddings=True, initializer_range=0.2)
     if kind != "gemma":
@@ -77,7 +120,17 @@ def hub_form(folder, kind):
     """config.json rewritten in the form the Hub's checkpoints have it."""
     path = os.path.join(folder, "config.json")
     cfg = json.load(open(path))
-    if kind == "gemma3":  # google/gemma-3-1b-pt's: no layer_types, the RoPE settings at the top
+    if kind == "gemma3mm":  # google/gemma-3-4b-pt's: text_config holds what differs from Gemma3TextConfig's defaults
+        text, default = cfg["text_config"], Gemma3TextConfig().to_dict()
+        rope = text.pop("rope_parameters")
+        text.pop("layer_types")
+        text.update(rope_scaling={"rope_type": "linear", "factor": rope["full_attention"]["factor"]},
+                    rope_local_base_freq=rope["sliding_attention"]["rope_theta"], sliding_window_pattern=2)
+        for k in list(text):
+            if k in default and text[k] == default[k] and k not in ("model_type",):
+                del text[k]
+        assert "num_attention_heads" in default and "num_attention_heads" not in text, text
+    elif kind == "gemma3":  # google/gemma-3-1b-pt's: no layer_types, the RoPE settings at the top
         rope = cfg.pop("rope_parameters")
         full = dict(rope["full_attention"])
         cfg.pop("layer_types")
@@ -116,6 +169,17 @@ def main():
                   initializer_range=0.02, hub_form=True)),  # TransformerLens's model: its tolerance is 1e-5
             ("gemma: Gemma 1 (pre-norm, GeGLU, scaled embeddings), the legacy hidden_act gelu", "gemma",
              dict(hub_form=True)),
+            ("gemma3: Gemma3ForConditionalGeneration's language model (language_model.model. names), tied head, "
+             "text_config's final_logit_softcapping left out as transformers does", "gemma3mm",
+             dict(num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                  final_logit_softcapping=0.5)),
+            ("gemma3: model.language_model. names, untied head (top-level tie_word_embeddings false, text_config's true)",
+             "gemma3mm", dict(tie=False, tie_word_embeddings=True, layout="modules")),
+            ("gemma3: the Hub's config.json (sparse text_config, rope_scaling, rope_local_base_freq, sliding_window_pattern)",
+             "gemma3mm", dict(num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, layer_types=[
+                 "sliding_attention", "full_attention"] * 2, rope_parameters={
+                     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, hub_form=True)),
         ]
         tl_models = []  # the Gemma 2 and 3 models' folders and configs, for TransformerLens
         for name, kind, config in cases:
@@ -133,6 +197,14 @@ def main():
             n = 0
             ids = torch.tensor([tok.encode(P.TEXT).ids])
             for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+                if kind == "gemma3mm" and getattr(hf.config.text_config, key, None) is not None:
+                    with torch.no_grad():  # what the soft-capping would have made of transformers' logits
+                        logits = hf(ids).logits[0]
+                    cap = hf.config.text_config.final_logit_softcapping
+                    d = (logits - cap * torch.tanh(logits / cap)).abs().max().item()
+                    n += 1
+                    if d <= 1e-3:
+                        failures.append(f"{name}: {key} would move the logits by only {d:.3g}: the test does not show it left out")
                 if kind == "gemma2" and getattr(hf.config, key, None) is not None:
                     with torch.no_grad():
                         d = (hf(ids).logits[0] - logits_without(hf, ids, key)).abs().max().item()
@@ -156,7 +228,7 @@ def main():
                 continue
             # the first of each; TransformerLens 4.3's bridge applies Gemma 3's attn_logit_softcapping,
             # which transformers 5.23 (and anatomy) leave out, so a Gemma 3 without it
-            if kind != "gemma" and kind not in [k for k, _, _ in tl_models] and (
+            if kind not in ("gemma", "gemma3mm") and kind not in [k for k, _, _ in tl_models] and (
                     kind == "gemma2" or hf.config.attn_logit_softcapping is None):
                 tl_models.append((kind, folder, hf.config))
             overall, P.largest[0] = P.largest[0], 0.0
@@ -169,6 +241,11 @@ def main():
             n += 1
             if excess > 0:
                 failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
+            if kind == "gemma3mm":  # its language model written alone, as Gemma3ForCausalLM
+                n += 1
+                written = json.load(open(os.path.join(saved, "config.json")))
+                if type(reloaded).__name__ != "Gemma3ForCausalLM" or written["model_type"] != "gemma3_text":
+                    failures.append(f"{name}: save_pretrained wrote {written['model_type']}, read as {type(reloaded).__name__}")
             pad, err = padded(exe, folder, tmp)
             if err:
                 failures.append(f"{name}: padded batch: anatomy failed: {err}")
@@ -217,6 +294,23 @@ def main():
                 print(f"ok    refused: {want}")
             else:
                 failures.append(f"expected an error with '{want}', got {err!r}")
+        # Gemma 3's multimodal folder without its text_config, or with a tensor of a part anatomy does not know
+        folder, _ = multimodal(tmp, "refused_multimodal", tok)
+        tensors = load_file(os.path.join(folder, "model.safetensors"))
+        save_file(dict(tensors, **{"audio_tower.weight": torch.zeros(2)}), os.path.join(folder, "model.safetensors"),
+                  metadata={"format": "pt"})
+        _, err = P.run(exe, folder, tmp)
+        cfg = json.load(open(os.path.join(folder, "config.json")))
+        del cfg["text_config"]
+        json.dump(cfg, open(os.path.join(folder, "config.json"), "w"))
+        _, err2 = P.run(exe, folder, tmp)
+        for want, got in (("the checkpoint has a tensor anatomy does not place: audio_tower.weight", err),
+                          ("config.json has text_config = null, which anatomy does not support", err2)):
+            if got and want in got:
+                passed += 1
+                print(f"ok    refused: {want}")
+            else:
+                failures.append(f"expected an error with '{want}', got {got!r}")
     for f in failures:
         print("FAIL  " + f)
     print(f"largest logit difference: {P.largest[0]:.3g}")

@@ -8,6 +8,8 @@
 -- (nn.SwiGLU with gelu_tanh); Gemma 2 and 3 wrap attention and MLP each in a
 -- norm before and after; the final logits soft-capped; the head tied or not.
 -- Names follow Hugging Face's, except the stack: blocks.1 is model.layers.0.
+-- "gemma3" (Gemma3ForConditionalGeneration: gemma-3-4b/12b/27b) loads its
+-- language model alone, from text_config, as transformers runs it on text.
 local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local models = require('anatomy.models')
@@ -64,9 +66,31 @@ local function gemma3_rope(c, where)
   return global, {theta = setting(c, 'rope_local_base_freq', 1e4), scaling = 'default', partial = 1}
 end
 
+-- Gemma 3's multimodal config (model_type gemma3): its language model's settings are text_config's, with
+-- Gemma3TextConfig's defaults for the keys the Hub's files leave out, and the head tied by the top level's
+-- tie_word_embeddings (text_config's is not read), as transformers' Gemma3ForConditionalGeneration
+local text_defaults = {vocab_size = 262208, hidden_size = 2304, intermediate_size = 9216, num_hidden_layers = 26,
+  num_attention_heads = 8, num_key_value_heads = 4, head_dim = 256, max_position_embeddings = 131072}
+local function text_config(c, where)
+  local t = c.text_config
+  if type(t) ~= 'table' or t == json.null then
+    pretrained.refuse(where, 'text_config', t == nil and json.null or t, "model_type gemma3 keeps its language model's settings there")
+  end
+  if t.model_type ~= nil and t.model_type ~= 'gemma3_text' then
+    pretrained.refuse(where, 'text_config.model_type', t.model_type, 'a Gemma 3 language model is gemma3_text')
+  end
+  local text = {}
+  for k, v in pairs(text_defaults) do text[k] = v end
+  for k, v in pairs(t) do text[k] = v end
+  text.model_type, text.tie_word_embeddings = 'gemma3_text', setting(c, 'tie_word_embeddings', true)
+  return text
+end
+
 local activations = {gelu_pytorch_tanh = 'gelu_tanh', gelu_new = 'gelu_tanh', gelu = 'gelu', silu = 'silu'}
 
 function F.check(c, where)
+  local multimodal = c.model_type == 'gemma3'
+  if multimodal then c = text_config(c, where) end
   local function dim(key, optional) return pretrained.dim(c, key, where, optional) end
   local s = {
     family = c.model_type, vocab = dim('vocab_size'), dim = dim('hidden_size'), ffn = dim('intermediate_size'),
@@ -97,6 +121,9 @@ function F.check(c, where)
   if s.sandwich then
     s.scale = setting(c, 'query_pre_attn_scalar', 256) ^ -0.5
     s.final_softcap = setting(c, 'final_logit_softcapping', s.family == 'gemma2' and 30 or nil)
+  end
+  if multimodal then  -- transformers' Gemma3ForConditionalGeneration leaves final_logit_softcapping out: so does anatomy
+    s.multimodal, s.unapplied_softcap, s.final_softcap = true, s.final_softcap, nil
   end
   s.types = layer_types(c, s, where)
   s.window = setting(c, 'sliding_window', 4096)
@@ -193,7 +220,10 @@ function Gemma:extra_repr()
     s.family, s.vocab, s.dim, s.heads, s.kv_heads, s.head_dim, s.layers, s.ffn, s.tied and ', tied head' or '',
     sliding > 0 and (', %d sliding layers (window %d)'):format(sliding, s.window) or '',
     s.attn_softcap and (', attention softcap %g'):format(s.attn_softcap) or '',
-    s.final_softcap and (', final softcap %g'):format(s.final_softcap) or '') .. pretrained.config_note(self)
+    s.final_softcap and (', final softcap %g'):format(s.final_softcap) or '')
+    .. (s.multimodal and ("; Gemma3ForConditionalGeneration's language model: its vision tower and multi-modal projector not loaded%s")
+      :format(s.unapplied_softcap and (', final_logit_softcapping %g not applied (as transformers)'):format(s.unapplied_softcap) or '') or '')
+    .. pretrained.config_note(self)
 end
 
 function F.build(s) return Gemma(s) end
@@ -213,9 +243,17 @@ function F.parameters(s)
 end
 
 -- {anatomy name, Hugging Face name}: ...ForCausalLM prefixes `model.`; a
--- checkpoint of the base model does not.
+-- checkpoint of the base model does not. Gemma3ForConditionalGeneration's:
+-- language_model.model. and language_model.lm_head (the Hub's, and what
+-- transformers 5.23's save_pretrained writes) or model.language_model. and
+-- lm_head (its module names, which transformers reads too).
 function F.weights(s, tensors)
   local prefix = (tensors == nil or tensors['model.embed_tokens.weight'] ~= nil) and 'model.' or ''  -- nil: the layout save_pretrained writes
+  local head = 'lm_head.weight'
+  if tensors and s.multimodal then
+    prefix = tensors['model.language_model.embed_tokens.weight'] ~= nil and 'model.language_model.' or 'language_model.model.'
+    head = prefix == 'model.language_model.' and head or 'language_model.lm_head.weight'
+  end
   local list = {{'embed_tokens.weight', prefix .. 'embed_tokens.weight'}}
   local function add(name, hf) list[#list + 1] = {name, prefix .. hf} end
   local norms = s.sandwich and {'input_layernorm', 'post_attention_layernorm', 'pre_feedforward_layernorm', 'post_feedforward_layernorm'}
@@ -233,16 +271,32 @@ function F.weights(s, tensors)
     for _, p in ipairs{'gate', 'up', 'down'} do add(b .. 'mlp.' .. p .. '.weight', h .. 'mlp.' .. p .. '_proj.weight') end
   end
   add('norm.weight', 'norm.weight')
-  if not s.tied then list[#list + 1] = {'lm_head.weight', 'lm_head.weight'} end
+  if not s.tied then list[#list + 1] = {'lm_head.weight', head} end
   return list
+end
+
+-- The config save_pretrained writes: a multimodal one's language model as a
+-- gemma3_text checkpoint (Gemma3ForCausalLM), the vision tower not being here,
+-- with no final soft-capping, as the logits were
+function F.saved_config(config, s)
+  if not s.multimodal then return config end
+  local cfg = text_config(config, 'save_pretrained')
+  for _, k in ipairs{'dtype', 'torch_dtype', 'transformers_version'} do cfg[k] = config[k] end
+  cfg.architectures, cfg.final_logit_softcapping = {'Gemma3ForCausalLM'}, json.null
+  return cfg
 end
 
 -- Gemma's config settings transformers 5 takes only as floats (save_pretrained writes 30.0, not 30)
 F.float_keys = {'final_logit_softcapping', 'attn_logit_softcapping'}
 
--- Not weights: rotary frequencies some checkpoints keep, a tied head saved anyway.
-function F.ignored(name)
-  return name:match('rotary_emb%.inv_freq$') ~= nil or name == 'lm_head.weight'
+-- Not weights: rotary frequencies some checkpoints keep, a tied head saved
+-- anyway; a multimodal checkpoint's vision tower and projector.
+function F.ignored(name, s)
+  if s and s.multimodal and (name:match('^vision_tower%.') or name:match('^multi_modal_projector%.')
+      or name:match('^model%.vision_tower%.') or name:match('^model%.multi_modal_projector%.')) then
+    return true
+  end
+  return name:match('rotary_emb%.inv_freq$') ~= nil or name == 'lm_head.weight' or name == 'language_model.lm_head.weight'
 end
 
 return F

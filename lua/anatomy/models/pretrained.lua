@@ -36,7 +36,8 @@ pretrained.families = {gpt2 = 'anatomy.models.gpt2', llama = 'anatomy.models.lla
   olmo2 = 'anatomy.models.olmo', olmoe = 'anatomy.models.olmo',
   phi3 = 'anatomy.models.phi3',
   gptj = 'anatomy.models.gptj',
-  gemma = 'anatomy.models.gemma', gemma2 = 'anatomy.models.gemma', gemma3_text = 'anatomy.models.gemma'}
+  gemma = 'anatomy.models.gemma', gemma2 = 'anatomy.models.gemma', gemma3_text = 'anatomy.models.gemma',
+  gemma3 = 'anatomy.models.gemma'}  -- Gemma3ForConditionalGeneration: its language model (models/gemma.lua)
 
 -- The families' building pieces (models/family.lua), under the names the
 -- family files and scripts have used: pretrained.prenorm, .decoder, .dim, .rope, ...
@@ -278,7 +279,7 @@ function pretrained.from_pretrained(name, opts)
     used[w[2]] = (used[w[2]] or 0) + 1
   end
   for name in pairs(files) do
-    if not used[name] and not (F.ignored and F.ignored(name)) then
+    if not used[name] and not (F.ignored and F.ignored(name, settings)) then
       error(("%s: the checkpoint has a tensor anatomy does not place: %s"):format(where, name), 2)
     end
   end
@@ -424,7 +425,7 @@ function pretrained.save(model, folder)
   local ok, err = pcall(torch.save_safetensors, folder .. '/model.safetensors', tensors, {format = 'pt'})
   if not ok then error(('%s: %s'):format(where, tostring(err):gsub('^torch%.save_safetensors: ', '')), 3) end
   local cfg = {}
-  for k, v in pairs(config) do cfg[k] = v end
+  for k, v in pairs(F.saved_config and F.saved_config(config, s) or config) do cfg[k] = v end  -- Gemma 3's multimodal: its text model's
   cfg.torch_dtype = 'float32'
   local text = json.encode(cfg)
   -- transformers 5 checks a float setting's type: the family's (F.float_keys) keep their point when whole (0.0, not 0)
