@@ -49,6 +49,11 @@ FAMILIES = {
     "olmoe": (dict(SMALL, num_key_value_heads=2, num_experts=4, **MOE), True),
     "phi3": (dict(SMALL, num_key_value_heads=2, pad_token_id=0), False),
     "gptj": (dict(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, rotary_dim=4), False),
+    # Gemma3ForConditionalGeneration: its language model, the SigLIP tower passed over
+    "gemma3": (dict(text_config=dict(SMALL, num_hidden_layers=3, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+                                     sliding_window=4), tie_word_embeddings=False, mm_tokens_per_image=4, image_token_index=V - 1,
+                    vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=24,
+                                       num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14)), False),
 }
 
 
