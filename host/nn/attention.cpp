@@ -221,8 +221,8 @@ RoPEAttention::RoPEAttention(const RoPEAttentionOptions& o) : options(o) {
 // project, split heads, rotate, cache, attend, project (nanoGPT's CausalSelfAttention.forward, with RoPE)
 at::Tensor RoPEAttention::forward(const at::Tensor& x) {
   require_btc(x, options.dim(), "RoPEAttention");
-  at::Tensor qh = norm(q_norm, split_heads("q", q->forward(x), options.heads()));     // (B, H, T, D)
-  at::Tensor kh = norm(k_norm, split_heads("k", k->forward(x), options.kv_heads()));  // (B, kv_heads, T, D)
+  at::Tensor qh = norm("q_normed", q_norm, split_heads("q", q->forward(x), options.heads()));     // (B, H, T, D)
+  at::Tensor kh = norm("k_normed", k_norm, split_heads("k", k->forward(x), options.kv_heads()));  // (B, kv_heads, T, D)
   at::Tensor vh = split_heads("v", v->forward(x), options.kv_heads());
   auto [cos, sin] = angles(x);
   qh = rotate("rot_q", qh, cos, sin);
@@ -285,11 +285,14 @@ at::Tensor RoPEAttention::rotate(const char* name, const at::Tensor& t, const at
 
 // Queries or keys (B, heads, T, D) through their qk_norm: over D, or over the
 // whole projection (heads·D) as it came out of q or k; unchanged without one.
-at::Tensor RoPEAttention::norm(const std::shared_ptr<RMSNorm>& n, const at::Tensor& t) const {
+// The result goes through the hook `name` (q_normed, k_normed) as (B, T, heads, D)
+// where there is a norm (TransformerLens's hook_q_normed, hook_k_normed).
+at::Tensor RoPEAttention::norm(const char* name, const std::shared_ptr<RMSNorm>& n, const at::Tensor& t) const {
   if (!n) return t;
-  if (options.qk_norm() == "head") return n->forward(t);
   const int64_t B = t.size(0), H = t.size(1), T = t.size(2), D = t.size(3);
-  return n->forward(t.transpose(1, 2).reshape({B, T, H * D})).view({B, T, H, D}).transpose(1, 2);
+  at::Tensor normed = options.qk_norm() == "head" ? n->forward(t)
+      : n->forward(t.transpose(1, 2).reshape({B, T, H * D})).view({B, T, H, D}).transpose(1, 2);
+  return hook ? at_hook(name, normed.transpose(1, 2)).transpose(1, 2) : normed;
 }
 
 // Keys or values (B, kv_heads, Tk, D) repeated for each query head of their group (B, H, Tk, D).

@@ -353,7 +353,7 @@ class RoPEAttention : public AttentionBase {
   at::Tensor forward(const at::Tensor& x) override;
   std::string kind() const override { return "RoPEAttention"; }
   std::string describe() const override;
-  std::vector<std::string> hook_points() const override { return {"q", "k", "v", "rot_q", "rot_k", "scores", "pattern", "z", "result"}; }
+  std::vector<std::string> hook_points() const override { return {"q", "k", "v", "q_normed", "k_normed", "rot_q", "rot_k", "scores", "pattern", "z", "result"}; }
   RoPEAttentionOptions options;
   int64_t head_dim, rotary_dim;
   std::shared_ptr<Linear> q, k, v, o;
@@ -366,7 +366,7 @@ class RoPEAttention : public AttentionBase {
  private:
   std::pair<at::Tensor, at::Tensor> angles(const at::Tensor& x);
   at::Tensor rotate(const char* name, const at::Tensor& t, const at::Tensor& cos, const at::Tensor& sin) const;
-  at::Tensor norm(const std::shared_ptr<RMSNorm>& n, const at::Tensor& t) const;
+  at::Tensor norm(const char* name, const std::shared_ptr<RMSNorm>& n, const at::Tensor& t) const;
   at::Tensor shared(const at::Tensor& kv) const;
   at::Tensor cos_, sin_;  // for the last length, device and dtype seen
 };

@@ -74,7 +74,8 @@ test('expert_out: each expert\'s weighted share, summing to the output; a share 
   local x = torch.randn(2, 6, 8)
   local names = {}
   for _, p in ipairs(nn.declared_points(m)) do names[#names + 1] = p.name .. ':' .. table.concat(p.layout, ',') .. ':' .. p.cost end
-  eq(names, {'router_logits:batch,pos,expert:free', 'expert_out:batch,pos,expert,d_model:asked'})
+  eq(names, {'input:batch,pos,d_model:free', 'router_logits:batch,pos,expert:free', 'expert_weights:batch,pos,slot:free',
+    'expert_indices:batch,pos,slot:free', 'expert_out:batch,pos,expert,d_model:asked'})
   eq(m.block_role, 'mlp')
   local plain = torch.no_grad(function() return m(x) end)
   local _, weights = torch.no_grad(function() return dense(m, x, true) end)
@@ -87,6 +88,37 @@ test('expert_out: each expert\'s weighted share, summing to the output; a share 
   local cut = probe.run_with_hooks(m, x, {{'expert_out', function(t)
     local z = t:clone(); z:narrow(3, 1, 1):fill_(0); return z end}})
   close(cut, plain - shares:narrow(3, 1, 1):squeeze(3), 1e-6, 'expert 1 removed')
+end)
+
+test('expert_weights and expert_indices: the routing (B, T, K); patched, the output follows them; no index tensor refused', function()
+  torch.manual_seed(6)
+  local m = nn.MoE(8, 12, 4, 2)
+  torch.no_grad(function() m.gate.weight:mul_(8) end)
+  local x = torch.randn(2, 5, 8)
+  local plain = torch.no_grad(function() return m(x) end)
+  local _, cache = probe.run_with_cache(m, x)
+  local w, idx = cache['expert_weights'], cache['expert_indices']
+  eq({w:size(), idx:size(), idx.dtype, w.dtype}, {{2, 5, 2}, {2, 5, 2}, 'int64', 'float32'})
+  close(cache['input'], x, 0, 'input: what the block reads')
+  local _, weights = torch.no_grad(function() return dense(m, x, true) end)  -- (B, T, E)
+  close(weights:gather(3, idx), w, 1e-6, 'the weights of the chosen experts, 1-based')
+  close(w:sum(-1), torch.ones(2, 5), 1e-6, 'renormalised')
+  -- every token to experts 4 and 1, weighted 0.25 and 0.5 (as given, not renormalised)
+  local to = torch.tensor({4, 1}):long():reshape(1, 1, 2):expand(2, 5, 2):contiguous()
+  local out = torch.no_grad(function() return probe.run_with_hooks(m, x, {{'expert_indices', function() return to end},
+    {'expert_weights', function(t) return torch.tensor({0.25, 0.5}):reshape(1, 1, 2):expand(2, 5, 2):contiguous() end}}) end)
+  local want = torch.no_grad(function() return m.experts[4](x) * 0.25 + m.experts[1](x) * 0.5 end)
+  close(out, want, 1e-5, 'routed as patched')
+  assert((out - plain):abs():max():item() > 1e-3, 'the patch changes the output')
+  for _, bad in ipairs{{to:float(), 'must hold whole numbers %(an integer tensor%), got float32'},
+      {to * 0, 'must be experts 1..4 %(counted from 1%), got 0..0'}, {to + 1, 'must be experts 1..4 %(counted from 1%), got 2..5'},
+      {to:narrow(3, 1, 1):expand(2, 5, 2):contiguous(), 'must name distinct experts for each token'}} do
+    local ok, err = pcall(probe.run_with_hooks, m, x, {{'expert_indices', function() return bad[1] end}})
+    assert(not ok and tostring(err):find('nn.MoE: expert_indices ' .. bad[2]), tostring(err))
+  end
+  local ok, err = pcall(probe.run_with_hooks, m, x, {{'expert_weights', function(t) return t:long() end}})
+  assert(not ok and tostring(err):find('expert_weights must be floating point, got int64', 1, true), tostring(err))
+  close(torch.no_grad(function() return m(x) end), plain, 0, 'unhooked again: as before')
 end)
 
 test('bfloat16: within bfloat16 rounding of float32', function()

@@ -84,6 +84,13 @@ test('the QK-norm is over the whole projection, and its weights are used', funct
   for _, m in ipairs{olmo2(), olmoe()} do
     eq(param(m, 'blocks.1.self_attn.q_norm.weight'):size(), {32}, 'q_norm over heads x head_dim')
     eq(param(m, 'blocks.1.self_attn.k_norm.weight'):size(), {16}, 'k_norm over kv_heads x head_dim')
+    -- TransformerLens's hook_q_normed: q normed over the whole projection, as (B, T, H, D) (hook_q's layout)
+    local x = torch.randn(1, 7, 32)
+    local _, c = probe.run_with_cache(m.blocks[1].self_attn, x)
+    local q = nn.functional.linear(x, param(m, 'blocks.1.self_attn.q.weight'))  -- (B, T, H * D), no bias
+    local w = param(m, 'blocks.1.self_attn.q_norm.weight')
+    close(c['q_normed'], (q * (q:pow(2):mean(-1, true) + 1e-5):rsqrt() * w):reshape(1, 7, 4, 8), 1e-5, 'q_normed over the projection')
+    eq(probe.from_transformer_lens(m, 'blocks.0.attn.hook_k_normed'), 'blocks.1.self_attn.k_normed')
     local ids = torch.randint(1, V + 1, {1, 7})
     local before = torch.no_grad(function() return m(ids) end)
     torch.no_grad(function() param(m, 'blocks.1.self_attn.k_norm.weight'):mul_(3) end)

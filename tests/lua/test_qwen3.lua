@@ -55,6 +55,20 @@ test("TransformerLens's names resolve; hook_q is the projection, rot_q its per-h
   local rot = cache['blocks.1.attn.hook_rot_q']
   local first = rot:size(2) == 7 and rot:select(2, 1) or rot:select(3, 1)  -- (B, T, H, D) or (B, H, T, D)
   close(first, normed, 1e-5, 'rot_q at position 0: q normed over each head')
+  -- hook_q_normed / hook_k_normed: after the per-head norm, before rotation (B, T, H, D), at every position
+  eq(tl('blocks.0.attn.hook_q_normed'), 'blocks.1.self_attn.q_normed')
+  close(cache['blocks.1.attn.hook_q_normed'], rms(q:reshape(2, 7, 4, 16), param(m, 'blocks.2.self_attn.q_norm.weight'), 1e-6), 1e-5, 'hook_q_normed')
+  local k = nn.functional.linear(h, param(m, 'blocks.2.self_attn.k.weight')):reshape(2, 7, 2, 16)
+  close(cache['blocks.1.attn.hook_k_normed'], rms(k, param(m, 'blocks.2.self_attn.k_norm.weight'), 1e-6), 1e-5, 'hook_k_normed')
+  -- hook_pre_linear: the SwiGLU's up projection
+  local h2 = m.blocks[2].post_attention_layernorm(cache['blocks.1.hook_resid_mid'])
+  close(cache['blocks.1.mlp.hook_pre_linear'], nn.functional.linear(h2, param(m, 'blocks.2.mlp.up.weight')), 1e-5, 'hook_pre_linear')
+  -- queries patched to 0 after the norm: every score 0, so the pattern is uniform over the causal window
+  local handle = probe.replace(m, 'blocks.0.attn.hook_q_normed', function(t) return t * 0 end)
+  local _, patched = probe.run_with_cache(m, ids)
+  handle:remove()
+  local row = torch.ones(7, 7):tril() / torch.arange(1, 8):float():reshape(7, 1)
+  close(patched['blocks.1.self_attn.pattern'], row:reshape(1, 1, 7, 7):expand(2, 4, 7, 7), 1e-6, 'patched q_normed feeds the scores')
 end)
 
 test('Qwen3-MoE: nn.MoE on the sparse layers, a SwiGLU of intermediate_size on mlp_only_layers; router logits by their TransformerLens name', function()
@@ -64,6 +78,16 @@ test('Qwen3-MoE: nn.MoE on the sparse layers, a SwiGLU of intermediate_size on m
   eq(param(m, 'blocks.1.mlp.experts.1.gate.weight'):size(), {24, 32}, 'each expert: moe_intermediate_size')
   eq(m.blocks[1].mlp.norm_topk_prob, false, 'norm_topk_prob as the config says')
   eq(probe.from_transformer_lens(m, 'blocks.2.mlp.hook_router_logits'), 'blocks.3.mlp.router_logits')
+  -- the bridge's MoE names: hook_pre and hook_post the MoE's input and output, its router's gate.hook_out and top-k
+  local tl = function(name) return probe.from_transformer_lens(m, name) end
+  eq({tl('blocks.0.mlp.hook_pre'), tl('blocks.0.mlp.hook_post'), tl('blocks.0.mlp.gate.hook_out'), tl('blocks.0.mlp.hook_expert_weights'),
+      tl('blocks.0.mlp.gate.hook_expert_indices'), tl('blocks.1.mlp.hook_pre'), tl('blocks.1.mlp.hook_pre_linear')},
+     {'blocks.1.mlp.input', 'blocks.1.mlp', 'blocks.1.mlp.router_logits', 'blocks.1.mlp.expert_weights', 'blocks.1.mlp.expert_indices',
+      'blocks.2.mlp.pre', 'blocks.2.mlp.pre_linear'})
+  eq(probe.to_transformer_lens(m, 'blocks.1.mlp'), 'blocks.0.hook_mlp_out', 'the MoE output spelt hook_mlp_out, not its alias')
+  H.raises_part(function() return tl('blocks.1.mlp.hook_expert_weights') end, 'anatomy has no counterpart of it')  -- the dense layer
+  H.raises_part(function() return probe.from_transformer_lens(models.from_config(H.merged(dense, {model_type = 'llama', head_dim = nil}), {seed = 1}),
+    'blocks.0.attn.hook_q_normed') end, 'blocks.1.self_attn has no QK-norm (qk_norm)')
   local ids = torch.randint(1, V + 1, {2, 6})
   local _, cache = probe.run_with_cache(m, ids, {filter = {'*.router_logits'}})
   eq(cache['blocks.3.mlp.router_logits']:size(), {2, 6, 4})

@@ -16,7 +16,11 @@ gives each text's logits as when it runs alone and transformers' logits of
 the same padded batch, and its greedy continuation with the attention mask
 is transformers' generate of the same batch; TransformerLens 4.3's bridge
 (unprocessed) gives the same router logits (its blocks.{l}.mlp.gate.hook_out)
-and MLP outputs (blocks.{l}.hook_mlp_out), where it is installed. A folder in transformers 5's
+and MLP outputs (blocks.{l}.hook_mlp_out), where it is installed, and every
+tensor it caches under a name anatomy maps is found in anatomy's cache by
+that name and equal (test_tl_parity's check_names: mlp.hook_pre and
+hook_post, the MoE's input and output, hook_expert_weights and
+hook_expert_indices among them). A folder in transformers 5's
 fused layout (mlp.experts.gate_up_proj, down_proj) loads to the same logits;
 output_router_logits = true is refused by name.
 
@@ -127,9 +131,12 @@ def check_moe(name, got, hf, failures):
     return checks
 
 
-def check_bridge(name, got, folder, failures):
+def check_bridge(name, got, folder, failures, exe=None):
     """TransformerLens 4.3's bridge (unprocessed) on the same folder: its blocks.{l}.mlp.gate.hook_out (the
-    router logits, (B * T, E)) and blocks.{l}.hook_mlp_out against anatomy's router_logits and MLP output."""
+    router logits, (B * T, E)) and blocks.{l}.hook_mlp_out against anatomy's router_logits and MLP output; given
+    exe, also every tensor it caches under a name anatomy maps, by that name (test_tl_parity's check_names: the
+    MoE's mlp.hook_pre and hook_post, its input and output, mlp.gate.hook_out, hook_expert_weights and
+    hook_expert_indices among them)."""
     if TransformerBridge is None:
         print("      TransformerLens's bridge: skipped (transformer_lens is not installed)")
         return 0
@@ -138,6 +145,13 @@ def check_bridge(name, got, folder, failures):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         bridge = TransformerBridge.boot_transformers(folder, hf_model=eager, device="cpu")
         bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    if exe is not None:
+        import test_tl_parity
+        with tempfile.TemporaryDirectory() as tmp:
+            print("      ", end="")
+            n, failed = test_tl_parity.check_names(exe, os.path.dirname(os.path.abspath(__file__)), tmp, folder, eager.config, bridge)
+        checks += n
+        failures += [f"{name}: TransformerLens: {f}" for f in failed]
     with torch.no_grad():
         _, cache = bridge.run_with_cache(torch.tensor([got["ids"][0]]))
     for i in range(len(got["router"])):
@@ -189,7 +203,7 @@ def main():
             if err:
                 failures.append(f"{name}: anatomy failed on the router and padded batch: {err}")
             else:
-                n += check_moe(name, moe, hf, failures) + check_bridge(name, moe, folder, failures)
+                n += check_moe(name, moe, hf, failures) + check_bridge(name, moe, folder, failures, exe)
             passed += n - (len(failures) - before)
             print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
         # transformers 5's own layout (save_original_format=False): the experts fused

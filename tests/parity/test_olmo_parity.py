@@ -23,9 +23,10 @@ OLMo 2 the post-norms are TransformerLens's ln1_post and ln2_post, and its
 hook_attn_out and hook_mlp_out are their outputs (what each part adds to the
 stream), its hook_resid_mid the MLP's input: each must be found. For OLMoE
 its router logits (blocks.{l}.mlp.gate.hook_out) and MLP outputs
-(test_moe_parity's check_bridge); the MoE bridge's mlp.hook_pre and
-mlp.hook_post (the block's input and output: anatomy's experts have no
-(batch, pos) hidden layer) are not mapped.
+(test_moe_parity's check_bridge); by their names, the QK-norms'
+attn.hook_q_normed and hook_k_normed, OLMo 2's mlp.hook_pre_linear, and the
+MoE bridge's mlp.hook_pre and mlp.hook_post (the MoE's input and output, as
+its bridge aliases them), hook_expert_weights and hook_expert_indices.
 Variants: OLMo 2 with grouped keys and values, untied head; OLMo 2 with
 attention_bias, multi-query, rope_theta 500, tied head; OLMoE with 6 experts,
 top-3, norm_topk_prob false (OLMoE's), grouped-query; OLMoE with 4 experts,
@@ -63,10 +64,11 @@ OLMO2_MAPPED = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hoo
                 "attn.hook_pattern", "attn.hook_attn_scores", "attn.hook_rot_q", "attn.hook_rot_k", "hook_attn_out", "hook_mlp_out",
                 "mlp.hook_pre", "mlp.hook_post", "ln1_post.hook_scale", "ln1_post.hook_normalized", "ln1_post.hook_out",
                 "ln2_post.hook_scale", "ln2_post.hook_normalized", "ln2_post.hook_out", "attn.hook_out", "mlp.hook_out"]
-# OLMoE's: a Llama's, less the MoE bridge's mlp.hook_pre and hook_post (the block's input and output)
+# OLMoE's: a Llama's, its MoE bridge's mlp.hook_pre and hook_post the MoE's input and output, and its router's
 OLMOE_MAPPED = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z",
                 "attn.hook_pattern", "attn.hook_attn_scores", "attn.hook_rot_q", "attn.hook_rot_k", "hook_attn_out", "hook_mlp_out",
-                "ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_out"]
+                "ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post",
+                "mlp.hook_out", "mlp.gate.hook_out"]
 
 
 def olmo2(tmp, name, tok, **config):

@@ -24,11 +24,14 @@ in transformers 5's fused layout (mlp.experts.gate_up_proj, down_proj) loads
 to the same logits; the config switches anatomy does not honour are refused
 by name. Last, TransformerLens 4.3's TransformerBridge (unprocessed) on the
 first of each: every tensor it caches under a name anatomy maps is found in
-anatomy's cache by that name and equal (test_tl_parity's check_names), and
-for Qwen3-MoE its router logits (blocks.{l}.mlp.gate.hook_out) and MLP
-inputs and outputs (blocks.{l}.hook_mlp_out, and its MoE bridge's aliases
-mlp.hook_pre and mlp.hook_post, which anatomy does not map: its MoE has no
-hidden layer of (batch, pos)) are anatomy's.
+anatomy's cache by that name and equal (test_tl_parity's check_names: among
+them attn.hook_q_normed and hook_k_normed, the dense layers'
+mlp.hook_pre_linear, and on the sparse layers the MoE bridge's mlp.hook_pre
+and hook_post, the MoE's input and output, mlp.gate.hook_out,
+hook_expert_weights and hook_expert_indices), and for Qwen3-MoE its router
+logits (blocks.{l}.mlp.gate.hook_out) and MLP inputs and outputs
+(blocks.{l}.hook_mlp_out, mlp.hook_pre, mlp.hook_post) are also compared
+with the tensors anatomy's own run gives.
 Variants: Qwen3 with head_dim 16 over hidden_size 32 and 4 heads (head_dim
 is its own setting), grouped keys and values, untied; Qwen3 with
 attention_bias (q, k, v and o), multi-query, a tied head, and the sliding
@@ -153,9 +156,7 @@ def check_bridge(name, exe, folder, hf, got, failures):
     with tempfile.TemporaryDirectory() as tmp:
         n, failed = test_tl_parity.check_names(exe, here, tmp, folder, hf.config, bridge)
     sparse = list(got["sparse"] or [])
-    # on a sparse layer the bridge's mlp.hook_pre and hook_post alias the MLP's input and output (compared below)
-    aliased = [f"blocks.{l - 1}.mlp.hook_{p}: TransformerLens caches it and anatomy does not map it" for l in sparse for p in ("pre", "post")]
-    failures += [f"{name}: TransformerLens: {f}" for f in failed if f not in aliased]
+    failures += [f"{name}: TransformerLens: {f}" for f in failed]
     if not sparse:
         return n
     checks, worst = 0, 0.0

@@ -56,6 +56,28 @@ DETECT_VARIANTS = {"plain": {}, "no_bos": {"exclude_bos": True}, "no_current": {
 MAPPED = ["hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z",
           "attn.hook_pattern", "attn.hook_attn_scores", "hook_attn_out", "hook_mlp_out", "mlp.hook_pre", "mlp.hook_post",
           "ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized"]
+# the names of the newer families' parts, each of which must be found where the bridge has it: QK-norms, gated MLPs, MoE routers
+FAMILY_MAPPED = ["attn.hook_q_normed", "attn.hook_k_normed", "mlp.hook_pre_linear", "mlp.hook_expert_weights",
+                 "mlp.gate.hook_expert_weights", "mlp.hook_expert_indices", "mlp.gate.hook_expert_indices"]
+
+
+def bridge_view(name, w, a, cache):
+    """The bridge's tensor w in anatomy's layout (that of a), where the two differ by a rule of the bridge's: its
+    queries and keys after a per-head QK-norm are (B, H, T, D) and after a whole-projection one (B, T, H*D), anatomy's
+    (B, T, H, D) as hook_q's; its MoE router flattens the tokens (B*T, ...) where anatomy keeps (B, T, ...); its
+    hook_expert_weights scatters each token's top-k weights over all E experts, 0 elsewhere (anatomy's are the k
+    slots, in the order of hook_expert_indices); its experts count from 0, anatomy's from 1."""
+    if name.endswith(("attn.hook_q_normed", "attn.hook_k_normed")) and w.dim() == 4 and a.dim() == 4:
+        return w.transpose(1, 2)
+    if name.endswith("hook_expert_weights"):
+        indices = cache[name.replace("hook_expert_weights", "hook_expert_indices")]
+        w = w.gather(-1, indices.long())
+    if name.endswith("hook_expert_indices"):
+        w = w + 1
+    if w.shape != a.shape and w.numel() == a.numel() and name.endswith(("hook_q_normed", "hook_k_normed", "mlp.gate.hook_out",
+                                                                        "hook_expert_weights", "hook_expert_indices")):
+        w = w.reshape(a.shape)
+    return w
 
 
 
@@ -80,7 +102,7 @@ def check_names(exe, here, tmp, folder, cfg, bridge, skip=()):
     for name in names:
         if name not in got or name.endswith(tuple(skip)):
             continue
-        a, w = got[name].double(), cache[name].detach().double()
+        a, w = got[name].double(), bridge_view(name, cache[name].detach(), got[name], cache).double()
         if a.shape != w.shape:
             failed.append(f"{name}: shape {tuple(a.shape)} in anatomy, {tuple(w.shape)} in TransformerLens")
             continue
@@ -97,7 +119,7 @@ def check_names(exe, here, tmp, folder, cfg, bridge, skip=()):
             passed += 1
     L = 2
     for i in range(L):
-        for suffix in MAPPED:
+        for suffix in MAPPED + FAMILY_MAPPED:
             name = f"blocks.{i}.{suffix}"
             if name in cache and name not in got:
                 failed.append(f"{name}: TransformerLens caches it and anatomy does not map it")

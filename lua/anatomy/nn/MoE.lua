@@ -32,10 +32,17 @@ end
 local MoE = nn.class('nn.MoE', nn.Module)
 nn.MoE = MoE
 MoE.block_role = 'mlp'  -- the layer's MLP to the probes (probe/roles.lua)
--- Hook points: the router's logits, and each expert's weighted output (E
--- times the block's output in memory: computed only where a probe names it;
--- the block's output is then their sum, so patching one expert's share moves it).
-MoE.declares = {nn.point('router_logits', {'batch', 'pos', 'expert'}),
+-- Hook points: the block's input (what the router and the experts read:
+-- TransformerLens's MoE mlp.hook_pre), the router's logits, the weights and
+-- experts each token is routed to (its top_k slots, best first: the weights
+-- float32, renormalised as the router does; the experts 1-based, int64), and
+-- each expert's weighted output (E times the block's output in memory:
+-- computed only where a probe names it; the block's output is then their
+-- sum, so patching one expert's share moves it). A replacement of the
+-- weights is used as given (not renormalised); one of the experts must hold
+-- whole numbers in 1..E, distinct for each token, or it is refused.
+MoE.declares = {nn.point('input', nn.layouts.stream), nn.point('router_logits', {'batch', 'pos', 'expert'}),
+  nn.point('expert_weights', {'batch', 'pos', 'slot'}), nn.point('expert_indices', {'batch', 'pos', 'slot'}),
   nn.point('expert_out', {'batch', 'pos', 'expert', 'd_model'}, 'asked')}
 
 function MoE:__init(dim, hidden, experts, top_k, opts)
@@ -110,6 +117,38 @@ function MoE:set_routing(opts)
   return {remove = function() if rawget(self, 'routing') == r then rawset(self, 'routing', nil) end end}
 end
 
+local integer = {int64 = true, int32 = true, int16 = true, int8 = true, uint8 = true}
+
+-- The routing, w and idx (N, K) each, through the expert_weights and
+-- expert_indices points as (B, T, K) where a probe is on the block (else
+-- untouched, at no cost); a replacement is checked, and experts that make no
+-- index tensor are refused.
+local function routed(self, w, idx, B, T)
+  if rawget(self, '_hooks') == nil then return w, idx end
+  local N, K, E = B * T, w:size(2), self.num_experts
+  local given = w:reshape(B, T, K)
+  local got = self:hook('expert_weights', given)
+  if not rawequal(got, given) then
+    if not got.dtype:find('float', 1, true) then error(('nn.MoE: expert_weights must be floating point, got %s'):format(got.dtype), 0) end
+    w = got:reshape(N, K):float()
+  end
+  given = idx:reshape(B, T, K)
+  got = self:hook('expert_indices', given)
+  if rawequal(got, given) then return w, idx end
+  if not integer[got.dtype] then
+    error(('nn.MoE: expert_indices must hold whole numbers (an integer tensor), got %s'):format(got.dtype), 0)
+  end
+  local low, high = got:min():item(), got:max():item()
+  if low < 1 or high > E then
+    error(('nn.MoE: expert_indices must be experts 1..%d (counted from 1), got %d..%d'):format(E, low, high), 0)
+  end
+  local sorted = got:sort(-1)
+  if K > 1 and sorted:narrow(3, 2, K - 1):eq(sorted:narrow(3, 1, K - 1)):any():item() then
+    error('nn.MoE: expert_indices must name distinct experts for each token (as the router picks them)', 0)
+  end
+  return w, got:reshape(N, K):long()
+end
+
 -- Whether a probe asks for the expert_out point (its cost is 'asked').
 local function wants_experts(self)
   for _, n in ipairs(rawget(self, '_hooks_wanted') or {}) do
@@ -122,9 +161,11 @@ end
 function MoE:forward(x)
   local B, T, C = x:size(1), x:size(2), x:size(3)
   local E, N = self.num_experts, B * T
+  x = self:hook('input', x)
   local flat = x:reshape(N, C)
   local logits = self:hook('router_logits', nn.call_child(self, 'gate', self.gate, x))  -- (B, T, E)
   local w, idx = self:route(logits:reshape(N, E))  -- (N, K) each
+  w, idx = routed(self, w, idx, B, T)
   local ids = torch.arange(1, N + 1, {device = x.device})
   local per_expert = wants_experts(self) and {} or nil
   local out = torch.zeros_like(flat)  -- (N, C)

@@ -110,7 +110,7 @@ function Native.define(name, make, allowed, extra)
     function cls:num_heads(point)
       if fixed then return fixed end
       local made = rawget(self, '_made_with') or {}
-      if (point == 'k' or point == 'v' or point == 'rot_k') and made.kv_heads then return made.kv_heads end
+      if (point == 'k' or point == 'v' or point == 'rot_k' or point == 'k_normed') and made.kv_heads then return made.kv_heads end
       return made.heads
     end
   end

@@ -19,14 +19,17 @@
 -- frequencies by short_factor, or by long_factor in a forward whose last
 -- position is past original_max_positions (rotary_dim/2 numbers each), and
 -- multiplies cos and sin by attention_factor. Publishes its pattern
--- (B, H, T, T) like nn.Attention. A built-in block. Hook points: nn.Attention's
--- and the rotated queries and keys, rot_q and rot_k (B, T, H, D).
+-- (B, H, T, T) like nn.Attention. A built-in block. Hook points: nn.Attention's,
+-- with qk_norm the normed queries and keys before rotation, q_normed and k_normed
+-- (B, T, H, D; TransformerLens's hook_q_normed, hook_k_normed), and the rotated
+-- ones, rot_q and rot_k (B, T, H, D).
 local nn = require('anatomy.nn')
 local P, L = nn.point, nn.layouts
 return nn.Native.define('RoPEAttention', {'dim', 'heads'},
   {'kv_heads', 'head_dim', 'rotary_dim', 'theta', 'scaling', 'factor', 'low_freq_factor', 'high_freq_factor',
    'original_max_positions', 'qkv_bias', 'out_bias', 'causal', 'sliding_window', 'scale', 'softcap', 'qk_norm',
    'qk_norm_eps', 'qk_norm_offset', 'interleaved', 'short_factor', 'long_factor', 'attention_factor'}, {pattern = true, role = 'attention', declares = {
-  P('q', L.heads, 'unfused'), P('k', L.heads, 'unfused'), P('v', L.heads, 'unfused'), P('rot_q', L.heads, 'unfused'),
+  P('q', L.heads, 'unfused'), P('k', L.heads, 'unfused'), P('v', L.heads, 'unfused'), P('q_normed', L.heads, 'unfused'),
+  P('k_normed', L.heads, 'unfused'), P('rot_q', L.heads, 'unfused'),
   P('rot_k', L.heads, 'unfused'), P('scores', L.pattern, 'unfused'), P('pattern', L.pattern, 'unfused'),
   P('z', L.heads, 'unfused'), P('result', L.result, 'asked')}})

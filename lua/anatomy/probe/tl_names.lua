@@ -17,10 +17,16 @@ local layer_names  -- below
 -- has it), so the two numberings never meet in one name.
 local tl_block = {hook_resid_pre = 'resid_pre', hook_resid_mid = 'resid_mid', hook_resid_post = 'resid_post'}
 local tl_attn = {hook_q = 'q', hook_k = 'k', hook_v = 'v', hook_z = 'z', hook_pattern = 'pattern', hook_attn_scores = 'scores',
-  hook_result = 'result', hook_rot_q = 'rot_q', hook_rot_k = 'rot_k'}
-local tl_mlp = {hook_pre = 'pre', hook_post = 'post', hook_router_logits = 'router_logits'}  -- the last: nn.MoE's
+  hook_result = 'result', hook_rot_q = 'rot_q', hook_rot_k = 'rot_k', hook_q_normed = 'q_normed', hook_k_normed = 'k_normed'}
+local tl_mlp = {hook_pre = 'pre', hook_pre_linear = 'pre_linear', hook_post = 'post'}  -- hook_pre_linear: a gated MLP's up projection
+-- An MLP that is an nn.MoE: the bridge's MoE names its input and output
+-- mlp.hook_pre and hook_post ('' is the block's own output), and its router
+-- (mlp.gate) gives the logits and the tokens' top-k weights and experts.
+local tl_moe = {hook_pre = 'input', hook_post = '', hook_router_logits = 'router_logits', ['gate.hook_out'] = 'router_logits',
+  hook_expert_weights = 'expert_weights', ['gate.hook_expert_weights'] = 'expert_weights',
+  hook_expert_indices = 'expert_indices', ['gate.hook_expert_indices'] = 'expert_indices'}
 local tl_norm = {hook_scale = 'scale', hook_normalized = 'normalized'}
-tl.tables = {block = tl_block, attn = tl_attn, mlp = tl_mlp, norm = tl_norm}
+tl.tables = {block = tl_block, attn = tl_attn, mlp = tl_mlp, moe = tl_moe, norm = tl_norm}
 
 -- The child of a layer that plays a role (its attention, MLP, first or
 -- second norm), as its block declares it (probe/roles.lua).
@@ -57,12 +63,17 @@ function tl.from_transformer_lens(model, name, level)
       if not role_child(block, role) then fail(('%s has no %s'):format(path, roles.described[role])) end
       return roles.output(model, i + 1, role)
     end
-    local sub, hook = rest:match('^([%w_]+)%.(hook_[%w_]+)$')
-    local map = sub == 'attn' and tl_attn or sub == 'mlp' and tl_mlp or roles.described[sub] and sub:match('^ln') and tl_norm or nil
+    local sub, hook = rest:match('^([%w_]+)%.([%w_%.]-hook_[%w_]+)$')  -- hook: 'hook_z', or a submodule's 'gate.hook_out'
+    local child = sub and role_child(block, sub)
+    local moe = sub == 'mlp' and child and nn.MoE and nn.is_instance(block[child], nn.MoE)
+    local map = sub == 'attn' and tl_attn or moe and tl_moe or sub == 'mlp' and tl_mlp or roles.described[sub] and sub:match('^ln') and tl_norm or nil
     if not map or not (map[hook] or hook == 'hook_out') then fail('anatomy has no counterpart of it (docs/pretrained.md lists the names it maps)') end
-    local child = role_child(block, sub)
     if not child then fail(('%s has no %s'):format(path, roles.described[sub])) end
-    if hook == 'hook_out' then return path .. '.' .. child end  -- the bridge's wrapper: the module's output
+    if hook == 'hook_out' or map[hook] == '' then return path .. '.' .. child end  -- the bridge's wrapper: the module's output
+    if hook == 'hook_q_normed' or hook == 'hook_k_normed' then
+      local made = rawget(block[child], '_made_with') or {}
+      if made.qk_norm ~= 'head' and made.qk_norm ~= 'proj' then fail(('%s.%s has no QK-norm (qk_norm)'):format(path, child)) end
+    end
     return path .. '.' .. child .. '.' .. map[hook]
   end
   local final = name:match('^ln_final%.(hook_[%w_]+)$')
@@ -84,9 +95,11 @@ end
 
 -- The names of a layer's TransformerLens hook points, in TransformerLens's order.
 local tl_layer_order = {'hook_resid_pre', 'ln1.hook_scale', 'ln1.hook_normalized', 'attn.hook_q', 'attn.hook_k',
-  'attn.hook_v', 'attn.hook_rot_q', 'attn.hook_rot_k', 'attn.hook_attn_scores', 'attn.hook_pattern', 'attn.hook_z',
-  'attn.hook_result', 'ln1_post.hook_scale', 'ln1_post.hook_normalized', 'hook_attn_out', 'hook_resid_mid', 'ln2.hook_scale',
-  'ln2.hook_normalized', 'mlp.hook_pre', 'mlp.hook_post', 'mlp.hook_router_logits', 'ln2_post.hook_scale', 'ln2_post.hook_normalized',
+  'attn.hook_v', 'attn.hook_q_normed', 'attn.hook_k_normed', 'attn.hook_rot_q', 'attn.hook_rot_k', 'attn.hook_attn_scores',
+  'attn.hook_pattern', 'attn.hook_z', 'attn.hook_result', 'ln1_post.hook_scale', 'ln1_post.hook_normalized', 'hook_attn_out',
+  'hook_resid_mid', 'ln2.hook_scale', 'ln2.hook_normalized', 'mlp.hook_pre', 'mlp.hook_pre_linear', 'mlp.hook_post',
+  'mlp.hook_router_logits', 'mlp.gate.hook_out', 'mlp.hook_expert_weights', 'mlp.gate.hook_expert_weights',
+  'mlp.hook_expert_indices', 'mlp.gate.hook_expert_indices', 'ln2_post.hook_scale', 'ln2_post.hook_normalized',
   'hook_mlp_out', 'hook_resid_post'}
 
 -- probe.transformer_lens_names(model) -> {{tl, anatomy}, ...}: every
@@ -127,10 +140,14 @@ end
 -- anatomy's name ('blocks.1.resid_post' -> 'blocks.0.hook_resid_post'), or
 -- nil where TransformerLens has no name for the point.
 local function tl_spelling(model, name)
+  local alias  -- an MoE's output is hook_mlp_out rather than the bridge's alias of it, mlp.hook_post
   for _, pair in ipairs(tl.transformer_lens_names(model)) do
-    if pair[2] == name then return pair[1] end
+    if pair[2] == name then
+      if not (pair[1]:find('%.mlp%.hook_post$') and not name:find('%.post$')) then return pair[1] end
+      alias = alias or pair[1]
+    end
   end
-  return nil
+  return alias
 end
 tl.to_transformer_lens = tl_spelling
 
