@@ -381,4 +381,21 @@ test('the parameters a config implies are those its model has, in every family',
   H.raises_part(function() models.from_config(huge) end, 'of memory this machine has left (RAM available and free swap')
 end)
 
+-- save_pretrained copied vocab.json and merges.txt but not added_tokens.json
+-- beside them (GPT-J's 143 extra tokens): the saved folder's tokenizer lost them.
+test("save_pretrained keeps added_tokens.json, the added tokens beside vocab.json and merges.txt", function()
+  local json = require('anatomy.io.json')
+  local dir = H.gpt2_folder()
+  fs.write_atomic(dir .. '/vocab.json', json.encode({['<|endoftext|>'] = 0, a = 1, b = 2, ['Ġ'] = 3, ab = 4}))
+  fs.write_atomic(dir .. '/merges.txt', '#version: 0.2\na b\n')
+  fs.write_atomic(dir .. '/added_tokens.json', json.encode({['<|extra_0|>'] = 5, ['<|extra_1|>'] = 6}))
+  local model, tok = models.from_pretrained(dir)
+  eq(tok.vocab_size, 7, 'the added tokens read from the folder')
+  local out = H.tmpdir() .. '/saved'
+  model:save_pretrained(out)
+  local again = data.tokenizer(out)
+  eq(again.vocab_size, 7, 'and from the saved folder')
+  eq(torch.equal(again:encode('ab<|extra_1|>'), tok:encode('ab<|extra_1|>')), true, 'an added token encodes as before')
+end)
+
 H.done()

@@ -434,7 +434,7 @@ function pretrained.save(model, folder)
   end
   fs.write_atomic(folder .. '/config.json', text .. '\n')
   local from = rawget(model, 'hf_folder')
-  for _, file in ipairs{'tokenizer.json', 'tokenizer.model', 'vocab.json', 'merges.txt', 'tokenizer_config.json', 'special_tokens_map.json',
+  for _, file in ipairs{'tokenizer.json', 'tokenizer.model', 'vocab.json', 'merges.txt', 'added_tokens.json', 'tokenizer_config.json', 'special_tokens_map.json',
                         'generation_config.json'} do
     if from and from ~= folder and fs.exists(from .. '/' .. file) then
       fs.write_atomic(folder .. '/' .. file, fs.read(from .. '/' .. file))
