@@ -159,6 +159,11 @@ end
 
 -- x (B, T, C) -> (B, T, C): each token through its top_k experts, weighted
 function MoE:forward(x)
+  -- As transformers 5.23's grouped experts: the N * K (token, expert) slots
+  -- sorted by expert, their tokens gathered at once, each expert that got any
+  -- run on its contiguous rows (the counts read to the host once, not a read
+  -- per expert), the rows put back in slot order at once, and each token's K
+  -- rows summed with their weights in float32 (one batched product).
   local B, T, C = x:size(1), x:size(2), x:size(3)
   local E, N = self.num_experts, B * T
   x = self:hook('input', x)
@@ -166,30 +171,29 @@ function MoE:forward(x)
   local logits = self:hook('router_logits', nn.call_child(self, 'gate', self.gate, x))  -- (B, T, E)
   local w, idx = self:route(logits:reshape(N, E))  -- (N, K) each
   w, idx = routed(self, w, idx, B, T)
-  local ids = torch.arange(1, N + 1, {device = x.device})
-  local per_expert = wants_experts(self) and {} or nil
-  local out = torch.zeros_like(flat)  -- (N, C)
+  local K = idx:size(2)
+  local S, dev = N * K, {device = x.device}
+  local experts, order = idx:reshape(S):sort(1, false)  -- (S) the slots' experts ascending, and which slot each is
+  local counts = experts:reshape(S, 1):eq(torch.arange(1, E + 1, dev):reshape(1, E)):sum(1):tolist()  -- slots per expert
+  local token = torch.arange(1, N + 1, dev):reshape(N, 1):expand(N, K):reshape(S):index_select(1, order)  -- (S)
+  local xs = flat:index_select(1, token)  -- (S, C) each slot's token, grouped by expert
+  local ys, start = {}, 1
   for e = 1, E do
-    local hit = idx:eq(e)  -- (N, K): where expert e is among a token's top_k
-    local tokens = ids:masked_select(hit:any(-1))  -- (n) the tokens it runs on
-    local n = tokens:size(1)
-    local share
-    if n > 0 then
-      local y = Expert.forward(self.experts[e], flat:index_select(1, tokens))  -- (n, C)
-      local we = (w * hit:float()):sum(-1):index_select(1, tokens):unsqueeze(-1)  -- (n, 1) its weight, float32
-      y = (y.dtype == 'float32' and y * we or (y:float() * we):to(y.dtype))  -- weighted in float32, as transformers
-      share = tokens:unsqueeze(-1):expand(n, C)
-      out = out:scatter_add(1, share, y)
-      if per_expert then per_expert[e] = torch.zeros_like(flat):scatter_add(1, share, y) end
-    elseif per_expert then
-      per_expert[e] = torch.zeros_like(flat)
+    local n = counts[e]
+    if n > 0 then  -- an expert no token picked does not run
+      ys[#ys + 1] = Expert.forward(self.experts[e], xs:narrow(1, start, n))  -- (n, C)
+      start = start + n
     end
   end
-  if per_expert then  -- (B, T, E, C), and the block's output their sum
-    local each = self:hook('expert_out', torch.stack(per_expert, 2):reshape(B, T, E, C))
-    return each:sum(3)
+  local _, back = order:sort(1, false)  -- each slot's row among the sorted
+  local y = (#ys == 1 and ys[1] or torch.cat(ys, 1)):index_select(1, back):float():reshape(N, K, C)  -- token n's K experts' outputs
+  if wants_experts(self) then  -- (B, T, E, C): each token's row of its experts' weighted outputs, 0 elsewhere
+    local each = torch.zeros({N * E, C}, {dtype = x.dtype, device = x.device})
+    each[(torch.arange(0, N, dev):reshape(N, 1) * E + idx):reshape(S)] = (y * w:reshape(N, K, 1)):reshape(S, C):to(x.dtype)
+    each = self:hook('expert_out', each:reshape(B, T, E, C))
+    return each:sum(3)  -- the block's output their sum
   end
-  return out:reshape(B, T, C)
+  return w:reshape(N, 1, K):bmm(y):to(x.dtype):reshape(B, T, C)  -- weighted in float32, as transformers
 end
 
 -- What print(model) shows beside its children
