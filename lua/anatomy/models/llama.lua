@@ -53,49 +53,69 @@ function F.check(c, where)
   else
     s.qkv_bias, s.out_bias = c.attention_bias == true, c.attention_bias == true
   end
-  -- Sliding windows: Mistral's whenever set; Qwen2's only with use_sliding_window,
-  -- and then from layer max_window_layers on (counted from 0).
+  -- Sliding windows: Mistral's whenever set, on every layer; Qwen2's only with
+  -- use_sliding_window, and then from layer max_window_layers on (counted from
+  -- 0). s.windowed[i]: layer i slides (absent: every layer does).
   if (c.model_type == 'mistral' or c.model_type == 'mixtral') and type(c.sliding_window) == 'number' then
-    s.window, s.window_from = c.sliding_window, 1
+    s.window = c.sliding_window
   elseif c.model_type == 'qwen2' and c.use_sliding_window and type(c.sliding_window) == 'number' then
-    s.window, s.window_from = c.sliding_window, (c.max_window_layers or 0) + 1
+    s.window, s.windowed = c.sliding_window, {}
+    for i = 1, s.layers do s.windowed[i] = i >= (c.max_window_layers or 0) + 1 end
   elseif c.model_type == 'llama' and type(c.sliding_window) == 'number' then
     pretrained.refuse(where, 'sliding_window', c.sliding_window, 'Llama attends to every earlier position')
   end
   return s
 end
 
-local Block = nn.block('models.LlamaBlock', function(self, s, i)
-  self.input_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
-  self.self_attn = nn.RoPEAttention(s.dim, s.heads, pretrained.attention_options(s.rope, {kv_heads = s.kv_heads,
-    head_dim = s.head_dim, qkv_bias = s.qkv_bias, out_bias = s.out_bias,
-    sliding_window = (s.window and i >= s.window_from) and s.window or nil, qk_norm = s.qk_norm, qk_norm_eps = s.qk_norm and s.eps}))
-  self.post_attention_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
-  if s.moe then
-    self.mlp = nn.MoE(s.dim, s.ffn, s.moe.experts, s.moe.top_k, {norm_topk_prob = s.moe.norm_topk_prob})
-  else
-    self.mlp = nn.SwiGLU(s.dim, s.ffn, {bias = s.mlp_bias})
+-- F.block(class) -> Llama's pre-norm block under a class name (models.LlamaBlock;
+-- Qwen3's is models.Qwen3Block): RMSNorm, nn.RoPEAttention (s.qk_norm on its
+-- queries and keys, the sliding window on the layers s.windowed names), RMSNorm,
+-- and nn.MoE (experts of s.moe.ffn or s.ffn) on the layers s.sparse names (absent:
+-- every layer), else nn.SwiGLU.
+function F.block(class)
+  local Block = nn.block(class, function(self, s, i)
+    self.input_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
+    self.self_attn = nn.RoPEAttention(s.dim, s.heads, pretrained.attention_options(s.rope, {kv_heads = s.kv_heads,
+      head_dim = s.head_dim, qkv_bias = s.qkv_bias, out_bias = s.out_bias, qk_norm = s.qk_norm, qk_norm_eps = s.qk_norm and s.eps,
+      sliding_window = (s.window and (not s.windowed or s.windowed[i])) and s.window or nil}))
+    self.post_attention_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
+    if F.sparse(s, i) then
+      self.mlp = nn.MoE(s.dim, s.moe.ffn or s.ffn, s.moe.experts, s.moe.top_k, {norm_topk_prob = s.moe.norm_topk_prob})
+    else
+      self.mlp = nn.SwiGLU(s.dim, s.ffn, {bias = s.mlp_bias})
+    end
+  end)
+  Block.hook_names = pretrained.resid_hooks
+  -- block(x) -> x + attn(norm(x)), then + mlp(norm(.)) (pre-norm, RMSNorm), through the hook points
+  function Block:forward(x)
+    local y = pretrained.prenorm(self, x, self.self_attn, self.input_layernorm, self.mlp, self.post_attention_layernorm)
+    return y
   end
-end)
-models.LlamaBlock = Block
-
-Block.hook_names = pretrained.resid_hooks
-
--- block(x) -> x + attn(norm(x)), then + mlp(norm(.)) (pre-norm, RMSNorm), through the hook points
-function Block:forward(x)
-  local y = pretrained.prenorm(self, x, self.self_attn, self.input_layernorm, self.mlp, self.post_attention_layernorm)
-  return y
+  return Block
 end
 
-local Llama = nn.block('models.Llama', function(self, s)
-  pretrained.decoder_parts(self, s, nn.RMSNorm, Block)
-end)
-models.Llama = Llama
+-- F.sparse(s, i) -> whether layer i's MLP is the mixture of experts
+function F.sparse(s, i) return s.moe ~= nil and (not s.sparse or s.sparse[i] == true) end
 
-pretrained.decoder(Llama, {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'})
--- cached generation: the rotary attention keeps its keys and values and counts the positions
-Llama.incremental = true
-Llama.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
+local Block = F.block('models.LlamaBlock')
+models.LlamaBlock = Block
+
+-- F.model(class, Block) -> Llama's decoder class (models.Llama; Qwen3's is
+-- models.Qwen3) over the block class Block: embed_tokens, blocks, norm, lm_head
+local names = {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'}
+function F.model(class, Block)
+  local cls = nn.block(class, function(self, s)
+    pretrained.decoder_parts(self, s, nn.RMSNorm, Block)
+  end)
+  pretrained.decoder(cls, names)
+  -- cached generation: the rotary attention keeps its keys and values and counts the positions
+  cls.incremental = true
+  cls.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
+  return cls
+end
+
+local Llama = F.model('models.Llama', Block)
+models.Llama = Llama
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function Llama:extra_repr()
@@ -119,8 +139,15 @@ function F.parameters(s)
   local attn = 2 * C * q + 2 * C * kv + (s.qkv_bias and q + 2 * kv or 0) + (s.out_bias and C or 0)
     + (s.qk_norm == 'proj' and q + kv or s.qk_norm == 'head' and 2 * hd or 0)  -- q_norm, k_norm
   local mlp = 3 * C * s.ffn + (s.mlp_bias and 2 * s.ffn + C or 0)  -- gate, up, down
-  if s.moe then mlp = s.moe.experts * mlp + C * s.moe.experts end  -- each expert's, and the router
-  return s.vocab * C * (s.tied and 1 or 2) + s.layers * (2 * C + attn + mlp) + C
+  local n = s.vocab * C * (s.tied and 1 or 2) + C
+  for i = 1, s.layers do
+    local m = mlp
+    if F.sparse(s, i) then  -- each expert's, and the router
+      m = s.moe.experts * (3 * C * (s.moe.ffn or s.ffn) + (s.mlp_bias and 2 * s.ffn + C or 0)) + C * s.moe.experts
+    end
+    n = n + 2 * C + attn + m
+  end
+  return n
 end
 
 -- models.llama{vocab, dim, heads, layers, ffn, kv_heads = heads, seq, theta =
@@ -154,7 +181,7 @@ function F.weights(s, tensors)
     if s.qk_norm then
       for _, n in ipairs{'q_norm', 'k_norm'} do add(b .. 'self_attn.' .. n .. '.weight', h .. 'self_attn.' .. n .. '.weight') end
     end
-    if s.moe then
+    if F.sparse(s, i) then
       F.expert_weights(s, add, b, h, tensors and tensors[prefix .. h .. 'mlp.experts.gate_up_proj'] ~= nil)
     else
       for _, p in ipairs{'gate', 'up', 'down'} do
@@ -177,7 +204,7 @@ end
 -- (E, C, ffn)), each expert's part cut out. add(name, hf[, convert]) as
 -- F.weights; b, h: the layer's prefixes.
 function F.expert_weights(s, add, b, h, fused)
-  local E, ffn, n = s.moe.experts, s.ffn, s.moe.names
+  local E, ffn, n = s.moe.experts, s.moe.ffn or s.ffn, s.moe.names
   if not fused then
     add(b .. 'mlp.gate.weight', h .. n.router .. '.weight')
     for e = 1, E do
