@@ -4,8 +4,9 @@
 -- embeddings are scaled by √d in their dtype, the final soft-capping is in the
 -- readout (so in the logit lens), sliding layers see only their window,
 -- cached generation is the uncached one, a fresh model's norms are Gemma's
--- zeros, weight processing keeps Gemma 1's probabilities and refuses Gemma
--- 2's block by name, and the autopsy gives a row per layer; Gemma 3's
+-- zeros, weight processing keeps Gemma 1's, 2's and 3's probabilities (the
+-- pre-norms folded, the post-norms and QK-norms kept, as TransformerLens),
+-- and the autopsy gives a row per layer; Gemma 3's
 -- multimodal checkpoint loads its language model (both weight layouts, the
 -- vision tower passed over by name, no final soft-capping), saves as a
 -- gemma3_text one and takes the Hub's sparse text_config. Numbers against
@@ -126,13 +127,40 @@ test("a fresh model's norms are Gemma's zeros (a scale of 1), and its parameters
   end
 end)
 
-test("weight processing keeps Gemma 1's probabilities, and refuses Gemma 2's four norms by name", function()
+test("weight processing keeps Gemma 1's probabilities", function()
   local m, p = model(gemma1), model(gemma1)
   models.process_weights(p, {fold_ln = true, center_unembed = true})
   local ids = torch.randint(1, V + 1, {2, 8})
   close(p(ids):log_softmax(-1), m(ids):log_softmax(-1), 1e-4, 'log-probabilities processed and not')
   close(p.blocks[1].input_layernorm.weight, torch.zeros({24}), 0, 'the norm left at weight 0: a scale of 1')
-  H.raises_part(function() models.process_weights(model(gemma2), {fold_ln = true}) end, 'blocks.1 is not a pre-norm block of two norms')
+end)
+
+test("Gemma 2/3: fold_ln folds the pre-norms and keeps the post-norms and QK-norms, as TransformerLens; center_unembed under final soft-capping refused", function()
+  local ids = torch.randint(1, V + 1, {2, 8})
+  for _, config in ipairs({gemma2, gemma3}) do
+    local m, p = model(config), model(config)
+    models.process_weights(p, {fold_ln = true})
+    close(p(ids), m(ids), 1e-4, config.model_type .. ': logits processed and not')
+    local b, o = p.blocks[2], m.blocks[2]
+    for _, n in ipairs({'input_layernorm', 'pre_feedforward_layernorm'}) do close(b[n].weight, torch.zeros({24}), 0, n .. ' left at 0: a scale of 1') end
+    for _, n in ipairs({'post_attention_layernorm', 'post_feedforward_layernorm'}) do close(b[n].weight, o[n].weight, 0, n .. ' unchanged') end
+    local function params(x) local t = {}; for n, w in x:named_parameters() do t[n] = w end; return t end
+    local pb, po = params(b), params(o)
+    close(pb['self_attn.q.weight'], po['self_attn.q.weight'] * (o.input_layernorm.weight + 1):unsqueeze(1), 1e-6, 'W_Q times 1 + ln1')
+    close(pb['mlp.gate.weight'], po['mlp.gate.weight'] * (o.pre_feedforward_layernorm.weight + 1):unsqueeze(1), 1e-6, 'W_gate times 1 + ln2')
+    close(weights.embedding(p), p.embed_tokens.weight:double(), 0, "W_E: the embedding's weight, unscaled, as TransformerLens's")
+    if config.model_type == 'gemma3_text' then
+      close(pb['self_attn.q_norm.weight'], po['self_attn.q_norm.weight'], 0, 'q_norm unchanged')
+      close(pb['self_attn.k_norm.weight'], po['self_attn.k_norm.weight'], 0, 'k_norm unchanged')
+    end
+    H.raises_part(function() models.process_weights(model(config), {fold_ln = true, center_unembed = true}) end,
+      'center_unembed: the logits are soft-capped (final_logit_softcapping 0.7)')
+  end
+  local plain3 = H.merged(gemma3, {})
+  plain3.final_logit_softcapping = nil
+  local uncapped, centred = model(plain3), model(plain3)
+  models.process_weights(centred, {fold_ln = true, center_unembed = true})
+  close(centred(ids):log_softmax(-1), uncapped(ids):log_softmax(-1), 1e-4, 'uncapped Gemma 3: log-probabilities processed and not')
 end)
 
 test('the autopsy of a Gemma 2: a row per layer, each with its removal loss and lens loss', function()

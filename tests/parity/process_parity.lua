@@ -37,18 +37,37 @@ for l = 1, #layers do
   end
 end
 for k, list in pairs(stack) do out[k] = torch.cat(list, 1):contiguous() end
--- every norm left with weight 1 and bias 0 (where it folded)
-local worst = 0
+-- every norm that folds left with weight 1 and bias 0 (a scale of 1: weight
+-- 0 under Gemma's offset 1); those TransformerLens keeps (Gemma 2/3's
+-- post-norms, QK-norms) as they were
+local kept = {}
+for l = 1, #layers do
+  local block = layers[l][2]
+  for _, role in ipairs({'ln1_post', 'ln2_post'}) do
+    local n = block.norm_roles and block.norm_roles[role]
+    if n then kept[layers[l][1] .. '.' .. n .. '.weight'] = true end
+  end
+end
+local before = {}
+for name, t in plain:named_parameters() do before[name] = t end
+local worst, kept_worst = 0, 0
 for name, t in model:named_parameters() do
-  if name:find('ln') or name:find('norm') then
-    local want = name:match('weight$') and 1 or 0
+  if kept[name] or name:find('[qk]_norm') then
+    kept_worst = math.max(kept_worst, (t:double() - before[name]:double()):abs():max():item())
+  elseif name:find('ln') or name:find('norm') then
+    local offset = model.config.family and model.config.family:find('^gemma') and 1 or 0
+    local want = name:match('weight$') and 1 - offset or 0
     worst = math.max(worst, (t:double() - want):abs():max():item())
   end
 end
 out.norm_identity_error = torch.tensor({worst}, {dtype = 'float64'})
-local dla = probe.logit_attribution(model, ids, target)
-local heads = {}
-for _, row in ipairs(dla.rows) do if row[1]:find(' head ') then heads[#heads + 1] = row[2] end end
-out.dla_heads = torch.tensor(heads, {dtype = 'float64'})
+out.kept_norm_change = torch.tensor({kept_worst}, {dtype = 'float64'})
+-- (not through norms after the parts, Gemma 2/3's: no head's share of the logit passes a post-norm alone)
+if not (layers[1][2].norm_roles or {}).ln1_post then
+  local dla = probe.logit_attribution(model, ids, target)
+  local heads = {}
+  for _, row in ipairs(dla.rows) do if row[1]:find(' head ') then heads[#heads + 1] = row[2] end end
+  out.dla_heads = torch.tensor(heads, {dtype = 'float64'})
+end
 for k, v in pairs(out) do out[k] = v:contiguous() end
 torch.save_safetensors(arg[5], out)

@@ -84,12 +84,16 @@ local function parts_of(path, block, where, level)
   end
   out.ln1, out.ln2 = norms[1], norms[2]
   if block.shared_norm == true and #norms == 1 then out.ln2 = out.ln1 end
-  local declared = block.norm_roles
+  local declared, posts = block.norm_roles, 0
   if declared and not declared.ln1 and not declared.ln2 then  -- norms after the parts only (OLMo 2's): TransformerLens does not fold them either
     error(('%s: %s normalises its attention\'s and MLP\'s outputs (%s), which no weight reading the stream can take in'):format(
       where, path, table.concat({declared.ln1_post, declared.ln2_post}, ', ')), level)
   end
-  if not (out.ln1 and out.ln2 and out.attn and out.mlp and (#norms == 2 or out.ln2 == out.ln1)) then
+  if declared and declared.ln1 and declared.ln2 then  -- norms before and after each part (Gemma 2/3's): the pre-norms fold, the post-norms stay, as TransformerLens's ln1_post, ln2_post
+    out.ln1, out.ln2 = {declared.ln1, block[declared.ln1]}, {declared.ln2, block[declared.ln2]}
+    posts = (declared.ln1_post and 1 or 0) + (declared.ln2_post and 1 or 0)
+  end
+  if not (out.ln1 and out.ln2 and out.attn and out.mlp and (#norms == 2 + posts or out.ln2 == out.ln1)) then
     error(('%s: %s is not a pre-norm block of two norms (or one it declares shared), an attention and an MLP that anatomy knows how to process')
       :format(where, path), level)
   end
@@ -186,7 +190,9 @@ end
 -- processing (its process_weights, in its order) in place, on a model from
 -- models.from_pretrained, a pre-norm models.gpt, or any model whose class
 -- names its parts (model:processing_names() -> {embed, stack, norm, head},
--- pre-norm blocks of two norms, an attention and an MLP); the model
+-- pre-norm blocks of two norms, an attention and an MLP; norms after the
+-- parts as well where Block.norm_roles names ln1 and ln2, which fold, and
+-- ln1_post, ln2_post, which stay as they are: Gemma 2/3's); the model
 -- computes the same probabilities (the logits move by one amount per
 -- position where center_unembed is on). model.processed records what was
 -- done; save_pretrained refuses a processed model (transformers has no
@@ -217,6 +223,11 @@ function process.process_weights(model, opts)
   if opts.center_writing_weights and not layer_norm then
     error(('%s: center_writing_weights needs LayerNorm; %s uses %s, which does not take the mean out of the stream')
       :format(where, nn.typename(model), nn.typename(final[2])), 2)
+  end
+  local cap = type(model.config) == 'table' and model.config.final_softcap
+  if opts.center_unembed and cap then  -- TransformerLens's bridge skips the step here (with a warning)
+    error(('%s: center_unembed: the logits are soft-capped (final_logit_softcapping %g), and tanh does not keep a shift of every logit, so the probabilities would change')
+      :format(where, cap), 2)
   end
   if opts.fold_value_biases then
     local any = false

@@ -214,7 +214,13 @@ function weights.embedding(model, level)
   level = (level or 1) + 1
   local ok, name = pcall(points.from_transformer_lens, model, 'hook_embed', 1)
   if not ok then error(('weights: the model has no token embedding: %s'):format(tostring(name):gsub('^[^\n]-:%d+: ', '')), level) end
-  local m = points.module(model, name)
+  local found, m = pcall(points.module, model, name)
+  if not found then  -- a model's own hook point (Gemma's embed, scaled): its embedding's weight, as TransformerLens's W_E
+    local names = rawget(model, 'pretrained_names') or model.pretrained_names
+    local e = type(names) == 'table' and model[names.embed]
+    if not e then error(('weights: the model has no token embedding: %s'):format(tostring(m):gsub('^[^\n]-:%d+: ', '')), level) end
+    m = e
+  end
   return m.weight:detach():double()
 end
 
