@@ -1,4 +1,4 @@
--- A padded batch through a Hugging Face folder, for test_phi_parity.py.
+-- A padded batch through a Hugging Face folder, for family_checks.py (every family parity test's padded check).
 -- arg: folder, out.json, then the texts. Writes each text's ids, the batch's
 -- logits padded on the left (probe.run_with_cache) with its mask, each text's
 -- logits run alone, and the batch's greedy continuation (generate with the
