@@ -3,7 +3,7 @@ by `transformers` with save_pretrained load through models.from_pretrained
 and give transformers' numbers, through test_pretrained_parity's checks (its
 compare): token ids, logits, every hidden state, every attention pattern, the
 same with every hook point on, the loss and greedy generation with the
-key/value cache, token for token. Then, as test_phi_parity (whose padded
+key/value cache, token for token. Then, as every family (family_checks, whose padded
 batch, phi_parity.lua, this reuses): the model anatomy saves (its final norm
 edited) is read back by transformers to the same logits, with the head's
 bias; a batch of three texts padded on the left gives each text's logits as
@@ -46,11 +46,9 @@ import tempfile
 
 try:
     import torch
-    import transformers
     from transformers import GPTJConfig, GPTJForCausalLM
     from test_bpe_parity import gpt2_like
-    import test_pretrained_parity as P
-    from test_phi_parity import TEXTS, check_padded, padded
+    import family_checks as F
 except ImportError as e:
     print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
     sys.exit(77)
@@ -107,71 +105,35 @@ def main():
         ]
         first = None  # the first model's folder and transformers model, for TransformerLens
         for name, config in cases:
-            folder, hf = gptj(tmp, "".join(c if c.isalnum() else "_" for c in name), tok, **config)
-            hf.generation_config.eos_token_id = None
-            hf.generation_config.pad_token_id = hf.config.vocab_size - 1
-            saved = folder + "-saved"
-            got, err = P.run(exe, folder, tmp, saved)
-            if err:
-                failures.append(f"{name}: anatomy failed: {err}")
+            folder, hf = gptj(tmp, F.folder_name(name), tok, **config)
+            before = len(failures)
+            got, n, reloaded = F.model_checks(name, exe, folder, hf, tmp, tok, failures)
+            if got is None:
                 continue
             first = first or (folder, hf)
-            before = len(failures)
-            n = P.compare(name, got, hf, tok, failures)
-            # save_pretrained: transformers reads back the edited model, its head's bias included
-            reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
-            with torch.no_grad():
-                logits = reloaded(torch.tensor([got["ids"]])).logits[0]
-            excess, d = P.max_excess(got["edited_logits"], logits)
-            n += 2
-            if excess > 0:
-                failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
+            n += 1  # save_pretrained: transformers reads back the edited model, its head's bias included
             if not torch.equal(reloaded.lm_head.bias, hf.lm_head.bias):
                 failures.append(f"{name}: save_pretrained: the head's bias did not come back")
-            pad, err = padded(exe, folder, tmp)
-            if err:
-                failures.append(f"{name}: padded batch: anatomy failed: {err}")
-            else:
-                n += check_padded(name, pad, hf, failures)
             if first[0] == folder:  # bfloat16, against the model cast to it in transformers (last: the cast rounds its weights)
-                got16, err = P.run(exe, folder, tmp, dtype="bfloat16")
-                n += 1
-                if err:
-                    failures.append(f"{name}: bfloat16: anatomy failed: {err}")
-                else:
-                    with torch.no_grad():
-                        ref = hf.to(torch.bfloat16)(torch.tensor([got["ids"]])).logits[0].float()
-                    hf.float()
-                    d = (torch.tensor(got16["logits"]) - ref).abs()
-                    print(f"      bfloat16 logits: largest difference {d.max().item():.3g} (largest logit {ref.abs().max().item():.3g})")
-                    if got16["dtype"] != "bfloat16" or not bool((d <= 0.02 + 0.02 * ref.abs()).all()):
-                        failures.append(f"{name}: bfloat16 logits ({got16['dtype']}) differ by {d.max().item()}")
-            passed += n - (len(failures) - before)
-            print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
-        # TransformerLens 4.3's bridge on the first model: its hook tensors by its names in anatomy's cache
-        try:
-            import test_tl_parity
-            from transformer_lens.model_bridge import TransformerBridge
-        except (ImportError, SystemExit):
-            print("skip  TransformerLens's hook names: the venv has no transformer-lens")
-        else:
-            folder = first[0]
-            eager = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-            bridge = TransformerBridge.boot_transformers(folder, hf_model=eager, device="cpu")
-            here = os.path.dirname(os.path.abspath(__file__))
-            # Its GPT-J adapter caches the pattern under attn.hook_attn_scores (GPT-J's own _attn returns only the
-            # softmax; there are no scores before it to hook): shown here, and that name is left out of the
+                n += F.bfloat16(name, exe, folder, tmp, got["ids"], hf, failures, show_logit=True)
+            passed += F.tally(name, n, before, failures)
+
+        def scores_are_pattern(bridge, failures):
+            # The bridge's GPT-J adapter caches the pattern under attn.hook_attn_scores (GPT-J's own _attn returns only
+            # the softmax; there are no scores before it to hook): shown here, and that name is left out of the
             # comparison. anatomy's scores are the masked q·kᵀ/√D before the softmax, as TransformerLens's elsewhere.
+            before = len(failures)
             with torch.no_grad():
                 _, tl_cache = bridge.run_with_cache(torch.randint(0, first[1].config.vocab_size, (1, 5)))
             for l in range(first[1].config.n_layer):
                 scores, pattern = tl_cache[f"blocks.{l}.attn.hook_attn_scores"], tl_cache[f"blocks.{l}.attn.hook_pattern"]
-                passed += 1
                 if not torch.equal(scores, pattern):
                     failures.append(f"blocks.{l}.attn.hook_attn_scores: TransformerLens's is no longer its pattern; compare it")
-            n, failed = test_tl_parity.check_names(exe, here, tmp, folder, first[1].config, bridge, skip=["attn.hook_attn_scores"])
-            passed += n
-            failures += failed
+            return first[1].config.n_layer - (len(failures) - before)
+
+        # TransformerLens 4.3's bridge on the first model: its hook tensors by its names in anatomy's cache
+        passed += F.bridge_names(exe, tmp, first[0], first[1].config, failures, skip=["attn.hook_attn_scores"],
+                                 then=scores_are_pattern)
         refusals = [
             (dict(tie_word_embeddings=True), "config.json has tie_word_embeddings = true, which anatomy does not support"),
             (dict(activation_function="silu"), "config.json has activation_function = \"silu\", which anatomy does not support"),
@@ -180,19 +142,9 @@ def main():
             (dict(n_embd=30), "config.json has n_embd = 30, which anatomy does not support"),
             (dict(rotary_dim=None), "config.json has rotary_dim = null, which anatomy does not support"),
         ]
-        for i, (config, want) in enumerate(refusals):
-            folder, _ = gptj(tmp, f"refused_{i}", tok)
-            _, err = P.run(exe, edited(folder, **config), tmp)
-            if err and want in err:
-                passed += 1
-                print(f"ok    refused: {want}")
-            else:
-                failures.append(f"expected an error with '{want}', got {err!r}")
-    for f in failures:
-        print("FAIL  " + f)
-    print(f"largest logit difference: {P.largest[0]:.3g}")
-    print(f"{passed} passed, {len(failures)} failed")
-    sys.exit(1 if failures else 0)
+        passed += F.refused(exe, tmp, refusals, lambda i, config: edited(gptj(tmp, f"refused_{i}", tok)[0], **config),
+                            failures)
+    F.finish(passed, failures)
 
 
 if __name__ == "__main__":
