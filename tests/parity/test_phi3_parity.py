@@ -9,7 +9,7 @@ to the same logits, its fused qkv_proj and gate_up_proj equal to the ones
 read; a batch of three texts padded on the left gives each text's logits as
 when it runs alone and transformers' of the same padded batch, and its greedy
 continuation with the attention mask is transformers' generate
-(test_phi_parity's padded check); the config switches anatomy does not
+(family_checks' padded check); the config switches anatomy does not
 honour are refused by name. Last, TransformerLens 4.3's TransformerBridge on
 the first model: every tensor it caches under a name anatomy maps is found in
 anatomy's cache by that name and equal (test_tl_parity's check_names).
@@ -50,11 +50,10 @@ import tempfile
 
 try:
     import torch
-    import transformers
     from transformers import Phi3Config, Phi3ForCausalLM
     from test_bpe_parity import gpt2_like
     import test_pretrained_parity as P
-    from test_phi_parity import padded, check_padded
+    import family_checks as F
 except ImportError as e:
     print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
     sys.exit(77)
@@ -156,35 +155,19 @@ def main():
         for name, config, edit in cases:
             if "partial_rotary_factor" in config:  # transformers reads it in rope_parameters
                 config["rope_parameters"]["partial_rotary_factor"] = config.pop("partial_rotary_factor")
-            folder, hf = phi3(tmp, "".join(c if c.isalnum() else "_" for c in name), tok, **config)
+            folder, hf = phi3(tmp, F.folder_name(name), tok, **config)
             if edit:
                 edit_config(folder, edit)
-            hf.generation_config.eos_token_id = None
-            hf.generation_config.pad_token_id = hf.config.vocab_size - 1
-            saved = folder + "-saved"
-            got, err = P.run(exe, folder, tmp, saved)
-            if err:
-                failures.append(f"{name}: anatomy failed: {err}")
+            before = len(failures)
+            got, n, reloaded = F.model_checks(name, exe, folder, hf, tmp, tok, failures)
+            if got is None:
                 continue
             first = first or (folder, hf)
-            before = len(failures)
-            n = P.compare(name, got, hf, tok, failures)
-            reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
-            with torch.no_grad():
-                logits = reloaded(torch.tensor([got["ids"]])).logits[0]
-            excess, d = P.max_excess(got["edited_logits"], logits)
-            n += 2
-            if excess > 0:
-                failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
+            n += 1  # save_pretrained: the fused projections read back as read
             fused = [k for k in hf.state_dict() if "qkv_proj" in k or "gate_up_proj" in k]
             sd = reloaded.state_dict()
             if len(fused) != 4 or not all(torch.equal(sd[k], hf.state_dict()[k]) for k in fused):
                 failures.append(f"{name}: save_pretrained: qkv_proj and gate_up_proj did not come back as read ({fused})")
-            pad, err = padded(exe, folder, tmp)
-            if err:
-                failures.append(f"{name}: padded batch: anatomy failed: {err}")
-            else:
-                n += check_padded(name, pad, hf, failures)
             r = hf.config.rope_parameters
             if r["rope_type"] == "longrope":
                 # transformers' default attention factor, which anatomy computes from the config
@@ -195,33 +178,9 @@ def main():
             if r.get("original_max_position_embeddings") == 24:
                 n += crossing(exe, folder, hf, tok, tmp, failures)
             if first[0] == folder:  # bfloat16, against the model cast to it in transformers (last: the cast rounds its weights)
-                got16, err = P.run(exe, folder, tmp, dtype="bfloat16")
-                n += 1
-                if err:
-                    failures.append(f"{name}: bfloat16: anatomy failed: {err}")
-                else:
-                    with torch.no_grad():
-                        ref = hf.to(torch.bfloat16)(torch.tensor([got["ids"]])).logits[0].float()
-                    hf.float()
-                    d = (torch.tensor(got16["logits"]) - ref).abs()
-                    print(f"      bfloat16 logits: largest difference {d.max().item():.3g}")
-                    if got16["dtype"] != "bfloat16" or not bool((d <= 0.02 + 0.02 * ref.abs()).all()):
-                        failures.append(f"{name}: bfloat16 logits ({got16['dtype']}) differ by {d.max().item()}")
-            passed += n - (len(failures) - before)
-            print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
-        try:
-            import test_tl_parity
-            from transformer_lens.model_bridge import TransformerBridge
-        except (ImportError, SystemExit):
-            print("skip  TransformerLens's hook names: the venv has no transformer-lens")
-        else:
-            folder = first[0]
-            eager = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-            bridge = TransformerBridge.boot_transformers(folder, hf_model=eager, device="cpu")
-            here = os.path.dirname(os.path.abspath(__file__))
-            n, failed = test_tl_parity.check_names(exe, here, tmp, folder, first[1].config, bridge)
-            passed += n
-            failures += failed
+                n += F.bfloat16(name, exe, folder, tmp, got["ids"], hf, failures)
+            passed += F.tally(name, n, before, failures)
+        passed += F.bridge_names(exe, tmp, first[0], first[1].config, failures)
         refusals = [
             (lambda cfg: cfg.update(hidden_act="gelu_new"), "config.json has hidden_act = \"gelu_new\", which anatomy does not support"),
             (lambda cfg: cfg.update(rope_scaling=dict(type="linear", factor=2.0)),
@@ -229,20 +188,13 @@ def main():
             (lambda cfg: cfg["rope_parameters"].update(short_factor=[1.0, 2.0]),
              "config.json has rope_parameters.short_factor = [1,2], which anatomy does not support (longrope needs 4 numbers"),
         ]
-        for i, (edit, want) in enumerate(refusals):
+
+        def refused_folder(i, edit):
             folder, _ = phi3(tmp, f"refused_{i}", tok, **longrope(64))
             edit_config(folder, edit)
-            _, err = P.run(exe, folder, tmp)
-            if err and want in err:
-                passed += 1
-                print(f"ok    refused: {want}")
-            else:
-                failures.append(f"expected an error with '{want}', got {err!r}")
-    for f in failures:
-        print("FAIL  " + f)
-    print(f"largest logit difference: {P.largest[0]:.3g}")
-    print(f"{passed} passed, {len(failures)} failed")
-    sys.exit(1 if failures else 0)
+            return folder
+        passed += F.refused(exe, tmp, refusals, refused_folder, failures)
+    F.finish(passed, failures)
 
 
 if __name__ == "__main__":
