@@ -40,21 +40,15 @@ cast to bfloat16): 0.02 + 0.02 * |logit|, as test_pretrained_parity.
 Needs transformers and tokenizers (the PyPI build's venv); exits 77 without.
 Usage: test_olmo_parity.py ANATOMY_EXECUTABLE
 """
-import contextlib
-import io
-import json
-import os
 import sys
 import tempfile
 
 try:
-    import torch
-    import transformers
     from transformers import Olmo2Config, Olmo2ForCausalLM, OlmoeConfig, OlmoeForCausalLM
     from test_bpe_parity import llama3_like
     import test_pretrained_parity as P
     import test_moe_parity as M
-    import test_phi_parity as Phi
+    import family_checks as F
 except ImportError as e:
     print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
     sys.exit(77)
@@ -81,45 +75,6 @@ def olmoe(tmp, name, tok, **config):
     return P.make_llama(tmp, name, tok, cls=OlmoeForCausalLM, config_cls=OlmoeConfig, **base)
 
 
-def bfloat16(name, exe, folder, tmp, hf, ids, failures):
-    """The model in bfloat16 against transformers' cast to it (last: the cast rounds its weights)."""
-    got16, err = P.run(exe, folder, tmp, dtype="bfloat16")
-    if err:
-        failures.append(f"{name}: bfloat16: anatomy failed: {err}")
-        return
-    with torch.no_grad():
-        ref = hf.to(torch.bfloat16)(torch.tensor([ids])).logits[0].float()
-    hf.float()
-    d = (torch.tensor(got16["logits"]) - ref).abs()
-    print(f"      bfloat16 logits: largest difference {d.max().item():.3g}")
-    if got16["dtype"] != "bfloat16" or not bool((d <= 0.02 + 0.02 * ref.abs()).all()):
-        failures.append(f"{name}: bfloat16 logits ({got16['dtype']}) differ by {d.max().item()}")
-
-
-def bridge_names(name, exe, tmp, folder, hf, mapped, failures):
-    """TransformerLens 4.3's bridge on the folder: its hook tensors by its names in anatomy's cache."""
-    try:
-        import test_tl_parity
-        from transformer_lens.model_bridge import TransformerBridge
-    except (ImportError, SystemExit):
-        print("skip  TransformerLens's hook names: the venv has no transformer-lens")
-        return 0
-    eager = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        bridge = TransformerBridge.boot_transformers(folder, hf_model=eager, device="cpu")
-        bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    every = test_tl_parity.MAPPED
-    test_tl_parity.MAPPED = mapped  # each of these, cached by the bridge, must be found
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        print(f"      {name}: TransformerLens 4.3's bridge: ", end="")
-        n, failed = test_tl_parity.check_names(exe, here, tmp, folder, hf.config, bridge)
-    finally:
-        test_tl_parity.MAPPED = every
-    failures += [f"{name}: {f}" for f in failed]
-    return n
-
-
 def main():
     exe = sys.argv[1]
     passed, failures = 0, []
@@ -136,81 +91,38 @@ def main():
         firsts = set()
         for name, family, config in cases:
             make = olmo2 if family == "olmo2" else olmoe
-            folder, hf = make(tmp, "".join(c if c.isalnum() else "_" for c in name), tok, **config)
-            hf.generation_config.eos_token_id = None
-            hf.generation_config.pad_token_id = hf.config.vocab_size - 1
-            saved = folder + "-saved"
-            got, err = P.run(exe, folder, tmp, saved)
-            if err:
-                failures.append(f"{name}: anatomy failed: {err}")
-                continue
+            folder, hf = make(tmp, F.folder_name(name), tok, **config)
             before = len(failures)
-            n = P.compare(name, got, hf, tok, failures)
+            got, n, saved = F.run(name, exe, folder, hf, tmp, tok, failures)
+            if got is None:
+                continue
             # save_pretrained: the tensors transformers' own save_pretrained writes, read back by transformers
-            n += 2
-            if M.saved_names(saved) != M.saved_names(folder):
-                failures.append(f"{name}: save_pretrained wrote {sorted(M.saved_names(saved) ^ M.saved_names(folder))[:4]} "
-                                "where transformers' save_pretrained does not (or the reverse)")
-            reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
-            with torch.no_grad():
-                logits = reloaded(torch.tensor([got["ids"]])).logits[0]
-            excess, d = P.max_excess(got["edited_logits"], logits)
-            if excess > 0:
-                failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
+            n += F.same_names(name, saved, folder, failures) + F.saved_logits(name, got, saved, failures)[0]
             if family == "olmo2":  # the padded batch and its generation
-                pad, err = Phi.padded(exe, folder, tmp)
-                if err:
-                    failures.append(f"{name}: padded batch: anatomy failed: {err}")
-                else:
-                    n += Phi.check_padded(name, pad, hf, failures)
+                n += F.padded_batch(name, exe, folder, tmp, hf, failures)
             else:  # the router logits, the experts' shares, the padded batch and its generation
                 moe, err = M.run_moe(exe, folder, tmp)
                 if err:
                     failures.append(f"{name}: anatomy failed on the router and padded batch: {err}")
                 else:
-                    n += M.check_moe(name, moe, hf, failures) + M.check_bridge(name, moe, folder, failures)
+                    bridge = F.boot_bridge(folder, quiet=True)
+                    n += M.check_moe(name, moe, hf, failures) + (M.check_bridge(name, moe, bridge, failures) if bridge else 0)
             if family not in firsts:
                 firsts.add(family)
-                n += bridge_names(name, exe, tmp, folder, hf, OLMO2_MAPPED if family == "olmo2" else OLMOE_MAPPED, failures)
-                n += 1
-                bfloat16(name, exe, folder, tmp, hf, got["ids"], failures)
-            passed += n - (len(failures) - before)
-            print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
-        # transformers 5's own layout (save_original_format=False): OLMoE's experts fused
+                n += F.bridge_names(exe, tmp, folder, hf.config, failures, quiet=True,
+                                    mapped=OLMO2_MAPPED if family == "olmo2" else OLMOE_MAPPED,
+                                    lead=f"      {name}: TransformerLens 4.3's bridge: ", label=f"{name}: ")
+                n += F.bfloat16(name, exe, folder, tmp, got["ids"], hf, failures)
+            passed += F.tally(name, n, before, failures)
         folder, hf = olmoe(tmp, "fused", tok)
-        fused = folder + "-fused"
-        hf.save_pretrained(fused, save_original_format=False)
-        tok.save(os.path.join(fused, "tokenizer.json"))
-        names = M.saved_names(fused)
-        got, err = P.run(exe, fused, tmp)
-        with torch.no_grad():
-            ref = hf(torch.tensor([tok.encode(P.TEXT).ids])).logits[0] if not err else None
-        excess, d = P.max_excess(got["logits"], ref) if not err else (float("inf"), err)
-        if "model.layers.0.mlp.experts.gate_up_proj" not in names:
-            failures.append(f"fused layout: transformers wrote no gate_up_proj ({sorted(names)[:6]})")
-        elif excess > 0:
-            failures.append(f"olmoe, fused layout (mlp.experts.gate_up_proj, down_proj): logits differ by {d}")
-        else:
-            passed += 1
-            print(f"ok    olmoe, fused layout (mlp.experts.gate_up_proj, down_proj): logits within tolerance ({d:.3g})")
+        passed += F.fused_layout("olmoe, ", exe, tmp, tok, folder, hf, 0, failures)
         refusals = [
-            (olmoe, dict(clip_qkv=2.0), "config.json has clip_qkv = 2, which anatomy does not support"),
-            (olmoe, dict(output_router_logits=True), "config.json has output_router_logits = true, which anatomy does not support"),
-            (olmo2, dict(hidden_act="gelu"), "config.json has hidden_act = \"gelu\", which anatomy does not support"),
+            ((olmoe, dict(clip_qkv=2.0)), "config.json has clip_qkv = 2, which anatomy does not support"),
+            ((olmoe, dict(output_router_logits=True)), "config.json has output_router_logits = true, which anatomy does not support"),
+            ((olmo2, dict(hidden_act="gelu")), "config.json has hidden_act = \"gelu\", which anatomy does not support"),
         ]
-        for i, (make, config, want) in enumerate(refusals):
-            folder, _ = make(tmp, f"refused_{i}", tok, **config)
-            _, err = P.run(exe, folder, tmp)
-            if err and want in err:
-                passed += 1
-                print(f"ok    refused: {want}")
-            else:
-                failures.append(f"expected an error with '{want}', got {err!r}")
-    for f in failures:
-        print("FAIL  " + f)
-    print(f"largest logit difference: {P.largest[0]:.3g}")
-    print(f"{passed} passed, {len(failures)} failed")
-    sys.exit(1 if failures else 0)
+        passed += F.refused(exe, tmp, refusals, lambda i, what: what[0](tmp, f"refused_{i}", tok, **what[1])[0], failures)
+    F.finish(passed, failures)
 
 
 if __name__ == "__main__":
