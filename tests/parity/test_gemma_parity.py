@@ -10,7 +10,7 @@ edited) is read back by transformers to the same logits; a batch of three
 texts padded on the left gives each text's logits as when it runs alone and
 transformers' logits of the same padded batch, and its greedy continuation
 with the attention mask is transformers' generate of the same batch
-(test_phi_parity's padded and check_padded); each soft-capping a case sets
+(family_checks' padded and check_padded); each soft-capping a case sets
 moves transformers' logits by more than 1e-3 when switched off (so the
 parity covers it); the Hub's config.json forms (Gemma 3's rope_theta,
 rope_local_base_freq, rope_scaling and sliding_window_pattern with no
@@ -50,7 +50,7 @@ try:
                               Gemma3TextConfig, Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig)
     from test_bpe_parity import gpt2_like
     import test_pretrained_parity as P
-    from test_phi_parity import padded, check_padded
+    import family_checks as F
 except ImportError as e:
     print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
     sys.exit(77)
@@ -184,7 +184,7 @@ def main():
         tl_models = []  # the Gemma 2 and 3 models' folders and configs, for TransformerLens
         for name, kind, config in cases:
             rewrite, nulls = config.pop("hub_form", False), config.pop("null", [])
-            folder, hf = gemma(tmp, "".join(c if c.isalnum() else "_" for c in name), tok, kind, **config)
+            folder, hf = gemma(tmp, F.folder_name(name), tok, kind, **config)
             if nulls:  # switched off: null in config.json (make_llama leaves a None out, so the default would stand)
                 path = os.path.join(folder, "config.json")
                 cfg = json.load(open(path))
@@ -219,81 +219,35 @@ def main():
                 n += 1
                 if d > 1e-6:
                     failures.append(f"{name}: transformers reads the rewritten config.json as another model ({d:.3g})")
-            hf.generation_config.eos_token_id = None
-            hf.generation_config.pad_token_id = hf.config.vocab_size - 1
-            saved = folder + "-saved"
-            got, err = P.run(exe, folder, tmp, saved)
+            overall, P.largest[0] = P.largest[0], 0.0
+            got, k, reloaded = F.model_checks(name, exe, folder, hf, tmp, tok, failures)
+            case_largest, P.largest[0] = P.largest[0], max(overall, P.largest[0])
             if got is None:
-                failures.append(f"{name}: anatomy failed: {err}")
                 continue
+            n += k
             # the first of each; TransformerLens 4.3's bridge applies Gemma 3's attn_logit_softcapping,
             # which transformers 5.23 (and anatomy) leave out, so a Gemma 3 without it
             if kind not in ("gemma", "gemma3mm") and kind not in [k for k, _, _ in tl_models] and (
                     kind == "gemma2" or hf.config.attn_logit_softcapping is None):
                 tl_models.append((kind, folder, hf.config))
-            overall, P.largest[0] = P.largest[0], 0.0
-            n += P.compare(name, got, hf, tok, failures)
-            case_largest, P.largest[0] = P.largest[0], max(overall, P.largest[0])
-            reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
-            with torch.no_grad():
-                logits = reloaded(torch.tensor([got["ids"]])).logits[0]
-            excess, d = P.max_excess(got["edited_logits"], logits)
-            n += 1
-            if excess > 0:
-                failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
             if kind == "gemma3mm":  # its language model written alone, as Gemma3ForCausalLM
                 n += 1
-                written = json.load(open(os.path.join(saved, "config.json")))
+                written = json.load(open(os.path.join(folder + "-saved", "config.json")))
                 if type(reloaded).__name__ != "Gemma3ForCausalLM" or written["model_type"] != "gemma3_text":
                     failures.append(f"{name}: save_pretrained wrote {written['model_type']}, read as {type(reloaded).__name__}")
-            pad, err = padded(exe, folder, tmp)
-            if err:
-                failures.append(f"{name}: padded batch: anatomy failed: {err}")
-            else:
-                n += check_padded(name, pad, hf, failures)
             if name == cases[0][0]:  # bfloat16, against the model cast to it in transformers (last: the cast rounds its weights)
-                got16, err = P.run(exe, folder, tmp, dtype="bfloat16")
-                n += 1
-                if err:
-                    failures.append(f"{name}: bfloat16: anatomy failed: {err}")
-                else:
-                    with torch.no_grad():
-                        ref = hf.to(torch.bfloat16)(torch.tensor([got["ids"]])).logits[0].float()
-                    hf.float()
-                    d = (torch.tensor(got16["logits"]) - ref).abs()
-                    print(f"      bfloat16 logits: largest difference {d.max().item():.3g}")
-                    if got16["dtype"] != "bfloat16" or not bool((d <= 0.02 + 0.02 * ref.abs()).all()):
-                        failures.append(f"{name}: bfloat16 logits ({got16['dtype']}) differ by {d.max().item()}")
-            passed += n - (len(failures) - before)
-            print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks, largest logit difference {case_largest:.3g}")
+                n += F.bfloat16(name, exe, folder, tmp, got["ids"], hf, failures)
+            passed += F.tally(name, n, before, failures, f", largest logit difference {case_largest:.3g}")
         # TransformerLens 4.3's bridge: its hook tensors by its names in anatomy's cache
-        try:
-            import test_tl_parity
-            from transformer_lens.model_bridge import TransformerBridge
-        except (ImportError, SystemExit):
-            print("skip  TransformerLens's hook names: the venv has no transformer-lens")
-        else:
-            here = os.path.dirname(os.path.abspath(__file__))
-            for kind, folder, cfg in tl_models:
-                eager = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-                bridge = TransformerBridge.boot_transformers(folder, hf_model=eager, device="cpu")
-                print(f"      TransformerLens on {kind}:", end=" ")
-                n, failed = test_tl_parity.check_names(exe, here, tmp, folder, cfg, bridge)
-                passed += n
-                failures += [f"{kind}: {f}" for f in failed]
+        for kind, folder, cfg in tl_models:
+            passed += F.bridge_names(exe, tmp, folder, cfg, failures, lead=f"      TransformerLens on {kind}: ", label=f"{kind}: ")
         refusals = [
-            ("gemma3", dict(use_bidirectional_attention=True),
+            (("gemma3", dict(use_bidirectional_attention=True)),
              "config.json has use_bidirectional_attention = true, which anatomy does not support"),
-            ("gemma2", dict(hidden_activation="relu"), "config.json has hidden_activation = \"relu\", which anatomy does not support"),
+            (("gemma2", dict(hidden_activation="relu")), "config.json has hidden_activation = \"relu\", which anatomy does not support"),
         ]
-        for i, (kind, config, want) in enumerate(refusals):
-            folder, _ = gemma(tmp, f"refused_{i}", tok, kind, **config)
-            _, err = P.run(exe, folder, tmp)
-            if err and want in err:
-                passed += 1
-                print(f"ok    refused: {want}")
-            else:
-                failures.append(f"expected an error with '{want}', got {err!r}")
+        passed += F.refused(exe, tmp, refusals, lambda i, what: gemma(tmp, f"refused_{i}", tok, what[0], **what[1])[0],
+                            failures)
         # Gemma 3's multimodal folder without its text_config, or with a tensor of a part anatomy does not know
         folder, _ = multimodal(tmp, "refused_multimodal", tok)
         tensors = load_file(os.path.join(folder, "model.safetensors"))
@@ -304,18 +258,9 @@ def main():
         del cfg["text_config"]
         json.dump(cfg, open(os.path.join(folder, "config.json"), "w"))
         _, err2 = P.run(exe, folder, tmp)
-        for want, got in (("the checkpoint has a tensor anatomy does not place: audio_tower.weight", err),
-                          ("config.json has text_config = null, which anatomy does not support", err2)):
-            if got and want in got:
-                passed += 1
-                print(f"ok    refused: {want}")
-            else:
-                failures.append(f"expected an error with '{want}', got {got!r}")
-    for f in failures:
-        print("FAIL  " + f)
-    print(f"largest logit difference: {P.largest[0]:.3g}")
-    print(f"{passed} passed, {len(failures)} failed")
-    sys.exit(1 if failures else 0)
+        passed += F.refusal("the checkpoint has a tensor anatomy does not place: audio_tower.weight", err, failures)
+        passed += F.refusal("config.json has text_config = null, which anatomy does not support", err2, failures)
+    F.finish(passed, failures)
 
 
 if __name__ == "__main__":
