@@ -44,7 +44,7 @@ try:
     from test_bpe_parity import llama3_like
     import test_pretrained_parity as P
     import family_checks as F
-    from family_checks import TEXTS, saved_names  # noqa: F401 (test_olmo_parity takes saved_names here)
+    from family_checks import TEXTS
 except ImportError as e:
     print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
     sys.exit(77)

@@ -37,7 +37,6 @@ try:
     from test_bpe_parity import gpt2_like
     import test_pretrained_parity as P
     import family_checks as F
-    from family_checks import TEXTS, padded, check_padded  # noqa: F401 (test_olmo, test_qwen3, test_gemma take them here)
 except ImportError as e:
     print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
     sys.exit(77)

@@ -52,8 +52,6 @@ logits. bfloat16: 0.02 + 0.02 * |logit|. TransformerLens: 1e-5 + 1e-4 * |TL|.
 Needs transformers and tokenizers (the PyPI build's venv); exits 77 without.
 Usage: test_qwen3_parity.py ANATOMY_EXECUTABLE
 """
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -63,16 +61,14 @@ import tempfile
 try:
     import torch
     import transformers
-    from safetensors import safe_open
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
     from test_bpe_parity import llama3_like
     import test_pretrained_parity as P
-    from test_phi_parity import check_padded
+    import family_checks as F
+    from family_checks import TEXTS
 except ImportError as e:
     print(f"skip: {e}; the PyPI build's venv has transformers and tokenizers (scripts/test)")
     sys.exit(77)
-
-TEXTS = ["The quick brown fox", "jumps over the lazy dog. Ünïcödé 👋🏽", "1234!"]
 
 
 def qwen3(tmp, name, tok, **config):
@@ -93,11 +89,6 @@ def run_side(exe, folder, tmp):
     if proc.returncode != 0:
         return None, (proc.stdout + proc.stderr).strip()
     return json.load(open(out)), None
-
-
-def saved_names(folder):
-    with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
-        return set(f.keys())
 
 
 def check_router(name, got, hf, failures):
@@ -138,27 +129,13 @@ def check_router(name, got, hf, failures):
     return checks
 
 
-def check_bridge(name, exe, folder, hf, got, failures):
-    """TransformerLens 4.3's bridge (unprocessed) on the folder: its hook tensors by the names anatomy maps
-    (test_tl_parity.check_names) and, for Qwen3-MoE, its router logits and MLP outputs of the sparse layers, and
-    the MLP's input and output its MoE bridge names mlp.hook_pre and hook_post there (aliases of its hook_in, hook_out)."""
-    try:
-        import test_tl_parity
-        from transformer_lens.model_bridge import TransformerBridge
-    except (ImportError, SystemExit):
-        print("skip  TransformerLens's hook names: the venv has no transformer-lens")
-        return 0
-    eager = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        bridge = TransformerBridge.boot_transformers(folder, hf_model=eager, device="cpu")
-        bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
-    here = os.path.dirname(os.path.abspath(__file__))
-    with tempfile.TemporaryDirectory() as tmp:
-        n, failed = test_tl_parity.check_names(exe, here, tmp, folder, hf.config, bridge)
+def check_bridge(name, got, bridge, failures):
+    """For Qwen3-MoE, TransformerLens 4.3's bridge (unprocessed, F.boot_bridge's quiet one): its router logits and
+    MLP outputs of the sparse layers, and the MLP's input and output its MoE bridge names mlp.hook_pre and
+    hook_post there (aliases of its hook_in, hook_out)."""
     sparse = list(got["sparse"] or [])
-    failures += [f"{name}: TransformerLens: {f}" for f in failed]
     if not sparse:
-        return n
+        return 0
     checks, worst = 0, 0.0
     with torch.no_grad():
         _, cache = bridge.run_with_cache(torch.tensor([got["ids"][0]]))
@@ -174,22 +151,7 @@ def check_bridge(name, exe, folder, hf, got, failures):
             if excess > 0:
                 failures.append(f"{name}: TransformerLens's {tl_name} ({what}) differs by {d}")
     print(f"      TransformerLens 4.3's bridge: {checks} router logits, MLP inputs and outputs, largest difference {worst:.3g}")
-    return n + checks
-
-
-def check_bf16(name, exe, folder, tmp, hf, ids, failures):
-    got16, err = P.run(exe, folder, tmp, dtype="bfloat16")
-    if err:
-        failures.append(f"{name}: bfloat16: anatomy failed: {err}")
-        return 1
-    with torch.no_grad():
-        ref = hf.to(torch.bfloat16)(torch.tensor([ids])).logits[0].float()
-    hf.float()
-    d = (torch.tensor(got16["logits"]) - ref).abs()
-    print(f"      bfloat16 logits: largest difference {d.max().item():.3g}")
-    if got16["dtype"] != "bfloat16" or not bool((d <= 0.02 + 0.02 * ref.abs()).all()):
-        failures.append(f"{name}: bfloat16 logits ({got16['dtype']}) differ by {d.max().item()}")
-    return 1
+    return checks
 
 
 def hub_form(folder):
@@ -227,84 +189,50 @@ def main():
         firsts = set()
         for name, make, config in cases:
             hub = config.pop("hub", False)
-            folder, hf = make(tmp, "".join(c if c.isalnum() else "_" for c in name), tok, **config)
+            folder, hf = make(tmp, F.folder_name(name), tok, **config)
             if hub:
                 hub_form(folder)
                 hf = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-            hf.generation_config.eos_token_id = None
-            hf.generation_config.pad_token_id = hf.config.vocab_size - 1
-            saved = folder + "-saved"
-            got, err = P.run(exe, folder, tmp, saved)
-            if err:
-                failures.append(f"{name}: anatomy failed: {err}")
-                continue
             before = len(failures)
-            n = P.compare(name, got, hf, tok, failures)
+            got, n, saved = F.run(name, exe, folder, hf, tmp, tok, failures)
+            if got is None:
+                continue
             # save_pretrained: the tensors transformers writes, read back by transformers
-            n += 2
-            if saved_names(saved) != saved_names(folder):
-                failures.append(f"{name}: save_pretrained wrote {sorted(saved_names(saved) ^ saved_names(folder))[:4]} "
-                                "where transformers' save_pretrained does not (or the reverse)")
-            reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved).eval()
-            with torch.no_grad():
-                logits = reloaded(torch.tensor([got["ids"]])).logits[0]
-            excess, d = P.max_excess(got["edited_logits"], logits)
-            if excess > 0:
-                failures.append(f"{name}: save_pretrained: transformers' logits of the saved model differ by {d}")
+            n += F.same_names(name, saved, folder, failures) + F.saved_logits(name, got, saved, failures)[0]
             side, err = run_side(exe, folder, tmp)
             if err:
                 failures.append(f"{name}: anatomy failed on the padded batch and the router: {err}")
             else:
-                n += check_padded(name, side, hf, failures)
+                n += F.check_padded(name, side, hf, failures)
                 if make is qwen3_moe:
                     n += check_router(name, side, hf, failures)
                 if make not in firsts:  # the first of each family: TransformerLens's bridge, and bfloat16 (last: the cast rounds)
-                    n += check_bridge(name, exe, folder, hf, side, failures)
-                    n += check_bf16(name, exe, folder, tmp, hf, got["ids"], failures)
+                    # every tensor the bridge caches under a name anatomy maps (test_tl_parity.check_names), then
+                    # check_bridge's
+                    n += F.bridge_names(exe, tmp, folder, hf.config, failures, quiet=True, label=f"{name}: TransformerLens: ",
+                                        then=lambda bridge, failures: check_bridge(name, side, bridge, failures))
+                    n += F.bfloat16(name, exe, folder, tmp, got["ids"], hf, failures)
                     firsts.add(make)
-            passed += n - (len(failures) - before)
-            print(f"{'ok  ' if len(failures) == before else 'FAIL'}  {name}: {n} checks")
-        # transformers 5's own layout (save_original_format=False): the experts fused
+            passed += F.tally(name, n, before, failures)
         folder, hf = qwen3_moe(tmp, "fused", tok, mlp_only_layers=[0])
-        fused = folder + "-fused"
-        hf.save_pretrained(fused, save_original_format=False)
-        tok.save(os.path.join(fused, "tokenizer.json"))
-        names = saved_names(fused)
-        got, err = P.run(exe, fused, tmp)
-        with torch.no_grad():
-            ref = hf(torch.tensor([tok.encode(P.TEXT).ids])).logits[0] if not err else None
-        excess, d = P.max_excess(got["logits"], ref) if not err else (float("inf"), err)
-        if "model.layers.1.mlp.experts.gate_up_proj" not in names:
-            failures.append(f"fused layout: transformers wrote no gate_up_proj ({sorted(names)[:6]})")
-        elif excess > 0:
-            failures.append(f"fused layout (mlp.experts.gate_up_proj, down_proj): logits differ by {d}")
-        else:
-            passed += 1
-            print(f"ok    qwen3_moe: fused layout (mlp.experts.gate_up_proj, down_proj): logits within tolerance ({d:.3g})")
+        passed += F.fused_layout("qwen3_moe: ", exe, tmp, tok, folder, hf, 1, failures)
         refusals = [
-            (qwen3_moe, dict(output_router_logits=True), "config.json has output_router_logits = true, which anatomy does not support"),
-            (qwen3_moe, dict(num_experts_per_tok=5), "config.json has num_experts_per_tok = 5, which anatomy does not support"),
-            (qwen3, dict(hidden_act="gelu"), "config.json has hidden_act = \"gelu\", which anatomy does not support"),
-            (qwen3, dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32)),
+            ((qwen3_moe, dict(output_router_logits=True)), "config.json has output_router_logits = true, which anatomy does not support"),
+            ((qwen3_moe, dict(num_experts_per_tok=5)), "config.json has num_experts_per_tok = 5, which anatomy does not support"),
+            ((qwen3, dict(hidden_act="gelu")), "config.json has hidden_act = \"gelu\", which anatomy does not support"),
+            ((qwen3, dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32))),
              "config.json has rope_parameters.rope_type = \"yarn\", which anatomy does not support"),
         ]
-        for i, (make, config, want) in enumerate(refusals):
+
+        def refused_folder(i, what):
+            make, config = what
             try:
-                folder, _ = make(tmp, f"refused_{i}", tok, **config)
+                return make(tmp, f"refused_{i}", tok, **config)[0]
             except Exception as e:  # transformers refuses it too: write the config by hand
-                failures.append(f"refusal {want}: transformers would not make the model: {e}")
-                continue
-            _, err = P.run(exe, folder, tmp)
-            if err and want in err:
-                passed += 1
-                print(f"ok    refused: {want}")
-            else:
-                failures.append(f"expected an error with '{want}', got {err!r}")
-    for f in failures:
-        print("FAIL  " + f)
-    print(f"largest logit difference: {P.largest[0]:.3g}")
-    print(f"{passed} passed, {len(failures)} failed")
-    sys.exit(1 if failures else 0)
+                failures.append(f"refusal {config}: transformers would not make the model: {e}")
+                return None
+        passed += F.refused(exe, tmp, refusals, refused_folder, failures)
+    F.finish(passed, failures)
 
 
 if __name__ == "__main__":
