@@ -1,7 +1,8 @@
 -- models.process_weights (TransformerLens's weight processing): each step
 -- alone and all together leave the model's probabilities as they were, on
 -- GPT-2 (LayerNorm, tied head), GPT-NeoX (parallel residual, untied head)
--- and a grouped-query Llama (RMSNorm, tied head); what each step promises
+-- and a grouped-query Llama (RMSNorm, tied head), a Mixtral and a
+-- Qwen3-MoE (ln2 into the router and every expert, the routing unchanged); what each step promises
 -- holds (norms at 1 and 0, writing weights centred, the head centred over
 -- the vocabulary, no value bias); a tied head is untied; what cannot be done
 -- is an error that names it, and a processed model is not saved as a
@@ -131,6 +132,64 @@ test('what cannot be done is an error naming it', function()
   eq(p['blocks.1.self_attn.v.bias']:abs():max():item(), 0, 'the value bias is folded away')
   assert(p['blocks.1.self_attn.o.bias'] ~= nil and p['blocks.1.self_attn.o.bias']:abs():max():item() > 0, 'into a new output bias')
   raises(function() models.process_weights(make('gpt2'), {fold_ln = 'yes'}) end, 'models.process_weights: fold_ln must be true or false, got yes')
+end)
+
+-- a Mixtral and a Qwen3-MoE with a dense layer between two sparse ones (their norms away from 1)
+local moe_configs = {
+  mixtral = {model_type = 'mixtral', vocab_size = V, max_position_embeddings = 16, hidden_size = 16, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, intermediate_size = 32, num_local_experts = 4, num_experts_per_tok = 2,
+    initializer_range = 0.3},
+  qwen3_moe = {model_type = 'qwen3_moe', vocab_size = V, max_position_embeddings = 16, hidden_size = 16, num_hidden_layers = 3,
+    num_attention_heads = 4, num_key_value_heads = 2, head_dim = 8, intermediate_size = 32, moe_intermediate_size = 24,
+    num_experts = 4, num_experts_per_tok = 2, mlp_only_layers = {1}, initializer_range = 0.3},
+}
+local function make_moe(name)
+  local m = models.from_config(moe_configs[name], {seed = 5})
+  torch.manual_seed(6)
+  torch.no_grad(function()
+    for pname, p in m:named_parameters() do if pname:find('norm') then p:add_(torch.randn(unpack(p:size())) * 0.3) end end
+  end)
+  return m
+end
+
+test('a mixture of experts: fold_ln moves each ln2 into the router and every expert; logits and routing unchanged', function()
+  for name, L in pairs({mixtral = 2, qwen3_moe = 3}) do
+    local filter = {}
+    for l = 1, L do
+      if name == 'mixtral' or l ~= 2 then
+        filter[#filter + 1] = ('blocks.%d.mlp.router_logits'):format(l); filter[#filter + 1] = ('blocks.%d.mlp.expert_indices'):format(l)
+      end
+    end
+    local plain = make_moe(name)
+    torch.manual_seed(7)
+    local ids = torch.randint(1, V + 1, {2, 12})
+    local want, wcache = probe.run_with_cache(plain, ids, {filter = filter})
+    local m = models.process_weights(make_moe(name), {fold_ln = true})
+    local got, gcache = probe.run_with_cache(m, ids, {filter = filter})
+    close(got:double(), want:double(), 1e-5, name .. ' logits after fold_ln')
+    for _, k in ipairs(filter) do
+      if k:find('indices') then eq(gcache[k]:eq(wcache[k]):all():item(), true, name .. ' ' .. k .. ': the same experts')
+      else close(gcache[k]:double(), wcache[k]:double(), 1e-5, name .. ' ' .. k) end
+    end
+    local p, before = {}, {}
+    for n, t in m:named_parameters() do p[n] = t:double() end
+    for n, t in plain:named_parameters() do before[n] = t:double() end
+    local ln2 = before['blocks.1.post_attention_layernorm.weight']
+    eq(p['blocks.1.post_attention_layernorm.weight']:eq(1):all():item(), true, name .. ' ln2 at 1')
+    for _, k in ipairs({'blocks.1.mlp.gate.weight', 'blocks.1.mlp.experts.3.gate.weight', 'blocks.1.mlp.experts.3.up.weight'}) do
+      close(p[k], before[k] * ln2:unsqueeze(1), 1e-6, name .. ' ' .. k .. ' scaled by ln2')
+    end
+    eq((p['blocks.1.mlp.experts.3.down.weight'] - before['blocks.1.mlp.experts.3.down.weight']):abs():max():item(), 0, name .. ' down as it was')
+    local both = models.process_weights(make_moe(name), {fold_ln = true, center_unembed = true})
+    close(both(ids):double():log_softmax(-1), want:double():log_softmax(-1), 1e-5, name .. ' fold_ln, center_unembed')
+  end
+  -- an MoE after a LayerNorm: TransformerLens's bridge leaves it unfolded, and anatomy refuses
+  local m = make_moe('mixtral')
+  m.blocks[2].post_attention_layernorm = nn.LayerNorm(16)
+  raises(function() models.process_weights(m, {fold_ln = true}) end,
+    "models.process_weights: fold_ln: blocks.2.mlp is an nn.MoE after nn.LayerNorm; TransformerLens folds a mixture of experts's own "
+    .. "RMSNorm only (it leaves a norm with a shift or one shared with the attention unfolded, and the experts' outputs uncentred)")
+  eq(m.processed, nil, 'nothing marked as done')
 end)
 
 H.done()

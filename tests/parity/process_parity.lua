@@ -30,7 +30,19 @@ for l = 1, #layers do
   local p = {}
   for n, t in mlp:named_parameters() do p[n] = t:detach():double() end
   local function add(k, t) if t then stack[k] = stack[k] or {}; stack[k][l] = t:unsqueeze(1) end end
-  if p['fc.weight'] then
+  if model.config.moe then  -- each layer's MLP in transformers' names and layout (out x in), experts stacked
+    local at = ('blocks.%d.mlp.'):format(l - 1)
+    if nn.typename(mlp) == 'nn.MoE' then
+      out[at .. 'gate.weight'] = p['gate.weight']
+      for _, n in ipairs({'gate', 'up', 'down'}) do
+        local list = {}
+        for e = 1, mlp.num_experts do list[e] = p[('experts.%d.%s.weight'):format(e, n)]:unsqueeze(1) end
+        out[at .. 'experts.' .. n] = torch.cat(list, 1)
+      end
+    else
+      for _, n in ipairs({'gate', 'up', 'down'}) do out[at .. n .. '_proj.weight'] = p[n .. '.weight'] end
+    end
+  elseif p['fc.weight'] then
     add('W_in', p['fc.weight']:t()); add('b_in', p['fc.bias']); add('W_out', p['proj.weight']:t()); add('b_out', p['proj.bias'])
   else
     add('W_gate', p['gate.weight']:t()); add('W_in', p['up.weight']:t()); add('W_out', p['down.weight']:t())

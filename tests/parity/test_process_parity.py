@@ -32,6 +32,13 @@ TransformerLens's bridge skips center_unembed under final soft-capping and
 anatomy refuses it) and a tiny Gemma 3 (QK-norms, no final soft-capping:
 fold_ln, center_unembed; RMSNorm, and no value biases, so neither centres
 writing weights nor folds value biases).
+A tiny Mixtral, OLMoE (QK-norms over the whole projections) and Qwen3-MoE
+(per-head QK-norms, a dense layer between two sparse ones): fold_ln,
+center_unembed; their MoE weights compared in transformers' names and
+layout against the bridge's (it folds ln2 into the router,
+mlp.gate.weight, and each expert's gate and up, mlp.experts.gate_up_proj;
+down_proj and the dense layers' as they come), and the direct logit
+attribution through the MoE's output.
 Tolerance: 1e-5 on weights, 1e-4 on logits and attributions (float32).
 Needs transformers and transformer-lens (the PyPI build's venv); exits 77 without.
 Usage: test_process_parity.py ANATOMY_EXECUTABLE
@@ -67,6 +74,22 @@ def transformer_lens_side(folder, ids):
                 # grouped keys and values: each query head's, as anatomy's weights.attention gives them
                 t = t.repeat_interleave(bridge.cfg.n_heads // t.shape[1], dim=1)
             want[name] = t
+        layers = getattr(getattr(bridge.original_model, "model", None), "layers", [])
+        if any(hasattr(getattr(layer, "mlp", None), "experts") for layer in layers):
+            # a mixture of experts: each layer's MLP in transformers' names, the router and the experts' (E, out, in)
+            for k in ("W_in", "b_in", "W_gate", "W_out", "b_out"):
+                want.pop(k, None)
+            for l, layer in enumerate(layers):
+                mlp, at = layer.mlp, "blocks.%d.mlp." % l
+                if hasattr(mlp, "experts"):
+                    gate_up = mlp.experts.gate_up_proj  # (E, 2 * hidden, C): gate rows, then up rows
+                    half = gate_up.shape[1] // 2
+                    want[at + "gate.weight"] = mlp.gate.weight
+                    want[at + "experts.gate"], want[at + "experts.up"] = gate_up[:, :half], gate_up[:, half:]
+                    want[at + "experts.down"] = mlp.experts.down_proj
+                else:
+                    for n in ("gate", "up", "down"):
+                        want[at + n + "_proj.weight"] = getattr(mlp, n + "_proj").weight
         logits, cache = bridge.run_with_cache(ids)
         want["logits"] = logits
         heads = cache.stack_head_results(layer=-1, pos_slice=-1, apply_ln=True)  # (layers*heads, batch, d_model)
@@ -150,6 +173,26 @@ def main():
                  layer_types=["sliding_attention", "full_attention"], max_position_embeddings=64,
                  initializer_range=0.3, bos_token_id=0, eos_token_id=0, pad_token_id=0)),
                  lambda n: "norm" in n),
+              ["fold_ln", "center_unembed"]),
+             # Mixtral: ln2 folds into the router and every expert's gate and up (TransformerLens's bridge folds the
+             # batched experts in place), RMSNorm: fold_ln, center_unembed
+             ("mixtral", lambda: perturbed(tl_side.transformers.MixtralForCausalLM(tl_side.transformers.MixtralConfig(
+                 vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                 initializer_range=0.3, bos_token_id=0, eos_token_id=0)), lambda n: "norm" in n),
+              ["fold_ln", "center_unembed"]),
+             # OLMoE: the same, with QK-norms over the whole projections (kept)
+             ("olmoe", lambda: perturbed(tl_side.transformers.OlmoeForCausalLM(tl_side.transformers.OlmoeConfig(
+                 vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+                 initializer_range=0.3, bos_token_id=0, eos_token_id=0, pad_token_id=1)), lambda n: "norm" in n),
+              ["fold_ln", "center_unembed"]),
+             # Qwen3-MoE: per-head QK-norms (kept), a dense layer (mlp_only_layers) between two sparse ones
+             ("qwen3-moe", lambda: perturbed(tl_side.transformers.Qwen3MoeForCausalLM(tl_side.transformers.Qwen3MoeConfig(
+                 vocab_size=V, hidden_size=32, intermediate_size=64, moe_intermediate_size=48, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                 mlp_only_layers=[1], max_position_embeddings=64, initializer_range=0.3, bos_token_id=0,
+                 eos_token_id=0)), lambda n: "norm" in n),
               ["fold_ln", "center_unembed"])]
     report = tl_side.Report()
     with tempfile.TemporaryDirectory() as tmp:

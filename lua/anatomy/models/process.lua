@@ -80,7 +80,7 @@ local function parts_of(path, block, where, level)
     local t = nn.typename(c)
     if t == 'nn.LayerNorm' or t == 'nn.RMSNorm' then norms[#norms + 1] = {name, c}
     elseif t == 'nn.Attention' or t == 'nn.RoPEAttention' then out.attn = {name, c}
-    elseif t == 'nn.MLP' or t == 'nn.SwiGLU' then out.mlp = {name, c} end
+    elseif t == 'nn.MLP' or t == 'nn.SwiGLU' or t == 'nn.MoE' then out.mlp = {name, c} end
   end
   out.ln1, out.ln2 = norms[1], norms[2]
   if block.shared_norm == true and #norms == 1 then out.ln2 = out.ln1 end
@@ -107,10 +107,21 @@ local function gains_qkv_bias(b)
   return nn.typename(b.attn[2]) == 'nn.RoPEAttention' and params_of(b.ln1[2]).bias ~= nil and params_of(b.attn[2])['q.bias'] == nil
 end
 
--- The linear maps reading a part's input: {{weight, bias or nil, name}, ...} (weights out x in)
+-- The linear maps reading a part's input: {{weight, bias or nil, name}, ...} (weights out x in); an nn.MoE's
+-- are its router and each expert's gate and up (as TransformerLens's bridge folds ln2 into them)
 local function readers(part)
   local m, p = part[2], params_of(part[2])
   local t = nn.typename(m)
+  if t == 'nn.MoE' then
+    local out = {{p['gate.weight'], p['gate.bias'], part[1] .. '.gate'}}
+    for e = 1, m.num_experts do
+      for _, n in ipairs({'gate', 'up'}) do
+        local k = ('experts.%d.%s'):format(e, n)
+        out[#out + 1] = {p[k .. '.weight'], p[k .. '.bias'], part[1] .. '.' .. k}
+      end
+    end
+    return out
+  end
   local names = t == 'nn.Attention' and {'qkv'} or t == 'nn.RoPEAttention' and {'q', 'k', 'v'} or t == 'nn.MLP' and {'fc'} or {'gate', 'up'}
   local out = {}
   for _, n in ipairs(names) do out[#out + 1] = {p[n .. '.weight'], p[n .. '.bias'], part[1] .. '.' .. n} end
@@ -200,7 +211,10 @@ end
 -- (RMSNorm does not take the mean out); a step the model has nothing for is
 -- an error (fold_value_biases without value biases); value biases with no
 -- output bias to take them (Qwen2) get one, zero before they are folded in,
--- as TransformerLens's b_O.
+-- as TransformerLens's b_O. A block whose MLP is an nn.MoE folds its
+-- RMSNorm into the router and every expert's gate and up (the router's
+-- choices unchanged), as TransformerLens's bridge; under a LayerNorm or a
+-- norm shared with the attention it is refused, as the bridge leaves it.
 function process.process_weights(model, opts)
   local where = 'models.process_weights'
   opts = options.check(opts, KEYS, where, 2)
@@ -218,6 +232,14 @@ function process.process_weights(model, opts)
   end
   local blocks = {}
   for name, b in model[names.stack]:named_children() do blocks[#blocks + 1] = parts_of(names.stack .. '.' .. name, b, where, 2) end
+  for _, b in ipairs(blocks) do  -- TransformerLens's bridge folds an MoE's ln2 (RMSNorm) into its router and experts alone
+    local t = nn.typename(b.ln2[2])
+    if nn.typename(b.mlp[2]) == 'nn.MoE' and (opts.fold_ln or opts.center_writing_weights) and (t ~= 'nn.RMSNorm' or b.ln2 == b.ln1) then
+      error(('%s: %s: %s.%s is an nn.MoE after %s; TransformerLens folds a mixture of experts\'s own RMSNorm only (it leaves a '
+        .. 'norm with a shift or one shared with the attention unfolded, and the experts\' outputs uncentred)'):format(where,
+        opts.fold_ln and 'fold_ln' or 'center_writing_weights', b.path, b.mlp[1], b.ln2 == b.ln1 and 'a norm shared with the attention' or t), 2)
+    end
+  end
   local final = {names.norm, model[names.norm]}
   local layer_norm = nn.typename(final[2]) == 'nn.LayerNorm'
   if opts.center_writing_weights and not layer_norm then

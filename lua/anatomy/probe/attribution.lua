@@ -60,7 +60,7 @@ function attribution.run(model, input, target, opts)
   local inside = {}
   for i, l in ipairs(layers) do
     local attn = child_with(model, l[1], 'result')
-    local mlp = child_with(model, l[1], 'post')
+    local mlp = child_with(model, l[1], 'post') or child_with(model, l[1], 'router_logits')  -- an nn.MoE: its experts' weighted sum
     if not attn and not mlp then
       error(('%s: layer %s has neither an attention with per-head results (hook point result) nor an MLP (hook point post)'):format(where, l[1]), 2)
     end
