@@ -182,6 +182,11 @@ test('a mixture of experts: fold_ln moves each ln2 into the router and every exp
     eq((p['blocks.1.mlp.experts.3.down.weight'] - before['blocks.1.mlp.experts.3.down.weight']):abs():max():item(), 0, name .. ' down as it was')
     local both = models.process_weights(make_moe(name), {fold_ln = true, center_unembed = true})
     close(both(ids):double():log_softmax(-1), want:double():log_softmax(-1), 1e-5, name .. ' fold_ln, center_unembed')
+    -- direct logit attribution reads each nn.MoE's output as the layer's MLP (refused before: no 'post' point there)
+    local dla, mlp = probe.logit_attribution(m, ids, 3), 0
+    for _, row in ipairs(dla.rows) do if row[1]:match('^blocks%.%d+%.mlp$') then mlp = mlp + 1 end end
+    eq(mlp, L, name .. ' an MLP row per layer')
+    close(dla.total, dla.logit, 1e-4, name .. ' the rows sum to the logit')
   end
   -- an MoE after a LayerNorm: TransformerLens's bridge leaves it unfolded, and anatomy refuses
   local m = make_moe('mixtral')
