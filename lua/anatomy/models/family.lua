@@ -84,6 +84,26 @@ function family.decoder(cls, names)
   cls.context = function(self) return self.config.positions end
 end
 
+-- family.model(class, Norm, Block, names[, hf]) -> a family's decoder class,
+-- nn.block(class), set as models.<its name> (models.Llama): its modules
+-- family.decoder_parts(self, s, Norm, Block) (Block: the block class, or a
+-- function of the settings that returns one), its methods family.decoder(cls,
+-- names), cached generation on (incremental: the attention keeps its keys and
+-- values and counts the positions). hf: the stack's Hugging Face name, {stack =
+-- 'model.layers'} (models.hf_name: blocks.1 is model.layers.0), or the prefix
+-- of its names, {prefix = 'transformer.'} (GPT-2's h.1 is transformer.h.0).
+function family.model(class, Norm, Block, names, hf)
+  local cls = nn.block(class, function(self, s)
+    family.decoder_parts(self, s, Norm, type(Block) == 'function' and Block(s) or Block)
+  end)
+  models[class:match('^models%.(.+)$')] = cls
+  family.decoder(cls, names)
+  cls.incremental = true
+  if hf and hf.stack then cls.hf_stack = {names.stack, hf.stack} end
+  if hf and hf.prefix then cls.hf_prefix = hf.prefix end
+  return cls
+end
+
 -- family.decoder_parts(model, s, Norm, Block): a decoder's modules, in the
 -- order of its class's names (family.decoder): the token embedding (s.vocab x
 -- s.dim), GPT-2's learned positions where the names have them, s.layers

@@ -184,10 +184,8 @@ function Sandwich:forward(x)
   return self:hook('resid_post', x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))))
 end
 
-local Gemma = nn.block('models.Gemma', function(self, s)
-  pretrained.decoder_parts(self, s, Norm, s.sandwich and Sandwich or Block)
-end)
-models.Gemma = Gemma
+local Gemma = pretrained.model('models.Gemma', Norm, function(s) return s.sandwich and Sandwich or Block end,
+  {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'}, {stack = 'model.layers'})
 
 -- The hidden state the first block reads: the token embeddings times
 -- √hidden_size, the factor in their dtype as transformers has it; published
@@ -198,7 +196,6 @@ function Gemma:embed(ids)
 end
 Gemma.hook_names = {'embed'}
 
-pretrained.decoder(Gemma, {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'})
 -- The head applied to a hidden state, the logits soft-capped (Gemma 2's
 -- final_logit_softcapping), so the logit lens reads them as the model does
 local readout = Gemma.readout
@@ -207,9 +204,6 @@ function Gemma:readout(h)
   if cap then y = (y / cap):tanh() * cap end
   return y
 end
--- cached generation: the rotary attention keeps its keys and values and counts the positions
-Gemma.incremental = true
-Gemma.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function Gemma:extra_repr()

@@ -51,13 +51,10 @@ function Block:forward(x)
   return y
 end
 
-local GPT2 = nn.block('models.GPT2', function(self, s)
-  pretrained.decoder_parts(self, s, nn.LayerNorm, Block)
-end)
-models.GPT2 = GPT2
--- GPT2LMHeadModel's names start with it (transformer.h.0.attn): the spelling
--- probe.resolve_name shows a user beside anatomy's (h.1.attn)
-GPT2.hf_prefix = 'transformer.'
+-- GPT2LMHeadModel's names start with transformer. (transformer.h.0.attn): the
+-- spelling probe.resolve_name shows a user beside anatomy's (h.1.attn)
+local GPT2 = pretrained.model('models.GPT2', nn.LayerNorm, Block,
+  {embed = 'wte', positions = 'wpe', stack = 'h', norm = 'ln_f', head = 'lm_head'}, {prefix = 'transformer.'})
 
 -- The hidden state the first block reads: token plus position embeddings.
 -- While caching (model:kv_cache), the positions go on from those already
@@ -84,13 +81,10 @@ function GPT2:embed(ids)
   return tokens + self:hook('pos_embed', rows)
 end
 GPT2.hook_names = {'pos_embed'}
--- cached generation: the attention keeps its keys and values, the position count is here
-GPT2.incremental = true
 -- m:set_cache(on): starts (true) or stops (false) counting the positions embed has seen (model:kv_cache)
 function GPT2:set_cache(on) rawset(self, '_past', on and 0 or nil) end
 -- m:set_mask(mask): the padding mask embed counts positions by (model:set_padding)
 function GPT2:set_mask(mask) rawset(self, '_mask', mask) end
-pretrained.decoder(GPT2, {embed = 'wte', positions = 'wpe', stack = 'h', norm = 'ln_f', head = 'lm_head'})
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function GPT2:extra_repr()

@@ -60,15 +60,8 @@ end
 -- Whether the block adds attention and MLP in parallel or one after the other, as print(model) shows it
 function Block:extra_repr() return self.parallel and 'parallel residual' or 'sequential residual' end
 
-local GPTNeoX = nn.block('models.GPTNeoX', function(self, s)
-  pretrained.decoder_parts(self, s, nn.LayerNorm, Block)
-end)
-models.GPTNeoX = GPTNeoX
-
-pretrained.decoder(GPTNeoX, {embed = 'embed_in', stack = 'blocks', norm = 'final_layer_norm', head = 'embed_out'})
--- cached generation: the rotary attention keeps its keys and values and counts the positions
-GPTNeoX.incremental = true
-GPTNeoX.hf_stack = {'blocks', 'gpt_neox.layers'}
+local GPTNeoX = pretrained.model('models.GPTNeoX', nn.LayerNorm, Block,
+  {embed = 'embed_in', stack = 'blocks', norm = 'final_layer_norm', head = 'embed_out'}, {stack = 'gpt_neox.layers'})
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function GPTNeoX:extra_repr()

@@ -44,16 +44,9 @@ local Block = pretrained.parallel_block('models.GPTJBlock', {norm = 'ln_1', attn
 end)
 models.GPTJBlock = Block
 
-local GPTJ = nn.block('models.GPTJ', function(self, s)
-  pretrained.decoder_parts(self, s, nn.LayerNorm, Block)
-end)
-models.GPTJ = GPTJ
-
-pretrained.decoder(GPTJ, {embed = 'wte', stack = 'h', norm = 'ln_f', head = 'lm_head'})
--- GPTJForCausalLM's names start with it (transformer.h.0.attn), as GPT-2's
-GPTJ.hf_prefix = 'transformer.'
--- cached generation: the rotary attention keeps its keys and values and counts the positions
-GPTJ.incremental = true
+-- GPTJForCausalLM's names start with transformer. (transformer.h.0.attn), as GPT-2's
+local GPTJ = pretrained.model('models.GPTJ', nn.LayerNorm, Block, {embed = 'wte', stack = 'h', norm = 'ln_f', head = 'lm_head'},
+  {prefix = 'transformer.'})
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function GPTJ:extra_repr()

@@ -103,19 +103,9 @@ models.LlamaBlock = Block
 -- F.model(class, Block) -> Llama's decoder class (models.Llama; Qwen3's is
 -- models.Qwen3) over the block class Block: embed_tokens, blocks, norm, lm_head
 local names = {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'}
-function F.model(class, Block)
-  local cls = nn.block(class, function(self, s)
-    pretrained.decoder_parts(self, s, nn.RMSNorm, Block)
-  end)
-  pretrained.decoder(cls, names)
-  -- cached generation: the rotary attention keeps its keys and values and counts the positions
-  cls.incremental = true
-  cls.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
-  return cls
-end
+function F.model(class, Block) return pretrained.model(class, nn.RMSNorm, Block, names, {stack = 'model.layers'}) end
 
 local Llama = F.model('models.Llama', Block)
-models.Llama = Llama
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function Llama:extra_repr()

@@ -57,15 +57,7 @@ function Block:forward(x)
   return self:hook('resid_post', x + self.post_feedforward_layernorm(self.mlp(x)))
 end
 
-local Olmo2 = nn.block('models.Olmo2', function(self, s)
-  pretrained.decoder_parts(self, s, nn.RMSNorm, Block)
-end)
-models.Olmo2 = Olmo2
-
-pretrained.decoder(Olmo2, {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'})
--- cached generation: the rotary attention keeps its keys and values and counts the positions
-Olmo2.incremental = true
-Olmo2.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
+local Olmo2 = llama.model('models.Olmo2', Block)
 Olmo2.extra_repr = models.Llama.extra_repr
 
 -- OLMoE is models.Llama (its block with the attention's qk_norm and nn.MoE)

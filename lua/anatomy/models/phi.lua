@@ -44,15 +44,8 @@ local Block = pretrained.parallel_block('models.PhiBlock', {norm = 'input_layern
 end)
 models.PhiBlock = Block
 
-local Phi = nn.block('models.Phi', function(self, s)
-  pretrained.decoder_parts(self, s, nn.LayerNorm, Block)
-end)
-models.Phi = Phi
-
-pretrained.decoder(Phi, {embed = 'embed_tokens', stack = 'blocks', norm = 'final_layernorm', head = 'lm_head'})
--- cached generation: the rotary attention keeps its keys and values and counts the positions
-Phi.incremental = true
-Phi.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
+local Phi = pretrained.model('models.Phi', nn.LayerNorm, Block,
+  {embed = 'embed_tokens', stack = 'blocks', norm = 'final_layernorm', head = 'lm_head'}, {stack = 'model.layers'})
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function Phi:extra_repr()

@@ -85,15 +85,8 @@ function Block:forward(x)
   return y
 end
 
-local Phi3 = nn.block('models.Phi3', function(self, s)
-  pretrained.decoder_parts(self, s, nn.RMSNorm, Block)
-end)
-models.Phi3 = Phi3
-
-pretrained.decoder(Phi3, {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'})
--- cached generation: the rotary attention keeps its keys and values and counts the positions
-Phi3.incremental = true
-Phi3.hf_stack = {'blocks', 'model.layers'}  -- models.hf_name: blocks.1 is model.layers.0
+local Phi3 = pretrained.model('models.Phi3', nn.RMSNorm, Block,
+  {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'}, {stack = 'model.layers'})
 
 -- model:kv_refill(past, total) -> whether generation, holding `past`
 -- positions in its cache and about to read up to `total`, must run the whole

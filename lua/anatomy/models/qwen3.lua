@@ -73,7 +73,6 @@ end
 local Block = llama.block('models.Qwen3Block')
 models.Qwen3Block = Block
 local Qwen3 = llama.model('models.Qwen3', Block)
-models.Qwen3 = Qwen3
 
 -- The checkpoint's settings as print(model) shows them (and the dropout it leaves out)
 function Qwen3:extra_repr()
