@@ -7,7 +7,9 @@
 -- with a non-zero share of one token, and the logits with it hooked. For all
 -- the texts: the batch's logits padded on the left with its mask, each text's
 -- logits run alone, and the batch's greedy continuation (generate with the
--- attention mask and the key/value cache).
+-- attention mask and the key/value cache): family_side.padded's.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local side = require('family_side')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 local model = models.from_pretrained(arg[1])
@@ -30,15 +32,5 @@ for l = 1, L do
   out.expert_gap = math.max(out.expert_gap, (shares:sum(3) - each[mlp]):abs():max():item())
   out.experts_used = math.max(out.experts_used, shares:abs():sum(-1):gt(0):sum(-1):max():item())
 end
-local logits, padded = probe.run_with_cache(model, texts, {padding_side = 'left', filter = {'*.router_logits'}})
-out.padded = logits:tolist()
-out.mask = padded.mask:tolist()
-for i, text in ipairs(texts) do
-  local t = model.tokenizer:encode(text)
-  out.ids[i] = (t - 1):tolist()
-  out.alone[i] = torch.no_grad(function() return model(t:unsqueeze(1)) end)[1]:tolist()
-end
-local batch, _, mask = probe.to_ids(model, texts, {padding_side = 'left'})
-local gen = model:generate(batch, {attention_mask = mask, max_new = 6, temperature = 0, kv_cache = true})
-out.generated = (gen - 1):tolist()
+side.padded(model, texts, out, {filter = {'*.router_logits'}})
 fs.write_atomic(arg[2], json.encode(out))

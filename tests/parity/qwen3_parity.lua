@@ -8,7 +8,9 @@
 -- experts with a share of one token, and the logits with it hooked. For all
 -- the texts: the batch's logits padded on the left with its mask, each text's
 -- logits run alone, and the batch's greedy continuation (generate with the
--- attention mask and the key/value cache).
+-- attention mask and the key/value cache): family_side.padded's.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local side = require('family_side')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 local model = models.from_pretrained(arg[1])
@@ -34,15 +36,5 @@ if #out.sparse > 0 then
     out.experts_used = math.max(out.experts_used, shares:abs():sum(-1):gt(0):sum(-1):max():item())
   end
 end
-local logits, cache = probe.run_with_cache(model, texts, {padding_side = 'left'})
-out.padded = logits:tolist()
-out.mask = cache.mask:tolist()
-for i, text in ipairs(texts) do
-  local ids = model.tokenizer:encode(text)
-  out.ids[i] = (ids - 1):tolist()
-  out.alone[i] = torch.no_grad(function() return model(ids:unsqueeze(1)) end)[1]:tolist()
-end
-local ids, _, mask = probe.to_ids(model, texts, {padding_side = 'left'})
-local gen = model:generate(ids, {attention_mask = mask, max_new = 6, temperature = 0, kv_cache = true})
-out.generated = (gen - 1):tolist()
+side.padded(model, texts, out)
 fs.write_atomic(arg[2], json.encode(out))
