@@ -96,6 +96,42 @@ def check_padded(name, got, hf, failures):
     return checks
 
 
+def check_router(name, got, hf, layers, failures, title="router logits"):
+    """The MoE layers' router logits (anatomy's layer numbers, from 1, in the order of got's router, tl, ...: what
+    moe_parity.lua and qwen3_parity.lua write for the first text) against transformers' (output_router_logits),
+    the top_k experts they choose, the TransformerLens name hook_router_logits resolving to router_logits; the
+    experts' shares summing to the MLP's output (1e-5), at most top_k of them on a token, and the logits with
+    expert_out hooked. Returns its checks."""
+    checks = 0
+
+    def check(what, ok, detail=""):
+        nonlocal checks
+        checks += 1
+        if not ok:
+            failures.append(f"{name}: {what} {detail}")
+
+    ids = torch.tensor([got["ids"][0]])
+    with torch.no_grad():
+        o = hf(ids, output_router_logits=True)
+    check("number of router logits", len(got["router"] or []) == len(o.router_logits))
+    worst, K = 0.0, hf.config.num_experts_per_tok
+    for k, r in enumerate(o.router_logits[:len(layers)]):  # transformers': (B * T, E), the MoE layers in order
+        l = layers[k]
+        excess, d = P.max_excess(got["router"][k], r)
+        worst = max(worst, d if isinstance(d, float) else float("inf"))
+        check(f"router logits of layer {l}", excess <= 0, f"(max difference {d})")
+        chosen = torch.tensor(got["router"][k]).topk(K).indices.sort().values
+        check(f"experts chosen in layer {l}", torch.equal(chosen, r.topk(K).indices.sort().values))
+        want = f"blocks.{l}.mlp.router_logits"
+        check(f"blocks.{l - 1}.mlp.hook_router_logits resolves", got["tl"][k] == want, f"to {got['tl'][k]!r}, not {want!r}")
+    print(f"      {title}: largest difference {worst:.3g}")
+    check("the experts' shares sum to the MLP's output", got["expert_gap"] <= 1e-5, f"(gap {got['expert_gap']})")
+    check("experts with a share of one token", 0 < got["experts_used"] <= K, f"{got['experts_used']}, top_k {K}")
+    excess, d = P.max_excess(got["hooked_logits"], o.logits[0])
+    check("logits with expert_out hooked", excess <= 0, f"(max difference {d})")
+    return checks
+
+
 def padded_batch(name, exe, folder, tmp, hf, failures):
     """padded and check_padded: its checks, or none (and a failure) when anatomy failed."""
     pad, err = padded(exe, folder, tmp)

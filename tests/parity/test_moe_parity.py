@@ -67,35 +67,10 @@ def run_moe(exe, folder, tmp):
 
 
 def check_moe(name, got, hf, failures):
-    """Router logits, the TransformerLens name, the experts' shares, the padded batch and its generation."""
-    checks = 0
-
-    def check(what, ok, detail=""):
-        nonlocal checks
-        checks += 1
-        if not ok:
-            failures.append(f"{name}: {what} {detail}")
-
-    ids = torch.tensor([got["ids"][0]])
-    with torch.no_grad():
-        o = hf(ids, output_router_logits=True)
-    check("number of router logits", len(got["router"]) == len(o.router_logits))
-    worst = 0.0
-    for i, r in enumerate(o.router_logits):  # transformers': (B * T, E)
-        excess, d = P.max_excess(got["router"][i], r)
-        worst = max(worst, d if isinstance(d, float) else float("inf"))
-        check(f"router logits of layer {i + 1}", excess <= 0, f"(max difference {d})")
-        chosen = torch.tensor(got["router"][i]).topk(hf.config.num_experts_per_tok).indices.sort().values
-        check(f"experts chosen in layer {i + 1}", torch.equal(chosen, r.topk(hf.config.num_experts_per_tok).indices.sort().values))
-        want = f"blocks.{i + 1}.mlp.router_logits"
-        check(f"blocks.{i}.mlp.hook_router_logits resolves", got["tl"][i] == want, f"to {got['tl'][i]!r}, not {want!r}")
-    print(f"      router logits: largest difference {worst:.3g}")
-    check("the experts' shares sum to the MLP's output", got["expert_gap"] <= 1e-5, f"(gap {got['expert_gap']})")
-    check("experts with a share of one token", 0 < got["experts_used"] <= hf.config.num_experts_per_tok,
-          f"{got['experts_used']}, top_k {hf.config.num_experts_per_tok}")
-    excess, d = P.max_excess(got["hooked_logits"], o.logits[0])
-    check("logits with expert_out hooked", excess <= 0, f"(max difference {d})")
-    return checks + F.check_padded(name, got, hf, failures)
+    """Router logits, the TransformerLens name, the experts' shares (every layer an MoE), the padded batch and its
+    generation."""
+    layers = list(range(1, hf.config.num_hidden_layers + 1))
+    return F.check_router(name, got, hf, layers, failures) + F.check_padded(name, got, hf, failures)
 
 
 def check_bridge(name, got, bridge, failures):

@@ -92,41 +92,15 @@ def run_side(exe, folder, tmp):
 
 
 def check_router(name, got, hf, failures):
-    """Each sparse layer's router logits against transformers', the experts they choose, the TransformerLens
-    name; the experts' shares against the MLP's output, and the logits with them hooked."""
-    checks = 0
-
-    def check(what, ok, detail=""):
-        nonlocal checks
-        checks += 1
-        if not ok:
-            failures.append(f"{name}: {what} {detail}")
-
+    """The sparse layers transformers' config makes (mlp_only_layers, decoder_sparse_step), then
+    family_checks.check_router on them."""
     cfg = hf.config
     want_sparse = [i + 1 for i in range(cfg.num_hidden_layers)
                    if i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0]
     sparse = list(got["sparse"] or [])
-    check("sparse layers", sparse == want_sparse, f"{sparse} vs transformers' {want_sparse}")
-    ids = torch.tensor([got["ids"][0]])
-    with torch.no_grad():
-        o = hf(ids, output_router_logits=True)
-    check("number of router logits", len(got["router"] or []) == len(o.router_logits))
-    worst, K = 0.0, cfg.num_experts_per_tok
-    for k, r in enumerate(o.router_logits[:len(sparse)]):  # transformers': (B * T, E), the sparse layers in order
-        l = sparse[k]
-        excess, d = P.max_excess(got["router"][k], r)
-        worst = max(worst, d if isinstance(d, float) else float("inf"))
-        check(f"router logits of layer {l}", excess <= 0, f"(max difference {d})")
-        chosen = torch.tensor(got["router"][k]).topk(K).indices.sort().values
-        check(f"experts chosen in layer {l}", torch.equal(chosen, r.topk(K).indices.sort().values))
-        want = f"blocks.{l}.mlp.router_logits"
-        check(f"blocks.{l - 1}.mlp.hook_router_logits resolves", got["tl"][k] == want, f"to {got['tl'][k]!r}, not {want!r}")
-    print(f"      router logits of layers {sparse}: largest difference {worst:.3g}")
-    check("the experts' shares sum to the MLP's output", got["expert_gap"] <= 1e-5, f"(gap {got['expert_gap']})")
-    check("experts with a share of one token", 0 < got["experts_used"] <= K, f"{got['experts_used']}, top_k {K}")
-    excess, d = P.max_excess(got["hooked_logits"], hf(ids).logits[0].detach())
-    check("logits with expert_out hooked", excess <= 0, f"(max difference {d})")
-    return checks
+    if sparse != want_sparse:
+        failures.append(f"{name}: sparse layers {sparse} vs transformers' {want_sparse}")
+    return 1 + F.check_router(name, got, hf, sparse, failures, f"router logits of layers {sparse}")
 
 
 def check_bridge(name, got, bridge, failures):
