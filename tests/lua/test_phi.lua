@@ -27,36 +27,7 @@ local function param(m, name)
 end
 
 test("TransformerLens's names resolve on Phi's block, and its stream adds up", function()
-  local m = phi()
-  local tl = function(name) return probe.from_transformer_lens(m, name) end
-  eq(tl('blocks.0.hook_resid_pre'), 'blocks.1.resid_pre')
-  eq(tl('blocks.2.hook_resid_post'), 'blocks.3.resid_post')
-  eq(tl('blocks.1.attn.hook_z'), 'blocks.2.self_attn.z')
-  eq(tl('blocks.0.mlp.hook_post'), 'blocks.1.mlp.post')
-  eq(tl('blocks.0.ln1.hook_normalized'), 'blocks.1.input_layernorm.normalized')
-  eq(tl('blocks.0.hook_attn_out'), 'blocks.1.self_attn')
-  eq(tl('ln_final.hook_normalized'), 'final_layernorm.normalized')
-  H.raises_part(function() tl('blocks.0.ln2.hook_normalized') end, 'blocks.1 has no ln2')
-  local listed = {}
-  for _, pair in ipairs(probe.transformer_lens_names(m)) do listed[pair[1]] = pair[2] end
-  eq(listed['blocks.0.hook_resid_mid'], nil, 'no stream between attention and MLP')
-  eq(listed['blocks.2.attn.hook_rot_q'], 'blocks.3.self_attn.rot_q')
-  local ids = torch.randint(1, V + 1, {2, 9})
-  local logits, cache = probe.run_with_cache(m, ids)
-  close(logits, m(ids), 1e-5, 'logits with every hook point on (each block on its explicit path)')
-  local worst = 0
-  for l = 0, 2 do
-    local b = 'blocks.' .. l .. '.'
-    local sum = cache[b .. 'hook_resid_pre'] + cache[b .. 'hook_attn_out'] + cache[b .. 'hook_mlp_out']
-    worst = math.max(worst, (sum - cache[b .. 'hook_resid_post']):abs():max():item())
-    -- one norm feeds both: the MLP's input is the norm's output (ln1.hook_out; hook_normalized is before its affine)
-    local w, bias = param(m, ('blocks.%d.mlp.fc.weight'):format(l + 1)), param(m, ('blocks.%d.mlp.fc.bias'):format(l + 1))
-    local pre = nn.functional.linear(cache[b .. 'ln1.hook_out'], w, bias)
-    close(cache[b .. 'mlp.hook_pre'], pre, 1e-5, b .. 'mlp.hook_pre from ln1')
-    close(cache[b .. 'mlp.hook_post'], nn.functional.gelu(pre, {approximate = 'tanh'}), 1e-5, b .. 'gelu_new')
-  end
-  assert(worst <= 1e-5, ('resid_post = resid_pre + attn_out + mlp_out to %.3g'):format(worst))
-  print(('  resid_post against resid_pre + attn_out + mlp_out: largest difference %.3g'):format(worst))
+  require('parallel_block').check(phi(), V, {block = 'blocks', attn = 'self_attn', ln = 'input_layernorm', final = 'final_layernorm', rot = 'rot_q'})
 end)
 
 test("the head's bias is in the readout, so in the logit lens", function()
