@@ -29,36 +29,7 @@ local function param(m, name)
 end
 
 test("TransformerLens's names resolve on GPT-J's block, and its stream adds up", function()
-  local m = gptj()
-  local tl = function(name) return probe.from_transformer_lens(m, name) end
-  eq(tl('blocks.0.hook_resid_pre'), 'h.1.resid_pre')
-  eq(tl('blocks.2.hook_resid_post'), 'h.3.resid_post')
-  eq(tl('blocks.1.attn.hook_z'), 'h.2.attn.z')
-  eq(tl('blocks.0.mlp.hook_post'), 'h.1.mlp.post')
-  eq(tl('blocks.0.ln1.hook_normalized'), 'h.1.ln_1.normalized')
-  eq(tl('blocks.0.hook_attn_out'), 'h.1.attn')
-  eq(tl('ln_final.hook_normalized'), 'ln_f.normalized')
-  H.raises_part(function() tl('blocks.0.ln2.hook_normalized') end, 'h.1 has no ln2')
-  local listed = {}
-  for _, pair in ipairs(probe.transformer_lens_names(m)) do listed[pair[1]] = pair[2] end
-  eq(listed['blocks.0.hook_resid_mid'], nil, 'no stream between attention and MLP')
-  eq(listed['blocks.2.attn.hook_rot_k'], 'h.3.attn.rot_k')
-  local ids = torch.randint(1, V + 1, {2, 9})
-  local logits, cache = probe.run_with_cache(m, ids)
-  close(logits, m(ids), 1e-5, 'logits with every hook point on (each block on its explicit path)')
-  local worst = 0
-  for l = 0, 2 do
-    local b = 'blocks.' .. l .. '.'
-    local sum = cache[b .. 'hook_resid_pre'] + cache[b .. 'hook_attn_out'] + cache[b .. 'hook_mlp_out']
-    worst = math.max(worst, (sum - cache[b .. 'hook_resid_post']):abs():max():item())
-    -- one norm feeds both: the MLP's input is ln_1's output, fc_in then gelu_new
-    local w, bias = param(m, ('h.%d.mlp.fc.weight'):format(l + 1)), param(m, ('h.%d.mlp.fc.bias'):format(l + 1))
-    local pre = nn.functional.linear(cache[b .. 'ln1.hook_out'], w, bias)
-    close(cache[b .. 'mlp.hook_pre'], pre, 1e-5, b .. 'mlp.hook_pre from ln1')
-    close(cache[b .. 'mlp.hook_post'], nn.functional.gelu(pre, {approximate = 'tanh'}), 1e-5, b .. 'gelu_new')
-  end
-  assert(worst <= 1e-5, ('resid_post = resid_pre + attn_out + mlp_out to %.3g'):format(worst))
-  print(('  resid_post against resid_pre + attn_out + mlp_out: largest difference %.3g'):format(worst))
+  require('parallel_block').check(gptj(), V, {block = 'h', attn = 'attn', ln = 'ln_1', final = 'ln_f', rot = 'rot_k'})
 end)
 
 test('the rotation pairs dims (2i, 2i+1) of the first rotary_dim, at base 10000; the rest of each head passes', function()
