@@ -21,6 +21,21 @@ function family.prenorm(block, x, attn, ln1, mlp, ln2)
   return block:hook('resid_post', x + mlp(ln2(x)))
 end
 
+-- pretrained.prenorm_block(class, names, init) -> a block class (nn.block(class, init)) of the pre-norm
+-- layout, x + attn(ln1(x)), then + mlp(ln2(.)) (family.prenorm): names = {ln1, attn, ln2, mlp}, its
+-- children's names (family.llama_names: Llama's, Phi-3's, Gemma's). It publishes resid_pre, resid_mid and resid_post.
+function family.prenorm_block(class, names, init)
+  local Block = nn.block(class, init)
+  Block.hook_names = family.resid_hooks
+  -- block(x) -> x + attn(ln1(x)), then + mlp(ln2(.)), through the hook points
+  function Block:forward(x)
+    local y = family.prenorm(self, x, self[names.attn], self[names.ln1], self[names.mlp], self[names.ln2])
+    return y
+  end
+  return Block
+end
+family.llama_names = {ln1 = 'input_layernorm', attn = 'self_attn', ln2 = 'post_attention_layernorm', mlp = 'mlp'}
+
 -- pretrained.parallel_block(class, names, init) -> a block class (nn.block(class, init)) whose one norm
 -- feeds attention and MLP in parallel, x + attn(ln(x)) + mlp(ln(x)) (Phi's, GPT-J's): names = {norm, attn,
 -- mlp}, its children's names. It publishes resid_pre and resid_post (no resid_mid: the two read the same
@@ -102,6 +117,22 @@ function family.model(class, Norm, Block, names, hf)
   if hf and hf.stack then cls.hf_stack = {names.stack, hf.stack} end
   if hf and hf.prefix then cls.hf_prefix = hf.prefix end
   return cls
+end
+
+-- family.size_keys(...) -> the config keys a Llama-like decoder's size comes from (F.size_keys,
+-- which pretrained.check_size names in its error), then the family's own (...)
+function family.size_keys(...)
+  local keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads',
+    'head_dim', 'vocab_size'}
+  for _, k in ipairs{...} do keys[#keys + 1] = k end
+  return keys
+end
+
+-- family.widths(s) -> q, kv, hd: the widths of the queries and of each of the keys and values
+-- (s.heads and s.kv_heads times the head size), and the head size (s.head_dim, or s.dim / s.heads)
+function family.widths(s)
+  local hd = s.head_dim or math.floor(s.dim / s.heads)
+  return s.heads * hd, s.kv_heads * hd, hd
 end
 
 -- family.decoder_parts(model, s, Norm, Block): a decoder's modules, in the

@@ -147,20 +147,13 @@ local function attention(s, i)
 end
 
 -- Gemma 1's block: Llama's pre-norm layout
-local Block = nn.block('models.GemmaBlock', function(self, s, i)
+local Block = pretrained.prenorm_block('models.GemmaBlock', pretrained.llama_names, function(self, s, i)
   self.input_layernorm = Norm(s.dim, s)
   self.self_attn = attention(s, i)
   self.post_attention_layernorm = Norm(s.dim, s)
   self.mlp = nn.SwiGLU(s.dim, s.ffn, {activation = s.activation})
 end)
 models.GemmaBlock = Block
-Block.hook_names = pretrained.resid_hooks
-
--- block(x) -> x + attn(norm(x)), then + mlp(norm(.)), through the hook points
-function Block:forward(x)
-  local y = pretrained.prenorm(self, x, self.self_attn, self.input_layernorm, self.mlp, self.post_attention_layernorm)
-  return y
-end
 
 -- Gemma 2's and 3's block: each part between a norm before and one after
 local Sandwich = nn.block('models.Gemma2Block', function(self, s, i)
@@ -227,11 +220,10 @@ F.norm_weight = 0
 
 -- The parameters build makes from the settings, counted without making them
 -- (pretrained.check_size), and the config keys they come from.
-F.size_keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads',
-  'head_dim', 'vocab_size'}
+F.size_keys = pretrained.size_keys()
 function F.parameters(s)
-  local C, hd = s.dim, s.head_dim
-  local q, kv = s.heads * hd, s.kv_heads * hd  -- widths of q and of each of k, v
+  local C = s.dim
+  local q, kv, hd = pretrained.widths(s)  -- widths of q and of each of k, v; the head's
   local attn = 2 * C * q + 2 * C * kv + (s.bias and q + 2 * kv + C or 0) + (s.qk_norm and 2 * hd or 0)
   return s.vocab * C * (s.tied and 1 or 2) + s.layers * ((s.sandwich and 4 or 2) * C + attn + 3 * C * s.ffn) + C
 end

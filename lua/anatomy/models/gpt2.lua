@@ -35,21 +35,14 @@ function F.check(c, where)
   return s
 end
 
-local Block = nn.block('models.GPT2Block', function(self, s)
+-- x + attn(ln_1(x)), then + mlp(ln_2(.)), through resid_pre, resid_mid and resid_post
+local Block = pretrained.prenorm_block('models.GPT2Block', {ln1 = 'ln_1', attn = 'attn', ln2 = 'ln_2', mlp = 'mlp'}, function(self, s)
   self.ln_1 = nn.LayerNorm(s.dim, {eps = s.eps})
   self.attn = nn.Attention(s.dim, s.heads, {causal = true})
   self.ln_2 = nn.LayerNorm(s.dim, {eps = s.eps})
   self.mlp = nn.MLP(s.dim, s.ffn, {activation = s.activation})
 end)
 models.GPT2Block = Block
-
-Block.hook_names = pretrained.resid_hooks
-
--- block(x) -> x + attn(ln_1(x)), then + mlp(ln_2(.)), through resid_pre, resid_mid and resid_post
-function Block:forward(x)
-  local y = pretrained.prenorm(self, x, self.attn, self.ln_1, self.mlp, self.ln_2)
-  return y
-end
 
 -- GPT2LMHeadModel's names start with transformer. (transformer.h.0.attn): the
 -- spelling probe.resolve_name shows a user beside anatomy's (h.1.attn)

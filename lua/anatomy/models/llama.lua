@@ -73,7 +73,7 @@ end
 -- and nn.MoE (experts of s.moe.ffn or s.ffn) on the layers s.sparse names (absent:
 -- every layer), else nn.SwiGLU.
 function F.block(class)
-  local Block = nn.block(class, function(self, s, i)
+  return pretrained.prenorm_block(class, pretrained.llama_names, function(self, s, i)
     self.input_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
     self.self_attn = nn.RoPEAttention(s.dim, s.heads, pretrained.attention_options(s.rope, {kv_heads = s.kv_heads,
       head_dim = s.head_dim, qkv_bias = s.qkv_bias, out_bias = s.out_bias, qk_norm = s.qk_norm, qk_norm_eps = s.qk_norm and s.eps,
@@ -85,13 +85,6 @@ function F.block(class)
       self.mlp = nn.SwiGLU(s.dim, s.ffn, {bias = s.mlp_bias})
     end
   end)
-  Block.hook_names = pretrained.resid_hooks
-  -- block(x) -> x + attn(norm(x)), then + mlp(norm(.)) (pre-norm, RMSNorm), through the hook points
-  function Block:forward(x)
-    local y = pretrained.prenorm(self, x, self.self_attn, self.input_layernorm, self.mlp, self.post_attention_layernorm)
-    return y
-  end
-  return Block
 end
 
 -- F.sparse(s, i) -> whether layer i's MLP is the mixture of experts
@@ -120,12 +113,10 @@ function F.build(s) return Llama(s) end
 
 -- The parameters build makes from the settings, counted without making them
 -- (pretrained.check_size), and the config keys they come from.
-F.size_keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads',
-  'head_dim', 'vocab_size', 'num_local_experts', 'num_experts'}
+F.size_keys = pretrained.size_keys('num_local_experts', 'num_experts')
 function F.parameters(s)
   local C = s.dim
-  local hd = s.head_dim or math.floor(C / s.heads)
-  local q, kv = s.heads * hd, s.kv_heads * hd  -- widths of q and of each of k, v
+  local q, kv, hd = pretrained.widths(s)  -- widths of q and of each of k, v; the head's
   local attn = 2 * C * q + 2 * C * kv + (s.qkv_bias and q + 2 * kv or 0) + (s.out_bias and C or 0)
     + (s.qk_norm == 'proj' and q + kv or s.qk_norm == 'head' and 2 * hd or 0)  -- q_norm, k_norm
   local mlp = 3 * C * s.ffn + (s.mlp_bias and 2 * s.ffn + C or 0)  -- gate, up, down

@@ -58,11 +58,10 @@ function F.build(s) return Phi(s) end
 
 -- The parameters build makes from the settings, counted without making them
 -- (pretrained.check_size), and the config keys they come from.
-F.size_keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads',
-  'head_dim', 'vocab_size'}
+F.size_keys = pretrained.size_keys()
 function F.parameters(s)
   local C = s.dim
-  local q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim  -- widths of q and of each of k, v
+  local q, kv = pretrained.widths(s)  -- widths of q and of each of k, v
   local attn = 2 * C * q + 2 * C * kv + q + 2 * kv + C
   local mlp = 2 * C * s.ffn + s.ffn + C
   return 2 * s.vocab * C + s.vocab + s.layers * (2 * C + attn + mlp) + 2 * C

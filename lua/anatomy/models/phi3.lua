@@ -66,7 +66,7 @@ function F.check(c, where)
   return s
 end
 
-local Block = nn.block('models.Phi3Block', function(self, s)
+local Block = pretrained.prenorm_block('models.Phi3Block', pretrained.llama_names, function(self, s)
   local r = s.rope
   self.input_layernorm = nn.RMSNorm(s.dim, {eps = s.eps})
   self.self_attn = nn.RoPEAttention(s.dim, s.heads, pretrained.attention_options(r, {kv_heads = s.kv_heads,
@@ -76,14 +76,6 @@ local Block = nn.block('models.Phi3Block', function(self, s)
   self.mlp = nn.SwiGLU(s.dim, s.ffn)
 end)
 models.Phi3Block = Block
-
-Block.hook_names = pretrained.resid_hooks
-
--- block(x) -> x + attn(norm(x)), then + mlp(norm(.)) (pre-norm, RMSNorm), through the hook points
-function Block:forward(x)
-  local y = pretrained.prenorm(self, x, self.self_attn, self.input_layernorm, self.mlp, self.post_attention_layernorm)
-  return y
-end
 
 local Phi3 = pretrained.model('models.Phi3', nn.RMSNorm, Block,
   {embed = 'embed_tokens', stack = 'blocks', norm = 'norm', head = 'lm_head'}, {stack = 'model.layers'})
@@ -113,11 +105,10 @@ function F.build(s) return Phi3(s) end
 
 -- The parameters build makes from the settings, counted without making them
 -- (pretrained.check_size), and the config keys they come from.
-F.size_keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads',
-  'head_dim', 'vocab_size'}
+F.size_keys = pretrained.size_keys()
 function F.parameters(s)
   local C = s.dim
-  local q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim  -- widths of q and of each of k, v
+  local q, kv = pretrained.widths(s)  -- widths of q and of each of k, v
   return s.vocab * C * (s.tied and 1 or 2) + s.layers * (2 * C + 2 * C * q + 2 * C * kv + 3 * C * s.ffn) + C
 end
 

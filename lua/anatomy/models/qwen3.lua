@@ -89,8 +89,7 @@ function F.build(s) return Qwen3(s) end
 
 -- The parameters build makes from the settings, counted without making them
 -- (pretrained.check_size), and the config keys they come from.
-F.size_keys = {'num_hidden_layers', 'hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads',
-  'head_dim', 'vocab_size', 'num_experts', 'num_local_experts', 'moe_intermediate_size'}
+F.size_keys = pretrained.size_keys('num_experts', 'num_local_experts', 'moe_intermediate_size')
 F.parameters = llama.parameters
 
 -- {anatomy name, Hugging Face name}: Llama's (llama.weights), with q_norm and
