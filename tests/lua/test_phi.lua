@@ -54,27 +54,11 @@ end)
 
 test('the autopsy of a Phi: a row per layer, each with its removal loss and lens loss', function()
   torch.manual_seed(4)
-  local m = phi()
-  local a = autopsy.run(m, {torch.randint(1, V + 1, {2, 8}), torch.randint(1, V + 1, {2, 8})})
-  local blocks = {}
-  for _, r in ipairs(a.rows) do
-    if r.kind == 'block' then
-      blocks[#blocks + 1] = r.name
-      assert(r.removal_loss == r.removal_loss and r.lens_loss == r.lens_loss, r.name .. ': removal and lens losses are numbers')
-    end
-  end
-  eq(blocks, {'blocks.1', 'blocks.2', 'blocks.3'})
-  eq(a.rows[2].hf_name, 'model.layers.0')
+  require('family_tests').autopsy_rows(phi(), V, {'blocks.1', 'blocks.2', 'blocks.3'}, 'model.layers.0')
 end)
 
 test('the parameters a config implies are those its model has (pretrained.check_size counts them)', function()
-  local F = require('anatomy.models.phi')
-  for _, extra in ipairs{{}, {num_key_value_heads = 2, head_dim = 16}} do
-    local m = models.from_config(H.merged(config, extra))
-    local n = 0
-    for _, p in m:named_parameters() do n = n + p:numel() end
-    eq(F.parameters(m.config), n, 'parameters implied and built')
-  end
+  require('family_tests').parameters_implied('phi', config, {{}, {num_key_value_heads = 2, head_dim = 16}})
 end)
 
 test("print(model) says the checkpoint's dropout is not applied", function()
