@@ -80,27 +80,11 @@ end)
 
 test('the autopsy of a GPT-J: a row per layer, each with its removal loss and lens loss', function()
   torch.manual_seed(4)
-  local m = gptj()
-  local a = autopsy.run(m, {torch.randint(1, V + 1, {2, 8}), torch.randint(1, V + 1, {2, 8})})
-  local blocks = {}
-  for _, r in ipairs(a.rows) do
-    if r.kind == 'block' then
-      blocks[#blocks + 1] = r.name
-      assert(r.removal_loss == r.removal_loss and r.lens_loss == r.lens_loss, r.name .. ': removal and lens losses are numbers')
-    end
-  end
-  eq(blocks, {'h.1', 'h.2', 'h.3'})
-  eq(a.rows[2].hf_name, 'transformer.h.0')
+  require('family_tests').autopsy_rows(gptj(), V, {'h.1', 'h.2', 'h.3'}, 'transformer.h.0')
 end)
 
 test('the parameters a config implies are those its model has (pretrained.check_size counts them)', function()
-  local F = require('anatomy.models.gptj')
-  for _, extra in ipairs{{}, {n_inner = 48, rotary_dim = 8}} do
-    local m = models.from_config(H.merged(config, extra))
-    local n = 0
-    for _, p in m:named_parameters() do n = n + p:numel() end
-    eq(F.parameters(m.config), n, 'parameters implied and built')
-  end
+  require('family_tests').parameters_implied('gptj', config, {{}, {n_inner = 48, rotary_dim = 8}})
 end)
 
 test('rotary_dim: absent is transformers\' 64; null and one that cannot rotate are refused by name', function()
