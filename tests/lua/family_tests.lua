@@ -6,11 +6,13 @@ local eq = H.eq
 
 local M = {}
 
--- The autopsy of m on two random batches of (2, 8) tokens of vocabulary V: a
--- row per layer named as `blocks` lists them, each with a removal and a lens
--- loss that are numbers; the first layer's Hugging Face name is hf_name.
-function M.autopsy_rows(m, V, blocks, hf_name)
-  local a = autopsy.run(m, {torch.randint(1, V + 1, {2, 8}), torch.randint(1, V + 1, {2, 8})})
+-- The autopsy of m on two random batches of (2, T or 8) tokens of vocabulary
+-- V: a row per layer named as `blocks` lists them, each with a removal and a
+-- lens loss that are numbers; the first layer's Hugging Face name is hf_name
+-- (where given).
+function M.autopsy_rows(m, V, blocks, hf_name, T)
+  T = T or 8
+  local a = autopsy.run(m, {torch.randint(1, V + 1, {2, T}), torch.randint(1, V + 1, {2, T})})
   local got = {}
   for _, r in ipairs(a.rows) do
     if r.kind == 'block' then
@@ -19,7 +21,7 @@ function M.autopsy_rows(m, V, blocks, hf_name)
     end
   end
   eq(got, blocks)
-  eq(a.rows[2].hf_name, hf_name)
+  if hf_name then eq(a.rows[2].hf_name, hf_name) end
 end
 
 -- For config and config with each of extras merged in: the family's

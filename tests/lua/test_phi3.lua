@@ -129,15 +129,7 @@ test('weight processing keeps the probabilities; the autopsy gives a row per lay
   local ids = torch.randint(1, V + 1, {2, 10})
   close(p(ids):log_softmax(-1), m(ids):log_softmax(-1), 1e-4, 'log-probabilities processed and not')
   close(p.blocks[1].post_attention_layernorm.weight, torch.ones({32}), 0, 'the norm left at weight 1')
-  local a = autopsy.run(m, {torch.randint(1, V + 1, {2, 10}), torch.randint(1, V + 1, {2, 10})})
-  local blocks = {}
-  for _, r in ipairs(a.rows) do
-    if r.kind == 'block' then
-      blocks[#blocks + 1] = r.name
-      assert(r.removal_loss == r.removal_loss and r.lens_loss == r.lens_loss, r.name .. ': removal and lens losses are numbers')
-    end
-  end
-  eq(blocks, {'blocks.1', 'blocks.2'})
+  require('family_tests').autopsy_rows(m, V, {'blocks.1', 'blocks.2'}, nil, 10)
 end)
 
 test('what anatomy does not honour is refused by name; the parameters a config implies are built', function()
