@@ -165,16 +165,7 @@ end)
 
 test('the autopsy of a Gemma 2: a row per layer, each with its removal loss and lens loss', function()
   torch.manual_seed(4)
-  local m = model(gemma2)
-  local a = autopsy.run(m, {torch.randint(1, V + 1, {2, 8}), torch.randint(1, V + 1, {2, 8})})
-  local blocks = {}
-  for _, r in ipairs(a.rows) do
-    if r.kind == 'block' then
-      blocks[#blocks + 1] = r.name
-      assert(r.removal_loss == r.removal_loss and r.lens_loss == r.lens_loss, r.name .. ': removal and lens losses are numbers')
-    end
-  end
-  eq(blocks, {'blocks.1', 'blocks.2', 'blocks.3'})
+  require('family_tests').autopsy_rows(model(gemma2), V, {'blocks.1', 'blocks.2', 'blocks.3'})
 end)
 
 test('print(model) gives the sliding layers, the soft-cappings and the dropout not applied', function()
