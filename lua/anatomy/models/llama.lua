@@ -11,6 +11,9 @@ local pretrained = require('anatomy.models.pretrained')
 
 local F = {}
 
+-- The per-expert layout of OLMoE and Qwen3-MoE (mlp.gate, mlp.experts.E.gate_proj, up_proj, down_proj)
+F.expert_names = {router = 'mlp.gate', experts = 'mlp.experts.', gate = 'gate_proj', up = 'up_proj', down = 'down_proj'}
+
 -- A sparse MLP's settings (nn.MoE): `key` experts (Mixtral's
 -- num_local_experts, OLMoE's num_experts), num_experts_per_tok of them for
 -- each token, their weights renormalised unless norm_topk_prob is false;

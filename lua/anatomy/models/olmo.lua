@@ -13,9 +13,6 @@ local llama = require('anatomy.models.llama')
 
 local F = {}
 
--- OLMoE's per-expert names in the Hub's layout (llama.expert_weights)
-local olmoe_names = {router = 'mlp.gate', experts = 'mlp.experts.', gate = 'gate_proj', up = 'up_proj', down = 'down_proj'}
-
 function F.check(c, where)
   local s = llama.check(c, where)
   s.eps = c.rms_norm_eps or 1e-5
@@ -31,7 +28,7 @@ function F.check(c, where)
   if s.head_dim and s.head_dim * s.heads ~= s.dim then
     pretrained.refuse(where, 'head_dim', s.head_dim, ("OLMoE's heads are hidden_size / num_attention_heads = %d wide"):format(math.floor(s.dim / s.heads)))
   end
-  s.moe = llama.moe(c, where, 'num_experts', c.norm_topk_prob == true, olmoe_names)
+  s.moe = llama.moe(c, where, 'num_experts', c.norm_topk_prob == true, llama.expert_names)
   return s
 end
 

@@ -15,21 +15,13 @@ local F = {}
 
 -- Qwen3-MoE's experts: num_experts (transformers 5 writes num_local_experts) of
 -- moe_intermediate_size, num_experts_per_tok of them per token, renormalised only
--- where norm_topk_prob (false unless set). s.sparse[i]: layer i's MLP is the MoE.
--- names: the Hub's per-expert layout (llama.expert_weights).
-local moe_names = {router = 'mlp.gate', experts = 'mlp.experts.', gate = 'gate_proj', up = 'up_proj', down = 'down_proj'}
+-- where norm_topk_prob (false unless set), checked as Mixtral's and OLMoE's
+-- (llama.moe), in OLMoE's per-expert layout. s.sparse[i]: layer i's MLP is the MoE.
 local function moe(c, s, where)
   local experts = type(c.num_local_experts) == 'number' and 'num_local_experts' or 'num_experts'
-  local E = c[experts]
-  if E == 0 then return end  -- transformers: no sparse layer
-  local m = {experts = pretrained.dim(c, experts, where), top_k = pretrained.dim(c, 'num_experts_per_tok', where),
-    ffn = pretrained.dim(c, 'moe_intermediate_size', where), norm_topk_prob = c.norm_topk_prob == true, names = moe_names}
-  if m.top_k > m.experts then
-    pretrained.refuse(where, 'num_experts_per_tok', m.top_k, ('more than %s = %d'):format(experts, m.experts))
-  end
-  if c.output_router_logits == true then
-    pretrained.refuse(where, 'output_router_logits', true, "transformers then adds the router's auxiliary loss to the loss; anatomy's loss is the language model's")
-  end
+  if c[experts] == 0 then return end  -- transformers: no sparse layer
+  local m = llama.moe(c, where, experts, c.norm_topk_prob == true, llama.expert_names)
+  m.ffn = pretrained.dim(c, 'moe_intermediate_size', where)
   local step = pretrained.dim(c, 'decoder_sparse_step', where, true) or 1
   local dense = {}
   for _, l in ipairs(type(c.mlp_only_layers) == 'table' and c.mlp_only_layers or {}) do
