@@ -66,6 +66,7 @@ FAMILY_EXTRA = {
     "gemma3_text": dict(head_dim=32, query_pre_attn_scalar=32),
 }
 FB, FT = 4, 128  # the family column's batch
+TEXT_OF = {"gemma3": "gemma3_text"}  # multimodal model types whose language model anatomy loads
 
 
 def anatomy(exe, threads, folder, mode, tmp, repeats=3, batch=(B, T), fail=True):
@@ -135,6 +136,8 @@ def anatomy_families(exe):
 def family_checkpoint(model_type, folder):
     """(parameters, None) once transformers has written a small random
     checkpoint of model_type to folder, or (None, why not)."""
+    if model_type in TEXT_OF:  # a multimodal checkpoint anatomy reads the language model of: measured as that one
+        return None, f"its language model is {TEXT_OF[model_type]}'s, measured in that row (transformers' default vision tower would dominate the build)"
     try:
         config = transformers.AutoConfig.for_model(model_type, **FAMILY_SIZES, **FAMILY_EXTRA.get(model_type, {}))
         torch.manual_seed(0)
