@@ -9,7 +9,7 @@ local V = 40
 -- The five pretrained families (random weights, built from their config.json settings) and the built-in GPT.
 local function models_under_test() return H.family_models(V, 5) end
 
-test('cached generation: greedy tokens identical to the uncached path, logits within 1e-5, for every family', function()
+test('cached generation: greedy tokens identical to the uncached path, logits within 1e-5 of their scale, for every family', function()
   torch.manual_seed(1)
   for _, entry in ipairs(models_under_test()) do
     local name, m = entry[1], entry[2]
@@ -30,7 +30,9 @@ test('cached generation: greedy tokens identical to the uncached path, logits wi
     m:kv_cache(false)
     local d = (torch.cat(parts, 2) - whole):abs():max():item()
     print(('  %-36s largest logit difference %.3g'):format(name, d))
-    assert(d <= 1e-5, name .. ': logits differ by ' .. d)
+    -- float32 rounding grows with the logits' scale (Gemma 3's reach 35; without the fused kernel, LibTorch 1.13)
+    local scale = math.max(1, whole:abs():max():item())
+    assert(d <= 1e-5 * scale, ('%s: logits differ by %g (bound %g: 1e-5 of the largest logit, at least 1)'):format(name, d, 1e-5 * scale))
     -- sampling: the same seed, the same tokens
     H.identical(m:generate(prompt, {max_new = 8, seed = 5}), m:generate(prompt, {max_new = 8, seed = 5, kv_cache = false}), name .. ': sampled')
   end

@@ -8,6 +8,7 @@ entropy on each MoE layer).
 
 The ids are 12 positions, past the 4-position sliding windows of the
 families that have them. Tolerance on the logits: 1e-4 absolute (float32).
+Needs transformers (the PyPI build's venv); exits 77 without.
 Usage: test_families_hub.py ANATOMY_EXECUTABLE
 """
 import json
@@ -18,8 +19,12 @@ import tempfile
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # tiny vocabularies: the configs' default token ids are out of range
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-import torch
-import transformers
+try:
+    import torch
+    import transformers
+except ImportError as e:  # Debian's venv: no transformers
+    print(f"skip: {e}")
+    sys.exit(77)
 
 import safetensors_io
 
