@@ -77,7 +77,9 @@ void set_num_threads(int64_t n) {
 }
 
 void configure_runtime(const RuntimeOptions& options) {
-  accel::install();  // before any backward: the autograd engine sizes its device threads once
+  // before any backward: the autograd engine sizes its device threads once;
+  // never beside CUDA, whose place a PrivateUse1 backend would take
+  accel::install(cuda_available());
   int64_t threads = options.threads > 0 ? options.threads : env_int("ANATOMY_THREADS", 0);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   set_num_threads(threads);

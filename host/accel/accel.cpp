@@ -256,9 +256,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
-bool install() {
+namespace {
+bool g_cuda_present = false;
+}
+
+bool install(bool cuda_present) {
   static std::once_flag once;
-  std::call_once(once, [] {
+  std::call_once(once, [cuda_present] {
+    if (cuda_present) {
+      g_cuda_present = true;
+      return;
+    }
     c10::register_privateuse1_backend(kName);
     c10::SetAllocator(kType, &g_allocator);
     static c10::impl::DeviceGuardImplRegistrar guard(kType, new AccelGuard());
@@ -273,7 +281,11 @@ bool available() { return g_installed; }
 bool in_device_code() { return g_device_code > 0; }
 
 std::string unavailable_reason() {
-  return g_installed ? std::string() : std::string("accel was not installed");
+  if (g_installed) return {};
+  if (g_cuda_present)
+    return "this machine has a CUDA device, and accel stands in for one only where there is none "
+           "(LibTorch keeps one accelerator a process); use cuda";
+  return "accel was not installed";
 }
 
 }  // namespace anatomy::accel
@@ -311,7 +323,7 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 #else  // LibTorch before 2.1: no PrivateUse1 backends from C++
 
 namespace anatomy::accel {
-bool install() { return false; }
+bool install(bool) { return false; }
 bool available() { return false; }
 bool in_device_code() { return false; }
 std::string unavailable_reason() {

@@ -14,9 +14,13 @@ namespace anatomy::accel {
 inline const char* const kName = "accel";
 
 /// Registers the backend's name, allocator, device guard, hooks and kernels;
-/// idempotent. False where this LibTorch cannot host it (before 2.1): then
-/// "accel" stays an unknown device.
-bool install();
+/// idempotent. False where this LibTorch cannot host it (before 2.1) or where
+/// `cuda_present`: LibTorch keeps one accelerator a process, and a registered
+/// PrivateUse1 backend takes CUDA's place in it (at::getAccelerator prefers
+/// it), so the autograd engine would look for accel's streams on CUDA tensors
+/// and pin_memory for accel's pinned allocator. Then "accel" is an error
+/// saying why.
+bool install(bool cuda_present);
 /// True once install() succeeded.
 bool available();
 /// Why accel is unavailable, for an error message; empty when it is available.

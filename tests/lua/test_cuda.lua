@@ -52,6 +52,19 @@ test('train.fit cuda_graph = true without a GPU is a clear error, and nothing tr
   eq((m:parameters()[1] - before):abs():max():item(), 0, 'no step was taken')
 end)
 
+test('beside a GPU, accel stays off: a backward on cuda works and pins memory, and device accel says why', function()
+  need_gpu()
+  -- a PrivateUse1 backend registered beside CUDA takes its place as LibTorch's
+  -- accelerator: every backward then failed in the autograd engine's stream
+  -- check, and pin_memory asked accel for a pinned allocator
+  local w = torch.randn(3, 3, {device = 'cuda', requires_grad = true})
+  w:mul(2):sum():backward()
+  close(w.grad, torch.full({3, 3}, 2.0, {device = 'cuda'}), 0)
+  local host = torch.zeros(4, {device = 'cpu'}):pin_memory()
+  eq(host:is_pinned(), true)
+  raises(function() torch.zeros(2, {device = 'accel'}) end, 'this machine has a CUDA device, and accel stands in for one only where there is none')
+end)
+
 test('device argument checks', function()
   raises(function() torch.cuda.synchronize('tpu') end, "bad argument #1 to 'cuda.synchronize' (expected a CUDA device ('cuda' or 'cuda:N') or its index, got 'tpu')")
   raises(function() torch.cuda.memory_allocated(-1) end, "bad argument #1 to 'cuda.memory_allocated' (device index must be >= 0, got -1)")
