@@ -6,6 +6,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/api/include/torch/version.h>
 
 #include <cstdlib>
@@ -90,7 +91,7 @@ void configure_runtime(const RuntimeOptions& options) {
     const char* env = std::getenv("ANATOMY_DEVICE");
     device = env && *env ? env : (cuda_available() ? "cuda" : "cpu");
   }
-  g_default_device = parse_device(device);
+  set_default_device(parse_device(device));
   if (options.seed) at::manual_seed(*options.seed);
 }
 
@@ -109,7 +110,13 @@ SkipInit::~SkipInit() { g_skip_init = previous_; }
 bool SkipInit::active() { return g_skip_init; }
 
 c10::Device default_device() { return g_default_device; }
-void set_default_device(c10::Device device) { g_default_device = device; }
+// As torch.get_default_device(): a device given without an index ("cuda") is
+// the current one, so the default names the device tensors report ("cuda:0").
+void set_default_device(c10::Device device) {
+  if (!device.has_index() && (device.is_cuda() || device.type() == c10::DeviceType::PrivateUse1))
+    device = c10::impl::getDeviceGuardImpl(device.type())->getDevice();
+  g_default_device = device;
+}
 
 std::string device_name(c10::Device device) {
   if (device.is_cpu()) return "cpu";

@@ -62,7 +62,7 @@ test('beside a GPU, accel stays off: a backward on cuda works and pins memory, a
   close(w.grad, torch.full({3, 3}, 2.0, {device = 'cuda'}), 0)
   local host = torch.zeros(4, {device = 'cpu'}):pin_memory()
   eq(host:is_pinned(), true)
-  raises(function() torch.zeros(2, {device = 'accel'}) end, 'this machine has a CUDA device, and accel stands in for one only where there is none')
+  H.raises_part(function() torch.zeros(2, {device = 'accel'}) end, 'this machine has a CUDA device, and accel stands in for one only where there is none')
 end)
 
 test('device argument checks', function()
@@ -74,6 +74,8 @@ end)
 
 test('memory counters follow an allocation', function()
   need_gpu()
+  collectgarbage()  -- tensors earlier tests left to the collector go now, not
+  collectgarbage()  -- between the two readings (5120 bytes did on an H200)
   torch.cuda.synchronize()
   torch.cuda.reset_peak_memory_stats()
   local before = torch.cuda.memory_allocated()
