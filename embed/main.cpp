@@ -25,6 +25,7 @@
 #include <cstdio>
 #ifdef __GLIBC__
 #include <malloc.h>
+#include <execinfo.h>
 #endif
 #include <cstdlib>
 #include <cstring>
@@ -142,7 +143,53 @@ int run(const anatomy::RuntimeOptions& options, const std::vector<Action>& actio
 }
 
 // Memory settings that must precede the first allocation.
+// A crash (a native fault: a library's bug, a corrupt file a plugin reads)
+// ends the process as the signal would, after printing the native stack to
+// stderr, so that a log from a machine that is gone (a GPU run) says where.
+// The sanitizer build leaves the signals to its own, fuller report.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ANATOMY_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define ANATOMY_ASAN 1
+#endif
+#ifndef ANATOMY_ASAN
+extern "C" void on_fatal_signal(int sig) {
+  const char* name = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGILL ? "SIGILL" : sig == SIGFPE ? "SIGFPE" : "SIGABRT";
+  const char head[] = "anatomy: fatal signal ";
+  const char tail[] = "; the native stack (addresses: addr2line -f -C -e the binary, or gdb):\n";
+  (void)!write(STDERR_FILENO, head, sizeof head - 1);
+  (void)!write(STDERR_FILENO, name, std::strlen(name));
+  (void)!write(STDERR_FILENO, tail, sizeof tail - 1);
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  signal(sig, SIG_DFL);  // then the signal's own end: the same exit status and core dump
+  raise(sig);
+}
+
+void install_crash_report() {
+  static char alt_stack[64 * 1024];  // a stack overflow's fault still gets a stack to run on
+  stack_t ss{};
+  ss.ss_sp = alt_stack;
+  ss.ss_size = sizeof alt_stack;
+  sigaltstack(&ss, nullptr);
+  void* warm[1];
+  backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
+  struct sigaction sa{};
+  sa.sa_handler = on_fatal_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_ONSTACK | SA_RESETHAND;
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) sigaction(sig, &sa, nullptr);
+}
+#else
+void install_crash_report() {}
+#endif
+
 void configure_process() {
+  install_crash_report();
 #ifdef __GLIBC__
   // Tensor buffers are freed in batches by Lua's collector rather than one at
   // a time. glibc would serve buffers above 128 KiB with mmap and trim freed

@@ -47,10 +47,11 @@ end)
 -- Memory asked for beyond what the machine has: refused before the kernel's
 -- overcommit grants it (the OOM killer would end the session when it is touched).
 test('a tensor larger than the memory left is an error that says both sizes', function()
-  local ok, err = pcall(torch.zeros, 1e12)
+  -- the CPU's guard (host/memory_guard.cpp): a GPU's allocator says CUDA's own message
+  local ok, err = pcall(torch.zeros, 1e12, {device = 'cpu'})
   eq(ok, false)
   assert(tostring(err):find("cannot allocate 3725.3 GiB (4000000000000 bytes): this machine has", 1, true), err)
-  ok, err = pcall(function() return torch.ones(1e5):outer(torch.ones(1e5)) end)
+  ok, err = pcall(function() return torch.ones(1e5, {device = 'cpu'}):outer(torch.ones(1e5, {device = 'cpu'})) end)
   eq(ok, false)
   assert(tostring(err):find("cannot allocate 37.3 GiB", 1, true), err)
   eq(torch.ones(3):sum():item(), 3, 'the session goes on')
@@ -62,11 +63,25 @@ end)
 -- (the fuzzers set 512 MiB; a user can keep a session small with it).
 test('ANATOMY_MAX_ALLOCATION caps one allocation with an error that names it', function()
   local exe = native.data.realpath('/proc/self/exe')  -- this anatomy
-  local p = io.popen(("ANATOMY_MAX_ALLOCATION=512M '%s' -e \"print(pcall(torch.Tensor[ [[repeat]] ], torch.zeros(5056, {dtype = 'uint8'}), 1000000)); print(torch.zeros(2^20):numel())\" 2>&1"):format(exe))
+  local p = io.popen(("ANATOMY_MAX_ALLOCATION=512M '%s' -e \"print(pcall(torch.Tensor[ [[repeat]] ], torch.zeros(5056, {dtype = 'uint8', device = 'cpu'}), 1000000)); print(torch.zeros(2^20, {device = 'cpu'}):numel())\" 2>&1"):format(exe))
   local out = p:read('*a')
   p:close()
   assert(out:find("cannot allocate 4.7 GiB (5056000000 bytes): more than the 0.5 GiB a single allocation may take ($ANATOMY_MAX_ALLOCATION)", 1, true), out)
   assert(out:find('\n1048576', 1, true), 'smaller allocations go on: ' .. out)
+end)
+
+-- A native fault (a library's bug, a plugin on a corrupt file) ends the
+-- process as the signal does, after the native stack on stderr: on the GPU
+-- machine two SentencePiece crashes left logs that said nothing of where.
+test('a native crash prints the native stack, then ends by its signal', function()
+  local exe = native.data.realpath('/proc/self/exe')
+  local p = io.popen(("'%s' -e \"local ffi = require('ffi'); print(ffi.cast('int*', 0)[0])\" 2>&1; echo \"exit $?\""):format(exe))
+  local out = p:read('*a')
+  p:close()
+  if out:find('AddressSanitizer', 1, true) then return end  -- the sanitizer build reports it itself
+  assert(out:find('anatomy: fatal signal SIGSEGV; the native stack', 1, true), out)
+  assert(out:find('lua_pcall', 1, true), 'a frame by name: ' .. out)
+  assert(out:find('\nexit 139\n', 1, true), 'the status of a SIGSEGV (128 + 11): ' .. out)
 end)
 
 test('torch.profiler.count_ops counts the operators of a call and the reads of a device tensor to the host', function()
