@@ -92,7 +92,7 @@ void push_numbers(lua_State* L, const std::vector<double>& v) {
   }
 }
 
-// eranks({W1, W2, ...}) -> {r1, r2, ...}: one batched float32 SVD per shape
+// eranks({W1, W2, ...}) -> {r1, r2, ...}: Gram matrices where the W are, one copy, eigenvalues on the host
 int metrics_eranks(lua_State* L) {
   auto list = tensor_list_with_holes(L, 1);
   for (size_t i = 0; i < list.size(); ++i)
@@ -107,21 +107,7 @@ int metrics_norms(lua_State* L) {
   return 1;
 }
 
-// step_values(weights, grads, outputs, patterns [, read = true]) -> {eranks,
-// norms, stats, entropy, diag}: the autopsy's numbers of a step, read back in
-// one copy (host/metrics/metrics.h); false in grads, outputs or patterns for
-// a missing one (NaN, or a stats entry of NaNs). With read = false: the one
-// float64 tensor they are read from, left on the device.
-int metrics_step_values(lua_State* L) {
-  auto weights = tensor_list_with_holes(L, 1);
-  for (size_t i = 0; i < weights.size(); ++i)
-    if (!weights[i].defined()) throw ArgError(1, "entry " + std::to_string(i + 1) + " is not a tensor");
-  auto grads = tensor_list_with_holes(L, 2), outputs = tensor_list_with_holes(L, 3), patterns = tensor_list_with_holes(L, 4);
-  if (!lua_isnoneornil(L, 5) && !lua_toboolean(L, 5)) {
-    push_tensor(L, checked([&] { return metrics::step_values_unread(weights, grads, outputs, patterns); }));
-    return 1;
-  }
-  auto v = checked([&] { return metrics::step_values(weights, grads, outputs, patterns); });
+void push_step_values(lua_State* L, const metrics::StepValues& v) {
   lua_createtable(L, 0, 5);
   push_numbers(L, v.eranks);
   lua_setfield(L, -2, "eranks");
@@ -137,6 +123,60 @@ int metrics_step_values(lua_State* L) {
   lua_setfield(L, -2, "entropy");
   push_numbers(L, v.diag);
   lua_setfield(L, -2, "diag");
+}
+
+// The reader step_values(..., false) returns: its upvalue is the table
+// {values, {gram, ...}, grads, outputs, patterns}.
+int step_values_read(lua_State* L) {
+  metrics::UnreadStepValues u;
+  lua_rawgeti(L, lua_upvalueindex(1), 1);
+  u.values = *to_tensor(L, -1);
+  lua_rawgeti(L, lua_upvalueindex(1), 2);
+  for (size_t i = 1, n = lua_objlen(L, -1); i <= n; ++i) {
+    lua_rawgeti(L, -1, static_cast<int>(i));
+    u.grams.push_back(*to_tensor(L, -1));
+    lua_pop(L, 1);
+  }
+  size_t* counts[] = {&u.grads, &u.outputs, &u.patterns};
+  for (int i = 0; i < 3; ++i) {
+    lua_rawgeti(L, lua_upvalueindex(1), 3 + i);
+    *counts[i] = static_cast<size_t>(lua_tointeger(L, -1));
+  }
+  push_step_values(L, metrics::read_step_values(u));
+  return 1;
+}
+
+// step_values(weights, grads, outputs, patterns [, read = true]) -> {eranks,
+// norms, stats, entropy, diag}: the autopsy's numbers of a step, read back in
+// one copy (host/metrics/metrics.h); false in grads, outputs or patterns for
+// a missing one (NaN, or a stats entry of NaNs). With read = false: a function
+// that reads them (that one copy, and the ranks' eigenproblems on the host),
+// everything else left queued on the device until it is called.
+int metrics_step_values(lua_State* L) {
+  auto weights = tensor_list_with_holes(L, 1);
+  for (size_t i = 0; i < weights.size(); ++i)
+    if (!weights[i].defined()) throw ArgError(1, "entry " + std::to_string(i + 1) + " is not a tensor");
+  auto grads = tensor_list_with_holes(L, 2), outputs = tensor_list_with_holes(L, 3), patterns = tensor_list_with_holes(L, 4);
+  if (!lua_isnoneornil(L, 5) && !lua_toboolean(L, 5)) {
+    auto u = checked([&] { return metrics::step_values_unread(weights, grads, outputs, patterns); });
+    lua_createtable(L, 5, 0);
+    push_tensor(L, u.values);
+    lua_rawseti(L, -2, 1);
+    lua_createtable(L, static_cast<int>(u.grams.size()), 0);
+    for (size_t i = 0; i < u.grams.size(); ++i) {
+      push_tensor(L, u.grams[i]);
+      lua_rawseti(L, -2, static_cast<int>(i + 1));
+    }
+    lua_rawseti(L, -2, 2);
+    size_t counts[] = {u.grads, u.outputs, u.patterns};
+    for (int i = 0; i < 3; ++i) {
+      lua_pushinteger(L, static_cast<lua_Integer>(counts[i]));
+      lua_rawseti(L, -2, 3 + i);
+    }
+    lua_pushcclosure(L, guarded<step_values_read>, 1);
+    return 1;
+  }
+  push_step_values(L, checked([&] { return metrics::step_values(weights, grads, outputs, patterns); }));
   return 1;
 }
 

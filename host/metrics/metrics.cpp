@@ -48,21 +48,31 @@ double effective_rank(const at::Tensor& x) {
 
 namespace {
 
-// effective_ranks, left on the matrices' device (1-D, float64)
-at::Tensor effective_ranks_unread(const std::vector<at::Tensor>& matrices) {
-  const size_t n = matrices.size();
-  // σ² are the eigenvalues of the smaller Gram matrix (in float64, so that
-  // squaring loses nothing that matters here): one small symmetric
-  // eigenproblem instead of an SVD, several times faster.
-  std::vector<at::Tensor> grams(n), eigenvalues(n);
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) {
+// The Gram matrix of each, the smaller of W·Wᵀ and Wᵀ·W, in float64 (so that
+// squaring loses nothing that matters here), computed where the matrix is:
+// σ² are its eigenvalues, one small symmetric eigenproblem instead of an SVD,
+// several times faster.
+std::vector<at::Tensor> gram_matrices(const std::vector<at::Tensor>& matrices) {
+  std::vector<at::Tensor> grams(matrices.size());
+  for (size_t i = 0; i < matrices.size(); ++i) {
     const at::Tensor& m = matrices[i];
     if (m.dim() != 2) throw std::invalid_argument("effective_ranks: matrix " + std::to_string(i + 1) + " is not 2-D");
     at::Tensor w = m.detach().to(at::kDouble);
     grams[i] = m.size(0) <= m.size(1) ? at::mm(w, w.t()) : at::mm(w.t(), w);
-    order[i] = i;
   }
+  return grams;
+}
+
+// The effective ranks of CPU Gram matrices (1-D, float64, on the CPU). The
+// eigenproblems are solved on the host whatever the weights' device: on a GPU
+// every eigensolver call checks its LAPACK status with a read of the device
+// (torch's _linalg_check_errors), one wait a matrix, and PyTorch has no eigh
+// that skips it; the Gram matrices come to the host in the caller's one copy.
+at::Tensor ranks_of_grams(const std::vector<at::Tensor>& grams) {
+  const size_t n = grams.size();
+  std::vector<at::Tensor> eigenvalues(n);
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
   // Eigenproblems of a few hundred rows gain little from LAPACK's threads;
   // instead each thread takes whole problems, largest first, from a shared
   // queue (a LAPACK call inside an ATen parallel region runs single-threaded).
@@ -73,7 +83,27 @@ at::Tensor effective_ranks_unread(const std::vector<at::Tensor>& matrices) {
   });
   std::vector<at::Tensor> ranks(n);
   for (size_t i = 0; i < n; ++i) ranks[i] = erank_of_singular_values(eigenvalues[i].clamp_min(0).sqrt());
-  return at::stack(ranks);
+  return n ? at::stack(ranks) : at::empty({0}, at::kDouble);
+}
+
+// values (1-D float64) and the Gram matrices, each where it was computed,
+// brought to the host in one copy: values first, then each Gram matrix.
+std::pair<at::Tensor, std::vector<at::Tensor>> to_host(const at::Tensor& values, const std::vector<at::Tensor>& grams) {
+  std::vector<at::Tensor> parts{values.to(at::kDouble).reshape({-1})};
+  bool on_cpu = values.is_cpu();
+  for (const auto& g : grams) {
+    parts.push_back(g.reshape({-1}).to(values.device()));
+    on_cpu = on_cpu && g.is_cpu();
+  }
+  if (on_cpu) return {parts[0].contiguous(), grams};
+  at::Tensor host = at::cat(parts).to(at::kCPU);
+  std::vector<at::Tensor> host_grams;
+  int64_t at = values.numel();
+  for (const auto& g : grams) {
+    host_grams.push_back(host.narrow(0, at, g.numel()).view(g.sizes()));
+    at += g.numel();
+  }
+  return {host.narrow(0, 0, values.numel()), host_grams};
 }
 
 // a 1-D float64 tensor's values on the host (one copy)
@@ -110,7 +140,9 @@ at::Tensor diagonal_mass_unread(const at::Tensor& pattern) {
 
 std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices) {
   if (matrices.empty()) return {};
-  return read(effective_ranks_unread(matrices));  // every matrix's rank in one copy
+  std::vector<at::Tensor> grams = gram_matrices(matrices);
+  auto host = to_host(at::empty({0}, grams[0].options()), grams);  // every Gram matrix in one copy
+  return read(ranks_of_grams(host.second));
 }
 
 std::vector<double> norms(const std::vector<at::Tensor>& tensors) {
@@ -141,8 +173,8 @@ ActivationStats activation_stats(const at::Tensor& x) {
   return ActivationStats{v[0], v[1], v[2], v[3]};
 }
 
-at::Tensor step_values_unread(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
-                              const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns) {
+UnreadStepValues step_values_unread(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
+                                    const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns) {
   // every number on one device (the first tensor's), then one copy
   at::TensorOptions where = at::TensorOptions().dtype(at::kDouble);
   for (const auto* list : {&weights, &grads, &outputs, &patterns}) {
@@ -153,29 +185,34 @@ at::Tensor step_values_unread(const std::vector<at::Tensor>& weights, const std:
   }
   at::Tensor nan = at::full({1}, std::nan(""), where);
   std::vector<at::Tensor> parts;
-  if (!weights.empty()) parts.push_back(effective_ranks_unread(weights).to(where));
   parts.push_back(norms_unread(grads, where));
   for (const auto& o : outputs) parts.push_back(o.defined() ? activation_stats_unread(o).to(where) : nan.expand({4}));
   for (const auto& p : patterns) {
     parts.push_back(p.defined() ? attention_entropy_per_head(p).mean().reshape({1}).to(where) : nan);
     parts.push_back(p.defined() ? diagonal_mass_unread(p).reshape({1}).to(where) : nan);
   }
-  return at::cat(parts);
+  UnreadStepValues u{at::cat(parts), gram_matrices(weights), grads.size(), outputs.size(), patterns.size()};
+  return u;
 }
 
-StepValues step_values(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
-                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns) {
-  std::vector<double> v = read(step_values_unread(weights, grads, outputs, patterns));
+StepValues read_step_values(const UnreadStepValues& u) {
+  auto host = to_host(u.values, u.grams);  // the one copy
+  std::vector<double> v = read(host.first);
   StepValues s;
+  s.eranks = read(ranks_of_grams(host.second));
   size_t k = 0;
-  for (size_t i = 0; i < weights.size(); ++i) s.eranks.push_back(v[k++]);
-  for (size_t i = 0; i < grads.size(); ++i) s.norms.push_back(v[k++]);
-  for (size_t i = 0; i < outputs.size(); ++i, k += 4) s.stats.push_back(ActivationStats{v[k], v[k + 1], v[k + 2], v[k + 3]});
-  for (size_t i = 0; i < patterns.size(); ++i) {
+  for (size_t i = 0; i < u.grads; ++i) s.norms.push_back(v[k++]);
+  for (size_t i = 0; i < u.outputs; ++i, k += 4) s.stats.push_back(ActivationStats{v[k], v[k + 1], v[k + 2], v[k + 3]});
+  for (size_t i = 0; i < u.patterns; ++i) {
     s.entropy.push_back(v[k++]);
     s.diag.push_back(v[k++]);
   }
   return s;
+}
+
+StepValues step_values(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
+                       const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns) {
+  return read_step_values(step_values_unread(weights, grads, outputs, patterns));
 }
 
 double block_influence(const at::Tensor& input, const at::Tensor& output) {

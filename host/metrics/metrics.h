@@ -14,9 +14,9 @@ namespace anatomy::metrics {
 double effective_rank(const at::Tensor& x);
 
 /// Effective ranks of many matrices at once (the autopsy's per-step path):
-/// matrices of one shape are stacked, and their singular values come from
-/// one batched eigendecomposition of the smaller Gram matrix in float64
-/// (σ² = eigenvalues of W·Wᵀ or Wᵀ·W). effective_rank above, by SVD, is the
+/// their singular values come from the eigenvalues of the smaller Gram
+/// matrix in float64 (σ² = eigenvalues of W·Wᵀ or Wᵀ·W), formed where the
+/// matrices are and solved on the host after one copy of them all. effective_rank above, by SVD, is the
 /// reference; tests hold the two together.
 std::vector<double> effective_ranks(const std::vector<at::Tensor>& matrices);
 
@@ -49,11 +49,20 @@ struct StepValues {
 };
 StepValues step_values(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
                        const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns);
-/// The same numbers left where they were computed, in one float64 tensor:
-/// the ranks, the norms, 4 statistics an output, then entropy and diagonal
-/// mass a pattern. Reading it is the caller's one copy, when it wants to.
-at::Tensor step_values_unread(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
-                              const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns);
+/// The same numbers left where they were computed, read by read_step_values
+/// in one copy when the caller wants them: the norms, 4 statistics an output,
+/// then entropy and diagonal mass a pattern, in one float64 tensor, and the
+/// weights' Gram matrices. Their eigenproblems are solved on the host at the
+/// read: on a GPU each eigensolver call reads its LAPACK status back (a wait
+/// a weight), and the step itself reads nothing.
+struct UnreadStepValues {
+  at::Tensor values;
+  std::vector<at::Tensor> grams;
+  size_t grads, outputs, patterns;
+};
+UnreadStepValues step_values_unread(const std::vector<at::Tensor>& weights, const std::vector<at::Tensor>& grads,
+                                    const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& patterns);
+StepValues read_step_values(const UnreadStepValues& unread);
 /// Block influence (ShortGPT): 1 − mean over tokens of cos(input, output),
 /// both flattened to (tokens, channels).
 double block_influence(const at::Tensor& input, const at::Tensor& output);

@@ -47,9 +47,25 @@ bool is_sync(const at::RecordFunction& fn) {
   return data_dependent(name) && !in.empty() && on_device(in[0]);
 }
 
+// Inside accel's fallback the kernels are the CPU's, and their tensors the
+// CPU's: what reads a device tensor back on a GPU reads a CPU one there. One
+// such read is counted as the device would have it: the LAPACK status check
+// of every linalg decomposition (eigh, svd, cholesky, inv, ...), which on CUDA
+// reads its info tensor back with an item() once a call.
+void count_device_code_sync(const char* name) {
+  if (std::strcmp(name, "aten::_linalg_check_errors") != 0) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_counts) return;
+  ++g_counts->syncs;
+  ++g_counts->syncs_by_name[name];
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (accel::in_device_code()) return nullptr;
   const char* name = fn.name();
+  if (accel::in_device_code()) {
+    count_device_code_sync(name);
+    return nullptr;
+  }
   if (std::strncmp(name, "aten::", 6) != 0) return nullptr;
   bool sync = is_sync(fn);
   std::lock_guard<std::mutex> lock(g_mutex);

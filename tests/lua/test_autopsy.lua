@@ -425,7 +425,16 @@ test('the per-step metrics read their results back once each, not once a number 
   close({v.stats[1].mean, v.stats[1].std, v.stats[1].max_abs, v.stats[1].rms}, {-1, 2, 3, math.sqrt(5)}, 1e-12, 'stats of {1, -3}')
   eq(v.stats[2].mean ~= v.stats[2].mean, true, 'no output: nan')
   eq(v.entropy[1] ~= v.entropy[1] and v.diag[1] ~= v.diag[1], true, 'no pattern: nan')
-  eq(torch.metrics.step_values({torch.eye(3)}, {false}, {}, {}, false):numel(), 2, 'unread: one tensor of the numbers')
+  -- unread: nothing comes back (no eigensolver runs) until the reader is called, then all in one copy
+  local read
+  local unread = torch.profiler.count_ops(function()
+    read = torch.metrics.step_values({ws[1], ws[3]}, {false, ws[2]}, {ws[2]}, {false}, false)
+  end)
+  eq(unread.syncs + (unread.by_name['aten::linalg_eigvalsh'] or 0), 0, 'nothing read or solved before the read')
+  local c2, w = torch.profiler.count_ops(read)
+  eq(c2.syncs, on_device and 1 or 0, 'the read: one copy')
+  close(w.eranks, {torch.metrics.erank(ws[1]), ranks[3]}, 1e-9, 'the unread ranks are the read ones')
+  close(w.norms[2], ws[2]:norm():item(), 1e-9)
 end)
 
 test("history: train.fit's run or train.read_metrics' records; the header says which tokens the loss is over", function()

@@ -111,8 +111,9 @@ end
 -- step's own: no extra pass). fn must run the model and call backward.
 -- snapshot = {grad_norm = {param = ‖grad‖}, weight_erank = {param = erank of
 -- every 2-D weight}, layers = {{name, act_mean, act_std, act_max, act_rms,
--- entropy, diag}, ...}}. Weight ranks come from one batched Gram-matrix
--- eigendecomposition per weight shape; gradient norms from one fused pass;
+-- entropy, diag}, ...}}. Weight ranks from the eigenvalues of each weight's
+-- Gram matrix (formed on the device, solved on the host at the read: a GPU's
+-- eigensolver reads its status back once a call); gradient norms from one fused pass;
 -- every number computed where the model is (torch.metrics.step_values) and
 -- read back in one copy when a field of the snapshot is first looked at, not
 -- in the step: on a device a read waits for it, and a training step that
@@ -146,26 +147,21 @@ function measure.step(model, fn)
       end
     end
   end
-  local flat = torch.metrics.step_values(weights, grads, outputs, patterns, false)
-  -- the snapshot's fields, from the one read (the layout of step_values)
+  local read = torch.metrics.step_values(weights, grads, outputs, patterns, false)
+  -- the snapshot's fields, from the one read
   local function fill(snap)
-    local v, k = flat:tolist(), 0
-    local function take() k = k + 1; return v[k] end
+    local v = read()
     snap.weight_erank, snap.grad_norm, snap.layers = {}, {}, {}
-    for i = 1, #weights do snap.weight_erank[weight_names[i]] = take() end
+    for i = 1, #weights do snap.weight_erank[weight_names[i]] = v.eranks[i] end
     for i = 1, #grad_names do
-      local n = take()
+      local n = v.norms[i]
       if n == n then snap.grad_norm[grad_names[i]] = n end
     end
     for i, l in ipairs(layers) do
-      local row = {name = l[1]}
-      local mean, std, max, rms = take(), take(), take(), take()
-      if outputs[i] then row.act_mean, row.act_std, row.act_max, row.act_rms = mean, std, max, rms end
+      local row, s = {name = l[1]}, v.stats[i]
+      if outputs[i] then row.act_mean, row.act_std, row.act_max, row.act_rms = s.mean, s.std, s.max_abs, s.rms end
+      if patterns[i] then row.entropy, row.diag = v.entropy[i], v.diag[i] end
       snap.layers[i] = row
-    end
-    for i = 1, #layers do
-      local entropy, diag = take(), take()
-      if patterns[i] then snap.layers[i].entropy, snap.layers[i].diag = entropy, diag end
     end
   end
   local snap = setmetatable({}, {__index = function(t, key)
