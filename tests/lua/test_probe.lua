@@ -113,16 +113,27 @@ test('batched ranks and norms agree with the one-at-a-time kernels', function()
 end)
 
 -- A small char GPT trained on "the X is good." / "the X is bad." (two thirds
--- good), and the contrast of the two endings at the subjects 1..8.
+-- good), and the contrast of the two endings at the subjects 1..8. Its
+-- weights are drawn on the CPU whatever the device, then moved (the batches
+-- are drawn there too): what the steering tests below assert holds for this
+-- training, not for every one (of 8 other initial draws, 2 gave a logit
+-- difference that is not monotonic in the coefficient, one falling), and a
+-- GPU draws other numbers from the same seed (on an H200 the model it
+-- trained said "the view is is is").
 local function sentiment()
   torch.manual_seed(1)
+  local home = torch.device()
+  torch.set_default_device('cpu')
   local subjects = {'cake', 'song', 'film', 'book', 'road', 'idea', 'game', 'meal', 'view', 'room', 'trip', 'plan'}
   local parts = {}
   for i = 1, 400 do
     parts[#parts + 1] = ('the %s is %s. '):format(subjects[(i * 7) % #subjects + 1], (i * 13) % 3 == 0 and 'bad' or 'good')
   end
   local corpus = data.from_string(table.concat(parts))
-  local m = models.gpt{vocab = corpus.vocab_size, dim = 32, heads = 2, layers = 2, seq = 32, ffn = 64}
+  local ok, m = pcall(models.gpt, {vocab = corpus.vocab_size, dim = 32, heads = 2, layers = 2, seq = 32, ffn = 64})
+  torch.set_default_device(home)
+  if not ok then error(m, 0) end
+  m = m:to(home)
   train.fit(m, corpus, {steps = 150, batch = 16, lr = 3e-3, quiet = true})
   local pos, neg = {}, {}
   for i = 1, 8 do pos[i] = ('the %s is good'):format(subjects[i]); neg[i] = ('the %s is bad'):format(subjects[i]) end
