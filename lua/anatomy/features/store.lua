@@ -37,6 +37,38 @@ function Store.gather(model, point, ids, transcoder)
   return x, y
 end
 
+-- store.gather_layers(model, locs, ids) -> x (N, L, D), y (N, L, D): every
+-- layer's transcoder input and output (features/clt_splice.lua's
+-- locations) over ids, rows in (b, t) order, from one forward that stops
+-- once the last layer's output is computed.
+function Store.gather_layers(model, locs, ids)
+  local xs, ys, handles = {}, {}, {}
+  local L = #locs
+  for l, loc in ipairs(locs) do
+    if loc.from_module_input and loc.input == loc.output then
+      handles[#handles + 1] = hooks.replace(model, loc.output, function(t, _, input)
+        xs[l], ys[l] = input, t
+        if l == L then error(STOP, 0) end
+      end)
+    else
+      handles[#handles + 1] = hooks.replace(model, loc.input, function(t, _, input) xs[l] = loc.from_module_input and input or t end)
+      handles[#handles + 1] = hooks.replace(model, loc.output, function(t)
+        ys[l] = t
+        if l == L then error(STOP, 0) end
+      end)
+    end
+  end
+  local ok, err = pcall(torch.no_grad, function() return model(ids) end)
+  for _, h in ipairs(handles) do h:remove() end
+  if not ok and not tostring(err):find(STOP, 1, true) then error(err, 0) end
+  for l = 1, L do
+    if not xs[l] or not ys[l] then error(("sae: the forward never reached layer %d's '%s'"):format(l, xs[l] and locs[l].output or locs[l].input), 0) end
+    xs[l] = xs[l]:detach():reshape({-1, xs[l]:size(-1)}):float()
+    ys[l] = ys[l]:detach():reshape({-1, ys[l]:size(-1)}):float()
+  end
+  return torch.stack(xs, 2), torch.stack(ys, 2)
+end
+
 -- What a cache's activations depend on: the model's weights (the SHA-256 of
 -- their names, dtypes, shapes and values, as a saved lens records them), the
 -- point, the text and how it is cut; a cache written for anything else is an
@@ -50,7 +82,8 @@ local function fingerprint(model, point, corpus, o)
 end
 
 -- Store.new(model, corpus, point, o) -> a store. o: seq (T), batch (B),
--- buffer (rows shuffled together), transcoder, cache (a folder or nil), seed
+-- buffer (rows shuffled together), transcoder, layers (a CLT's locations:
+-- rows of every layer's input and output), cache (a folder or nil), seed
 -- (the store's own generator stream: batches drawn from the corpus and the
 -- shuffles follow torch.manual_seed(seed) at creation).
 function Store.new(model, corpus, point, o)
@@ -94,7 +127,8 @@ function Store:chunk()
     return t.x:to(self.device), t.y and t.y:to(self.device)
   end
   local ids = self.corpus:batch(o.batch, o.seq, {device = self.device})
-  local x, y = Store.gather(self.model, self.point, ids, o.transcoder)
+  local x, y
+  if o.layers then x, y = Store.gather_layers(self.model, o.layers, ids) else x, y = Store.gather(self.model, self.point, ids, o.transcoder) end
   self.rows_gathered = self.rows_gathered + x:size(1)
   if self.shards then
     local name = ('shard_%05d.safetensors'):format(#self.shards + 1)

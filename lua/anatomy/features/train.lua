@@ -22,6 +22,8 @@ local options = require('anatomy.torch.options')
 local scope = require('anatomy.probe.scope')
 local Store = require('anatomy.features.store')
 local SAE = require('anatomy.features.SAE')
+local CLT = require('anatomy.features.CLT')
+local clt_train = require('anatomy.features.clt_train')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 
@@ -29,6 +31,11 @@ local M = {}
 
 M.allowed = {'point', 'width', 'kind', 'k', 'l1', 'l0', 'steps', 'batch', 'lr', 'seq', 'sequences', 'buffer', 'seed',
   'dead_after', 'k_aux', 'aux_coefficient', 'transcoder', 'cache', 'log_every', 'warmup', 'bandwidth', 'quiet', 'checkpoint', 'checkpoint_every', 'resume'}
+-- sae.train_clt's: sae.train's but the point, and where the features read and write (features/clt_train.lua)
+M.allowed_clt = {'cross_layer', 'skip', 'input_hook', 'output_hook', 'tanh_c'}
+for _, k in ipairs(M.allowed) do
+  if k ~= 'point' and k ~= 'transcoder' then M.allowed_clt[#M.allowed_clt + 1] = k end
+end
 
 -- A whole-number option of sae.train, checked in M.settings: an error
 -- names the line that called sae.train (options.whole <- here <-
@@ -46,13 +53,17 @@ local function number_in(v, name, low, high, where, default)
   return v
 end
 
--- The options, checked and completed before anything runs.
-function M.settings(model, point, opts, where)
+-- The options, checked and completed before anything runs; shape: a CLT's (sae.train_clt), else nil.
+function M.settings(model, point, opts, where, shape)
   local o = {}
-  if type(opts.kind) ~= 'nil' and not SAE.kinds[opts.kind] then
-    error(("%s: kind must be 'topk', 'relu', 'jumprelu' or 'batchtopk', got %s"):format(where, tostring(opts.kind)), 3)
+  if type(opts.kind) ~= 'nil' and not (shape and CLT or SAE).kinds[opts.kind] then
+    local names = shape and {'jumprelu', 'relu', 'topk'} or {'topk', 'relu', 'jumprelu', 'batchtopk'}
+    local near = options.closest(tostring(opts.kind), names)
+    local list = "'" .. table.concat(names, "', '", 1, #names - 1) .. "' or '" .. names[#names] .. "'"
+    error(("%s: kind must be %s, got %s%s"):format(where, list, tostring(opts.kind),
+      near and (" (did you mean '%s'?)"):format(near) or ''), 3)
   end
-  o.kind = opts.kind or 'topk'
+  o.kind = opts.kind or (shape and 'jumprelu' or 'topk')
   o.steps = whole(opts.steps, 'steps', where, 2000)
   o.batch = whole(opts.batch, 'batch', where, 1024)
   o.seq = whole(opts.seq, 'seq', where, math.min(model.context and model:context() or 128, 128))
@@ -66,6 +77,7 @@ function M.settings(model, point, opts, where)
   o.l0 = number_in(opts.l0, 'l0', 0, math.huge, where, 1e-3)
   o.bandwidth = number_in(opts.bandwidth, 'bandwidth', 0, math.huge, where, 0.001)
   o.aux_coefficient = number_in(opts.aux_coefficient, 'aux_coefficient', 0, math.huge, where, 1 / 32)
+  o.tanh_c = shape and number_in(opts.tanh_c, 'tanh_c', 0, math.huge, where, 1) or nil
   if opts.transcoder ~= nil and type(opts.transcoder) ~= 'boolean' then
     error(('%s: transcoder must be true or false, got %s'):format(where, tostring(opts.transcoder)), 3)
   end
@@ -130,7 +142,7 @@ end
 
 -- The settings a checkpoint must share with the run that resumes it.
 local kept = {'kind', 'width', 'k', 'batch', 'seq', 'sequences', 'buffer', 'seed', 'transcoder', 'l1', 'l0', 'bandwidth', 'k_aux',
-  'aux_coefficient', 'dead_after', 'lr', 'warmup'}
+  'aux_coefficient', 'dead_after', 'lr', 'warmup', 'tanh_c', 'cross_layer', 'skip', 'input_hook', 'output_hook'}
 
 -- A checkpoint: the SAE, the optimiser's state, the rows since each
 -- feature fired, the store's shuffled buffer and position, the random
@@ -138,15 +150,15 @@ local kept = {'kind', 'width', 'k', 'batch', 'seq', 'sequences', 'buffer', 'seed
 local function save_checkpoint(path, s, opt, since, store, step, history, o)
   local t = {since = since, rng = torch.get_rng_state(), store_x = store.x, store_at = torch.tensor(store.at, {dtype = 'int64'})}
   if store.y then t.store_y = store.y end
-  for name, p in pairs({W_enc = s.W_enc, b_enc = s.b_enc, W_dec = s.W_dec, b_dec = s.b_dec, threshold = s.threshold}) do
-    t['sae.' .. name] = p:detach()
-  end
+  for name, p in s:named_parameters() do t['sae.' .. name] = p:detach() end
+  local variance = s.cfg.variance
+  if torch.is_tensor(variance) then t.variance, variance = variance, 'tensor' else variance = ('%.17g'):format(variance) end
   for name, v in pairs(opt:state_tensors('optim.')) do t[name] = v end
   local settings = {}
   for _, k in ipairs(kept) do settings[k] = o[k] end
-  torch.save_safetensors(path, t, {format = 'anatomy-sae-checkpoint', step = tostring(step), point = s.cfg.point,
-    settings = json.encode(settings), history = json.encode(history), variance = ('%.17g'):format(s.cfg.variance),
-    bandwidth = s.cfg.bandwidth and ('%.17g'):format(s.cfg.bandwidth) or nil, d_in = tostring(s.cfg.d_in),
+  torch.save_safetensors(path, t, {format = 'anatomy-sae-checkpoint', step = tostring(step), point = store.point,
+    settings = json.encode(settings), history = json.encode(history), variance = variance,
+    bandwidth = s.cfg.bandwidth and ('%.17g'):format(s.cfg.bandwidth) or nil, d_in = tostring(s.cfg.d_in or s.cfg.d_model),
     shards_read = tostring(store.shards_read), rows_gathered = tostring(store.rows_gathered),
     rows_from_cache = tostring(store.rows_from_cache), apply_b_dec_to_input = tostring(s.cfg.apply_b_dec_to_input)})
 end
@@ -208,10 +220,12 @@ local function fresh(model, store, o, opts, point, where)
   return s, first_x, first_y
 end
 
--- sae.train(model, corpus, opts) -> s, history (see lua/anatomy/features/init.lua)
-function M.train(model, corpus, opts, where)
+-- sae.train(model, corpus, opts) -> s, history (see lua/anatomy/features/init.lua); with shape
+-- ({n_layers, cross_layer, skip, input_hook, output_hook, locations}: sae.train_clt's), a sae.CLT
+function M.train(model, corpus, opts, where, shape)
   local point = opts.point
-  local o = M.settings(model, point, opts, where)
+  local o = M.settings(model, point, opts, where, shape)
+  if shape then o.cross_layer, o.skip, o.input_hook, o.output_hook = shape.cross_layer, shape.skip, shape.input_hook, shape.output_hook end
   local resume
   if opts.resume ~= nil then
     if type(opts.resume) ~= 'string' then error(('%s: resume must be a checkpoint path, got %s'):format(where, type(opts.resume)), 2) end
@@ -232,20 +246,24 @@ function M.train(model, corpus, opts, where)
   -- in eval mode, and the model's modes, hooks and grad state back after, an error included
   return scope.run(model, function()
     torch.manual_seed(o.seed)
-    local store = Store.new(model, corpus, point, {seq = o.seq, batch = o.sequences, buffer = o.buffer, transcoder = o.transcoder,
-      cache = o.cache, seed = o.seed})
+    local store = Store.new(model, corpus, point, {seq = o.seq, batch = o.sequences, buffer = o.buffer,
+      transcoder = o.transcoder or shape ~= nil, layers = shape and shape.locations, cache = o.cache, seed = o.seed})
     local s, x, y, first, history, var
     if checkpoint then
       local t, meta, step, D = checkpoint.t, checkpoint.meta, checkpoint.step, checkpoint.D
-      s = SAE._trained(o, D, point, model)
-      s.cfg.apply_b_dec_to_input = meta.apply_b_dec_to_input == 'true'
-      s.cfg.variance, s.cfg.bandwidth = tonumber(meta.variance), tonumber(meta.bandwidth)
-      torch.no_grad(function()
-        for _, name in ipairs{'W_enc', 'b_enc', 'W_dec', 'b_dec', 'threshold'} do
-          if s[name] then s[name]:copy_(t['sae.' .. name]) end
-        end
-      end)
       local device = model:device()  -- the file reads onto the default device
+      if shape then
+        s = clt_train.build(o, D, model, shape)
+        s.cfg.variance = t.variance:to(device)
+      else
+        s = SAE._trained(o, D, point, model)
+        s.cfg.apply_b_dec_to_input = meta.apply_b_dec_to_input == 'true'
+        s.cfg.variance = tonumber(meta.variance)
+      end
+      s.cfg.bandwidth = tonumber(meta.bandwidth)
+      torch.no_grad(function()
+        for name, p in s:named_parameters() do p:copy_(t['sae.' .. name]) end
+      end)
       store.x, store.y, store.at = t.store_x:to(device), t.store_y and t.store_y:to(device), t.store_at:item()
       store.shards_read = tonumber(meta.shards_read)
       store.rows_gathered, store.rows_from_cache = tonumber(meta.rows_gathered), tonumber(meta.rows_from_cache)
@@ -257,7 +275,11 @@ function M.train(model, corpus, opts, where)
       resume = {t = t, step = step}
       first = step + 1
     else
-      s, x, y = fresh(model, store, o, opts, point, where)
+      if shape then
+        s, x, y = clt_train.fresh(model, store, o, shape, function(D) M.sizes(o, opts, D, where) end, where)
+      else
+        s, x, y = fresh(model, store, o, opts, point, where)
+      end
       history = {step = {}, loss = {}, l0 = {}, explained_variance = {}, dead = {}}
       first = 1
     end
@@ -265,7 +287,7 @@ function M.train(model, corpus, opts, where)
     local learnt = {}  -- a BatchTopK's threshold is a running mean, not learnt
     for _, p in ipairs(s:parameters()) do if p.requires_grad then learnt[#learnt + 1] = p end end
     local opt = optim.AdamW(learnt, {lr = o.lr, betas = {0.9, 0.999}, weight_decay = 0})
-    local since = torch.zeros(o.width, {device = model:device()})  -- rows since each feature last fired
+    local since = torch.zeros(shape and {shape.n_layers, o.width} or {o.width}, {device = model:device()})  -- rows since each feature last fired
     if resume then
       opt:load_state_tensors(resume.t, 'optim.')
       since:copy_(resume.t.since)
@@ -278,11 +300,11 @@ function M.train(model, corpus, opts, where)
       local dead = since:gt(o.dead_after)
       opt:set_lr(o.lr * math.min(1, step / math.max(1, o.warmup)))
       opt:zero_grad()
-      local total, mse, f, _, extra = losses(s, o, x, target, var, dead)
+      local total, mse, f, _, extra = (shape and clt_train.losses or losses)(s, o, x, target, var, dead)
       total:backward()
-      s:remove_parallel_gradient()
+      if not shape then s:remove_parallel_gradient() end  -- a CLT's decoders are weighed by their norms, not held at 1
       opt:step()
-      s:normalize_decoder()
+      if not shape then s:normalize_decoder() end
       torch.no_grad(function()
         local fired = f:gt(0):any(1)
         since:add_(o.batch):masked_fill_(fired, 0)
@@ -300,8 +322,8 @@ function M.train(model, corpus, opts, where)
         history.step[n], history.loss[n], history.l0[n], history.explained_variance[n], history.dead[n] =
           step, total:item(), l0, ev, dead_share
         if o.print then
-          print(('sae step %5d/%d  loss %.4f  L0 %.1f  explained variance %.3f  dead %.1f%%  (%.0f rows/s)'):format(step, o.steps,
-            total:item(), l0, ev, 100 * dead_share, (step - first + 1) * o.batch / math.max(1e-9, native.now() - t0)))
+          print(('%s step %5d/%d  loss %.4f  L0 %.1f  explained variance %.3f  dead %.1f%%  (%.0f rows/s)'):format(
+            shape and 'clt' or 'sae', step, o.steps, total:item(), l0, ev, 100 * dead_share, (step - first + 1) * o.batch / math.max(1e-9, native.now() - t0)))
         end
       end
       if opts.checkpoint and (step % every == 0 or step == o.steps) then
