@@ -59,6 +59,10 @@ std::shared_ptr<io::BpeTokenizer> to_bpe_tokenizer(lua_State* L, int idx);
 int luaopen_anatomy_rational(lua_State* L);
 /// Adds save_safetensors and load_safetensors to the torch table on the stack top.
 void register_safetensors(lua_State* L, int torch);
+/// Adds _load_npz and _save_npz to the torch table at index torch (npz.cpp).
+void register_npz(lua_State* L, int torch);
+/// Adds _yaml_decode to the torch table at index torch (yaml.cpp).
+void register_yaml(lua_State* L, int torch);
 /// Pushes a Lua array of tensors.
 void push_tensor_table(lua_State* L, const std::vector<at::Tensor>& ts);
 /// Reads a Lua array of tensors at idx (argument `arg` for errors).

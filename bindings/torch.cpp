@@ -388,6 +388,8 @@ int luaopen_anatomy_core(lua_State* L) {
   register_http(L, torch);
   register_linalg(L, torch);
   register_safetensors(L, torch);
+  register_npz(L, torch);
+  register_yaml(L, torch);
   // the native modules that hang off torch (the underscored ones are private: the library's Lua wraps them)
   const struct {
     const char* name;
