@@ -73,6 +73,30 @@ function torch.banner()
     torch.libtorch_version .. (torch.version.cuda and ', CUDA ' .. torch.version.cuda or ''), torch.device(), n, n == 1 and '' or 's')
 end
 
+-- torch.load_npz(path) -> {name = tensor, ...}, {names in archive order}: NumPy's .npz (np.savez,
+-- np.savez_compressed), each member 'name.npy' as tensor `name` on the default device. Plain arrays
+-- only (f2, f4, f8, i1-i8, u1, b1; '>' byte order swapped, Fortran order transposed); object arrays
+-- (pickles), structured, string and complex dtypes, bad or duplicate member names, and any member
+-- whose bytes disagree with its shape are errors naming the file, the member and what is wrong
+function torch.load_npz(path)
+  local tensors, names = native.load_npz(path)
+  return tensors, names
+end
+
+-- torch.save_npz(path, {name = tensor, ...}[, {compressed = false}]): what np.savez (compressed:
+-- np.savez_compressed) writes, members in name order, written to a temporary file renamed into
+-- place (never a partial file). bfloat16 has no numpy dtype and is refused
+function torch.save_npz(path, tensors, opts)
+  if opts ~= nil and type(opts) ~= 'table' then
+    error(("torch.save_npz: options must be a table, got a %s"):format(type(opts)), 2)
+  end
+  for k, v in pairs(opts or {}) do
+    if k ~= 'compressed' then error(("torch.save_npz: unknown option '%s' (the one option is 'compressed')"):format(tostring(k)), 2) end
+    if type(v) ~= 'boolean' then error(("torch.save_npz: option 'compressed' must be true or false, got %s"):format(tostring(v)), 2) end
+  end
+  native.save_npz(path, tensors, opts and opts.compressed or false)
+end
+
 require 'anatomy.torch.tensor'
 torch.config = require 'anatomy.torch.config'
 
