@@ -11,20 +11,30 @@
 namespace anatomy::lua {
 namespace {
 
-// torch.get_rng_state() -> uint8 tensor: the CPU generator's state (PyTorch's layout)
+// The default generator of the device named at index idx (the CPU's when absent)
+at::Generator generator_at(lua_State* L, int idx) {
+  if (lua_isnoneornil(L, idx)) return at::detail::getDefaultCPUGenerator();
+  c10::Device device = parse_device_arg(luaL_checkstring(L, idx), idx);
+  return at::globalContext().defaultGenerator(device);
+}
+
+// torch.get_rng_state([device]) -> uint8 tensor: the generator's state
+// (PyTorch's layout): the CPU's, or with a device that device's own (CUDA's
+// as torch.cuda.get_rng_state returns it): what is drawn on a GPU comes from
+// its generator, not the CPU's
 int torch_get_rng_state(lua_State* L) {
-  auto gen = at::detail::getDefaultCPUGenerator();
+  auto gen = generator_at(L, 1);
   std::lock_guard<std::mutex> lock(gen.mutex());
   push_tensor(L, gen.get_state());
   return 1;
 }
 
-// torch.set_rng_state(state): restores what get_rng_state returned
+// torch.set_rng_state(state [, device]): restores what get_rng_state returned
 int torch_set_rng_state(lua_State* L) {
   at::Tensor& state = check_tensor(L, 1);
   if (state.scalar_type() != at::kByte || state.dim() != 1)
     throw ArgError(1, "expected the uint8 tensor that get_rng_state returns");
-  auto gen = at::detail::getDefaultCPUGenerator();
+  auto gen = generator_at(L, 2);
   std::lock_guard<std::mutex> lock(gen.mutex());
   try {
     gen.set_state(state.cpu());

@@ -81,6 +81,17 @@ struct AccelGuard final : c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream&) const override { return true; }
 };
 
+// accel's own generator, as CUDA has its own: a CPU generator (the kernels
+// that draw are the CPU's) whose state is not the CPU's, so that a seed
+// reaches it through at::manual_seed as it reaches CUDA's, and state saved
+// from the CPU's generator alone does not restore what a run drew on the
+// device (a checkpoint that forgot the device's stream resumed exactly here,
+// and not on a GPU). The fallback hands it to every draw that names none.
+at::Generator& generator() {
+  static at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(c10::default_rng_seed_val);
+  return gen;
+}
+
 struct AccelHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
@@ -88,10 +99,8 @@ struct AccelHooks final : at::PrivateUse1HooksInterface {
   c10::DeviceIndex deviceCount() const override { return 1; }
   c10::DeviceIndex getCurrentDevice() const override { return 0; }
   // random numbers on accel are drawn on the CPU (the fallback runs there),
-  // so its generator is the CPU's: a seed gives the CPU's numbers
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
-    return at::detail::getDefaultCPUGenerator();
-  }
+  // from accel's own generator: a seed gives the CPU's numbers, from a stream of its own
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override { return generator(); }
   at::Device getDeviceFromPtr(void*) const override { return kDevice; }
   bool isPinnedPtr(const void*) const override { return false; }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
@@ -214,8 +223,52 @@ void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack
   }
 }
 
+// A draw that names no generator draws from accel's (the CPU kernel would take the CPU's).
+void give_generator(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+  const auto& args = op.schema().arguments();
+  const size_t first = stack.size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* optional = args[i].type()->castRaw<c10::OptionalType>();
+    if (optional && optional->getElementType()->kind() == c10::TypeKind::GeneratorType && stack[first + i].isNone())
+      stack[first + i] = c10::IValue(generator());
+  }
+}
+
+// An operator that draws and takes no generator (native_dropout, which
+// dropout on a GPU-like device calls) draws from its device's default one:
+// for its call the CPU's generator holds accel's state, then both go back.
+struct DrawsFromAccel {
+  at::Tensor cpu_state;
+  explicit DrawsFromAccel(bool on) {
+    if (!on) return;
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    at::Tensor accel_state;
+    {
+      std::lock_guard<std::mutex> lock(generator().mutex());
+      accel_state = generator().get_state();
+    }
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu_state = cpu.get_state();
+    cpu.set_state(accel_state);
+  }
+  ~DrawsFromAccel() {
+    if (!cpu_state.defined()) return;
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    at::Tensor drawn;
+    {
+      std::lock_guard<std::mutex> lock(cpu.mutex());
+      drawn = cpu.get_state();
+      cpu.set_state(cpu_state);
+    }
+    std::lock_guard<std::mutex> lock(generator().mutex());
+    generator().set_state(drawn);
+  }
+};
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_devices(op, *stack);
+  give_generator(op, *stack);
+  DrawsFromAccel draws(op.schema().operator_name().name == "aten::native_dropout");
   DeviceCode inside;
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }

@@ -25,6 +25,7 @@ local SAE = require('anatomy.features.SAE')
 local CLT = require('anatomy.features.CLT')
 local clt_train = require('anatomy.features.clt_train')
 local json = require('anatomy.io.json')
+local rng = require('anatomy.train.checkpoint')  -- rng_states, restore_rng
 local fs = require('anatomy.io.fs')
 
 local M = {}
@@ -148,7 +149,8 @@ local kept = {'kind', 'width', 'k', 'batch', 'seq', 'sequences', 'buffer', 'seed
 -- feature fired, the store's shuffled buffer and position, the random
 -- generator, the step and the history, in one safetensors file (atomic).
 local function save_checkpoint(path, s, opt, since, store, step, history, o)
-  local t = {since = since, rng = torch.get_rng_state(), store_x = store.x, store_at = torch.tensor(store.at, {dtype = 'int64'})}
+  local t = {since = since, store_x = store.x, store_at = torch.tensor(store.at, {dtype = 'int64'})}
+  for k, v in pairs(rng.rng_states(store.x.device)) do t[k] = v end  -- the shuffles draw on the device
   if store.y then t.store_y = store.y end
   for name, p in s:named_parameters() do t['sae.' .. name] = p:detach() end
   local variance = s.cfg.variance
@@ -291,7 +293,7 @@ function M.train(model, corpus, opts, where, shape)
     if resume then
       opt:load_state_tensors(resume.t, 'optim.')
       since:copy_(resume.t.since)
-      torch.set_rng_state(resume.t.rng)
+      rng.restore_rng(resume.t, since.device)
     end
     local t0 = native.now()
     for step = first, o.steps do

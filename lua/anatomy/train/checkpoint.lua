@@ -1,9 +1,25 @@
 -- train.fit's checkpoints: the model, the optimizer's state, the random
--- generator's state and the step in one safetensors file, written
+-- generators' states (the CPU's and the device's) and the step in one safetensors file, written
 -- atomically, with the run's settings in its metadata.
 local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
 local checkpoint = {}
+
+-- checkpoint.rng_states(device) -> {rng = the CPU generator's state,
+-- rng_device = the device's own generator's (absent on the CPU)}: a run on a
+-- GPU draws there (dropout, shuffles) from its generator, not the CPU's, and
+-- resumes exactly only with both.
+function checkpoint.rng_states(device)
+  local t = {rng = torch.get_rng_state()}
+  if device ~= 'cpu' then t.rng_device = torch.get_rng_state(device) end
+  return t
+end
+
+-- checkpoint.restore_rng(t, device): what rng_states saved into t
+function checkpoint.restore_rng(t, device)
+  torch.set_rng_state(t.rng)
+  if t.rng_device and device ~= 'cpu' then torch.set_rng_state(t.rng_device, device) end
+end
 
 -- train.save_checkpoint(path, model, opt, step, metadata): model, optimizer
 -- state, RNG state and step in one safetensors file, written atomically.
@@ -11,7 +27,7 @@ function checkpoint.save(path, model, opt, step, metadata)
   local tensors = {}
   for name, p in model:named_parameters() do tensors['model.' .. name] = p:detach() end
   for name, t in pairs(opt:state_tensors('optim.')) do tensors[name] = t end
-  tensors.rng = torch.get_rng_state()
+  for k, v in pairs(checkpoint.rng_states(model:device())) do tensors[k] = v end
   local meta = {format = 'anatomy-checkpoint', step = tostring(step), class = nn.typename(model)}
   for k, v in pairs(metadata or {}) do meta[k] = tostring(v) end
   torch.save_safetensors(path, tensors, meta)
@@ -43,7 +59,7 @@ function checkpoint.load(path, model, opt)
   local t, meta, sd = checkpoint.read(path)
   model:load_state_dict(sd)
   if opt then opt:load_state_tensors(t, 'optim.') end
-  torch.set_rng_state(t.rng)
+  checkpoint.restore_rng(t, model:device())
   return tonumber(meta.step), meta
 end
 
