@@ -126,6 +126,11 @@ TEST_CASE("yaml: hostile and malformed documents are errors with a position", "[
   CHECK_THAT(error_of("a: 1\n---\nb: 2\n"), Catch::Contains("line 2, column 1: a second document"));
   CHECK_THAT(error_of("? [1, 2]\n: x\n"), Catch::Contains("line 1, column 3: a key is a sequence or a map"));
   CHECK_THAT(error_of("~: x\n"), Catch::Contains("a key is null"));
+  // the node bound, with a small one: the sequence and 999 items pass, one more does not
+  std::string wide = "[";
+  for (int i = 0; i < 1000; ++i) wide += "1,";
+  CHECK_THROWS_WITH(parse_yaml(wide + "1]", "w", 1000), "w: line 1, column 2000: the document has more than 1000 nodes");
+  CHECK(parse_yaml(wide.substr(0, wide.size() - 2) + "]", "w", 1000)->items.size() == 999);
   CHECK_THAT(error_of(".nan: x\n"), Catch::Contains("a key is .nan"));
   CHECK(error_of("a: 'unterminated\n") == "'f.yaml': line 1, column 4: a quoted string is not closed");
   CHECK_THAT(error_of("a: \"x\\\"\nb: 1\n"), Catch::Contains("line 1, column 4: a quoted string is not closed"));

@@ -128,7 +128,7 @@ bool closed_quote(const std::string& text, size_t pos) {
 
 class Builder : public YAML::EventHandler {
  public:
-  explicit Builder(const std::string& text) : text_(text) {}
+  Builder(const std::string& text, int64_t max_nodes) : text_(text), max_nodes_(max_nodes) {}
   YamlPtr root;
   bool done = false;
 
@@ -200,7 +200,11 @@ class Builder : public YAML::EventHandler {
   std::map<YAML::anchor_t, YamlPtr> anchors_;
   std::set<YAML::anchor_t> open_anchors_;
 
-  static std::shared_ptr<YamlValue> make(const YAML::Mark& mark, Kind kind) {
+  const int64_t max_nodes_;
+  int64_t nodes_ = 0;
+
+  std::shared_ptr<YamlValue> make(const YAML::Mark& mark, Kind kind) {
+    if (++nodes_ > max_nodes_) throw MarkedError{mark, "the document has more than " + std::to_string(max_nodes_) + " nodes"};
     auto v = std::make_shared<YamlValue>();
     v->kind = kind;
     v->line = mark.line + 1;
@@ -289,9 +293,9 @@ class NoMore : public YAML::EventHandler {
 
 }  // namespace
 
-YamlPtr parse_yaml(const std::string& text, const std::string& source) {
+YamlPtr parse_yaml(const std::string& text, const std::string& source, int64_t max_nodes) {
   std::istringstream in(text);
-  Builder builder(text);
+  Builder builder(text, max_nodes);
   try {
     YAML::Parser parser(in);
     if (!parser.HandleNextDocument(builder)) return std::make_shared<YamlValue>();  // empty: null

@@ -38,13 +38,18 @@ struct YamlValue {
 
 /// The deepest nesting of sequences and maps a document may have.
 constexpr int kMaxYamlDepth = 256;
+/// The most nodes a document may have: about 150 bytes each in the tree, and
+/// '[1,1,...]' makes one of every 2 bytes, so memory is bounded by this and
+/// not by the text's size (SAELens's registry has 145 thousand).
+constexpr int64_t kMaxYamlNodes = int64_t(1) << 23;
 
 /// Parses one document (empty text: a null). `source` names it in errors
 /// (a file's path). Refused: a second document, nesting past kMaxYamlDepth,
+/// more than max_nodes nodes,
 /// a key that is a sequence, a map or null, a key given twice in a map, an
 /// alias to a node that contains it, a tag other than YAML's own
 /// (!!str, !!int, !!float, !!bool, !!null, !!seq, !!map), an integer that a
 /// double does not hold exactly (beyond 2^53), and what yaml-cpp refuses.
-YamlPtr parse_yaml(const std::string& text, const std::string& source);
+YamlPtr parse_yaml(const std::string& text, const std::string& source, int64_t max_nodes = kMaxYamlNodes);
 
 }  // namespace anatomy::io
