@@ -73,8 +73,9 @@ end
 -- circuit-tracer's files: W_enc_{i}/W_dec_{i}.safetensors (a CLT) or
 -- layer_{i}.safetensors (a set, with or without W_skip), a JumpReLU where
 -- they hold thresholds, else a ReLU. The hooks: the call's, else the
--- folder's config.yaml, else load_clt's defaults ('hook_resid_mid',
--- 'hook_mlp_out'). Every tensor's shape is checked before any is kept.
+-- folder's config.yaml, else what anatomy's c:save noted in the first
+-- file, else load_clt's defaults ('hook_resid_mid', 'hook_mlp_out').
+-- Every tensor's shape is checked before any is kept.
 function M.load(folder, opts)
   local where = 'sae.load_clt'
   opts = options.check(opts, {'input_hook', 'output_hook'}, where, 2)

@@ -8,6 +8,7 @@
 -- makes a JumpReLU, none a ReLU: what circuit-tracer infers from the same files.
 local torch = require('anatomy.torch')
 local json = require('anatomy.io.json')
+local yaml = require('anatomy.io.yaml')
 local fs = require('anatomy.io.fs')
 local format = require('anatomy.render.format')
 local files = {}
@@ -39,22 +40,21 @@ local function count(folder, stem)
   return n
 end
 
--- config.yaml's feature_input_hook and feature_output_hook, where each is
--- a top-level line of its own ('feature_input_hook: hook_resid_mid', quoted
--- or not), as circuit-tracer's configs write them; nil where the file or
--- the line is missing (the caller then asks for them).
-local function hooks_from_yaml(folder)
+-- config.yaml's settings where the folder has one (circuit-tracer's
+-- model_kind, feature_input_hook, feature_output_hook, model_name), {}
+-- where it has none; a file that is not a YAML mapping is an error.
+local function config_yaml(folder, where)
   local path = folder .. '/config.yaml'
   if not fs.exists(path) then return {} end
-  local out = {}
-  for line in (fs.read(path) .. '\n'):gmatch('([^\n]*)\n') do
-    local key, value = line:match('^([%w_]+):%s*(.-)%s*$')
-    if key then
-      value = value:match('^"(.*)"$') or value:match("^'(.*)'$") or value
-      out[key] = value
+  local ok, v = pcall(yaml.read, path)
+  if not ok then error(('%s: %s'):format(where, (tostring(v):gsub('^.-yaml%.read: ', ''))), 0) end
+  if type(v) ~= 'table' then error(('%s: %s is not a YAML mapping'):format(where, path), 0) end
+  for _, key in ipairs{'model_kind', 'feature_input_hook', 'feature_output_hook', 'model_name'} do
+    if v[key] ~= nil and type(v[key]) ~= 'string' then
+      error(('%s: %s: %s must be a string, got %s'):format(where, path, key, tostring(v[key])), 0)
     end
   end
-  return out
+  return v
 end
 
 -- files.read(folder, where) -> cfg, tensors: a folder in either layout,
@@ -117,10 +117,14 @@ function files.read(folder, where)
   for i = 1, L do tensors['W_dec_' .. (i - 1)] = dec[i] end
   local ok, own = pcall(json.decode, meta0.anatomy or '{}')
   if not ok or type(own) ~= 'table' then own = {} end
-  local yaml = hooks_from_yaml(folder)
+  local config = config_yaml(folder, where)
+  local kind = cross and 'cross_layer_transcoder' or 'transcoder_set'
+  if config.model_kind ~= nil and config.model_kind ~= kind then
+    error(('%s: %s/config.yaml says model_kind %s; its files are a %s'):format(where, folder, config.model_kind, kind), 0)
+  end
   local cfg = {n_layers = L, d_model = D, d_transcoder = F, kind = has_thr and 'jumprelu' or 'relu', cross_layer = cross,
-    skip = has_skip, input_hook = own.input_hook or yaml.feature_input_hook, output_hook = own.output_hook or yaml.feature_output_hook,
-    model_name = own.model_name or yaml.model_name}
+    skip = has_skip, input_hook = config.feature_input_hook or own.input_hook,
+    output_hook = config.feature_output_hook or own.output_hook, model_name = config.model_name or own.model_name}
   return cfg, tensors
 end
 
@@ -154,11 +158,11 @@ function files.write(c, folder, where)
       torch.save_safetensors(('%s/layer_%d.safetensors'):format(folder, i), t, meta)
     end
   end
-  local yaml = {('# written by anatomy: circuit-tracer reads this folder (load_clt, load_transcoder_set)\n'),
+  local lines = {('# written by anatomy: circuit-tracer reads this folder (load_clt, load_transcoder_set)\n'),
     yaml_line('model_kind', cfg.cross_layer and 'cross_layer_transcoder' or 'transcoder_set'),
     yaml_line('feature_input_hook', cfg.input_hook), yaml_line('feature_output_hook', cfg.output_hook)}
-  if cfg.model_name then yaml[#yaml + 1] = yaml_line('model_name', cfg.model_name) end
-  fs.write_atomic(folder .. '/config.yaml', table.concat(yaml))
+  if cfg.model_name then lines[#lines + 1] = yaml_line('model_name', cfg.model_name) end
+  fs.write_atomic(folder .. '/config.yaml', table.concat(lines))
 end
 
 return files

@@ -6,6 +6,7 @@
 --   saelens.lua    SAELens's folder format, read and written
 --   splice.lua     sae.attach (the reconstruction in the model) and sae.evaluate
 --   inspect.lua    top-activating contexts, feature pages
+--   CLT.lua        cross-layer and per-layer transcoders (circuit-tracer's); clt.lua, clt_files.lua, clt_splice.lua
 local torch = require('anatomy.torch')
 local options = require('anatomy.torch.options')
 local nn = require('anatomy.nn')
@@ -15,7 +16,27 @@ local training = require('anatomy.features.train')
 local points = require('anatomy.probe.points')
 local splice = require('anatomy.features.splice')
 local inspect = require('anatomy.features.inspect')
-local sae = {SAE = SAE, attach = splice.attach, evaluate = splice.evaluate, top_activations = inspect.top_activations}
+local CLT = require('anatomy.features.CLT')
+local clt = require('anatomy.features.clt')
+local clt_splice = require('anatomy.features.clt_splice')
+local sae = {SAE = SAE, CLT = CLT, evaluate = splice.evaluate, top_activations = inspect.top_activations}
+
+-- sae.attach(model, s, {error_term = false, point}) -> handle: an SAE at
+-- its point (features/splice.lua). For a sae.CLT ({error_term} only): every
+-- layer's MLP output is replaced by the decoding of the features of that
+-- layer and the earlier ones (the reconstruction ŷ_m); with error_term =
+-- true by ŷ_m + (y_m − ŷ_m), the clean logits exactly while nothing changes
+-- the features. Layer m's features and error are the hook points
+-- '<output>.clt.acts' (B, T, F) and '<output>.clt.error' (B, T, D), where
+-- <output> is its MLP's output ('blocks.2.mlp'). handle:remove() or
+-- probe.clear(model) takes the splice out.
+function sae.attach(model, s, opts)
+  if nn.is_instance(s, CLT) then return clt_splice.attach(model, s, opts, 'sae.attach') end
+  return splice.attach(model, s, opts)
+end
+
+-- cross-layer transcoders and per-layer sets (features/clt.lua)
+sae.clt, sae.load_clt, sae.train_clt = clt.new, clt.load, clt.train
 
 local function check_cfg(cfg, where)
   cfg = options.check(cfg, {'d_in', 'd_sae', 'kind', 'k', 'point', 'model_name', 'apply_b_dec_to_input', 'threshold',

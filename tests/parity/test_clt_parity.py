@@ -1,0 +1,176 @@
+"""Transcoders in circuit-tracer's format, both ways, against circuit-tracer
+0.5.0 itself:
+  - written by circuit-tracer (to_safetensors, random weights): a
+    cross-layer transcoder with a JumpReLU and one with a ReLU, a per-layer
+    TranscoderSet with W_skip (ReLU) and one without (JumpReLU); read by
+    anatomy's sae.load_clt: the features and every layer's reconstruction
+    of the same MLP inputs as circuit-tracer's encode and decode;
+  - trained by anatomy's sae.train_clt for a few steps on a tiny model (a
+    JumpReLU CLT and a ReLU set with skip), written by c:save, read by
+    circuit-tracer's load_clt and load_transcoder_set (its lazy decoders
+    reading the files as they are): circuit-tracer's features and
+    reconstructions against anatomy's, and config.yaml's keys as its Hub
+    loader reads them.
+Tolerance: |anatomy - circuit-tracer| <= 1e-5, both in float32.
+circuit-tracer pins transformers <= 4.57.3 and huggingface-hub < 1, so it
+lives in its own venv (build/venv-ct, made by scripts/setup --tests beside
+build/venv); this test runs itself there, and exits 77 (skipped) where there
+is none.
+Usage: test_clt_parity.py ANATOMY_EXECUTABLE
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    import yaml
+    from circuit_tracer.transcoder.activation_functions import JumpReLU
+    from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder, load_clt
+    from circuit_tracer.transcoder.single_layer_transcoder import (SingleLayerTranscoder, TranscoderSet,
+                                                                   load_transcoder_set)
+except ImportError as e:
+    # the circuit-tracer venv sits beside this python's own venv (build/venv -> build/venv-ct)
+    other = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))),
+                         "venv-ct", "bin", "python")
+    if os.path.exists(other) and os.path.abspath(sys.executable) != os.path.abspath(other) and not os.environ.get("ANATOMY_CT_VENV"):
+        env = dict(os.environ, ANATOMY_CT_VENV="1")
+        sys.exit(subprocess.run([other] + sys.argv, env=env).returncode)
+    print(f"skip: {e}; circuit-tracer lives in build/venv-ct (scripts/setup --tests)")
+    sys.exit(77)
+
+import safetensors_io
+
+TOL = 1e-5
+L, D, F = 3, 12, 20
+N = 40
+CPU = torch.device("cpu")
+
+
+def randomize(module, seed):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        for m in module.modules():
+            if isinstance(m, JumpReLU):
+                m.threshold.copy_(torch.rand_like(m.threshold) * 0.3)
+
+
+def circuit_tracer_written(folder):
+    """circuit-tracer's transcoders, random weights, saved with to_safetensors: (name, module, path)."""
+    made = []
+    for i, act in enumerate(("jump_relu", "relu")):
+        clt = CrossLayerTranscoder(L, F, D, activation_function=act, lazy_decoder=False, device=CPU, dtype=torch.float32)
+        randomize(clt, 10 + i)
+        path = os.path.join(folder, "clt_" + act)
+        clt.to_safetensors(path)
+        made.append(("CLT " + act, clt, path))
+    for i, (act, skip) in enumerate((("relu", True), ("jump_relu", False))):
+        layers = {}
+        for layer in range(L):
+            fn = JumpReLU(torch.zeros(F), 0.1) if act == "jump_relu" else torch.nn.functional.relu
+            layers[layer] = SingleLayerTranscoder(D, F, fn, layer, skip_connection=skip, device=CPU, dtype=torch.float32)
+        tset = TranscoderSet(layers, feature_input_hook="ln2.hook_normalized", feature_output_hook="hook_mlp_out")
+        randomize(tset, 20 + i)
+        path = os.path.join(folder, "set_%s%s" % (act, "_skip" if skip else ""))
+        tset.to_safetensors(path)
+        made.append(("set %s%s" % (act, " W_skip" if skip else ""), tset, path))
+    return made
+
+
+def run(module, x):
+    """circuit-tracer's features (L, N, F) and reconstructions (L, N, D) of MLP inputs x (L, N, D)."""
+    f = module.encode(x)
+    if isinstance(module, CrossLayerTranscoder):
+        recon = module.decode(f.to_sparse(), x)
+    else:
+        recon = module.decode(f, x)
+    return f, recon
+
+
+class Report:
+    def __init__(self):
+        self.passed, self.failed = 0, []
+
+    def check(self, what, got, want):
+        got, want = got.double(), want.double()
+        if tuple(got.shape) != tuple(want.shape):
+            self.failed.append("%s: shape %s, circuit-tracer %s" % (what, tuple(got.shape), tuple(want.shape)))
+            print("FAIL %s: shape %s, circuit-tracer %s" % (what, tuple(got.shape), tuple(want.shape)))
+            return
+        diff = (got - want).abs().max().item()
+        ok = diff <= TOL
+        print("%s %-44s max |diff| %.2e  (largest value %.4f, %d nonzero)" % ("ok  " if ok else "FAIL", what, diff,
+              want.abs().max().item(), int((want != 0).sum().item())))
+        if ok:
+            self.passed += 1
+        else:
+            self.failed.append("%s: max |diff| %.3g > %g" % (what, diff, TOL))
+
+    def expect(self, what, ok):
+        print("%s %s" % ("ok  " if ok else "FAIL", what))
+        if ok:
+            self.passed += 1
+        else:
+            self.failed.append(what)
+
+
+def main():
+    exe = sys.argv[1]
+    report = Report()
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(1)
+        x = torch.randn(L, N, D)
+        acts = os.path.join(tmp, "acts.safetensors")
+        safetensors_io.save(acts, {"x": x.transpose(0, 1).contiguous()})  # anatomy's (N, L, D)
+        made = circuit_tracer_written(tmp)
+        out_dir = os.path.join(tmp, "anatomy")
+        os.makedirs(out_dir)
+        here = os.path.dirname(os.path.abspath(__file__))
+        p = subprocess.run([exe, "--threads=1", os.path.join(here, "clt_parity.lua"), acts, out_dir] + [m[2] for m in made],
+                           capture_output=True, text=True)
+        print(p.stdout, end="")
+        if p.returncode != 0:
+            print(p.stderr)
+            print("FAIL anatomy failed")
+            sys.exit(1)
+        got = safetensors_io.load(os.path.join(out_dir, "anatomy.safetensors"))[0]
+        with torch.no_grad():
+            for i, (name, module, _) in enumerate(made, 1):
+                f, recon = run(module, x)
+                report.check("%s read: features" % name, got["read_%d_acts" % i].transpose(0, 1), f)
+                report.check("%s read: every layer's reconstruction" % name, got["read_%d_recons" % i].transpose(0, 1), recon)
+            xt = got["trained_x"].transpose(0, 1).contiguous()  # (L, N, 16)
+            clt_dir = os.path.join(out_dir, "clt")
+            clt = load_clt(clt_dir, device=CPU, dtype=torch.float32)  # lazy decoders: W_dec_i read from the files
+            f, recon = run(clt, xt)
+            report.check("anatomy CLT written: features", got["trained_clt_acts"].transpose(0, 1), f)
+            report.check("anatomy CLT written: every layer's reconstruction", got["trained_clt_recons"].transpose(0, 1), recon)
+            set_dir = os.path.join(out_dir, "set")
+            with open(os.path.join(set_dir, "config.yaml")) as fh:
+                config = yaml.safe_load(fh)
+            tset = load_transcoder_set({i: os.path.join(set_dir, "layer_%d.safetensors" % i) for i in range(L)}, scan="anatomy",
+                                       feature_input_hook=config["feature_input_hook"],
+                                       feature_output_hook=config["feature_output_hook"], device=CPU, dtype=torch.float32)
+            f, recon = run(tset, xt)
+            report.check("anatomy set (W_skip) written: features", got["trained_set_acts"].transpose(0, 1), f)
+            report.check("anatomy set (W_skip) written: reconstruction", got["trained_set_recons"].transpose(0, 1), recon)
+            report.expect("anatomy set written: a ReLU with W_skip as circuit-tracer reads it",
+                          tset.skip_connection and tset[0].activation_function is torch.nn.functional.relu)
+            report.expect("anatomy CLT written: a JumpReLU as circuit-tracer reads it", isinstance(clt.activation_function, JumpReLU))
+            with open(os.path.join(clt_dir, "config.yaml")) as fh:
+                clt_config = yaml.safe_load(fh)
+            report.expect("config.yaml: %s" % clt_config, clt_config.get("model_kind") == "cross_layer_transcoder"
+                          and config.get("model_kind") == "transcoder_set"
+                          and clt_config.get("feature_input_hook") == "ln2.hook_normalized"
+                          and clt_config.get("feature_output_hook") == "hook_mlp_out")
+    for line in report.failed:
+        print("FAIL " + line)
+    print("%d passed, %d failed" % (report.passed, len(report.failed)))
+    sys.exit(1 if report.failed else 0)
+
+
+if __name__ == "__main__":
+    main()
