@@ -78,4 +78,34 @@ put(co .. 'ascii', 'to be or not to be, that is the question\n')
 put(co .. 'utf8', 'caf\195\169 \230\151\165\230\156\172 \240\159\145\139 na\195\175ve\n')
 put(co .. 'latin1', 'caf\233\n')
 put(co .. 'empty', '')
+-- .npz: stored and deflated, several dtypes, a scalar and an empty array
+local nz = dir('npz')
+tmp = os.tmpname() .. '.npz'
+torch.save_npz(tmp, {W_enc = torch.randn(4, 3), b_enc = torch.zeros(3), threshold = torch.rand(3):double()})
+put(nz .. 'gemma_scope_like.npz', slurp(tmp))
+torch.save_npz(tmp, {ids = torch.arange(6):long():view(2, 3), mask = torch.ones(2):bool(), x = torch.tensor(1.5)}, {compressed = true})
+put(nz .. 'compressed.npz', slurp(tmp))
+torch.save_npz(tmp, {h = torch.randn(2, 2):to('float16'), e = torch.zeros(0, 2), b = torch.arange(4):to('uint8')})
+put(nz .. 'half_empty_byte.npz', slurp(tmp))
+os.remove(tmp)
+
+-- YAML: a registry's shape (SAELens's pretrained_saes.yaml), anchors,
+-- flow collections, block scalars, the core schema's scalars and tags
+local ym = dir('yaml')
+put(ym .. 'registry.yaml', [[
+gemma-scope-2b-pt-res:
+  conversion_func: gemma_2
+  model: gemma-2-2b
+  repo_id: google/gemma-scope-2b-pt-res
+  saes:
+  - id: layer_0/width_16k/average_l0_105
+    path: layer_0/width_16k/average_l0_105
+    l0: 105.0
+    neuronpedia: gemma-2-2b/0-gemmascope-res-16k
+  - id: layer_1/width_16k/average_l0_102
+    path: layer_1/width_16k/average_l0_102
+    l0: 102
+]])
+put(ym .. 'anchors.yaml', "base: &b {lr: 1.0e-3, steps: 10, on: yes, off: ~}\nrun: *b\nlist: [1, 0x1F, 0o17, -.inf, .nan, true, null, 'quoted', \"dq\\n\"]\n")
+put(ym .. 'block.yaml', "text: |\n  line one\n  line two\nfolded: >\n  a\n  b\ntagged: !!str 12\nnum: !!float 3\n")
 print(('seeds written to %s'):format(out))
