@@ -8,6 +8,9 @@
 --   batchtopk  in training the k·N largest over a batch of N rows; afterwards
 --              a JumpReLU at one threshold learnt in training (as SAELens
 --              saves it)
+-- A transcoder's decoder writes another point (d_out wide, d_in unless
+-- cfg.d_out says); one with an affine skip (cfg.skip, SAELens's
+-- skip_transcoder) adds x W_skipᵀ, W_skip (d_out, D), to the reconstruction.
 -- D the point's width (d_in), F features (d_sae), N rows.
 local torch = require('anatomy.torch')
 local nn = require('anatomy.nn')
@@ -24,14 +27,16 @@ SAE.kinds = {relu = true, topk = true, jumprelu = true, batchtopk = true}
 function SAE:__init(cfg, device)
   nn.Module.__init(self)
   self.cfg = cfg
-  local D, F = cfg.d_in, cfg.d_sae
+  local D, F, D_out = cfg.d_in, cfg.d_sae, cfg.d_out or cfg.d_in
   local on = {device = device or torch.device()}
-  local W_dec = torch.randn(F, D, on)
+  local W_dec = torch.randn(F, D_out, on)
   W_dec = W_dec / W_dec:norm(2, -1, true)
-  self:register_parameter('W_enc', W_dec:t():contiguous():requires_grad_(true))
+  local W_enc = D_out == D and W_dec:t():contiguous() or torch.randn(D, F, on) / math.sqrt(D)
+  self:register_parameter('W_enc', W_enc:requires_grad_(true))
   self:register_parameter('b_enc', torch.zeros(F, on):requires_grad_(true))
   self:register_parameter('W_dec', W_dec:requires_grad_(true))
-  self:register_parameter('b_dec', torch.zeros(D, on):requires_grad_(true))
+  self:register_parameter('b_dec', torch.zeros(D_out, on):requires_grad_(true))
+  if cfg.skip then self:register_parameter('W_skip', torch.zeros(D_out, D, on):requires_grad_(true)) end
   if cfg.kind == 'jumprelu' or cfg.kind == 'batchtopk' then
     local threshold = torch.full({F}, cfg.kind == 'jumprelu' and (cfg.threshold or 0.001) or 0, on)
     self:register_parameter('threshold', threshold:requires_grad_(cfg.kind == 'jumprelu'))
@@ -115,11 +120,19 @@ function SAE:decode(f)
   return (f:to(self.W_dec.dtype):matmul(self.W_dec) + self.b_dec):to(dtype)
 end
 
+-- s:reconstruct(f, x) -> decode(f), plus x W_skipᵀ for a transcoder with
+-- an affine skip (x the activations f was encoded from)
+function SAE:reconstruct(f, x)
+  local out = self:decode(f)
+  if self.W_skip then out = out + x:to(self.W_skip.dtype):matmul(self.W_skip:t()):to(out.dtype) end
+  return out
+end
+
 -- s(x) / s:forward(x) -> reconstruction, features
 function SAE:forward(x)
   check_input(self, x, 'sae:forward')
   local f = self:encode(x)
-  return self:decode(f), f
+  return self:reconstruct(f, x), f
 end
 
 -- s:normalize_decoder(): W_dec's rows scaled to unit norm (the encoder's
@@ -149,8 +162,9 @@ end
 function SAE:__tostring()
   local c = self.cfg
   local k = (c.kind == 'topk' or c.kind == 'batchtopk') and (', k ' .. c.k) or ''
-  return ('sae.SAE(%s%s, %d -> %d features%s)'):format(c.kind, k, c.d_in, c.d_sae,
-    c.point and (', at ' .. c.point) or '')
+  local out = c.d_out and c.d_out ~= c.d_in and (' -> ' .. c.d_out) or ''
+  return ('sae.SAE(%s%s, %d -> %d features%s%s%s)'):format(c.kind, k, c.d_in, c.d_sae, out,
+    c.skip and ', affine skip' or '', c.point and (', at ' .. c.point) or '')
 end
 
 return SAE

@@ -16,6 +16,7 @@ local training = require('anatomy.features.train')
 local points = require('anatomy.probe.points')
 local splice = require('anatomy.features.splice')
 local inspect = require('anatomy.features.inspect')
+local by_release = require('anatomy.features.by_release')
 local CLT = require('anatomy.features.CLT')
 local clt = require('anatomy.features.clt')
 local clt_splice = require('anatomy.features.clt_splice')
@@ -38,9 +39,11 @@ end
 -- cross-layer transcoders and per-layer sets (features/clt.lua)
 sae.clt, sae.load_clt, sae.train_clt = clt.new, clt.load, clt.train
 
+sae.from_pretrained = by_release.from_pretrained
+
 local function check_cfg(cfg, where)
   cfg = options.check(cfg, {'d_in', 'd_sae', 'kind', 'k', 'point', 'model_name', 'apply_b_dec_to_input', 'threshold',
-    'hook_name', 'transcoder', 'bandwidth'}, where, 3)
+    'hook_name', 'transcoder', 'bandwidth', 'd_out', 'skip', 'hook_name_out'}, where, 3)
   local c = {}
   for k, v in pairs(cfg) do c[k] = v end
   c.d_in = options.whole(cfg.d_in, 'd_in', where, nil)
@@ -83,11 +86,12 @@ function sae.load(folder)
   local cfg, raw = saelens.read_config(folder, where)
   local tensors = saelens.read_weights(folder, cfg, where)
   local meta = type(raw.metadata) == 'table' and raw.metadata or {}
-  cfg.point = type(meta.anatomy_point) == 'string' and meta.anatomy_point or cfg.hook_name
-  cfg.transcoder = meta.transcoder == true or nil
+  cfg.point = type(meta.anatomy_point) == 'string' and meta.anatomy_point
+    or saelens.transcoder_point(cfg.hook_name, cfg.hook_name_out) or cfg.hook_name
+  cfg.transcoder = cfg.transcoder or meta.transcoder == true or nil
   local s = SAE(cfg)
   torch.no_grad(function()
-    for _, name in ipairs{'W_enc', 'b_enc', 'W_dec', 'b_dec', 'threshold'} do
+    for _, name in ipairs{'W_enc', 'b_enc', 'W_dec', 'b_dec', 'threshold', 'W_skip'} do
       if tensors[name] and s[name] then s[name]:copy_(tensors[name]:float()) end
     end
   end)

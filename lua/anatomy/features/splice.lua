@@ -34,6 +34,13 @@ local function point_of(model, s, point, where)
   if s.cfg.transcoder and hook then
     error(("%s: a transcoder goes in place of a module's output; '%s' is a hook point"):format(where, canonical), 3)
   end
+  if s.cfg.transcoder and s.cfg.hook_name_out then  -- what it was trained to write must be that module's output
+    local ok, out = pcall(points.canonical, model, s.cfg.hook_name_out)
+    if ok and out and out ~= canonical then
+      error(("%s: the transcoder writes %s ('%s' here), which is not the output of '%s' (a norm between them?); "
+        .. "anatomy splices a transcoder in place of one module's output"):format(where, s.cfg.hook_name_out, out, canonical), 3)
+    end
+  end
   return canonical, hook ~= nil
 end
 
@@ -70,16 +77,16 @@ function splice.attach(model, s, opts)
     check_width(s, x, point)
     local f = s:encode(x)
     local published = hooks.publish(owner, acts_name, f)
-    local recon = s:decode(f)
+    local recon = s:reconstruct(f, x)  -- decode(f), and a skip transcoder's x W_skipᵀ
     local raw_err = t - recon
     local err = hooks.publish(owner, error_name, raw_err)
     local changed = not rawequal(published, f)
-    if not error_term then return changed and s:decode(published) or recon end
+    if not error_term then return changed and s:reconstruct(published, x) or recon end
     if not changed and rawequal(err, raw_err) then
       if not torch.is_grad_enabled() then return t end
       return t + (recon - recon:detach())  -- the value of t exactly; the gradient reaches the features
     end
-    return (changed and s:decode(published) or recon) + err
+    return (changed and s:reconstruct(published, x) or recon) + err
   end
   local handle
   if is_hook then
@@ -158,7 +165,7 @@ function splice.evaluate(model, s, corpus, opts)
       local xin = act_in:reshape({-1, D}):float()
       local target = act_out:reshape({-1, act_out:size(-1)}):double()
       local f = s:encode(xin)
-      local recon = s:decode(f):double()
+      local recon = s:reconstruct(f, xin):double()
       sq_err = sq_err + (recon - target):square():sum():item()
       sum = sum + target:sum(1)
       sum_sq = sum_sq + target:square():sum():item()

@@ -1,0 +1,257 @@
+"""sae.from_pretrained against the libraries whose dictionaries it reads,
+through a Hub on loopback (tests/hub/fake_hub.py) and a registry YAML in
+SAELens's pretrained_saes.yaml layout written here:
+  - SAELens's own format, written by SAELens 6.54 (save_model): a standard,
+    a TopK and a JumpReLU SAE, a JumpReLU transcoder and a skip transcoder
+    (affine skip W_skip); a JumpReLU whose cfg.json says
+    normalize_activations 'expected_average_only_in', with the registry's
+    norm_scaling_factor to fold in;
+  - Gemma Scope: params.npz written by numpy as Gemma Scope lays it out (a
+    residual-stream JumpReLU, an embedding one, and a transcoder);
+  - Llama Scope: hyperparams.json + checkpoints/final.safetensors;
+  each against SAELens's SAE.from_pretrained on the same registry (its
+  registry file pointed here, huggingface_hub at the loopback Hub);
+  - EleutherAI's sparsify 1.3.3 (SparseCoder.save_to_disk): a TopK SAE and a
+    transcoder with a skip connection, against sparsify's own encode and
+    forward.
+Features and reconstruction (forward: a skip transcoder's includes x W_skipᵀ)
+of the same activations; tolerance |anatomy - library| <= 1e-5, float32.
+Runs in build/venv-sae (SAELens pins transformer-lens < 4); exits 77 where
+SAELens or sparsify is not installed.
+Usage: test_sae_pretrained_parity.py ANATOMY_EXECUTABLE
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if not all(importlib.util.find_spec(m) for m in ("torch", "sae_lens", "sparsify", "numpy", "yaml")):
+    other = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))),
+                         "venv-sae", "bin", "python")
+    if os.path.exists(other) and os.path.abspath(sys.executable) != os.path.abspath(other) and not os.environ.get("ANATOMY_SAE_VENV"):
+        sys.exit(subprocess.run([other] + sys.argv, env=dict(os.environ, ANATOMY_SAE_VENV="1")).returncode)
+    print("skip: sae-lens or eai-sparsify is not installed; they live in build/venv-sae (scripts/setup --tests)")
+    sys.exit(77)
+
+sys.path.insert(0, os.path.join(HERE, "..", "hub"))
+from fake_hub import FakeHub  # noqa: E402
+
+HUB = FakeHub()
+TMP = tempfile.TemporaryDirectory()
+# huggingface_hub reads these when it is imported: SAELens's downloads go to the loopback Hub
+for k in [k for k in os.environ if k.startswith(("HF_", "HUGGINGFACE_"))]:
+    del os.environ[k]
+os.environ.update({"HF_ENDPOINT": HUB.endpoint, "HF_HUB_CACHE": os.path.join(TMP.name, "py-cache"),
+                   "HF_HOME": os.path.join(TMP.name, "hf-home"), "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                   # sparsify's own eager decoder (its Triton one needs a GPU)
+                   "SPARSIFY_DISABLE_TRITON": "1"})
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from sae_lens import SAE  # noqa: E402
+from sae_lens.loading import pretrained_saes_directory as directory  # noqa: E402
+from sae_lens.saes.jumprelu_sae import JumpReLUSAE, JumpReLUSAEConfig  # noqa: E402
+from sae_lens.saes.standard_sae import StandardSAE, StandardSAEConfig  # noqa: E402
+from sae_lens.saes.topk_sae import TopKSAE, TopKSAEConfig  # noqa: E402
+from sae_lens.saes.transcoder import (JumpReLUTranscoder, JumpReLUTranscoderConfig, SkipTranscoder,  # noqa: E402
+                                      SkipTranscoderConfig)
+from sparsify import SparseCoder, SparseCoderConfig  # noqa: E402
+
+import safetensors_io  # noqa: E402
+
+TOL = 1e-5
+D, F = 24, 64
+
+
+def randomize(module, threshold=None):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        if threshold is not None:
+            module.threshold.copy_(torch.rand(F) * threshold)
+
+
+def folder_files(folder, prefix):
+    out = {}
+    for root, _, files in os.walk(folder):
+        for f in files:
+            path = os.path.join(root, f)
+            out[prefix + "/" + os.path.relpath(path, folder)] = open(path, "rb").read()
+    return out
+
+
+def saelens_repo(tmp):
+    """SAELens-format dictionaries, saved by SAELens; registry rows."""
+    torch.manual_seed(0)
+    made = [("standard", StandardSAE(StandardSAEConfig(d_in=D, d_sae=F)), None),
+            ("topk", TopKSAE(TopKSAEConfig(d_in=D, d_sae=F, k=7)), None),
+            ("jumprelu", JumpReLUSAE(JumpReLUSAEConfig(d_in=D, d_sae=F)), 0.4),
+            ("jumprelu_transcoder", JumpReLUTranscoder(JumpReLUTranscoderConfig(d_in=D, d_sae=F, d_out=D,
+                                                                                 apply_b_dec_to_input=False)), 0.4),
+            ("skip_transcoder", SkipTranscoder(SkipTranscoderConfig(d_in=D, d_sae=F, d_out=D, apply_b_dec_to_input=False)), None),
+            ("scaled", JumpReLUSAE(JumpReLUSAEConfig(d_in=D, d_sae=F, normalize_activations="expected_average_only_in")), 0.4)]
+    files, rows = {}, []
+    for name, sae, threshold in made:
+        sae.cfg.metadata.hook_name = "blocks.1.hook_mlp_in" if "transcoder" in name else "blocks.1.hook_resid_post"
+        if "transcoder" in name:
+            sae.cfg.metadata.hook_name_out = "blocks.1.hook_mlp_out"
+        randomize(sae, threshold)
+        path = os.path.join(tmp, "saelens", name)
+        sae.save_model(path)
+        files.update(folder_files(path, "saes/" + name))
+        row = {"id": name, "path": "saes/" + name}
+        if name == "scaled":
+            row["norm_scaling_factor"] = 2.5
+        rows.append(row)
+    HUB.repo("tiny/saelens").commit(files, branches=["main"])
+    return {"tiny-saelens": {"repo_id": "tiny/saelens", "model": "tiny", "conversion_func": None, "saes": rows}}
+
+
+def gemma_repo(tmp):
+    """Gemma Scope's layout: <path>/params.npz, float32 arrays W_enc (D, F), W_dec (F, D), b_enc, b_dec, threshold."""
+    rng = np.random.default_rng(1)
+    registry = {}
+    for release, repo, paths, conv in (
+            ("tiny-gemma-scope-res", "google/gemma-scope-2b-pt-res", ["layer_1/width_tiny/average_l0_5", "embedding/width_tiny/average_l0_5"], "gemma_2"),
+            # SAELens's gemma_2_transcoder needs a width_Nk in the path (its d_sae, here 1024)
+            ("tiny-gemma-scope-transcoders", "google/gemma-scope-2b-pt-transcoders", ["layer_1/width_1k/average_l0_5"], "gemma_2_transcoder")):
+        files, rows = {}, []
+        n = 1024 if conv == "gemma_2_transcoder" else F
+        for i, path in enumerate(paths):
+            arrays = {"W_enc": rng.normal(0, 0.3, (D, n)), "W_dec": rng.normal(0, 0.3, (n, D)), "b_enc": rng.normal(0, 0.2, n),
+                      "b_dec": rng.normal(0, 0.1, D), "threshold": rng.uniform(0, 0.4, n)}
+            out = os.path.join(tmp, "npz", release, str(i), "params.npz")
+            os.makedirs(os.path.dirname(out))
+            np.savez(out, **{k: v.astype(np.float32) for k, v in arrays.items()})
+            files[path + "/params.npz"] = open(out, "rb").read()
+            rows.append({"id": path, "path": path})
+        HUB.repo(repo).commit(files, branches=["main"])
+        # SAELens takes D and F from the model's name and the path's width_16k: the overrides make them the tiny ones
+        registry[release] = {"repo_id": repo, "model": "gemma-2-2b", "conversion_func": conv, "saes": rows,
+                             "config_overrides": {"d_in": D, "d_sae": n, "d_out": D}}
+    return registry
+
+
+def llama_scope_repo(tmp):
+    torch.manual_seed(2)
+    path = "Llama3_1-8B-Base-L1R-8x"
+    hp = {"d_model": D, "d_sae": F, "jump_relu_threshold": 0.05, "dataset_average_activation_norm": {"in": 3.2, "out": 3.2},
+          "hook_point_in": "blocks.1.hook_resid_post", "hook_point_out": "blocks.1.hook_resid_post"}
+    weights = {"encoder.weight": torch.randn(F, D) * 0.3, "encoder.bias": torch.randn(F) * 0.2,
+               "decoder.weight": torch.randn(D, F) * 0.3, "decoder.bias": torch.randn(D) * 0.1}
+    out = os.path.join(tmp, "llama_scope.safetensors")
+    save_file(weights, out)
+    files = {path + "/hyperparams.json": json.dumps(hp).encode(), path + "/checkpoints/final.safetensors": open(out, "rb").read()}
+    HUB.repo("fnlp/Llama3_1-8B-Base-LXR-8x").commit(files, branches=["main"])
+    return {"tiny-llama-scope": {"repo_id": "fnlp/Llama3_1-8B-Base-LXR-8x", "model": "meta-llama/Llama-3.1-8B",
+                                 "conversion_func": "llama_scope",
+                                 "saes": [{"id": "l1r_8x", "path": path, "norm_scaling_factor": 1.5}]}}
+
+
+def sparsify_repo(tmp):
+    """sparsify's layout: <hookpoint>/cfg.json + sae.safetensors, written by SparseCoder.save_to_disk."""
+    torch.manual_seed(3)
+    coders = {"layers.1": SparseCoder(D, SparseCoderConfig(num_latents=F, k=7)),
+              "layers.1.mlp": SparseCoder(D, SparseCoderConfig(num_latents=F, k=5, transcode=True, skip_connection=True))}
+    files = {}
+    for hook, coder in coders.items():
+        randomize(coder)
+        folder = os.path.join(tmp, "sparsify", hook)
+        coder.save_to_disk(folder)
+        files.update(folder_files(folder, hook))
+    HUB.repo("EleutherAI/sae-tiny").commit(files, branches=["main"])
+    registry = {"tiny-sparsify": {"repo_id": "EleutherAI/sae-tiny", "model": "tiny", "conversion_func": "sparsify",
+                                  "saes": [{"id": h, "path": h} for h in coders]}}
+    return registry, coders
+
+
+class Report:
+    def __init__(self):
+        self.passed, self.failed, self.worst = 0, [], 0.0
+
+    def check(self, what, got, want):
+        if got is None or tuple(got.shape) != tuple(want.shape):
+            self.failed.append("%s: %s, expected shape %s" % (what, "missing" if got is None else tuple(got.shape), tuple(want.shape)))
+            return
+        diff = (got.double() - want.double()).abs().max().item()
+        self.worst = max(self.worst, diff)
+        ok = diff <= TOL
+        print("%s %-52s max |diff| %.2e  (largest %.4f, %d nonzero)" % ("ok  " if ok else "FAIL", what, diff,
+              want.abs().max().item(), int((want != 0).sum().item())))
+        if ok:
+            self.passed += 1
+        else:
+            self.failed.append("%s: max |diff| %.3g > %g" % (what, diff, TOL))
+
+
+def main():
+    exe = os.path.abspath(sys.argv[1])
+    tmp = TMP.name
+    registry = {}
+    registry.update(saelens_repo(tmp))
+    registry.update(gemma_repo(tmp))
+    registry.update(llama_scope_repo(tmp))
+    sp_registry, coders = sparsify_repo(tmp)
+    registry.update(sp_registry)
+    reg_dir = os.path.join(tmp, "registry")
+    os.makedirs(reg_dir)
+    reg_path = os.path.join(reg_dir, "pretrained_saes.yaml")
+    with open(reg_path, "w") as f:
+        yaml.safe_dump(registry, f, sort_keys=True)
+    cases = [[release, str(row["id"])] for release, e in sorted(registry.items()) for row in e["saes"]]
+    torch.manual_seed(4)
+    x = torch.randn(50, D)
+    acts = os.path.join(tmp, "acts.safetensors")
+    safetensors_io.save(acts, {"x": x})
+    with open(os.path.join(tmp, "cases.json"), "w") as f:
+        json.dump(cases, f)
+    out = os.path.join(tmp, "anatomy.safetensors")
+    env = dict(os.environ, HF_HUB_CACHE=os.path.join(tmp, "lua-cache"))
+    p = subprocess.run([exe, "--threads=1", os.path.join(HERE, "sae_pretrained_parity.lua"), reg_path, acts,
+                        os.path.join(tmp, "cases.json"), out], capture_output=True, text=True, env=env)
+    print(p.stdout, end="")
+    if p.returncode != 0:
+        print(p.stderr)
+        print("FAIL anatomy failed")
+        sys.exit(1)
+    got = safetensors_io.load(out)[0]
+    report = Report()
+    for line in p.stdout.splitlines():  # what the Lua side checked itself
+        report.passed += line.startswith("ok ")
+        if line.startswith("FAIL"):
+            report.failed.append(line)
+    # SAELens reads the same registry: its pretrained_saes.yaml is looked up in its package folder
+    directory.files = lambda package: __import__("pathlib").Path(reg_dir)
+    directory.get_pretrained_saes_directory.cache_clear()
+    with torch.no_grad():
+        for i, (release, sae_id) in enumerate(cases, 1):
+            if release == "tiny-sparsify":
+                coder = coders[sae_id]
+                enc = coder.encode(x)
+                f = torch.zeros(x.shape[0], F).scatter(-1, enc.top_indices, enc.top_acts)
+                recon = coder(x).sae_out
+                lib = "sparsify"
+            else:
+                sae = SAE.from_pretrained(release, sae_id)
+                f = sae.encode(x)
+                recon = sae(x)
+                lib = "SAELens"
+            report.check("%s %s: features (%s)" % (release, sae_id, lib), got.get("acts_%d" % i), f)
+            report.check("%s %s: reconstruction (%s)" % (release, sae_id, lib), got.get("recons_%d" % i), recon)
+    for line in report.failed:
+        print("FAIL " + line)
+    print("largest difference %.3g over %d dictionaries" % (report.worst, len(cases)))
+    print("%d passed, %d failed" % (report.passed, len(report.failed)))
+    sys.exit(1 if report.failed else 0)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        HUB.stop()
