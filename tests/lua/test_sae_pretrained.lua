@@ -51,6 +51,10 @@ repo('tiny/saelens', {['saes/jr/cfg.json'] = H.read(folder .. '/jr/cfg.json'),
   -- cfg.json says 30 features, the weights hold 20
   ['saes/bad/cfg.json'] = H.read(folder .. '/jr/cfg.json'):gsub('"d_sae":%s*20', '"d_sae": 30'),
   ['saes/bad/sae_weights.safetensors'] = torch.load_safetensors(folder .. '/jr/sae_weights.safetensors')})
+local W_skip = r(D, D)
+repo('mwhanna/qwen3-tiny-transcoders', {['layer_2.safetensors'] = {W_enc = W_enc:t():contiguous(), W_dec = W_dec, b_enc = b_enc,
+    b_dec = b_dec, ['activation_function.threshold'] = threshold, W_skip = W_skip},
+  ['layer_3.safetensors'] = {W_enc = W_enc:t():contiguous(), W_dec = W_dec, b_enc = b_enc, b_dec = b_dec, log_thresholds = threshold}})
 -- branch v1 of the same repository: another commit, its decoder doubled
 local doubled = torch.load_safetensors(folder .. '/jr/sae_weights.safetensors')
 doubled.W_dec = doubled.W_dec * 2
@@ -112,6 +116,13 @@ sparsify-tiny:
   - {id: layers.1, path: layers.1}
   - {id: layers.0.mlp, path: layers.0.mlp}
   - {id: layers.2, path: layers.2}
+circuit-tracer-tiny:
+  conversion_func: mwhanna_transcoder
+  model: qwen3-tiny
+  repo_id: mwhanna/qwen3-tiny-transcoders
+  saes:
+  - {id: layer_2, path: layer_2.safetensors}
+  - {id: layer_3, path: layer_3.safetensors}
 made-up-format:
   conversion_func: temporal
   model: tiny
@@ -174,6 +185,16 @@ test("sparsify: the k largest of ReLU((x - b_dec) W + b); a transcoder with a sk
   close((tc(x)), f:matmul(W_dec) + b_dec + x:matmul(tc.W_skip:t()), 1e-6, 'transcoder with skip')
   eq(tc.cfg.transcoder, true, 'a transcoder')
   eq(tc.cfg.point, 'blocks.0.mlp.hook_out', "its point: the MLP's output")
+end)
+
+test("circuit-tracer's per-layer file (mwhanna's releases): W_enc stored (F, D), a JumpReLU with its threshold, x W_skipᵀ added", function()
+  local tc = sae.from_pretrained('circuit-tracer-tiny', 'layer_2', opts)
+  local f = jump(x:matmul(W_enc) + b_enc, threshold)
+  close(tc:encode(x), f, 1e-6, 'features')
+  close((tc(x)), f:matmul(W_dec) + b_dec + x:matmul(W_skip:t()), 1e-6, 'reconstruction with the skip')
+  eq(tc.cfg.point, 'blocks.2.mlp.hook_out', "its point: the MLP's output")
+  raises_part(function() sae.from_pretrained('circuit-tracer-tiny', 'layer_3', opts) end,
+    'holds log_thresholds, which a per-layer transcoder has not')
 end)
 
 test('a transcoder goes on the MLP: its output replaced by the reconstruction from its input', function()
@@ -270,6 +291,8 @@ test("SAELens 6.54's own pretrained_saes.yaml (build/venv-sae's, where installed
     "did you mean 'gemma-scope-2b-pt-res-canonical'?")
   raises_part(function() sae.from_pretrained('gemma-scope-2b-pt-res-canonical', 'layer_0/width_16k/canonicl', {registry = path}) end,
     "did you mean 'layer_0/width_16k/canonical'?")
+  raises_part(function() sae.from_pretrained('qwen-scope-3-1.7b-base-w32k-l50', 'layer0', {registry = path}) end,
+    "format 'qwen_scope', which anatomy does not read: its weights are Python pickles (.pt)")
 end)
 
 H.done()

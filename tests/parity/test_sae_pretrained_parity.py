@@ -9,6 +9,8 @@ SAELens's pretrained_saes.yaml layout written here:
   - Gemma Scope: params.npz written by numpy as Gemma Scope lays it out (a
     residual-stream JumpReLU, an embedding one, and a transcoder);
   - Llama Scope: hyperparams.json + checkpoints/final.safetensors;
+  - a per-layer transcoder in circuit-tracer's layout as mwhanna's releases
+    have it (layer_N.safetensors, wandb-config.yaml);
   each against SAELens's SAE.from_pretrained on the same registry (its
   registry file pointed here, huggingface_hub at the loopback Hub);
   - EleutherAI's sparsify 1.3.3 (SparseCoder.save_to_disk): a TopK SAE and a
@@ -153,6 +155,24 @@ def llama_scope_repo(tmp):
                                  "saes": [{"id": "l1r_8x", "path": path, "norm_scaling_factor": 1.5}]}}
 
 
+def mwhanna_repo(tmp):
+    """circuit-tracer's per-layer transcoder file as mwhanna's releases lay it out: layer_N.safetensors (W_enc (F, D),
+    W_dec (F, D), b_enc, b_dec), beside the wandb-config.yaml and config.yaml SAELens reads D and F and the model from."""
+    torch.manual_seed(5)
+    weights = {"W_enc": torch.randn(F, D) * 0.3, "W_dec": torch.randn(F, D) * 0.3, "b_enc": torch.randn(F) * 0.2,
+               "b_dec": torch.randn(D) * 0.1}
+    out = os.path.join(tmp, "layer_1.safetensors")
+    save_file(weights, out)
+    files = {"layer_1.safetensors": open(out, "rb").read(),
+             "wandb-config.yaml": yaml.safe_dump({"d_model": {"value": D}, "d_feature": {"value": F},
+                                                  "batch_size": {"value": 1024}}).encode(),
+             "config.yaml": yaml.safe_dump({"model_name": "Qwen/Qwen3-0.6B"}).encode()}
+    HUB.repo("mwhanna/qwen3-tiny-transcoders").commit(files, branches=["main"])
+    return {"tiny-mwhanna-transcoders": {"repo_id": "mwhanna/qwen3-tiny-transcoders", "model": "qwen3-tiny",
+                                         "conversion_func": "mwhanna_transcoder",
+                                         "saes": [{"id": "layer_1", "path": "layer_1.safetensors"}]}}
+
+
 def sparsify_repo(tmp):
     """sparsify's layout: <hookpoint>/cfg.json + sae.safetensors, written by SparseCoder.save_to_disk."""
     torch.manual_seed(3)
@@ -196,6 +216,7 @@ def main():
     registry.update(saelens_repo(tmp))
     registry.update(gemma_repo(tmp))
     registry.update(llama_scope_repo(tmp))
+    registry.update(mwhanna_repo(tmp))
     sp_registry, coders = sparsify_repo(tmp)
     registry.update(sp_registry)
     reg_dir = os.path.join(tmp, "registry")

@@ -12,7 +12,9 @@ local releases = require('anatomy.features.releases')
 local formats = require('anatomy.features.formats')
 local by_release = {}
 
-local readers = {'sae_lens', 'gemma_2', 'gemma_2_transcoder', 'llama_scope', 'sparsify'}
+local readers = {'sae_lens', 'gemma_2', 'gemma_2_transcoder', 'llama_scope', 'sparsify', 'mwhanna_transcoder'}
+-- SAELens's formats whose weights are Python pickles (its loaders torch.load them)
+local pickled = {qwen_scope = true, goodfire = true, deepseek_r1 = true, connor_rob_hook_z = true, dictionary_learning_1 = true}
 local dtypes = {float32 = 'float32', bfloat16 = 'bfloat16', float16 = 'float16'}
 -- the overrides a registry may give that change what anatomy computes or names
 local kept_overrides = {hook_name = true, model_name = true, normalize_activations = true}
@@ -50,7 +52,8 @@ end
 -- system), to which anatomy's own entries add the releases SAELens lacks
 -- (EleutherAI's sparsify SAEs). Formats: SAELens's folders (SAEs and
 -- transcoders, with or without an affine skip), Gemma Scope's params.npz,
--- Llama Scope, EleutherAI's sparsify. The files come into huggingface_hub's
+-- Llama Scope, EleutherAI's sparsify, circuit-tracer's per-layer transcoder
+-- files (SAELens's mwhanna_transcoder). The files come into huggingface_hub's
 -- cache (HF_ENDPOINT, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_TOKEN as Python reads
 -- them); s.hf_source says the release, id, repository, revision and commit.
 function by_release.from_pretrained(release, sae_id, opts)
@@ -66,8 +69,9 @@ function by_release.from_pretrained(release, sae_id, opts)
   if not ok then error(entry, 2) end
   local conv = entry.conversion_func or 'sae_lens'
   if not formats[conv] then
-    error(("%s: release '%s' (%s) is in the format '%s', which anatomy does not read (it reads %s)"):format(
-      where, release, source, tostring(conv), table.concat(readers, ', ')), 2)
+    error(("%s: release '%s' (%s) is in the format '%s', which anatomy does not read%s (it reads %s)"):format(
+      where, release, source, tostring(conv), pickled[conv] and ': its weights are Python pickles (.pt), which run code '
+        .. 'when read; anatomy loads no pickle' or '', table.concat(readers, ', ')), 2)
   end
   local s
   ok, s = pcall(by_release.load, release, sae_id, entry, row, conv, opts, where)

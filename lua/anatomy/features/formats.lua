@@ -9,6 +9,7 @@
 --   gemma_2_transcoder  the same file, a JumpReLU transcoder from ln2 to the MLP's output
 --   llama_scope  Llama Scope: <path>/hyperparams.json + checkpoints/final.safetensors, a JumpReLU with one threshold
 --   sparsify     EleutherAI: <hookpoint>/cfg.json + sae.safetensors, TopK (a transcoder with transcode)
+--   mwhanna_transcoder  circuit-tracer's per-layer transcoder file layer_N.safetensors (ReLU or JumpReLU, W_skip)
 local torch = require('anatomy.torch')
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
@@ -195,6 +196,34 @@ function formats.sparsify(ctx)
     error(("%s: %s transcodes at '%s'; anatomy places a sparsify transcoder on a layer's MLP ('layers.N.mlp')"):format(
       ctx.where, cfg_path, hook), 0)
   end
+  return cfg, t
+end
+
+-- circuit-tracer's per-layer transcoder files as SAELens's
+-- mwhanna_transcoder releases name them ('layer_3.safetensors'): W_enc
+-- (F, D), W_dec (F, D), b_enc, b_dec, and where present
+-- activation_function.threshold (a JumpReLU) and W_skip (D, D), as
+-- circuit-tracer's load_relu_transcoder reads them; from the MLP's input
+-- (blocks.L.mlp.hook_in) to its output (blocks.L.hook_mlp_out).
+function formats.mwhanna_transcoder(ctx)
+  local path = ctx.sae.path
+  local layer = path:match('layer_(%d+)%.safetensors$')
+  if not layer then error(("%s: cannot tell the layer of '%s' (expected layer_N.safetensors)"):format(ctx.where, path), 0) end
+  local file = ctx.fetch(path)
+  local st = safetensors(file, ctx.where)
+  local known = {W_enc = true, W_dec = true, b_enc = true, b_dec = true, W_skip = true, ['activation_function.threshold'] = true}
+  for name in pairs(st) do
+    if not known[name] then error(('%s: %s holds %s, which a per-layer transcoder has not (it reads W_enc, W_dec, b_enc, b_dec, '
+      .. 'activation_function.threshold, W_skip)'):format(ctx.where, file, name), 0) end
+  end
+  if not torch.is_tensor(st.W_enc) or st.W_enc:dim() ~= 2 then error(('%s: %s has no 2-D W_enc'):format(ctx.where, file), 0) end
+  local F, D = st.W_enc:size(1), st.W_enc:size(2)
+  local threshold = st['activation_function.threshold']
+  local t = {W_enc = st.W_enc:t(), W_dec = st.W_dec, b_enc = st.b_enc, b_dec = st.b_dec, W_skip = st.W_skip, threshold = threshold}
+  local cfg = {d_in = D, d_sae = F, kind = threshold and 'jumprelu' or 'relu', apply_b_dec_to_input = false, transcoder = true,
+    skip = st.W_skip ~= nil or nil, hook_name = ('blocks.%s.mlp.hook_in'):format(layer),
+    hook_name_out = ('blocks.%s.hook_mlp_out'):format(layer)}
+  cfg.point = saelens.transcoder_point(cfg.hook_name, cfg.hook_name_out)
   return cfg, t
 end
 
