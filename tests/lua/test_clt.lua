@@ -121,7 +121,8 @@ test("circuit-tracer's folders: written, read back the same, and damaged ones re
   raises_part(function() sae.load_clt(dir .. '/empty') end, 'holds neither W_enc_0.safetensors (a cross-layer transcoder) nor layer_0.safetensors')
   f = io.open(dir .. '/set/layer_2.safetensors', 'wb'); f:write('not safetensors'); f:close()
   raises_part(function() sae.load_clt(dir .. '/set') end, 'sae.load_clt: ')
-  raises(function() sae.load_clt(dir .. '/none') end, ('sae.load_clt: %s/none is not a folder'):format(dir))
+  raises(function() sae.load_clt(dir .. '/none') end,
+    ("sae.load_clt: '%s/none' is neither a folder nor a Hub reference ('org/name[/subfolder][@revision]')"):format(dir))
 end)
 
 test('sae.train_clt lowers the loss of every kind; a set trains too', function()

@@ -1,5 +1,5 @@
 -- The anatomy side of test_clt_parity.py: reads every circuit-tracer folder
--- named on the command line (sae.load_clt) and writes its features and every
+-- or Hub reference named on the command line (sae.load_clt) and writes its features and every
 -- layer's reconstruction of the same MLP inputs; trains a cross-layer
 -- transcoder (JumpReLU) and a per-layer set with skip (ReLU) on a tiny model
 -- for a few steps, saves both in circuit-tracer's format, and writes their
@@ -13,7 +13,7 @@ for i = 3, #arg do
   local f = c:encode(x)
   results['read_' .. (i - 2) .. '_acts'] = f
   results['read_' .. (i - 2) .. '_recons'] = c:decode(f, x)
-  print(('read %s: %s'):format(arg[i], tostring(c)))
+  print(('read %s: %s, hooks %s -> %s'):format(arg[i], tostring(c), c.cfg.input_hook, c.cfg.output_hook))
 end
 torch.manual_seed(3)
 local corpus = data.from_string(('the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. '):rep(40))

@@ -10,7 +10,11 @@
     circuit-tracer's load_clt and load_transcoder_set (its lazy decoders
     reading the files as they are): circuit-tracer's features and
     reconstructions against anatomy's, and config.yaml's keys as its Hub
-    loader reads them.
+    loader reads them;
+  - through a Hub on loopback (tests/hub/fake_hub.py): circuit-tracer's
+    folders with a config.yaml, one in a subfolder, read by sae.load_clt
+    from their references ('ct/clt', 'ct/sets/tiny@main'), and anatomy's
+    folders read by circuit-tracer's load_transcoder_from_hub.
 Tolerance: |anatomy - circuit-tracer| <= 1e-5, both in float32.
 circuit-tracer pins transformers <= 4.57.3 and huggingface-hub < 1, so it
 lives in its own venv (build/venv-ct, made by scripts/setup --tests beside
@@ -18,29 +22,43 @@ build/venv); this test runs itself there, and exits 77 (skipped) where there
 is none.
 Usage: test_clt_parity.py ANATOMY_EXECUTABLE
 """
+import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-    import yaml
-    from circuit_tracer.transcoder.activation_functions import JumpReLU
-    from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder, load_clt
-    from circuit_tracer.transcoder.single_layer_transcoder import (SingleLayerTranscoder, TranscoderSet,
-                                                                   load_transcoder_set)
-except ImportError as e:
+HERE = os.path.dirname(os.path.abspath(__file__))
+if not all(importlib.util.find_spec(m) for m in ("torch", "yaml", "circuit_tracer")):
     # the circuit-tracer venv sits beside this python's own venv (build/venv -> build/venv-ct)
     other = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))),
                          "venv-ct", "bin", "python")
     if os.path.exists(other) and os.path.abspath(sys.executable) != os.path.abspath(other) and not os.environ.get("ANATOMY_CT_VENV"):
         env = dict(os.environ, ANATOMY_CT_VENV="1")
         sys.exit(subprocess.run([other] + sys.argv, env=env).returncode)
-    print(f"skip: {e}; circuit-tracer lives in build/venv-ct (scripts/setup --tests)")
+    print("skip: circuit-tracer is not installed; it lives in build/venv-ct (scripts/setup --tests)")
     sys.exit(77)
 
-import safetensors_io
+sys.path.insert(0, os.path.join(HERE, "..", "hub"))
+from fake_hub import FakeHub  # noqa: E402
+
+HUB = FakeHub()
+TMP = tempfile.TemporaryDirectory()
+# huggingface_hub reads these when it is imported: circuit-tracer's downloads, and anatomy's, go to the loopback Hub
+for k in [k for k in os.environ if k.startswith(("HF_", "HUGGINGFACE_"))]:
+    del os.environ[k]
+os.environ.update({"HF_ENDPOINT": HUB.endpoint, "HF_HUB_CACHE": os.path.join(TMP.name, "hub-cache"),
+                   "HF_HOME": os.path.join(TMP.name, "hf-home"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from circuit_tracer.transcoder.activation_functions import JumpReLU  # noqa: E402
+from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder, load_clt  # noqa: E402
+from circuit_tracer.transcoder.single_layer_transcoder import (SingleLayerTranscoder, TranscoderSet,  # noqa: E402
+                                                               load_transcoder_set)
+from circuit_tracer.utils.hf_utils import load_transcoder_from_hub  # noqa: E402
+
+import safetensors_io  # noqa: E402
 
 TOL = 1e-5
 L, D, F = 3, 12, 20
@@ -78,6 +96,18 @@ def circuit_tracer_written(folder):
         tset.to_safetensors(path)
         made.append(("set %s%s" % (act, " W_skip" if skip else ""), tset, path))
     return made
+
+
+def publish(repo, folder, subfolder=None, config=None):
+    """A folder's files (and a config.yaml) as the main branch of a repository on the loopback Hub."""
+    prefix = subfolder + "/" if subfolder else ""
+    files = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as fh:
+            files[prefix + name] = fh.read()
+    if config is not None:
+        files[prefix + "config.yaml"] = yaml.safe_dump(config).encode()
+    HUB.repo(repo).commit(files, branches=["main"])
 
 
 def run(module, x):
@@ -126,6 +156,13 @@ def main():
         acts = os.path.join(tmp, "acts.safetensors")
         safetensors_io.save(acts, {"x": x.transpose(0, 1).contiguous()})  # anatomy's (N, L, D)
         made = circuit_tracer_written(tmp)
+        # two of them on the loopback Hub, as circuit-tracer's Hub folders are: config.yaml beside the files
+        publish("ct/clt", made[0][2], config={"model_kind": "cross_layer_transcoder", "feature_input_hook": "hook_resid_mid",
+                                              "feature_output_hook": "hook_mlp_out"})
+        publish("ct/sets", made[2][2], subfolder="tiny", config={"model_kind": "transcoder_set",
+                                                                 "feature_input_hook": "mlp.hook_in",
+                                                                 "feature_output_hook": "hook_mlp_out"})
+        made += [(made[0][0] + " (test Hub)", made[0][1], "ct/clt"), (made[2][0] + " (test Hub)", made[2][1], "ct/sets/tiny@main")]
         out_dir = os.path.join(tmp, "anatomy")
         os.makedirs(out_dir)
         here = os.path.dirname(os.path.abspath(__file__))
@@ -160,6 +197,23 @@ def main():
             report.expect("anatomy set written: a ReLU with W_skip as circuit-tracer reads it",
                           tset.skip_connection and tset[0].activation_function is torch.nn.functional.relu)
             report.expect("anatomy CLT written: a JumpReLU as circuit-tracer reads it", isinstance(clt.activation_function, JumpReLU))
+            report.expect("the Hub's config.yaml hooks read by anatomy",
+                          "read ct/clt: " in p.stdout and "hook_resid_mid -> hook_mlp_out" in p.stdout.split("read ct/clt: ")[1].split("\n")[0]
+                          and "mlp.hook_in -> hook_mlp_out" in p.stdout.split("read ct/sets/tiny@main: ")[1].split("\n")[0])
+            # circuit-tracer's own Hub loader on anatomy's folders served by the loopback Hub (config.yaml, then the files)
+            publish("anatomy/clt", clt_dir)
+            publish("anatomy/set", set_dir)
+            hub_clt, hub_config = load_transcoder_from_hub("anatomy/clt", device=CPU, dtype=torch.float32, use_cache=False)
+            f, recon = run(hub_clt, xt)
+            report.check("anatomy CLT via load_transcoder_from_hub: features", got["trained_clt_acts"].transpose(0, 1), f)
+            report.check("anatomy CLT via load_transcoder_from_hub: recons", got["trained_clt_recons"].transpose(0, 1), recon)
+            hub_set, _ = load_transcoder_from_hub("anatomy/set", device=CPU, dtype=torch.float32, use_cache=False)
+            f, recon = run(hub_set, xt)
+            report.check("anatomy set via load_transcoder_from_hub: features", got["trained_set_acts"].transpose(0, 1), f)
+            report.check("anatomy set via load_transcoder_from_hub: recons", got["trained_set_recons"].transpose(0, 1), recon)
+            report.expect("load_transcoder_from_hub: hooks %s -> %s" % (hub_clt.feature_input_hook, hub_clt.feature_output_hook),
+                          hub_clt.feature_input_hook == "ln2.hook_normalized" and hub_set.feature_output_hook == "hook_mlp_out"
+                          and hub_config["model_kind"] == "cross_layer_transcoder")
             with open(os.path.join(clt_dir, "config.yaml")) as fh:
                 clt_config = yaml.safe_load(fh)
             report.expect("config.yaml: %s" % clt_config, clt_config.get("model_kind") == "cross_layer_transcoder"
@@ -169,6 +223,7 @@ def main():
     for line in report.failed:
         print("FAIL " + line)
     print("%d passed, %d failed" % (report.passed, len(report.failed)))
+    HUB.stop()
     sys.exit(1 if report.failed else 0)
 
 

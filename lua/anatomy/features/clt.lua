@@ -8,6 +8,8 @@ local files = require('anatomy.features.clt_files')
 local splice = require('anatomy.features.clt_splice')
 local training = require('anatomy.features.train')
 local nn = require('anatomy.nn')
+local fs = require('anatomy.io.fs')
+local hub = require('anatomy.io.hub')
 local M = {}
 
 M.allowed = {'n_layers', 'd_model', 'd_transcoder', 'kind', 'k', 'cross_layer', 'skip', 'input_hook', 'output_hook', 'threshold',
@@ -69,17 +71,58 @@ function M.new(cfg)
   return CLT(M.check(cfg, 'sae.clt', 2))
 end
 
--- sae.load_clt(folder, {input_hook, output_hook}) -> a sae.CLT from
--- circuit-tracer's files: W_enc_{i}/W_dec_{i}.safetensors (a CLT) or
--- layer_{i}.safetensors (a set, with or without W_skip), a JumpReLU where
--- they hold thresholds, else a ReLU. The hooks: the call's, else the
--- folder's config.yaml, else what anatomy's c:save noted in the first
--- file, else load_clt's defaults ('hook_resid_mid', 'hook_mlp_out').
--- Every tensor's shape is checked before any is kept.
+-- A Hub reference as circuit-tracer's HfUri reads one: 'org/name',
+-- 'org/name/subfolder', either with '@revision', with or without 'hf://'.
+local function hub_reference(ref)
+  local path, revision = ref:gsub('^hf://', ''):match('^([^@]+)@?(.*)$')
+  local repo, sub = (path or ''):match('^([^/]+/[^/]+)/?(.*)$')
+  if not repo then return nil end
+  return repo, sub ~= '' and (sub:gsub('/+$', '')) or nil, revision ~= '' and revision or nil
+end
+
+-- The folder of a Hub reference in the cache, with what sae.load_clt reads
+-- fetched: config.yaml and the consecutive W_enc_{i}, W_dec_{i} or layer_{i} files.
+local function from_hub(ref, opts, where)
+  local repo, sub, revision = hub_reference(ref)
+  if not repo or not hub.is_repo_id(repo) then
+    error(("%s: '%s' is neither a folder nor a Hub reference ('org/name[/subfolder][@revision]')"):format(where, ref), 0)
+  end
+  if revision and opts.revision and revision ~= opts.revision then
+    error(("%s: '%s' names revision %s and the options %s"):format(where, ref, revision, opts.revision), 0)
+  end
+  local snap = hub.open(repo, {revision = opts.revision or revision, token = opts.token, cache_dir = opts.cache_dir,
+    local_files_only = opts.local_files_only, where = where})
+  local prefix = sub and (sub .. '/') or ''
+  if snap:has(prefix .. 'config.yaml') then snap:fetch(prefix .. 'config.yaml') end
+  for _, stem in ipairs{'W_enc_', 'W_dec_', 'layer_'} do
+    local i = 0
+    while i < 4096 and snap:has(('%s%s%d.safetensors'):format(prefix, stem, i)) do
+      snap:fetch(('%s%s%d.safetensors'):format(prefix, stem, i))
+      i = i + 1
+    end
+  end
+  return snap.folder .. (sub and ('/' .. sub) or '')
+end
+
+-- sae.load_clt(folder, {input_hook, output_hook, revision, token,
+-- cache_dir, local_files_only}) -> a sae.CLT from circuit-tracer's files:
+-- W_enc_{i}/W_dec_{i}.safetensors (a CLT) or layer_{i}.safetensors (a set,
+-- with or without W_skip), a JumpReLU where they hold thresholds, else a
+-- ReLU. folder: a folder, or a Hub reference as circuit-tracer's
+-- load_transcoder_from_hub takes one ('org/name[/subfolder][@revision]'),
+-- fetched through anatomy's Hub client (its cache, HF_HUB_OFFLINE). The
+-- hooks: the call's, else the folder's config.yaml, else what anatomy's
+-- c:save noted in the first file, else load_clt's defaults
+-- ('hook_resid_mid', 'hook_mlp_out'). Every tensor's shape is checked
+-- before any is kept.
 function M.load(folder, opts)
   local where = 'sae.load_clt'
-  opts = options.check(opts, {'input_hook', 'output_hook'}, where, 2)
-  local ok, cfg, tensors = pcall(files.read, folder, where)
+  opts = options.check(opts, {'input_hook', 'output_hook', 'revision', 'token', 'cache_dir', 'local_files_only'}, where, 2)
+  if type(folder) ~= 'string' or folder == '' then error(('%s: folder must be a string, got %s'):format(where, tostring(folder)), 2) end
+  local ok, cfg, tensors = pcall(function()
+    local path = fs.is_dir(folder) and folder or from_hub(folder, opts, where)
+    return files.read(path, where)
+  end)
   if not ok then error(cfg, 2) end
   -- circuit-tracer's load_clt defaults where neither the folder nor the call names them
   cfg.input_hook = opts.input_hook or cfg.input_hook or 'hook_resid_mid'
