@@ -220,6 +220,28 @@ test('spliced in with the error terms the logits are the clean ones; ablating th
   eq(d_set <= 1e-5, true, 'a set spliced: ' .. d_set)
 end)
 
+test("every family: a CLT trains on its MLPs' inputs and outputs (after a post-MLP norm where it has one) and splices in exactly", function()
+  -- (six steps: whether the loss falls is the test above's; here, what is read and replaced)
+  local outputs = {}
+  for _, pair in ipairs(H.family_models(corpus.vocab_size, 8)) do
+    local name, m = pair[1], pair[2]
+    m:eval()
+    local c, h = sae.train_clt(m, corpus, {width = 16, steps = 6, batch = 64, seq = 16, sequences = 4, quiet = true, warmup = 1})
+    eq(h.loss[#h.loss] == h.loss[#h.loss] and h.loss[#h.loss] < math.huge, true, name .. ': a finite loss ' .. h.loss[#h.loss])
+    local x = ids:narrow(2, 1, 8)
+    local clean = m(x)
+    local handle = sae.attach(m, c, {error_term = true})
+    H.identical(m(x), clean, name .. ': spliced with error terms')
+    handle:remove()
+    handle = sae.attach(m, c)
+    eq((m(x) - clean):abs():max():item() > 1e-3, true, name .. ': without error terms the logits move')
+    handle:remove()
+    outputs[name:match('^%S+')] = require('anatomy.features.clt_splice').locations(m, c, 'test', 1)[2].output
+  end
+  eq(outputs.gemma2, 'blocks.2.post_feedforward_layernorm', "Gemma 2's hook_mlp_out: after its post-MLP norm")
+  eq(outputs.llama, 'blocks.2.mlp')
+end)
+
 test('bad options, widths and layer counts are errors naming the function, the argument and the closest name', function()
   raises(function() sae.clt{n_layers = 3, d_model = 8, d_transcoder = 10, kind = 'jumprelo'} end,
     "sae.clt: kind must be 'jumprelu', 'relu' or 'topk', got jumprelo (did you mean 'jumprelu'?)")
