@@ -139,6 +139,15 @@ test('sae.train_clt lowers the loss of every kind; a set trains too', function()
   eq(c1.since_fired:size(), {3, 64}); eq(h1.dead[#h1.dead], 0)
   eq(h2.dead[#h2.dead] > 0, true, 'dead within one batch: ' .. h2.dead[#h2.dead])
   eq(c2.since_fired:min():item(), 0, 'the features of the last batch fired')
+  -- the activation cache: every layer's rows written once, read back by the next run, refused for other hooks
+  local cache = H.tmpdir() .. '/acts'
+  local a = sae.train_clt(model, corpus, with(quick, {steps = 10, cache = cache}))
+  local b = sae.train_clt(model, corpus, with(quick, {steps = 10, cache = cache}))
+  eq(b.cfg.trained.rows_from_model, 0); eq(b.cfg.trained.rows_from_cache, a.cfg.trained.rows_from_model)
+  H.identical(b.W_enc, a.W_enc, 'a CLT trained from the cache')
+  raises(function() sae.train_clt(model, corpus, with(quick, {cache = cache, input_hook = 'hook_resid_mid'})) end,
+    ('sae.train_clt: the activation cache %s was written for point = transcoders: ln2.hook_normalized -> hook_mlp_out; '
+    .. 'this run has transcoders: hook_resid_mid -> hook_mlp_out (another folder, or remove it)'):format(cache))
   local s, h = sae.train_clt(model, corpus, with(quick, {kind = 'relu', cross_layer = false, skip = true}))
   eq(s.cfg.cross_layer, false); eq(s.W_skip:abs():sum():item() > 0, true, 'the skip learns')
   eq(h.loss[#h.loss] < h.loss[1], true)

@@ -83,7 +83,8 @@ end
 
 -- Store.new(model, corpus, point, o) -> a store. o: seq (T), batch (B),
 -- buffer (rows shuffled together), transcoder, layers (a CLT's locations:
--- rows of every layer's input and output), cache (a folder or nil), seed
+-- rows of every layer's input and output), cache (a folder or nil), where
+-- (the function its errors name; default 'sae.train'), seed
 -- (the store's own generator stream: batches drawn from the corpus and the
 -- shuffles follow torch.manual_seed(seed) at creation).
 function Store.new(model, corpus, point, o)
@@ -95,11 +96,11 @@ function Store.new(model, corpus, point, o)
     if fs.exists(manifest) then
       local ok, m = pcall(json.decode, fs.read(manifest))
       if not ok or type(m) ~= 'table' or type(m.key) ~= 'table' then
-        error(('sae.train: %s is not an activation cache manifest'):format(manifest), 0)
+        error(('%s: %s is not an activation cache manifest'):format(o.where or 'sae.train', manifest), 0)
       end
       for k, v in pairs(self.key) do
         if m.key[k] ~= v then
-          error(("sae.train: the activation cache %s was written for %s = %s; this run has %s (another folder, or remove it)"):format(
+          error(("%s: the activation cache %s was written for %s = %s; this run has %s (another folder, or remove it)"):format(o.where or 'sae.train',
             o.cache, k, tostring(m.key[k]), tostring(v)), 0)
         end
       end

@@ -249,7 +249,7 @@ function M.train(model, corpus, opts, where, shape)
   return scope.run(model, function()
     torch.manual_seed(o.seed)
     local store = Store.new(model, corpus, point, {seq = o.seq, batch = o.sequences, buffer = o.buffer,
-      transcoder = o.transcoder or shape ~= nil, layers = shape and shape.locations, cache = o.cache, seed = o.seed})
+      transcoder = o.transcoder or shape ~= nil, layers = shape and shape.locations, cache = o.cache, seed = o.seed, where = where})
     local s, x, y, first, history, var
     if checkpoint then
       local t, meta, step, D = checkpoint.t, checkpoint.meta, checkpoint.step, checkpoint.D
