@@ -289,21 +289,22 @@ class FakeHub:
         data = self.blobs.get(digest)
         if data is None:
             return self.error(h, 404, None, "Not Found", head)
-        start = 0
+        start, end = 0, None
         rng = h.headers.get("Range")
         if rng and rng.startswith("bytes="):
-            start = int(rng[len("bytes="):].split("-")[0])
+            first, _, last = rng[len("bytes="):].partition("-")
+            start, end = int(first), (min(int(last), len(data) - 1) if last else None)  # "bytes=0-7": a header's first bytes
             if start >= len(data):
                 return self.send(h, 416, b"", {"Content-Range": f"bytes */{len(data)}"}, head)
-        body = data[start:]
+        body = data[start:] if end is None else data[start:end + 1]
         extra = self.take_fault("overlong", digest)
         if extra is not None:  # more than X-Linked-Size announced, and a Content-Length that says so
             body = body + b"\0" * extra
         headers = {"ETag": f'"{digest}"', "Content-Type": "application/octet-stream", "Content-Length": str(len(body)),
                    "Accept-Ranges": "bytes"}
-        if start:
-            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-        h.send_response(206 if start else 200)
+        if start or end is not None:
+            headers["Content-Range"] = f"bytes {start}-{start + len(body) - 1}/{len(data)}"
+        h.send_response(206 if start or end is not None else 200)
         for k, v in headers.items():
             h.send_header(k, v)
         h.end_headers()

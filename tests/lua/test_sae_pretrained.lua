@@ -55,6 +55,11 @@ local W_skip = r(D, D)
 repo('mwhanna/qwen3-tiny-transcoders', {['layer_2.safetensors'] = {W_enc = W_enc:t():contiguous(), W_dec = W_dec, b_enc = b_enc,
     b_dec = b_dec, ['activation_function.threshold'] = threshold, W_skip = W_skip},
   ['layer_3.safetensors'] = {W_enc = W_enc:t():contiguous(), W_dec = W_dec, b_enc = b_enc, b_dec = b_dec, log_thresholds = threshold}})
+repo('google/gemma-scope-2-tiny-pt', {['transcoder/layer_2_width_16k_l0_small_affine/params.safetensors'] = {w_enc = W_enc,
+    w_dec = W_dec, b_enc = b_enc, b_dec = b_dec, threshold = threshold, affine_skip_connection = W_skip:t():contiguous()},
+  ['resid_post/layer_2_width_16k_l0_small/params.safetensors'] = {w_enc = W_enc, w_dec = W_dec, b_enc = b_enc, b_dec = b_dec,
+    threshold = threshold},
+  ['resid_post/layer_2_width_16k_l0_small/config.json'] = json.encode{architecture = 'topk', model_name = 'gemma-v3-1b-pt'}})
 -- branch v1 of the same repository: another commit, its decoder doubled
 local doubled = torch.load_safetensors(folder .. '/jr/sae_weights.safetensors')
 doubled.W_dec = doubled.W_dec * 2
@@ -123,6 +128,15 @@ circuit-tracer-tiny:
   saes:
   - {id: layer_2, path: layer_2.safetensors}
   - {id: layer_3, path: layer_3.safetensors}
+gemma-scope-2-tiny:
+  conversion_func: gemma_3
+  model: google/gemma-3-1b-pt
+  repo_id: google/gemma-scope-2-tiny-pt
+  saes:
+  - {id: tc-affine, path: transcoder/layer_2_width_16k_l0_small_affine}
+  - {id: res, path: resid_post/layer_2_width_16k_l0_small}
+  - {id: attn, path: attn_out/layer_2_width_16k_l0_small}
+  - {id: clt, path: clt/width_262k_l0_medium/layer_2}
 made-up-format:
   conversion_func: temporal
   model: tiny
@@ -195,6 +209,16 @@ test("circuit-tracer's per-layer file (mwhanna's releases): W_enc stored (F, D),
   eq(tc.cfg.point, 'blocks.2.mlp.hook_out', "its point: the MLP's output")
   raises_part(function() sae.from_pretrained('circuit-tracer-tiny', 'layer_3', opts) end,
     'holds log_thresholds, which a per-layer transcoder has not')
+end)
+
+test('Gemma Scope 2: an affine transcoder (affine_skip_connection stored (D, D_out)); its refusals', function()
+  local tc = sae.from_pretrained('gemma-scope-2-tiny', 'tc-affine', opts)
+  local f = jump(x:matmul(W_enc) + b_enc, threshold)
+  close((tc(x)), f:matmul(W_dec) + b_dec + x:matmul(W_skip:t()), 1e-6, 'reconstruction with the skip')
+  eq(tc.cfg.hook_name_out, 'blocks.2.hook_mlp_out', 'what it writes')
+  raises_part(function() sae.from_pretrained('gemma-scope-2-tiny', 'res', opts) end, "architecture 'topk', where Gemma Scope 2's is jump_relu")
+  raises_part(function() sae.from_pretrained('gemma-scope-2-tiny', 'attn', opts) end, "reads the attention's z")
+  raises_part(function() sae.from_pretrained('gemma-scope-2-tiny', 'clt', opts) end, "is a cross-layer transcoder's layer")
 end)
 
 test('a transcoder goes on the MLP: its output replaced by the reconstruction from its input', function()

@@ -8,6 +8,8 @@ SAELens's pretrained_saes.yaml layout written here:
     norm_scaling_factor to fold in;
   - Gemma Scope: params.npz written by numpy as Gemma Scope lays it out (a
     residual-stream JumpReLU, an embedding one, and a transcoder);
+  - Gemma Scope 2: params.safetensors (+ config.json): a residual-stream
+    JumpReLU, a transcoder, and one with an affine skip;
   - Llama Scope: hyperparams.json + checkpoints/final.safetensors;
   - a per-layer transcoder in circuit-tracer's layout as mwhanna's releases
     have it (layer_N.safetensors, wandb-config.yaml);
@@ -155,6 +157,30 @@ def llama_scope_repo(tmp):
                                  "saes": [{"id": "l1r_8x", "path": path, "norm_scaling_factor": 1.5}]}}
 
 
+def gemma_scope_2_repo(tmp):
+    """Gemma Scope 2's layout: <path>/params.safetensors (w_enc, w_dec, b_enc, b_dec, threshold, a transcoder's
+    affine_skip_connection (D, D)), config.json beside where it has one (SAELens infers it from the path otherwise)."""
+    torch.manual_seed(6)
+    files, rows = {}, []
+    for path, config in (("resid_post/layer_1_width_16k_l0_small", {"architecture": "jump_relu", "model_name": "gemma-v3-270m-pt"}),
+                         ("transcoder/layer_1_width_16k_l0_small", {"architecture": "jump_relu", "model_name": "gemma-v3-270m-pt",
+                                                                    "affine_connection": False}),
+                         ("transcoder/layer_1_width_16k_l0_small_affine", None)):
+        weights = {"w_enc": torch.randn(D, F) * 0.3, "w_dec": torch.randn(F, D) * 0.3, "b_enc": torch.randn(F) * 0.2,
+                   "b_dec": torch.randn(D) * 0.1, "threshold": torch.rand(F) * 0.4}
+        if "affine" in path:
+            weights["affine_skip_connection"] = torch.randn(D, D) * 0.3
+        out = os.path.join(tmp, "gs2.safetensors")
+        save_file(weights, out)
+        files[path + "/params.safetensors"] = open(out, "rb").read()
+        if config:
+            files[path + "/config.json"] = json.dumps(config).encode()
+        rows.append({"id": path, "path": path})
+    HUB.repo("google/gemma-scope-2-270m-pt").commit(files, branches=["main"])
+    return {"tiny-gemma-scope-2": {"repo_id": "google/gemma-scope-2-270m-pt", "model": "google/gemma-3-270m",
+                                   "conversion_func": "gemma_3", "saes": rows}}
+
+
 def mwhanna_repo(tmp):
     """circuit-tracer's per-layer transcoder file as mwhanna's releases lay it out: layer_N.safetensors (W_enc (F, D),
     W_dec (F, D), b_enc, b_dec), beside the wandb-config.yaml and config.yaml SAELens reads D and F and the model from."""
@@ -217,6 +243,7 @@ def main():
     registry.update(gemma_repo(tmp))
     registry.update(llama_scope_repo(tmp))
     registry.update(mwhanna_repo(tmp))
+    registry.update(gemma_scope_2_repo(tmp))
     sp_registry, coders = sparsify_repo(tmp)
     registry.update(sp_registry)
     reg_dir = os.path.join(tmp, "registry")

@@ -12,7 +12,7 @@ local releases = require('anatomy.features.releases')
 local formats = require('anatomy.features.formats')
 local by_release = {}
 
-local readers = {'sae_lens', 'gemma_2', 'gemma_2_transcoder', 'llama_scope', 'sparsify', 'mwhanna_transcoder'}
+local readers = {'sae_lens', 'gemma_2', 'gemma_2_transcoder', 'gemma_3', 'llama_scope', 'sparsify', 'mwhanna_transcoder'}
 -- SAELens's formats whose weights are Python pickles (its loaders torch.load them)
 local pickled = {qwen_scope = true, goodfire = true, deepseek_r1 = true, connor_rob_hook_z = true, dictionary_learning_1 = true}
 local dtypes = {float32 = 'float32', bfloat16 = 'bfloat16', float16 = 'float16'}
@@ -52,7 +52,7 @@ end
 -- system), to which anatomy's own entries add the releases SAELens lacks
 -- (EleutherAI's sparsify SAEs). Formats: SAELens's folders (SAEs and
 -- transcoders, with or without an affine skip), Gemma Scope's params.npz,
--- Llama Scope, EleutherAI's sparsify, circuit-tracer's per-layer transcoder
+-- Gemma Scope 2's params.safetensors, Llama Scope, EleutherAI's sparsify, circuit-tracer's per-layer transcoder
 -- files (SAELens's mwhanna_transcoder). The files come into huggingface_hub's
 -- cache (HF_ENDPOINT, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_TOKEN as Python reads
 -- them); s.hf_source says the release, id, repository, revision and commit.
@@ -87,9 +87,13 @@ function by_release.load(release, sae_id, entry, row, conv, opts, where)
   end
   local ctx = {entry = entry, sae = {id = row.id, path = tostring(row.path), norm_scaling_factor = row.norm_scaling_factor},
     overrides = overrides, where = where}
-  function ctx.fetch(file)
+  local function open()
     snap = snap or hub.open(entry.repo_id, {revision = opts.revision, token = opts.token, cache_dir = opts.cache_dir,
       local_files_only = opts.local_files_only, where = where})
+  end
+  function ctx.has(file) open(); return snap:has(file) end
+  function ctx.fetch(file)
+    open()
     local why = hub.bad_name(file)
     if why then error(("%s: release '%s' names a file '%s' that %s: refused"):format(where, release, file, why), 0) end
     if not snap:has(file) then

@@ -9,6 +9,7 @@
 --   gemma_2_transcoder  the same file, a JumpReLU transcoder from ln2 to the MLP's output
 --   llama_scope  Llama Scope: <path>/hyperparams.json + checkpoints/final.safetensors, a JumpReLU with one threshold
 --   sparsify     EleutherAI: <hookpoint>/cfg.json + sae.safetensors, TopK (a transcoder with transcode)
+--   gemma_3      Gemma Scope 2: <path>/params.safetensors (+ config.json), JumpReLU SAEs and transcoders (affine skip)
 --   mwhanna_transcoder  circuit-tracer's per-layer transcoder file layer_N.safetensors (ReLU or JumpReLU, W_skip)
 local torch = require('anatomy.torch')
 local json = require('anatomy.io.json')
@@ -224,6 +225,58 @@ function formats.mwhanna_transcoder(ctx)
     skip = st.W_skip ~= nil or nil, hook_name = ('blocks.%s.mlp.hook_in'):format(layer),
     hook_name_out = ('blocks.%s.hook_mlp_out'):format(layer)}
   cfg.point = saelens.transcoder_point(cfg.hook_name, cfg.hook_name_out)
+  return cfg, t
+end
+
+-- Gemma Scope 2 (SAELens's gemma_3): <path>/params.safetensors (w_enc
+-- (D, F), w_dec (F, D_out), b_enc, b_dec, threshold, and a transcoder's
+-- affine_skip_connection (D, D_out), stored transposed to W_skip), a
+-- JumpReLU not subtracting b_dec; config.json where the path has one (its
+-- architecture must be jump_relu, affine_connection says the skip), else
+-- what the path says, as SAELens's get_gemma_3_config_from_hf.
+function formats.gemma_3(ctx)
+  local path = ctx.sae.path
+  local layer = path:match('layer_(%d+)')
+  if path:find('clt', 1, true) then
+    error(("%s: '%s' is a cross-layer transcoder's layer, which sae.from_pretrained does not read (sae.load_clt reads "
+      .. "circuit-tracer's cross-layer files)"):format(ctx.where, path), 0)
+  end
+  if not layer then error(("%s: cannot tell the layer of '%s' (no layer_N in its path)"):format(ctx.where, path), 0) end
+  local cfg = {kind = 'jumprelu', apply_b_dec_to_input = false}
+  if path:find('resid_post', 1, true) then cfg.hook_name = ('blocks.%s.hook_resid_post'):format(layer)
+  elseif path:find('mlp_out', 1, true) then cfg.hook_name = ('blocks.%s.hook_mlp_out'):format(layer)
+  elseif path:find('transcoder', 1, true) then
+    cfg.transcoder, cfg.hook_name, cfg.hook_name_out = true, ('blocks.%s.hook_mlp_in'):format(layer), ('blocks.%s.hook_mlp_out'):format(layer)
+  elseif path:find('attn_out', 1, true) then
+    error(("%s: '%s' reads the attention's z (attn.hook_z, heads flattened): not read here; anatomy's SAEs read one "
+      .. "point's last dimension"):format(ctx.where, path), 0)
+  else
+    error(("%s: cannot tell the point of '%s' (resid_post, mlp_out, attn_out or transcoder in its path)"):format(ctx.where, path), 0)
+  end
+  local affine = path:find('affine', 1, true) ~= nil
+  cfg.model_name = ctx.entry.repo_id:gsub('gemma%-scope%-2', 'gemma-3')
+  if ctx.has(path .. '/config.json') then
+    local cpath = ctx.fetch(path .. '/config.json')
+    local raw = read_json(cpath, ctx.where)
+    if raw.architecture ~= 'jump_relu' then
+      error(("%s: %s: architecture '%s', where Gemma Scope 2's is jump_relu"):format(ctx.where, cpath, tostring(raw.architecture)), 0)
+    end
+    affine = raw.affine_connection == true
+    cfg.model_name = type(raw.model_name) == 'string' and raw.model_name or cfg.model_name
+  end
+  local file = ctx.fetch(path .. '/params.safetensors')
+  local st = safetensors(file, ctx.where)
+  if not torch.is_tensor(st.w_enc) or st.w_enc:dim() ~= 2 then error(('%s: %s has no 2-D w_enc'):format(ctx.where, file), 0) end
+  local t = {W_enc = st.w_enc, W_dec = st.w_dec, b_enc = st.b_enc, b_dec = st.b_dec, threshold = st.threshold}
+  cfg.d_in, cfg.d_sae = st.w_enc:size(1), st.w_enc:size(2)
+  if cfg.transcoder then
+    cfg.d_out = torch.is_tensor(st.w_dec) and st.w_dec:dim() == 2 and st.w_dec:size(2) or cfg.d_in
+    if affine then
+      if not st.affine_skip_connection then error(('%s: %s: an affine transcoder without affine_skip_connection'):format(ctx.where, file), 0) end
+      cfg.skip, t.W_skip = true, st.affine_skip_connection:dim() == 2 and st.affine_skip_connection:t() or st.affine_skip_connection
+    end
+  end
+  cfg.point = cfg.transcoder and saelens.transcoder_point(cfg.hook_name, cfg.hook_name_out) or cfg.hook_name
   return cfg, t
 end
 
