@@ -219,6 +219,12 @@ test('Gemma Scope 2: an affine transcoder (affine_skip_connection stored (D, D_o
   raises_part(function() sae.from_pretrained('gemma-scope-2-tiny', 'res', opts) end, "architecture 'topk', where Gemma Scope 2's is jump_relu")
   raises_part(function() sae.from_pretrained('gemma-scope-2-tiny', 'attn', opts) end, "reads the attention's z")
   raises_part(function() sae.from_pretrained('gemma-scope-2-tiny', 'clt', opts) end, "is a cross-layer transcoder's layer")
+  -- on a Gemma the MLP's output passes through post_feedforward_layernorm before hook_mlp_out: no one module to replace
+  local gemma = models.from_config({model_type = 'gemma2', vocab_size = 32, hidden_size = D, intermediate_size = 16,
+    num_hidden_layers = 3, num_attention_heads = 2, num_key_value_heads = 1, head_dim = 4, query_pre_attn_scalar = 4,
+    sliding_window = 4, max_position_embeddings = 32})
+  raises_part(function() sae.attach(gemma, tc) end,
+    "writes blocks.2.hook_mlp_out ('blocks.3.post_feedforward_layernorm' here), which is not the output of 'blocks.3.mlp'")
 end)
 
 test('a transcoder goes on the MLP: its output replaced by the reconstruction from its input', function()
