@@ -20,6 +20,8 @@ SAELens's pretrained_saes.yaml layout written here:
     forward.
 Features and reconstruction (forward: a skip transcoder's includes x W_skipᵀ)
 of the same activations; tolerance |anatomy - library| <= 1e-5, float32.
+Then anatomy reads every dictionary SAELens downloaded from SAELens's own
+cache with HF_HUB_OFFLINE=1: the same reconstruction.
 Runs in build/venv-sae (SAELens pins transformer-lens < 4); exits 77 where
 SAELens or sparsify is not installed.
 Usage: test_sae_pretrained_parity.py ANATOMY_EXECUTABLE
@@ -291,6 +293,22 @@ def main():
                 lib = "SAELens"
             report.check("%s %s: features (%s)" % (release, sae_id, lib), got.get("acts_%d" % i), f)
             report.check("%s %s: reconstruction (%s)" % (release, sae_id, lib), got.get("recons_%d" % i), recon)
+    # huggingface_hub's cache is shared both ways: what SAELens downloaded, anatomy reads offline (HF_HUB_OFFLINE=1)
+    fetched = [c for c in cases if c[0] != "tiny-sparsify"]
+    with open(os.path.join(tmp, "cases2.json"), "w") as f:
+        json.dump(fetched, f)
+    out2 = os.path.join(tmp, "anatomy2.safetensors")
+    p = subprocess.run([exe, "--threads=1", os.path.join(HERE, "sae_pretrained_parity.lua"), reg_path, acts,
+                        os.path.join(tmp, "cases2.json"), out2], capture_output=True, text=True,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    if p.returncode != 0:
+        report.failed.append("anatomy offline on SAELens's cache: " + (p.stdout + p.stderr)[-2000:])
+    else:
+        again = safetensors_io.load(out2)[0]
+        for j, (release, sae_id) in enumerate(fetched, 1):
+            i = cases.index([release, sae_id]) + 1
+            report.check("%s %s: offline from SAELens's downloads" % (release, sae_id), again.get("recons_%d" % j),
+                         got["recons_%d" % i])
     for line in report.failed:
         print("FAIL " + line)
     print("largest difference %.3g over %d dictionaries" % (report.worst, len(cases)))
