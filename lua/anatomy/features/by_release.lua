@@ -113,16 +113,21 @@ function by_release.load(release, sae_id, entry, row, conv, opts, where)
         .. "no norm_scaling_factor to fold in: not read (SAELens warns and runs it unscaled)"):format(where, release, tostring(sae_id)), 0)
     end
   end
-  local s = SAE(sae_cfg(c), opts.device)
+  -- made on 'meta' (no memory), its parameters then the file's tensors themselves, in float32 for the fold and
+  -- then in the dtype and on the device asked: a 1M-feature dictionary is never held twice over
+  local s = SAE(sae_cfg(c), 'meta')
+  local device, dtype = opts.device or torch.device(), dtypes[opts.dtype or 'float32']
+  local fold = scale and {W_enc = scale, W_dec = 1 / scale, b_dec = 1 / scale}  -- SAELens's fold_activation_norm_scaling_factor
   torch.no_grad(function()
     for _, name in ipairs{'W_enc', 'b_enc', 'W_dec', 'b_dec', 'threshold', 'W_skip'} do
-      if s[name] then s[name]:copy_(t[name]:to(s[name].dtype)) end
-    end
-    if scale then  -- SAELens's fold_activation_norm_scaling_factor: the SAE then reads unscaled activations
-      s.W_enc:mul_(scale); s.W_dec:div_(scale); s.b_dec:div_(scale)
+      if s[name] then
+        local v = t[name]:float()
+        if fold and fold[name] then v = v * fold[name] end
+        t[name] = nil
+        s:register_parameter(name, v:to(dtype):to(device):contiguous():requires_grad_(true))
+      end
     end
   end)
-  if opts.dtype and opts.dtype ~= 'float32' then s:to(dtypes[opts.dtype]) end
   rawset(s, 'hf_source', {release = release, sae_id = sae_id, repo_id = entry.repo_id, path = tostring(row.path),
     format = conv, revision = snap.revision, commit = snap.commit, registry = opts.registry})
   return s
