@@ -3,8 +3,10 @@
 -- with the registry REGISTRY, its features and reconstruction of the
 -- activations in ACTS written to OUT; each loaded a second time from the
 -- cache alone (local_files_only), which must give the same weights.
+-- REGISTRY '-': no registry option (sae.from_pretrained finds one itself).
 --   anatomy sae_pretrained_parity.lua REGISTRY ACTS CASES OUT
 local registry, acts_path, cases_path, out = arg[1], arg[2], arg[3], arg[4]
+if registry == '-' then registry = nil end
 local json = require('anatomy.io.json')
 local fs = require('anatomy.io.fs')
 local x = torch.load_safetensors(acts_path).x  -- (N, D)

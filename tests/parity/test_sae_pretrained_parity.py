@@ -21,7 +21,8 @@ SAELens's pretrained_saes.yaml layout written here:
 Features and reconstruction (forward: a skip transcoder's includes x W_skipᵀ)
 of the same activations; tolerance |anatomy - library| <= 1e-5, float32.
 Then anatomy reads every dictionary SAELens downloaded from SAELens's own
-cache with HF_HUB_OFFLINE=1: the same reconstruction.
+cache with HF_HUB_OFFLINE=1, the registry found by itself in the sae_lens
+folder of $VIRTUAL_ENV: the same reconstruction.
 Runs in build/venv-sae (SAELens pins transformer-lens < 4); exits 77 where
 SAELens or sparsify is not installed.
 Usage: test_sae_pretrained_parity.py ANATOMY_EXECUTABLE
@@ -293,14 +294,20 @@ def main():
                 lib = "SAELens"
             report.check("%s %s: features (%s)" % (release, sae_id, lib), got.get("acts_%d" % i), f)
             report.check("%s %s: reconstruction (%s)" % (release, sae_id, lib), got.get("recons_%d" % i), recon)
-    # huggingface_hub's cache is shared both ways: what SAELens downloaded, anatomy reads offline (HF_HUB_OFFLINE=1)
+    # huggingface_hub's cache is shared both ways: what SAELens downloaded, anatomy reads offline (HF_HUB_OFFLINE=1);
+    # and finds the registry itself in the sae_lens package of $VIRTUAL_ENV
+    venv_registry = os.path.join(tmp, "venv", "lib", "python3.11", "site-packages", "sae_lens", "pretrained_saes.yaml")
+    os.makedirs(os.path.dirname(venv_registry))
+    with open(reg_path) as src, open(venv_registry, "w") as dst:
+        dst.write(src.read())
     fetched = [c for c in cases if c[0] != "tiny-sparsify"]
     with open(os.path.join(tmp, "cases2.json"), "w") as f:
         json.dump(fetched, f)
     out2 = os.path.join(tmp, "anatomy2.safetensors")
-    p = subprocess.run([exe, "--threads=1", os.path.join(HERE, "sae_pretrained_parity.lua"), reg_path, acts,
-                        os.path.join(tmp, "cases2.json"), out2], capture_output=True, text=True,
-                       env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    env2 = {k: v for k, v in os.environ.items() if k not in ("ANATOMY_SAE_REGISTRY", "CONDA_PREFIX")}
+    env2.update(HF_HUB_OFFLINE="1", VIRTUAL_ENV=os.path.join(tmp, "venv"))
+    p = subprocess.run([exe, "--threads=1", os.path.join(HERE, "sae_pretrained_parity.lua"), "-", acts,
+                        os.path.join(tmp, "cases2.json"), out2], capture_output=True, text=True, env=env2)
     if p.returncode != 0:
         report.failed.append("anatomy offline on SAELens's cache: " + (p.stdout + p.stderr)[-2000:])
     else:
