@@ -113,6 +113,7 @@ llama-scope-tiny:
   saes:
   - {id: l2r, path: L2R, norm_scaling_factor: 1.25}
   - {id: l2r-unscaled, path: L2R}
+  - {id: l2r-bad-scale, path: L2R, norm_scaling_factor: -1.5}
 sparsify-tiny:
   conversion_func: sparsify
   model: tiny
@@ -182,6 +183,9 @@ test("Llama Scope: one threshold, jump_relu_threshold x sqrt(D) / the average no
   close((s(x)), f:matmul(W_dec / scale) + b_dec / scale, 1e-6, 'reconstruction')
   close(s.threshold, torch.full({F}, th), 1e-7, 'threshold')
   raises_part(function() sae.from_pretrained('llama-scope-tiny', 'l2r-unscaled', opts) end, 'no norm_scaling_factor to fold in')
+  raises_part(function() sae.from_pretrained('llama-scope-tiny', 'l2r-bad-scale', opts) end,
+    "has a norm_scaling_factor that is not a positive number: -1.5")
+  eq(s.hf_source.registry, registry, 'the registry it came from')
 end)
 
 test("sparsify: the k largest of ReLU((x - b_dec) W + b); a transcoder with a skip reads x as it is and adds x W_skipᵀ", function()

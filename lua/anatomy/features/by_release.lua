@@ -42,50 +42,20 @@ local function sae_cfg(c)
     point = c.point, hook_name = c.hook_name, hook_name_out = c.hook_name_out, model_name = c.model_name}
 end
 
--- sae.from_pretrained(release, sae_id, {revision = 'main', registry, device,
--- dtype = 'float32', token, cache_dir, local_files_only}) -> an SAE (a
--- transcoder for a transcoder's release). release and sae_id as SAELens's
--- pretrained_saes.yaml names them ('gemma-scope-2b-pt-res-canonical',
--- 'layer_12/width_16k/canonical'); registry: that file's path (default: an
--- installed sae-lens's, found without Python: $ANATOMY_SAE_REGISTRY, else
--- the sae_lens package of $VIRTUAL_ENV, $CONDA_PREFIX, ~/.local or the
--- system), to which anatomy's own entries add the releases SAELens lacks
--- (EleutherAI's sparsify SAEs). Formats: SAELens's folders (SAEs and
--- transcoders, with or without an affine skip), Gemma Scope's params.npz,
--- Gemma Scope 2's params.safetensors, Llama Scope, EleutherAI's sparsify, circuit-tracer's per-layer transcoder
--- files (SAELens's mwhanna_transcoder). The files come into huggingface_hub's
--- cache (HF_ENDPOINT, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_TOKEN as Python reads
--- them); s.hf_source says the release, id, repository, revision and commit.
-function by_release.from_pretrained(release, sae_id, opts)
-  local where = 'sae.from_pretrained'
-  if type(release) ~= 'string' or release == '' then
-    error(('%s: release must be a string (a release of the registry), got %s'):format(where, type(release)), 2)
-  end
-  if type(sae_id) ~= 'string' and type(sae_id) ~= 'number' then
-    error(('%s: sae_id must be a string (an id of the release), got %s'):format(where, type(sae_id)), 2)
-  end
-  opts = check_opts(opts, where)
-  local ok, entry, row, source = pcall(releases.resolve, release, sae_id, opts.registry, where)
-  if not ok then error(entry, 2) end
-  local conv = entry.conversion_func or 'sae_lens'
-  if not formats[conv] then
-    error(("%s: release '%s' (%s) is in the format '%s', which anatomy does not read%s (it reads %s)"):format(
-      where, release, source, tostring(conv), pickled[conv] and ': its weights are Python pickles (.pt), which run code '
-        .. 'when read; anatomy loads no pickle' or '', table.concat(readers, ', ')), 2)
-  end
-  local s
-  ok, s = pcall(by_release.load, release, sae_id, entry, row, conv, opts, where)
-  if not ok then error(s, 2) end
-  return s
-end
-
-function by_release.load(release, sae_id, entry, row, conv, opts, where)
+-- The SAE of one release's row: its files fetched, read by its format,
+-- checked, folded, made (a pcall'd helper of from_pretrained)
+local function load(release, sae_id, entry, row, conv, source, opts, where)
   local snap  -- opened at the first file, so that what a format refuses by its names is said first
   local overrides = {}
   for k, v in pairs(type(entry.config_overrides) == 'table' and entry.config_overrides or {}) do
     if kept_overrides[k] then overrides[k] = v end
   end
-  local ctx = {entry = entry, sae = {id = row.id, path = tostring(row.path), norm_scaling_factor = row.norm_scaling_factor},
+  local nsf = row.norm_scaling_factor
+  if nsf ~= nil and (type(nsf) ~= 'number' or not (nsf > 0) or nsf == math.huge) then
+    error(("%s: %s: release '%s', id '%s' has a norm_scaling_factor that is not a positive number: %s"):format(
+      where, source, release, tostring(sae_id), tostring(nsf)), 0)
+  end
+  local ctx = {entry = entry, sae = {id = row.id, path = tostring(row.path), norm_scaling_factor = nsf},
     overrides = overrides, where = where}
   local function open()
     snap = snap or hub.open(entry.repo_id, {revision = opts.revision, token = opts.token, cache_dir = opts.cache_dir,
@@ -129,7 +99,44 @@ function by_release.load(release, sae_id, entry, row, conv, opts, where)
     end
   end)
   rawset(s, 'hf_source', {release = release, sae_id = sae_id, repo_id = entry.repo_id, path = tostring(row.path),
-    format = conv, revision = snap.revision, commit = snap.commit, registry = opts.registry})
+    format = conv, revision = snap.revision, commit = snap.commit, registry = source})
+  return s
+end
+
+-- sae.from_pretrained(release, sae_id, {revision = 'main', registry, device,
+-- dtype = 'float32', token, cache_dir, local_files_only}) -> an SAE (a
+-- transcoder for a transcoder's release). release and sae_id as SAELens's
+-- pretrained_saes.yaml names them ('gemma-scope-2b-pt-res-canonical',
+-- 'layer_12/width_16k/canonical'); registry: that file's path (default: an
+-- installed sae-lens's, found without Python: $ANATOMY_SAE_REGISTRY, else
+-- the sae_lens package of $VIRTUAL_ENV, $CONDA_PREFIX, ~/.local or the
+-- system), to which anatomy's own entries add the releases SAELens lacks
+-- (EleutherAI's sparsify SAEs). Formats: SAELens's folders (SAEs and
+-- transcoders, with or without an affine skip), Gemma Scope's params.npz,
+-- Gemma Scope 2's params.safetensors, Llama Scope, EleutherAI's sparsify, circuit-tracer's per-layer transcoder
+-- files (SAELens's mwhanna_transcoder). The files come into huggingface_hub's
+-- cache (HF_ENDPOINT, HF_HUB_CACHE, HF_HUB_OFFLINE, HF_TOKEN as Python reads
+-- them); s.hf_source says the release, id, repository, revision and commit.
+function by_release.from_pretrained(release, sae_id, opts)
+  local where = 'sae.from_pretrained'
+  if type(release) ~= 'string' or release == '' then
+    error(('%s: release must be a string (a release of the registry), got %s'):format(where, type(release)), 2)
+  end
+  if type(sae_id) ~= 'string' and type(sae_id) ~= 'number' then
+    error(('%s: sae_id must be a string (an id of the release), got %s'):format(where, type(sae_id)), 2)
+  end
+  opts = check_opts(opts, where)
+  local ok, entry, row, source = pcall(releases.resolve, release, sae_id, opts.registry, where)
+  if not ok then error(entry, 2) end
+  local conv = entry.conversion_func or 'sae_lens'
+  if not formats[conv] then
+    error(("%s: release '%s' (%s) is in the format '%s', which anatomy does not read%s (it reads %s)"):format(
+      where, release, source, tostring(conv), pickled[conv] and ': its weights are Python pickles (.pt), which run code '
+        .. 'when read; anatomy loads no pickle' or '', table.concat(readers, ', ')), 2)
+  end
+  local s
+  ok, s = pcall(load, release, sae_id, entry, row, conv, source, opts, where)
+  if not ok then error(s, 2) end
   return s
 end
 
