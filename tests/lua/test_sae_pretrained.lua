@@ -307,6 +307,15 @@ test("anatomy's own entries: EleutherAI's sparsify release, its ids by layer", f
   raises_part(function() sae.from_pretrained('sae-llama-3-8b-32x', 'layers.32', opts) end, "has no SAE id 'layers.32'; did you mean 'layers.")
   raises_part(function() sae.from_pretrained('sae-llama-3-8b-32x', 'layers.31', opts) end,
     "revision 'main' of 'EleutherAI/sae-llama-3-8b-32x' is not in the cache")
+  -- no registry anywhere: the error says where it looked and lists the few
+  -- releases anatomy knows (it printed '(1 releases)')
+  local exe = require('anatomy.torch.native').data.realpath('/proc/self/exe')
+  local p = io.popen(("env -u VIRTUAL_ENV -u CONDA_PREFIX -u ANATOMY_SAE_REGISTRY HOME=/nonexistent '%s' -e "
+    .. "\"print(select(2, pcall(sae.from_pretrained, 'gemma-scope-2b-pt-res', 'x')))\" 2>&1"):format(exe))
+  local out = p:read('*a')
+  p:close()
+  if not out:find('no sae-lens registry was found', 1, true) then H.skip('a sae-lens registry is installed system-wide') end
+  assert(out:find("; the releases known: sae-llama-3-8b-32x", 1, true), out)
 end)
 
 test("SAELens 6.54's own pretrained_saes.yaml (build/venv-sae's, where installed) reads: every release checked, names resolved", function()

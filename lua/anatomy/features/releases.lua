@@ -119,7 +119,8 @@ function releases.resolve(release, sae_id, registry_path, where)
       or ("is not in anatomy's own entries, and no sae-lens registry was found (give {registry = 'pretrained_saes.yaml'} "
         .. 'or set ANATOMY_SAE_REGISTRY; looked for it in: ' .. table.concat(looked, ', ') .. ')')
     error(("%s: release '%s' %s%s"):format(where, tostring(release), whence,
-      near and ("; did you mean '%s'?"):format(near) or (' (' .. #names .. ' releases)')), 0)
+      near and ("; did you mean '%s'?"):format(near)
+        or (#names <= 8 and ('; the releases known: ' .. table.concat(names, ', ')) or ('; ' .. #names .. ' releases are known'))), 0)
   end
   local ids = {}
   for _, s in ipairs(hit.entry.saes) do
