@@ -183,6 +183,10 @@ test('spliced in with the error terms the logits are the clean ones; ablating th
   eq(diff <= 1e-5, true, 'max |dlogit| ' .. diff)
   -- the features the splice computes are the CLT's of the clean MLP inputs
   local _, cache = probe.run_with_cache(model, ids, {filter = {'blocks.*.mlp.clt.acts'}})
+  -- attached again (a notebook cell run twice), or an SAE on one of its MLP outputs: refused, nothing added
+  local n = #probe.list(model)
+  H.raises_part(function() sae.attach(model, c, {error_term = true}) end, 'already has an SAE spliced in')
+  eq(#probe.list(model), n, 'the refused second left nothing attached')
   h:remove()
   local inputs = {}
   local rec = {}

@@ -98,6 +98,10 @@ test('with the error term the logits are the clean ones exactly; CE loss recover
   local h = sae.attach(model, s, {error_term = true})
   H.identical(model(x), clean, 'logits with the SAE and its error term')
   eq(tostring(h), 'probe handle: SAE at blocks.1.resid_post attached (handle:remove() takes it out)')
+  -- attached again (a notebook cell run twice): the second would read the first's reconstruction
+  H.raises_part(function() sae.attach(model, s) end,
+    "sae.attach: blocks.1.resid_post already has an SAE spliced in, and a second would read the first's reconstruction")
+  eq(#probe.list(model), 1, 'the refused second left nothing attached')
   h:remove()
   eq(tostring(h), 'probe handle: nothing attached (removed, or cleared by probe.clear)')
   local e = sae.evaluate(model, s, corpus, {batches = 1, batch = 8, seq = 16})

@@ -9,6 +9,7 @@ local torch = require('anatomy.torch')
 local options = require('anatomy.torch.options')
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
+local splice = require('anatomy.features.splice')
 local M = {}
 
 -- The input hooks read, and how anatomy reads them: the MLP's input
@@ -77,6 +78,9 @@ function M.attach(model, c, opts, where)
   end
   local error_term = opts.error_term == true
   local locs = M.locations(model, c, where, 2)
+  local outputs = {}
+  for i, loc in ipairs(locs) do outputs[i] = loc.output end
+  splice.refuse_stacked(model, outputs, where, 2)
   local D = c.cfg.d_model
   local state = {x = {}, f0 = {}, f = {}}  -- this forward's inputs, features (as computed and as published), layer by layer
   local handles = {}

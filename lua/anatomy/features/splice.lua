@@ -60,6 +60,20 @@ end
 -- while nothing changes the features (the model's logits are the clean
 -- ones, bit for bit), and a change to the features moves it by the change
 -- of x̂. handle:remove() or probe.clear(model) takes it out.
+-- An SAE already spliced at one of these points: a second would read the
+-- first's reconstruction (a notebook cell run twice). Refused, naming the
+-- point and how to take the first out.
+function splice.refuse_stacked(model, at, where, level)
+  local want = {}
+  for _, p in ipairs(at) do want[p] = true end
+  for _, e in ipairs(hooks.list(model)) do
+    if e.kind == 'SAE' and want[e.at] then
+      error(("%s: %s already has an SAE spliced in, and a second would read the first's reconstruction; "
+        .. 'take the first out with its handle\'s :remove() or probe.clear(model)'):format(where, e.at), level + 1)
+    end
+  end
+end
+
 function splice.attach(model, s, opts)
   local where = 'sae.attach'
   check_sae(s, where)
@@ -69,6 +83,7 @@ function splice.attach(model, s, opts)
   end
   local point, is_hook = point_of(model, s, opts.point, where)
   local error_term = opts.error_term == true
+  splice.refuse_stacked(model, {point}, where, 2)
   local owner, _, hook = points.locate(model, point, 1)
   local prefix = hook and (hook .. '.') or ''
   local acts_name, error_name = point .. '.sae.acts', point .. '.sae.error'
