@@ -22,33 +22,17 @@ build/venv); this test runs itself there, and exits 77 (skipped) where there
 is none.
 Usage: test_clt_parity.py ANATOMY_EXECUTABLE
 """
-import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if not all(importlib.util.find_spec(m) for m in ("torch", "yaml", "circuit_tracer")):
-    # the circuit-tracer venv sits beside this python's own venv (build/venv -> build/venv-ct)
-    other = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))),
-                         "venv-ct", "bin", "python")
-    if os.path.exists(other) and os.path.abspath(sys.executable) != os.path.abspath(other) and not os.environ.get("ANATOMY_CT_VENV"):
-        env = dict(os.environ, ANATOMY_CT_VENV="1")
-        sys.exit(subprocess.run([other] + sys.argv, env=env).returncode)
-    print("skip: circuit-tracer is not installed; it lives in build/venv-ct (scripts/setup --tests)")
-    sys.exit(77)
+import peer_env  # noqa: E402
 
-sys.path.insert(0, os.path.join(HERE, "..", "hub"))
-from fake_hub import FakeHub  # noqa: E402
-
-HUB = FakeHub()
+peer_env.use_venv(("torch", "yaml", "circuit_tracer"), "venv-ct", "ANATOMY_CT_VENV", "circuit-tracer")
 TMP = tempfile.TemporaryDirectory()
-# huggingface_hub reads these when it is imported: circuit-tracer's downloads, and anatomy's, go to the loopback Hub
-for k in [k for k in os.environ if k.startswith(("HF_", "HUGGINGFACE_"))]:
-    del os.environ[k]
-os.environ.update({"HF_ENDPOINT": HUB.endpoint, "HF_HUB_CACHE": os.path.join(TMP.name, "hub-cache"),
-                   "HF_HOME": os.path.join(TMP.name, "hf-home"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+# circuit-tracer's downloads, and anatomy's, go to the loopback Hub
+HUB = peer_env.loopback_hub(TMP.name)
 
 import torch  # noqa: E402
 import yaml  # noqa: E402
@@ -120,36 +104,9 @@ def run(module, x):
     return f, recon
 
 
-class Report:
-    def __init__(self):
-        self.passed, self.failed = 0, []
-
-    def check(self, what, got, want):
-        got, want = got.double(), want.double()
-        if tuple(got.shape) != tuple(want.shape):
-            self.failed.append("%s: shape %s, circuit-tracer %s" % (what, tuple(got.shape), tuple(want.shape)))
-            print("FAIL %s: shape %s, circuit-tracer %s" % (what, tuple(got.shape), tuple(want.shape)))
-            return
-        diff = (got - want).abs().max().item()
-        ok = diff <= TOL
-        print("%s %-44s max |diff| %.2e  (largest value %.4f, %d nonzero)" % ("ok  " if ok else "FAIL", what, diff,
-              want.abs().max().item(), int((want != 0).sum().item())))
-        if ok:
-            self.passed += 1
-        else:
-            self.failed.append("%s: max |diff| %.3g > %g" % (what, diff, TOL))
-
-    def expect(self, what, ok):
-        print("%s %s" % ("ok  " if ok else "FAIL", what))
-        if ok:
-            self.passed += 1
-        else:
-            self.failed.append(what)
-
-
 def main():
     exe = sys.argv[1]
-    report = Report()
+    report = peer_env.Report("circuit-tracer", TOL, width=44)
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(1)
         x = torch.randn(L, N, D)
@@ -220,11 +177,8 @@ def main():
                           and config.get("model_kind") == "transcoder_set"
                           and clt_config.get("feature_input_hook") == "ln2.hook_normalized"
                           and clt_config.get("feature_output_hook") == "hook_mlp_out")
-    for line in report.failed:
-        print("FAIL " + line)
-    print("%d passed, %d failed" % (report.passed, len(report.failed)))
     HUB.stop()
-    sys.exit(1 if report.failed else 0)
+    report.finish()
 
 
 if __name__ == "__main__":

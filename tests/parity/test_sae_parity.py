@@ -18,21 +18,14 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import torch
-    from sae_lens import SAE, JumpReLUSAE, StandardSAE, TopKSAE
-    from sae_lens.saes.jumprelu_sae import JumpReLUSAEConfig
-    from sae_lens.saes.standard_sae import StandardSAEConfig
-    from sae_lens.saes.topk_sae import TopKSAEConfig
-except ImportError as e:
-    # the SAELens venv sits beside this python's own venv (build/venv -> build/venv-sae)
-    other = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))),
-                         "venv-sae", "bin", "python")
-    if os.path.exists(other) and os.path.abspath(sys.executable) != os.path.abspath(other) and not os.environ.get("ANATOMY_SAE_VENV"):
-        env = dict(os.environ, ANATOMY_SAE_VENV="1")
-        sys.exit(subprocess.run([other] + sys.argv, env=env).returncode)
-    print(f"skip: {e}; SAELens lives in build/venv-sae (scripts/setup --tests)")
-    sys.exit(77)
+import peer_env  # noqa: E402
+
+peer_env.use_venv(("torch", "sae_lens"), "venv-sae", "ANATOMY_SAE_VENV", "SAELens")
+import torch  # noqa: E402
+from sae_lens import SAE, JumpReLUSAE, StandardSAE, TopKSAE  # noqa: E402
+from sae_lens.saes.jumprelu_sae import JumpReLUSAEConfig  # noqa: E402
+from sae_lens.saes.standard_sae import StandardSAEConfig  # noqa: E402
+from sae_lens.saes.topk_sae import TopKSAEConfig  # noqa: E402
 
 import safetensors_io
 
@@ -60,28 +53,9 @@ def saelens_written(folder):
     return made
 
 
-class Report:
-    def __init__(self):
-        self.passed, self.failed = 0, []
-
-    def check(self, what, got, want):
-        got, want = got.double(), want.double()
-        if tuple(got.shape) != tuple(want.shape):
-            self.failed.append("%s: shape %s, SAELens %s" % (what, tuple(got.shape), tuple(want.shape)))
-            return
-        diff = (got - want).abs().max().item()
-        ok = diff <= TOL
-        print("%s %-34s max |diff| %.2e  (largest value %.4f, %d nonzero)" % ("ok  " if ok else "FAIL", what, diff,
-              want.abs().max().item(), int((want != 0).sum().item())))
-        if ok:
-            self.passed += 1
-        else:
-            self.failed.append("%s: max |diff| %.3g > %g" % (what, diff, TOL))
-
-
 def main():
     exe = sys.argv[1]
-    report = Report()
+    report = peer_env.Report("SAELens", TOL, width=34)
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(1)
         x = torch.randn(200, D)
@@ -109,14 +83,9 @@ def main():
                 report.check("anatomy %s written: features" % kind, got["written_%s_acts" % kind], f)
                 report.check("anatomy %s written: reconstruction" % kind, got["written_%s_recons" % kind], sae.decode(f))
                 if kind == "topk":
-                    ok = sae.cfg.k == 6 and sae.cfg.metadata.hook_name == "blocks.2.resid_post"
-                    print("%s anatomy topk written: k %s, hook_name %s" % ("ok  " if ok else "FAIL", sae.cfg.k, sae.cfg.metadata.hook_name))
-                    if not ok:
-                        report.failed.append("topk config read back wrong")
-    for line in report.failed:
-        print("FAIL " + line)
-    print("%d passed, %d failed" % (report.passed, len(report.failed)))
-    sys.exit(1 if report.failed else 0)
+                    report.expect("anatomy topk written: k %s, hook_name %s" % (sae.cfg.k, sae.cfg.metadata.hook_name),
+                                  sae.cfg.k == 6 and sae.cfg.metadata.hook_name == "blocks.2.resid_post")
+    report.finish()
 
 
 if __name__ == "__main__":

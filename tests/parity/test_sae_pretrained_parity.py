@@ -27,7 +27,6 @@ Runs in build/venv-sae (SAELens pins transformer-lens < 4); exits 77 where
 SAELens or sparsify is not installed.
 Usage: test_sae_pretrained_parity.py ANATOMY_EXECUTABLE
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -35,26 +34,12 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if not all(importlib.util.find_spec(m) for m in ("torch", "sae_lens", "sparsify", "numpy", "yaml")):
-    other = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))),
-                         "venv-sae", "bin", "python")
-    if os.path.exists(other) and os.path.abspath(sys.executable) != os.path.abspath(other) and not os.environ.get("ANATOMY_SAE_VENV"):
-        sys.exit(subprocess.run([other] + sys.argv, env=dict(os.environ, ANATOMY_SAE_VENV="1")).returncode)
-    print("skip: sae-lens or eai-sparsify is not installed; they live in build/venv-sae (scripts/setup --tests)")
-    sys.exit(77)
+import peer_env  # noqa: E402
 
-sys.path.insert(0, os.path.join(HERE, "..", "hub"))
-from fake_hub import FakeHub  # noqa: E402
-
-HUB = FakeHub()
+peer_env.use_venv(("torch", "sae_lens", "sparsify", "numpy", "yaml"), "venv-sae", "ANATOMY_SAE_VENV", "sae-lens or eai-sparsify")
 TMP = tempfile.TemporaryDirectory()
-# huggingface_hub reads these when it is imported: SAELens's downloads go to the loopback Hub
-for k in [k for k in os.environ if k.startswith(("HF_", "HUGGINGFACE_"))]:
-    del os.environ[k]
-os.environ.update({"HF_ENDPOINT": HUB.endpoint, "HF_HUB_CACHE": os.path.join(TMP.name, "py-cache"),
-                   "HF_HOME": os.path.join(TMP.name, "hf-home"), "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-                   # sparsify's own eager decoder (its Triton one needs a GPU)
-                   "SPARSIFY_DISABLE_TRITON": "1"})
+# SAELens's downloads go to the loopback Hub; sparsify's own eager decoder (its Triton one needs a GPU)
+HUB = peer_env.loopback_hub(TMP.name, cache="py-cache", extra={"SPARSIFY_DISABLE_TRITON": "1"})
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -219,25 +204,6 @@ def sparsify_repo(tmp):
     return registry, coders
 
 
-class Report:
-    def __init__(self):
-        self.passed, self.failed, self.worst = 0, [], 0.0
-
-    def check(self, what, got, want):
-        if got is None or tuple(got.shape) != tuple(want.shape):
-            self.failed.append("%s: %s, expected shape %s" % (what, "missing" if got is None else tuple(got.shape), tuple(want.shape)))
-            return
-        diff = (got.double() - want.double()).abs().max().item()
-        self.worst = max(self.worst, diff)
-        ok = diff <= TOL
-        print("%s %-52s max |diff| %.2e  (largest %.4f, %d nonzero)" % ("ok  " if ok else "FAIL", what, diff,
-              want.abs().max().item(), int((want != 0).sum().item())))
-        if ok:
-            self.passed += 1
-        else:
-            self.failed.append("%s: max |diff| %.3g > %g" % (what, diff, TOL))
-
-
 def main():
     exe = os.path.abspath(sys.argv[1])
     tmp = TMP.name
@@ -271,7 +237,7 @@ def main():
         print("FAIL anatomy failed")
         sys.exit(1)
     got = safetensors_io.load(out)[0]
-    report = Report()
+    report = peer_env.Report("the library", TOL, width=52)
     for line in p.stdout.splitlines():  # what the Lua side checked itself
         report.passed += line.startswith("ok ")
         if line.startswith("FAIL"):
@@ -316,11 +282,8 @@ def main():
             i = cases.index([release, sae_id]) + 1
             report.check("%s %s: offline from SAELens's downloads" % (release, sae_id), again.get("recons_%d" % j),
                          got["recons_%d" % i])
-    for line in report.failed:
-        print("FAIL " + line)
-    print("largest difference %.3g over %d dictionaries" % (report.worst, len(cases)))
-    print("%d passed, %d failed" % (report.passed, len(report.failed)))
-    sys.exit(1 if report.failed else 0)
+    print("%d dictionaries" % len(cases))
+    report.finish()
 
 
 if __name__ == "__main__":
