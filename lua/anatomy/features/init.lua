@@ -41,6 +41,9 @@ sae.clt, sae.load_clt, sae.train_clt = clt.new, clt.load, clt.train
 
 sae.from_pretrained = by_release.from_pretrained
 
+-- attribution graphs, as circuit-tracer's attribute (features/graph.lua)
+sae.attribute = require('anatomy.features.graph').attribute
+
 local function check_cfg(cfg, where)
   cfg = options.check(cfg, {'d_in', 'd_sae', 'kind', 'k', 'point', 'model_name', 'apply_b_dec_to_input', 'threshold',
     'hook_name', 'transcoder', 'bandwidth', 'd_out', 'skip', 'hook_name_out'}, where, 3)

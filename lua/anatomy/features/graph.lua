@@ -1,0 +1,330 @@
+-- sae.attribute(model, transcoders, ids, opts): an attribution graph of one
+-- prompt, as circuit-tracer 0.5.0's attribute(prompt, model, ...) builds
+-- it, before pruning. The local replacement model: the transcoders (a
+-- sae.CLT, cross-layer or a per-layer set) in place of the MLPs, the
+-- attention patterns and every norm's divisor (its scale) frozen at their
+-- values in the clean run, so that the residual stream is linear in what
+-- each node writes. The nodes, in circuit-tracer's order:
+--   1 .. n_f                active features (layer, position, feature), layer
+--                           first, then position, then feature; the first
+--                           position's are left out (circuit-tracer's BOS)
+--   n_f + 1 .. + L·T        error nodes: layer m's MLP output less its
+--                           reconstruction, layer by layer, position within
+--   .. + T                  token embeddings, one a position
+--   last n_logits           the top logits at the last position
+-- adjacency_matrix[t][s] is the direct effect of source s on target t:
+-- the gradient of t's input (a feature's encoder direction at its layer's
+-- MLP input; a logit's unembedding column less the mean column, at the
+-- final norm's output), through the frozen model, on what s writes (its
+-- activation times its decoder rows, its error vector, its embedding).
+-- Rows of errors and tokens are zero (they are only sources), as are the
+-- logits' columns.
+-- L layers, T positions, D the model's width, F features a layer.
+local torch = require('anatomy.torch')
+local options = require('anatomy.torch.options')
+local points = require('anatomy.probe.points')
+local hooks = require('anatomy.probe.hooks')
+local probe = require('anatomy.probe')
+local nn = require('anatomy.nn')
+local splice = require('anatomy.features.clt_splice')
+
+local M = {}
+
+local WHERE = 'sae.attribute'
+M.defaults = {max_n_logits = 10, desired_logit_prob = 0.95, batch_size = 512}
+
+local function check_opts(opts)
+  opts = options.check(opts, {'max_n_logits', 'desired_logit_prob', 'batch_size'}, WHERE, 3)
+  local o = {}
+  for k, v in pairs(M.defaults) do o[k] = v end
+  for k, v in pairs(opts) do o[k] = v end
+  for _, k in ipairs{'max_n_logits', 'batch_size'} do
+    local v = o[k]
+    if type(v) ~= 'number' or v ~= v or v < 1 or v ~= math.floor(v) or v == math.huge then
+      error(('%s: %s must be a whole number >= 1, got %s'):format(WHERE, k, tostring(v)), 3)
+    end
+  end
+  local p = o.desired_logit_prob
+  if type(p) ~= 'number' or p ~= p or p <= 0 or p > 1 then
+    error(('%s: desired_logit_prob must be a number in (0, 1], got %s'):format(WHERE, tostring(p)), 3)
+  end
+  return o
+end
+
+-- ids: a 1-D LongTensor, a (1, T) one, or a table of ids (anatomy's, from 1)
+local function check_ids(model, ids)
+  if type(ids) == 'table' and not torch.is_tensor(ids) then
+    if #ids == 0 then error(WHERE .. ': ids must not be empty', 3) end
+    ids = torch.tensor(ids):long()
+  end
+  if not torch.is_tensor(ids) then
+    error(('%s: ids must be a LongTensor (T) or (1, T) of token ids, or a table of them, got %s'):format(WHERE, type(ids)), 3)
+  end
+  if ids:dim() == 2 and ids:size(1) == 1 then ids = ids:squeeze(1) end
+  if ids:dim() ~= 1 or ids:size(1) < 2 then
+    error(('%s: ids must be one prompt of at least 2 tokens, (T) or (1, T), got shape (%s)'):format(WHERE,
+      table.concat(ids:size(), ', ')), 3)
+  end
+  if ids:is_floating_point() then error(WHERE .. ': ids must be integers, got ' .. tostring(ids.dtype), 3) end
+  local V = model:unembedding():size(1)
+  local lo, hi = ids:min():item(), ids:max():item()
+  if lo < 1 or hi > V then
+    error(('%s: ids must lie in 1..%d (the vocabulary), got %d..%d'):format(WHERE, V, lo, hi), 3)
+  end
+  return ids:long():to(model:device())
+end
+
+-- The points the replacement model reads and writes, per layer, and the
+-- frozen ones: every attention pattern and every norm's scale
+local function layout(model, c)
+  local locs = splice.locations(model, c, WHERE, 3)
+  local frozen = {}
+  for l = 1, #locs do
+    frozen[#frozen + 1] = points.part(model, l, 'attn', 3) .. '.pattern'
+    for _, role in ipairs{'ln1', 'ln2', 'ln1_post', 'ln2_post'} do
+      local ok, name = pcall(points.part, model, l, role, 1)
+      if ok then frozen[#frozen + 1] = name .. '.scale' end
+    end
+  end
+  local final, why = points.final_norm(model)
+  if not final then error(('%s: %s'):format(WHERE, why), 3) end
+  frozen[#frozen + 1] = final .. '.scale'
+  local embed, why2 = points.embedding(model, 'tokens')
+  if not embed then error(('%s: %s'):format(WHERE, why2), 3) end
+  return locs, frozen, final, embed
+end
+
+-- Attaches a capture of each layer's MLP input (the tensor, in the graph)
+-- into state.x[l]; returns the handles
+local function capture_inputs(model, locs, state)
+  local hs = {}
+  for l, loc in ipairs(locs) do
+    if loc.from_module_input and loc.input == loc.output then
+      state.same[l] = true
+    else
+      hs[#hs + 1] = hooks.replace(model, loc.input, function(t, _, input)
+        state.x[l] = loc.from_module_input and input or t
+      end)
+    end
+  end
+  return hs
+end
+
+-- The clean run: each layer's MLP input and output, the token embeddings,
+-- the logits at the last position (no gradient)
+local function clean_run(model, locs, final, embed, ids)
+  local state = {x = {}, out = {}, same = {}}
+  local hs = capture_inputs(model, locs, state)
+  for l, loc in ipairs(locs) do
+    hs[#hs + 1] = hooks.replace(model, loc.output, function(t, _, input)
+      if state.same[l] then state.x[l] = input end
+      state.out[l] = t
+    end)
+  end
+  hs[#hs + 1] = hooks.replace(model, embed, function(t) state.tokens = t end)
+  local logits = probe.scope(model, function()
+    return torch.no_grad(function()
+      return hooks.with(hooks.group(hs), function() return model(ids:view(1, -1)) end)
+    end)
+  end, {mode = 'eval'})
+  state.logits = logits[1][ids:size(1)]:float():cpu()
+  return state
+end
+
+-- the activations of the listed features, in the transcoders' dtype
+local function fs_values(fs, layer, pos, idx)
+  local out = {}
+  for i = 1, #layer do out[i] = fs[layer[i]][pos[i]][idx[i]]:view(1) end
+  return #out > 0 and torch.cat(out) or torch.zeros(0)
+end
+
+-- The active features, their encoder and scaled decoder rows, and the
+-- error vectors (L, T, D), from the clean run's MLP inputs and outputs
+local function nodes(c, state, T)
+  local L = c.cfg.n_layers
+  local fs, feats = {}, {}
+  for l = 1, L do
+    local f = c:encode_layer(state.x[l][1], l):detach()  -- (T, F)
+    f[1]:zero_()  -- circuit-tracer's zero_positions: the first position's features are no nodes
+    fs[l] = f
+  end
+  local errors = {}
+  for m = 1, L do
+    local recon = c:decode_layer(fs, m, state.x[m][1]:to(c.W_enc.dtype))
+    local e = state.out[m][1]:to(recon.dtype) - recon
+    e[1]:zero_()
+    errors[m] = e:detach()
+  end
+  local layer, pos, idx, act = {}, {}, {}, {}
+  for l = 1, L do
+    local values = fs[l]:float():tolist()  -- row-major: position, then feature
+    for p = 1, #values do
+      for f, v in ipairs(values[p]) do
+        if v ~= 0 then layer[#layer + 1], pos[#pos + 1], idx[#idx + 1], act[#act + 1] = l, p, f, v end
+      end
+    end
+  end
+  feats.layer, feats.pos, feats.feature = layer, pos, idx
+  feats.activation = fs_values(fs, layer, pos, idx)
+  return feats, errors
+end
+
+-- circuit-tracer's salient logits: the fewest of the top max_n_logits whose
+-- probabilities sum to desired_logit_prob or more; their unembedding rows
+-- less the mean row
+local function targets(model, logits, o)
+  local probs = logits:softmax(1)
+  local k = math.min(o.max_n_logits, probs:size(1))
+  local top_p, top_i = probs:topk(k)
+  local cum, cutoff = top_p:cumsum(1), 0
+  for i = 1, k do if cum[i]:item() < o.desired_logit_prob then cutoff = i end end
+  cutoff = math.min(cutoff + 1, k)
+  local tokens = top_i:narrow(1, 1, cutoff)
+  local W = model:unembedding():detach():float():cpu()
+  local vecs = W:index_select(1, tokens) - W:mean(1, true)
+  return tokens, top_p:narrow(1, 1, cutoff), vecs
+end
+
+-- One backward pass for a batch of targets: B copies of the prompt through
+-- the frozen model; objective Σ_b <input of target b at its position, v_b>.
+-- batch: {{kind = 'feature'|'logit', layer, pos, vec}, ...}; returns the
+-- gradients at each layer's MLP output (L of (B, T, D)) and at the token
+-- embeddings (B, T, D)
+local function backward(model, c, locs, frozen, final, embed, ids, batch)
+  local B, T = #batch, ids:size(1)
+  local L = #locs
+  local state = {x = {}, same = {}}
+  local leaves, tok_leaf = {}, nil
+  local hs = capture_inputs(model, locs, state)
+  for _, name in ipairs(frozen) do hs[#hs + 1] = hooks.replace(model, name, function(t) return t:detach() end) end
+  for m, loc in ipairs(locs) do
+    hs[#hs + 1] = hooks.replace(model, loc.output, function(t, _, input)
+      if state.same[m] then state.x[m] = input end
+      local x = state.x[m]:to(c.W_enc.dtype)
+      local skip = c.W_skip and x:matmul(c.W_skip[m]:t()) or x * 0
+      local leaf = torch.zeros({B, T, t:size(-1)}, {dtype = c.W_enc.dtype, device = t.device}):requires_grad_(true)
+      leaves[m] = leaf
+      return (skip + (t:to(skip.dtype) - skip):detach() + leaf):to(t.dtype)
+    end)
+  end
+  hs[#hs + 1] = hooks.replace(model, embed, function(t)
+    tok_leaf = torch.zeros(t:size(), {dtype = t.dtype, device = t.device}):requires_grad_(true)
+    return t + tok_leaf
+  end)
+  hs[#hs + 1] = hooks.replace(model, final, function(t) state.final = t end)
+  probe.scope(model, function()
+    torch.enable_grad(function()
+      hooks.with(hooks.group(hs), function() model(ids:view(1, -1):expand(B, T):contiguous()) end)
+      local total
+      for b, tgt in ipairs(batch) do
+        local h = tgt.kind == 'logit' and state.final or state.x[tgt.layer]
+        local term = h[b][tgt.pos]:to(tgt.vec.dtype):dot(tgt.vec:to(h.device))
+        total = total and total + term or term
+      end
+      total:backward()
+    end)
+  end, {frozen = true, mode = 'eval'})
+  local grads = {}
+  for m = 1, L do
+    local g = leaves[m].grad
+    grads[m] = g and g:float() or torch.zeros({B, T, c.cfg.d_model}, {device = leaves[m].device})
+  end
+  return grads, tok_leaf.grad and tok_leaf.grad:float() or torch.zeros({B, T, c.cfg.d_model}, {device = tok_leaf.device})
+end
+
+-- The rows (B, n_f + (L + 1)·T) of a batch from its gradients, computed
+-- where the gradients are and returned on the CPU
+local function rows(c, feats, errors, tokvecs, grads, tgrad, T)
+  local L = c.cfg.n_layers
+  local B = tgrad:size(1)
+  local n = #feats.layer
+  local dev = tgrad.device
+  local function index(list) return torch.tensor(list):long():to(dev) end
+  local out = torch.zeros({B, n + (L + 1) * T}, {device = dev})
+  -- features: Σ_{m ≥ l} <grad_m[pos], a · W_dec_l[f, m − l]>
+  if n > 0 then
+    local col = torch.zeros({B, n}, {device = dev})
+    local by_layer = {}
+    for i = 1, n do
+      local l = feats.layer[i]
+      by_layer[l] = by_layer[l] or {}
+      table.insert(by_layer[l], i)
+    end
+    for l, list in pairs(by_layer) do
+      local which = index(list)
+      local pos = index(feats.pos):index_select(1, which)
+      local fidx = index(feats.feature):index_select(1, which)
+      local a = feats.activation:float():to(dev):index_select(1, which)
+      local W = c:decoder(l):detach():float():to(dev):index_select(1, fidx)  -- (k, width, D)
+      local acc = torch.zeros({B, #list}, {device = dev})
+      for j = 1, W:size(2) do
+        local m = l + j - 1
+        local g = grads[m]:index_select(2, pos)  -- (B, k, D)
+        acc = acc + (g * (W:select(2, j) * a:view(-1, 1)):unsqueeze(1)):sum(-1)
+      end
+      for j, i in ipairs(list) do col:select(2, i):copy_(acc:select(2, j)) end
+    end
+    out:narrow(2, 1, n):copy_(col)
+  end
+  for m = 1, L do
+    out:narrow(2, n + (m - 1) * T + 1, T):copy_((grads[m] * errors[m]:float():to(dev):unsqueeze(1)):sum(-1))
+  end
+  out:narrow(2, n + L * T + 1, T):copy_((tgrad * tokvecs:float():to(dev):unsqueeze(1)):sum(-1))
+  return out
+end
+
+-- sae.attribute(model, transcoders, ids, {max_n_logits = 10, desired_logit_prob = 0.95, batch_size = 512}) -> graph:
+-- circuit-tracer's attribute(prompt, model, ...) before pruning (docs/graphs.md). ids: one prompt's token ids (a
+-- LongTensor (T) or (1, T), or a table), a BOS first (its features and errors are no nodes); transcoders: a sae.CLT
+-- (cross-layer or a per-layer set). graph: adjacency_matrix (N, N), rows targets and columns sources, nodes in
+-- circuit-tracer's order (active features, error nodes layer by layer, token embeddings, logits); active_features
+-- (n, 3) (layer, position, feature), activation_values (n), selected_features (n), logit_tokens (K),
+-- logit_probabilities (K), input_tokens (T), n_layers, n_pos; every index from 1 (circuit-tracer's are these less 1).
+function M.attribute(model, c, ids, opts)
+  if type(model) ~= 'table' or type(model.unembedding) ~= 'function' then
+    error(WHERE .. ': model must be a language model (one with model:unembedding())', 2)
+  end
+  if nn.typename(c) ~= 'sae.CLT' then
+    error(('%s: transcoders must be a sae.CLT (sae.clt, sae.load_clt), got %s'):format(WHERE, nn.typename(c) or type(c)), 2)
+  end
+  local o = check_opts(opts)
+  ids = check_ids(model, ids)
+  hooks.require_clean(model, WHERE, 2)  -- an ablation or splice left attached would be attributed as the model
+  if model.config and (model.config.final_softcap or 0) ~= 0 then
+    error(WHERE .. ': the model soft-caps its logits (final_softcap); the logits are not linear in the stream', 2)
+  end
+  local T, L = ids:size(1), c.cfg.n_layers
+  local locs, frozen, final, embed = layout(model, c)
+  local state = clean_run(model, locs, final, embed, ids)
+  local feats, errors = nodes(c, state, T)
+  local n = #feats.layer
+  local logit_tokens, logit_probs, logit_vecs = targets(model, state.logits, o)
+  local K = logit_tokens:size(1)
+  local offset = n + (L + 1) * T
+  local N = offset + K
+  local A = torch.zeros({N, N}, {device = 'cpu'})
+  local tokvecs = state.tokens[1]:detach()
+  local all = {}
+  for i = 1, K do all[#all + 1] = {kind = 'logit', pos = T, vec = logit_vecs[i], row = offset + i} end
+  for i = 1, n do
+    local l, f = feats.layer[i], feats.feature[i]
+    all[#all + 1] = {kind = 'feature', layer = l, pos = feats.pos[i], vec = c.W_enc[l][f]:detach(), row = i}
+  end
+  for s = 1, #all, o.batch_size do
+    local batch = {}
+    for i = s, math.min(s + o.batch_size - 1, #all) do batch[#batch + 1] = all[i] end
+    local grads, tgrad = backward(model, c, locs, frozen, final, embed, ids, batch)
+    local r = rows(c, feats, errors, tokvecs, grads, tgrad, T):cpu()
+    for b, tgt in ipairs(batch) do A[tgt.row]:narrow(1, 1, offset):copy_(r[b]) end
+  end
+  local active, selected = {}, {}
+  for i = 1, n do active[i], selected[i] = {feats.layer[i], feats.pos[i], feats.feature[i]}, i end
+  active = (n > 0 and torch.tensor(active):long() or torch.zeros(0, 3):long()):cpu()
+  return {
+    input_tokens = ids:cpu():clone(), active_features = active, activation_values = feats.activation:float():cpu(),
+    selected_features = (n > 0 and torch.tensor(selected):long() or torch.zeros(0):long()):cpu(), adjacency_matrix = A,
+    logit_tokens = logit_tokens:long():cpu(), logit_probabilities = logit_probs:float():cpu(), n_layers = L, n_pos = T,
+  }
+end
+
+return M

@@ -1,0 +1,189 @@
+-- sae.attribute: attribution graphs of a tiny model (GPT-2's LayerNorm and
+-- learned positions, Llama's RMSNorm and rotary attention) against the
+-- frozen model written out by hand: the attention patterns, every norm's
+-- divisor and every MLP's output held at their clean values, a source's
+-- write added to the MLP outputs it decodes to, and the change read at each
+-- target (a feature's encoder direction at its layer's MLP input, a
+-- logit's demeaned unembedding column at the final norm's output) is that
+-- edge of the adjacency matrix; the feature and error edges into each
+-- target sum to what the MLPs' node writes carry to it, the token edges to
+-- what the token embeddings carry; bad options are errors naming the
+-- argument. circuit-tracer's own numbers: tests/parity/test_graph_parity.py.
+package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
+local H = require('harness')
+local test, eq, close, raises, raises_part = H.test, H.eq, H.close, H.raises, H.raises_part
+local points = require('anatomy.probe.points')
+local pretrained = require('anatomy.models.pretrained')
+
+local V, T = 24, 6
+local ids = {1, 5, 9, 2, 17, 9}
+
+local function family(kind)
+  local F = require(pretrained.families[kind])
+  local c = kind == 'gpt2' and {model_type = 'gpt2', vocab_size = V, n_positions = 16, n_embd = 16, n_layer = 3, n_head = 4}
+    or {model_type = 'llama', vocab_size = V, hidden_size = 16, intermediate_size = 32, num_hidden_layers = 3,
+      num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16}
+  torch.manual_seed(kind == 'gpt2' and 1 or 2)
+  local m = F.build(F.check(c, 'test'))
+  torch.no_grad(function()
+    for _, p in ipairs(m:parameters()) do p:add_(torch.randn(p:size()) * 0.2) end  -- norms' weights away from 1 too
+  end)
+  m:eval()
+  return m
+end
+
+local function transcoders(kind, seed)
+  torch.manual_seed(seed)
+  local c = sae.clt{n_layers = 3, d_model = 16, d_transcoder = 10, kind = kind, input_hook = 'mlp.hook_in',
+    output_hook = 'mlp.hook_out'}
+  torch.no_grad(function()
+    for _, p in ipairs(c:parameters()) do p:copy_(torch.randn(p:size()) * 0.3) end
+    if c.threshold then c.threshold:copy_(torch.rand(c.threshold:size()) * 0.2) end
+  end)
+  return c
+end
+
+-- The model with its patterns, norm divisors and MLP outputs held at the
+-- clean run's values (the clean run when `clean` is nil, which records
+-- them), the MLP outputs plus add[m] (T, D) and the token embeddings times
+-- tok_scale; returns each layer's MLP input, the final norm's output, and
+-- the record
+local function frozen(model, ids_t, clean, add, tok_scale)
+  local record = clean or {}
+  local seen = {x = {}}
+  local handles = {}
+  local names = {}
+  for l = 1, 3 do
+    names[#names + 1] = points.part(model, l, 'attn') .. '.pattern'
+    names[#names + 1] = points.part(model, l, 'ln1') .. '.scale'
+    names[#names + 1] = points.part(model, l, 'ln2') .. '.scale'
+  end
+  names[#names + 1] = points.final_norm(model) .. '.scale'
+  for _, n in ipairs(names) do
+    handles[#handles + 1] = probe.replace(model, n, function(t)
+      if not clean then record[n] = t:clone() return nil end
+      return record[n]
+    end)
+  end
+  for l = 1, 3 do
+    local mlp = points.part(model, l, 'mlp')
+    handles[#handles + 1] = probe.replace(model, mlp, function(t, _, input)
+      seen.x[l] = input[1]:clone()
+      if not clean then record[mlp] = t:clone() return nil end
+      return add and add[l] and record[mlp] + add[l]:view(1, T, -1) or record[mlp]
+    end)
+  end
+  local embed = points.embedding(model, 'tokens')
+  handles[#handles + 1] = probe.replace(model, embed, function(t)
+    if not clean then record.tokens = t[1]:clone() return nil end
+    return tok_scale and record.tokens:view(1, T, -1) * tok_scale or record.tokens:view(1, T, -1)
+  end)
+  handles[#handles + 1] = probe.replace(model, points.final_norm(model), function(t) seen.h = t[1]:clone() end)
+  local logits = probe.with(handles, function() return torch.no_grad(function() return model(ids_t) end) end)
+  return seen, record, logits
+end
+
+-- every target's reading of a run: features (n) then logits (K)
+local function readings(g, c, seen, vecs)
+  local out = {}
+  for i = 1, g.active_features:size(1) do
+    local l, p, f = g.active_features[i][1]:item(), g.active_features[i][2]:item(), g.active_features[i][3]:item()
+    out[#out + 1] = seen.x[l][p]:cpu():dot(c.W_enc[l][f]:detach():cpu()):item()
+  end
+  for k = 1, vecs:size(1) do out[#out + 1] = seen.h[T]:cpu():dot(vecs[k]):item() end
+  return torch.tensor(out)
+end
+
+for _, kind in ipairs{'gpt2', 'llama'} do
+  for _, tkind in ipairs{'relu', 'jumprelu'} do
+    test(kind .. ', a ' .. tkind .. ' CLT: every column of the adjacency matrix is the change its source makes through the frozen model',
+    function()
+      local model = family(kind)
+      local c = transcoders(tkind, (kind == 'gpt2' and 5 or 6) + (tkind == 'relu' and 0 or 10))
+      local g = sae.attribute(model, c, ids, {max_n_logits = 4, desired_logit_prob = 0.99, batch_size = 7})
+      local n, K = g.active_features:size(1), g.logit_tokens:size(1)
+      local N = n + 4 * T + K
+      eq(g.adjacency_matrix:size(), {N, N}, 'nodes: features, errors and tokens a position, logits')
+      eq(n > 10, true, 'features active: ' .. n)
+      eq(g.active_features:select(2, 2):min():item() >= 2, true, "the first position's features are no nodes")
+      local ids_t = torch.tensor(ids):long():view(1, T)
+      local clean_seen, clean, clean_logits = frozen(model, ids_t)
+      local again_seen, _, again_logits = frozen(model, ids_t, clean)
+      close(again_logits, clean_logits, 1e-5, 'the frozen run at the clean values is the clean run')
+      -- the logits chosen: the top ones by probability, and the vectors their unembedding less the mean
+      local probs = clean_logits[1][T]:cpu():softmax(1)
+      local top_p, top_i = probs:topk(K)
+      eq(g.logit_tokens:tolist(), top_i:tolist(), 'the top logits')
+      close(g.logit_probabilities, top_p, 1e-6, 'their probabilities')
+      local W = model:unembedding():detach():cpu()
+      local vecs = W:index_select(1, g.logit_tokens) - W:mean(1, true)
+      local base = readings(g, c, again_seen, vecs)
+      -- each feature's write, a · W_dec_l[f, m − l] into the MLP outputs m ≥ l at its position
+      local A = g.adjacency_matrix
+      local targets = {}
+      for i = 1, n do targets[i] = i end
+      for k = 1, K do targets[n + k] = n + 4 * T + k end
+      local worst = 0
+      for s = 1, n do
+        local l, p, f = g.active_features[s][1]:item(), g.active_features[s][2]:item(), g.active_features[s][3]:item()
+        local a = g.activation_values[s]:item()
+        local add = {}
+        for m = l, 3 do
+          add[m] = torch.zeros({T, 16}, {device = model:device()})
+          add[m][p]:copy_(c:decoder(l)[f][m - l + 1]:detach() * a)
+        end
+        local changed = readings(g, c, (frozen(model, ids_t, clean, add)), vecs) - base
+        local want = {}
+        for i, t in ipairs(targets) do want[i] = A[t][s]:item() end
+        local diff = (changed - torch.tensor(want)):abs():max():item()
+        worst = math.max(worst, diff)
+      end
+      eq(worst < 1e-4, true, ('every feature column against the frozen model, largest difference %.2e'):format(worst))
+      print(('  %d features x %d targets: largest difference %.2e'):format(n, #targets, worst))
+      -- all node writes of the MLPs (features and errors: the output less b_dec) taken out: the change is the sum of their edges
+      local minus = {}
+      for m = 1, 3 do minus[m] = -(clean[points.part(model, m, 'mlp')][1] - c.b_dec[m]:detach()) end  -- no skip here
+      for m = 1, 3 do minus[m][1]:zero_() end  -- the first position: no nodes there
+      local without = readings(g, c, (frozen(model, ids_t, clean, minus)), vecs)
+      local sums, want_sum = {}, {}
+      for i, t in ipairs(targets) do
+        sums[i] = A[t]:narrow(1, 1, n + 3 * T):sum():item()
+        want_sum[i] = base[i]:item() - without[i]:item()
+      end
+      close(torch.tensor(sums), torch.tensor(want_sum), 1e-4, 'feature and error edges into each target sum to the MLP writes')
+      -- the token embeddings scaled to zero: the token edges' sum
+      local no_tokens = readings(g, c, (frozen(model, ids_t, clean, nil, 0)), vecs)
+      for i, t in ipairs(targets) do
+        sums[i] = A[t]:narrow(1, n + 3 * T + 1, T):sum():item()
+        want_sum[i] = base[i]:item() - no_tokens[i]:item()
+      end
+      close(torch.tensor(sums), torch.tensor(want_sum), 1e-4, 'token edges into each target sum to the embeddings')
+      eq(A:narrow(1, n + 1, 4 * T):abs():sum():item(), 0, 'error and token rows are zero')
+      eq(A:narrow(2, n + 4 * T + 1, K):abs():sum():item(), 0, 'logit columns are zero')
+    end)
+  end
+end
+
+test('bad options and inputs are errors naming the argument', function()
+  local model = family('gpt2')
+  local c = transcoders('relu', 5)
+  raises(function() sae.attribute(model, c, ids, {max_n_logit = 3}) end,
+    "sae.attribute: unknown option 'max_n_logit', did you mean 'max_n_logits'? (expected batch_size, desired_logit_prob, max_n_logits)")
+  raises(function() sae.attribute(model, c, ids, {max_n_logits = 0}) end,
+    'sae.attribute: max_n_logits must be a whole number >= 1, got 0')
+  raises(function() sae.attribute(model, c, ids, {batch_size = 0 / 0}) end,
+    'sae.attribute: batch_size must be a whole number >= 1, got nan')
+  raises(function() sae.attribute(model, c, ids, {desired_logit_prob = 1.5}) end,
+    'sae.attribute: desired_logit_prob must be a number in (0, 1], got 1.5')
+  raises(function() sae.attribute(model, c, {1, 99}) end, 'sae.attribute: ids must lie in 1..24 (the vocabulary), got 1..99')
+  raises(function() sae.attribute(model, c, {3}) end, 'sae.attribute: ids must be one prompt of at least 2 tokens, (T) or (1, T), got shape (1)')
+  raises(function() sae.attribute(model, {}, ids) end, 'sae.attribute: transcoders must be a sae.CLT (sae.clt, sae.load_clt), got table')
+  local ablation = probe.replace(model, points.part(model, 2, 'attn'), function(t) return t * 0 end)
+  raises_part(function() sae.attribute(model, c, ids) end, 'sae.attribute: the model has replace at h.2.attn attached')
+  ablation:remove()
+  eq(sae.attribute(model, c, ids, {max_n_logits = 1}).logit_tokens:size(1), 1, 'removed, the model is attributed again')
+  local two = sae.clt{n_layers = 2, d_model = 16, d_transcoder = 4, input_hook = 'mlp.hook_in', output_hook = 'mlp.hook_out'}
+  raises(function() sae.attribute(model, two, ids) end, 'sae.attribute: the transcoders have 2 layers, the model 3')
+end)
+
+H.done()
