@@ -235,22 +235,34 @@ end)
 
 test("every family: a CLT trains on its MLPs' inputs and outputs (after a post-MLP norm where it has one) and splices in exactly", function()
   -- (six steps: whether the loss falls is the test above's; here, what is read and replaced)
-  local outputs = {}
+  local outputs, inputs = {}, {}
   for _, pair in ipairs(H.family_models(corpus.vocab_size, 8)) do
     local name, m = pair[1], pair[2]
     m:eval()
     local c, h = sae.train_clt(m, corpus, {width = 16, steps = 6, batch = 64, seq = 16, sequences = 4, quiet = true, warmup = 1})
     eq(h.loss[#h.loss] == h.loss[#h.loss] and h.loss[#h.loss] < math.huge, true, name .. ': a finite loss ' .. h.loss[#h.loss])
     local x = ids:narrow(2, 1, 8)
+    local plain = m(x)
+    -- the clean run reading the same points: an RMSNorm's normalized vectors (ln2.hook_normalized) are
+    -- computed unfused where they are read, within float rounding of the fused norm
+    local locs = require('anatomy.features.clt_splice').locations(m, c, 'test', 1)
+    local watch = {}
+    for l, loc in ipairs(locs) do watch[l] = probe.replace(m, loc.input, function() end) end
     local clean = m(x)
+    probe.group(watch):remove()
+    close(clean, plain, 1e-5, name .. ': the clean run reading the inputs')
     local handle = sae.attach(m, c, {error_term = true})
     H.identical(m(x), clean, name .. ': spliced with error terms')
     handle:remove()
     handle = sae.attach(m, c)
     eq((m(x) - clean):abs():max():item() > 1e-3, true, name .. ': without error terms the logits move')
     handle:remove()
-    outputs[name:match('^%S+')] = require('anatomy.features.clt_splice').locations(m, c, 'test', 1)[2].output
+    outputs[name:match('^%S+')] = locs[2].output
+    inputs[name:match('^%S+')] = locs[2].input
   end
+  -- TransformerLens 2's ln2.hook_normalized (circuit-tracer's): a LayerNorm's output, an RMSNorm's vectors before its weight
+  eq(inputs.gpt2, 'h.2.mlp')
+  eq(inputs.llama, 'blocks.2.post_attention_layernorm.normalized')
   eq(outputs.gemma2, 'blocks.2.post_feedforward_layernorm', "Gemma 2's hook_mlp_out: after its post-MLP norm")
   eq(outputs.llama, 'blocks.2.mlp')
 end)

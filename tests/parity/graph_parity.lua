@@ -1,18 +1,18 @@
--- The anatomy side of test_graph_parity.py: loads the tiny model folder
+-- The anatomy side of test_graph_parity.py: loads the tiny model folders
 -- written by transformers and the transcoders written by circuit-tracer,
 -- builds the attribution graph of the prompt with sae.attribute, and writes
 -- its tensors (node indices as anatomy's, from 1).
---   anatomy graph_parity.lua MODEL_DIR OUT IDS MAX_N_LOGITS DESIRED_LOGIT_PROB BATCH_SIZE NAME=CLT_DIR...
-local model_dir, out = arg[1], arg[2]
+--   anatomy graph_parity.lua OUT IDS MAX_N_LOGITS DESIRED_LOGIT_PROB BATCH_SIZE NAME|MODEL_DIR|CLT_DIR|INPUT_HOOK|OUTPUT_HOOK...
+local out = arg[1]
 local ids = {}
-for id in arg[3]:gmatch('%d+') do ids[#ids + 1] = tonumber(id) end
-local opts = {max_n_logits = tonumber(arg[4]), desired_logit_prob = tonumber(arg[5]), batch_size = tonumber(arg[6])}
-local model = models.from_pretrained(model_dir)
-model:eval()
+for id in arg[2]:gmatch('%d+') do ids[#ids + 1] = tonumber(id) end
+local opts = {max_n_logits = tonumber(arg[3]), desired_logit_prob = tonumber(arg[4]), batch_size = tonumber(arg[5])}
 local results = {}
-for i = 7, #arg do
-  local name, folder = arg[i]:match('^([^=]+)=(.*)$')
-  local c = sae.load_clt(folder, {input_hook = 'mlp.hook_in', output_hook = 'mlp.hook_out'})
+for i = 6, #arg do
+  local name, model_dir, folder, input_hook, output_hook = arg[i]:match('^([^|]+)|([^|]+)|([^|]+)|([^|]+)|([^|]+)$')
+  local model = models.from_pretrained(model_dir)
+  model:eval()
+  local c = sae.load_clt(folder, {input_hook = input_hook, output_hook = output_hook})
   local g = sae.attribute(model, c, ids, opts)
   for _, k in ipairs{'adjacency_matrix', 'active_features', 'activation_values', 'selected_features', 'logit_tokens',
     'logit_probabilities'} do

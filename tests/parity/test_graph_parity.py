@@ -1,13 +1,15 @@
 """Attribution graphs against circuit-tracer 0.5.0 itself, before pruning.
-A tiny GPT-2 with random weights (its norms' weights and biases random too)
-written by transformers; circuit-tracer's TransformerLens replacement model
-on the same weights (TransformerLens's convert_gpt2_weights, nothing folded);
-transcoders with random weights written by circuit-tracer (to_safetensors):
-a cross-layer transcoder with a JumpReLU, one with a ReLU, and a per-layer
-TranscoderSet with W_skip, all reading mlp.hook_in and writing mlp.hook_out.
+A tiny GPT-2 and a tiny Llama with random weights (their norms' weights
+random too) written by transformers; circuit-tracer's TransformerLens
+replacement model on the same weights (TransformerLens's convert_*_weights,
+nothing folded); transcoders with random weights written by circuit-tracer
+(to_safetensors): JumpReLU and ReLU CLTs and ReLU per-layer TranscoderSets
+with W_skip reading mlp.hook_in and writing mlp.hook_out, and CLTs reading
+hook_resid_mid and ln2.hook_normalized (TransformerLens 2's: after a
+LayerNorm's weight, before an RMSNorm's) and writing hook_mlp_out.
 circuit-tracer's attribute(ids, model, max_n_logits, desired_logit_prob,
 batch_size) against anatomy's sae.attribute on the folders: the nodes (active
-features, their activations, the logits and their probabilities) equal, and
+features, the logits) the same, their activations and probabilities and
 every entry of the adjacency matrix within 1e-4.
 circuit-tracer lives in build/venv-ct (scripts/setup --tests); this test runs
 itself there, and exits 77 (skipped) where there is none.
@@ -28,7 +30,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from tokenizers import Tokenizer, models as tok_models  # noqa: E402
 from transformer_lens import HookedTransformerConfig  # noqa: E402
-from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights  # noqa: E402
+from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights, convert_llama_weights  # noqa: E402
 from circuit_tracer import attribute  # noqa: E402
 from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel  # noqa: E402
 from circuit_tracer.transcoder.activation_functions import JumpReLU  # noqa: E402
@@ -57,6 +59,8 @@ def tokenizer(folder):
 
 
 def gpt2(folder):
+    """A tiny GPT-2 written by transformers (its norms' weights and biases random too), and TransformerLens's config
+    and state dict of it (convert_gpt2_weights)."""
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=D, n_layer=L, n_head=HEADS,
                                                               initializer_range=0.2, bos_token_id=0, eos_token_id=0))
@@ -71,6 +75,27 @@ def gpt2(folder):
     return hf, cfg, convert_gpt2_weights(hf, cfg)
 
 
+def llama(folder):
+    """A tiny Llama (RMSNorm with random weights, rotary, 4 query heads over 2 key/value heads), as gpt2()."""
+    torch.manual_seed(1)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=V, hidden_size=D, intermediate_size=2 * D, num_hidden_layers=L, num_attention_heads=HEADS,
+        num_key_value_heads=2, max_position_embeddings=32, initializer_range=0.2, bos_token_id=0, eos_token_id=0,
+        tie_word_embeddings=False))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + torch.randn_like(p) * 0.3)
+    hf.eval().save_pretrained(folder)
+    c = hf.config
+    cfg = HookedTransformerConfig(n_layers=L, d_model=D, n_ctx=32, d_head=D // HEADS, n_heads=HEADS, n_key_value_heads=2,
+                                  d_mlp=2 * D, d_vocab=V, act_fn="silu", normalization_type="RMS", eps=c.rms_norm_eps,
+                                  positional_embedding_type="rotary", rotary_adjacent_pairs=False, rotary_dim=D // HEADS,
+                                  rotary_base=c.rope_theta, final_rms=True, gated_mlp=True,
+                                  original_architecture="LlamaForCausalLM", model_name="tiny-llama", default_prepend_bos=False)
+    return hf, cfg, convert_llama_weights(hf, cfg)
+
+
 def randomize(module, seed):
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -82,26 +107,41 @@ def randomize(module, seed):
 
 
 def transcoders(folder):
-    """(name, folder, reload): circuit-tracer's transcoders written to folder; reload() reads them back as circuit-tracer does."""
+    """(name, model, folder, input hook, output hook, reload): circuit-tracer's transcoders written to folder, for the
+    model named; reload() reads them back as circuit-tracer does."""
     made = []
-    for i, act in enumerate(("jump_relu", "relu")):
-        clt = CrossLayerTranscoder(L, F, D, activation_function=act, lazy_decoder=False, feature_input_hook=IN_HOOK,
-                                   feature_output_hook=OUT_HOOK, device=CPU, dtype=torch.float32)
-        randomize(clt, 10 + i)
-        path = os.path.join(folder, "clt_" + act)
-        clt.to_safetensors(path)
-        made.append(("clt_" + act, path, lambda path=path: load_clt(path, feature_input_hook=IN_HOOK,
-                                                                     feature_output_hook=OUT_HOOK, lazy_decoder=False,
-                                                                     device=CPU, dtype=torch.float32)))
-    layers = {layer: SingleLayerTranscoder(D, F, torch.nn.functional.relu, layer, skip_connection=True, device=CPU,
-                                           dtype=torch.float32) for layer in range(L)}
-    tset = TranscoderSet(layers, feature_input_hook=IN_HOOK, feature_output_hook=OUT_HOOK)
-    randomize(tset, 20)
-    path = os.path.join(folder, "set_relu_skip")
-    tset.to_safetensors(path)
-    made.append(("set_relu_skip", path, lambda path=path: load_transcoder_set(
-        {i: os.path.join(path, "layer_%d.safetensors" % i) for i in range(L)}, scan="tiny", feature_input_hook=IN_HOOK,
-        feature_output_hook=OUT_HOOK, device=CPU, dtype=torch.float32, lazy_decoder=False)))
+
+    def clt(name, model, act, seed, hooks=(IN_HOOK, OUT_HOOK)):
+        c = CrossLayerTranscoder(L, F, D, activation_function=act, lazy_decoder=False, feature_input_hook=hooks[0],
+                                 feature_output_hook=hooks[1], device=CPU, dtype=torch.float32)
+        randomize(c, seed)
+        path = os.path.join(folder, name)
+        c.to_safetensors(path)
+        made.append((name, model, path) + tuple(hooks) + (lambda: load_clt(
+            path, feature_input_hook=hooks[0], feature_output_hook=hooks[1], lazy_decoder=False, device=CPU,
+            dtype=torch.float32),))
+
+    def tset(name, model, seed):
+        layers = {layer: SingleLayerTranscoder(D, F, torch.nn.functional.relu, layer, skip_connection=True, device=CPU,
+                                               dtype=torch.float32) for layer in range(L)}
+        t = TranscoderSet(layers, feature_input_hook=IN_HOOK, feature_output_hook=OUT_HOOK)
+        randomize(t, seed)
+        path = os.path.join(folder, name)
+        t.to_safetensors(path)
+        made.append((name, model, path, IN_HOOK, OUT_HOOK, lambda: load_transcoder_set(
+            {i: os.path.join(path, "layer_%d.safetensors" % i) for i in range(L)}, scan="tiny", feature_input_hook=IN_HOOK,
+            feature_output_hook=OUT_HOOK, device=CPU, dtype=torch.float32, lazy_decoder=False)))
+
+    clt("gpt2_clt_jump_relu", "gpt2", "jump_relu", 10)
+    clt("gpt2_clt_relu", "gpt2", "relu", 11)
+    tset("gpt2_set_relu_skip", "gpt2", 20)
+    # circuit-tracer's default hooks for a CLT: the residual before the second norm, what the MLP adds
+    clt("gpt2_clt_resid_mid", "gpt2", "relu", 12, ("hook_resid_mid", "hook_mlp_out"))
+    clt("llama_clt_jump_relu", "llama", "jump_relu", 13)
+    # TransformerLens 2's ln2.hook_normalized: after a LayerNorm's weight and bias, before an RMSNorm's weight
+    clt("gpt2_clt_ln2_normalized", "gpt2", "relu", 15, ("ln2.hook_normalized", "hook_mlp_out"))
+    clt("llama_clt_ln2_normalized", "llama", "relu", 14, ("ln2.hook_normalized", "hook_mlp_out"))
+    tset("llama_set_relu_skip", "llama", 21)
     return made
 
 
@@ -109,14 +149,15 @@ def main():
     exe = sys.argv[1]
     report = peer_env.Report("circuit-tracer", TOL, width=56)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = os.path.join(tmp, "model")
-        hf, cfg, state = gpt2(model_dir)
+        models = {name: (os.path.join(tmp, name),) + make(os.path.join(tmp, name))
+                  for name, make in (("gpt2", gpt2), ("llama", llama))}
         made = transcoders(tmp)
         out = os.path.join(tmp, "anatomy.safetensors")
         ids = ",".join(str(i + 1) for i in PROMPT)  # anatomy's ids count from 1
-        p = subprocess.run([exe, "--threads=1", os.path.join(HERE, "graph_parity.lua"), model_dir, out, ids,
+        p = subprocess.run([exe, "--threads=1", os.path.join(HERE, "graph_parity.lua"), out, ids,
                             str(OPTS["max_n_logits"]), repr(OPTS["desired_logit_prob"]), str(OPTS["batch_size"])]
-                           + ["%s=%s" % (name, path) for name, path, _ in made], capture_output=True, text=True)
+                           + ["|".join((name, models[kind][0], path, hook_in, hook_out))
+                              for name, kind, path, hook_in, hook_out, _ in made], capture_output=True, text=True)
         print(p.stdout + p.stderr)
         if p.returncode != 0:
             print("FAIL anatomy failed")
@@ -124,7 +165,8 @@ def main():
         got = safetensors_io.load(out)[0]
         prompt = torch.tensor(PROMPT)
         tok = tokenizer(os.path.join(tmp, "tokenizer"))
-        for name, _, reload in made:
+        for name, kind, _, _, _, reload in made:
+            _, hf, cfg, state = models[kind]
             model = TransformerLensReplacementModel(cfg, tokenizer=tok)
             model.load_and_process_state_dict({k: v.clone() for k, v in state.items()}, fold_ln=False, center_writing_weights=False, center_unembed=False,
                                               fold_value_biases=False)

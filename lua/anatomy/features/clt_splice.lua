@@ -6,6 +6,7 @@
 -- less that reconstruction.
 -- B batch, T time, D the model's width, F features a layer, L layers.
 local torch = require('anatomy.torch')
+local nn = require('anatomy.nn')
 local options = require('anatomy.torch.options')
 local points = require('anatomy.probe.points')
 local hooks = require('anatomy.probe.hooks')
@@ -13,10 +14,12 @@ local splice = require('anatomy.features.splice')
 local M = {}
 
 -- The input hooks read, and how anatomy reads them: the MLP's input
--- (TransformerLens's ln2.hook_normalized, the residual after the
--- attention through the second norm; circuit-tracer's mlp.hook_in: the
--- same tensor, and a parallel block's MLP input too), or the residual itself.
-M.inputs = {['ln2.hook_normalized'] = 'mlp_input', ['mlp.hook_in'] = 'mlp_input', hook_resid_mid = 'resid_mid'}
+-- (circuit-tracer's mlp.hook_in, a parallel block's MLP input too), the
+-- second norm's output as TransformerLens 2 (circuit-tracer's) publishes
+-- it at ln2.hook_normalized (after a LayerNorm's weight and bias: the MLP's
+-- input; an RMSNorm's normalized vectors before its weight), or the
+-- residual itself.
+M.inputs = {['ln2.hook_normalized'] = 'normalized', ['mlp.hook_in'] = 'mlp_input', hook_resid_mid = 'resid_mid'}
 -- The output hooks: what the MLP adds to the stream (after a post-MLP norm
 -- where the block has one), or the MLP module's own output.
 M.outputs = {hook_mlp_out = 'mlp_out', ['mlp.hook_out'] = 'mlp'}
@@ -56,7 +59,14 @@ function M.locations(model, c, where, level)
   for l = 1, #layers do
     local ok, loc = pcall(function()
       local input_kind = M.inputs[c.cfg.input_hook]
-      local input = input_kind == 'resid_mid' and points.resid(model, l, 'mid', 3) or points.part(model, l, 'mlp', 3)
+      local input
+      if input_kind == 'normalized' then
+        -- an RMSNorm's normalized vectors (its hook point); a LayerNorm's output is the MLP's input
+        local has_ln2, norm = pcall(points.part, model, l, 'ln2', 1)
+        if has_ln2 and nn.typename(points.module(model, norm)) == 'nn.RMSNorm' then input = norm .. '.normalized' end
+        input_kind = input and 'point' or 'mlp_input'
+      end
+      input = input or (input_kind == 'resid_mid' and points.resid(model, l, 'mid', 3) or points.part(model, l, 'mlp', 3))
       local output = M.outputs[c.cfg.output_hook] == 'mlp' and points.part(model, l, 'mlp', 3) or points.output(model, l, 'mlp', 3)
       return {input = input, from_module_input = input_kind == 'mlp_input', output = output}
     end)
