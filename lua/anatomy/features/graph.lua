@@ -131,13 +131,6 @@ local function clean_run(model, locs, final, embed, ids)
   return state
 end
 
--- the activations of the listed features, in the transcoders' dtype
-local function fs_values(fs, layer, pos, idx)
-  local out = {}
-  for i = 1, #layer do out[i] = fs[layer[i]][pos[i]][idx[i]]:view(1) end
-  return #out > 0 and torch.cat(out) or torch.zeros(0)
-end
-
 -- The active features, their encoder and scaled decoder rows, and the
 -- error vectors (L, T, D), from the clean run's MLP inputs and outputs
 local function nodes(c, state, T)
@@ -155,17 +148,27 @@ local function nodes(c, state, T)
     e[1]:zero_()
     errors[m] = e:detach()
   end
-  local layer, pos, idx, act = {}, {}, {}, {}
+  local layer, pos, idx, acts = {}, {}, {}, {}
+  local F = c.cfg.d_transcoder
+  feats.sources = {}  -- a layer's features: nodes first .. first + count - 1, their positions and written rows
   for l = 1, L do
-    local values = fs[l]:float():tolist()  -- row-major: position, then feature
-    for p = 1, #values do
-      for f, v in ipairs(values[p]) do
-        if v ~= 0 then layer[#layer + 1], pos[#pos + 1], idx[#idx + 1], act[#act + 1] = l, p, f, v end
-      end
+    local on = fs[l]:ne(0)  -- row-major: position, then feature
+    local dev = on.device
+    local p = torch.arange(1, T + 1):to(dev):view(T, 1):expand(T, F):masked_select(on)
+    local f = torch.arange(1, F + 1):to(dev):view(1, F):expand(T, F):masked_select(on)
+    local a = fs[l]:masked_select(on)
+    acts[#acts + 1] = a
+    local first = #layer + 1
+    local plist, flist = p:tolist(), f:tolist()
+    for i = 1, #plist do layer[#layer + 1], pos[#pos + 1], idx[#idx + 1] = l, plist[i], flist[i] end
+    if #plist > 0 then
+      local W = c:decoder(l):detach():index_select(1, f:to(c.W_enc.device))  -- (count, width, D)
+      feats.sources[l] = {first = first, count = #plist, pos = p,
+        writes = (W * a:to(W.device):view(-1, 1, 1)):float()}  -- a · W_dec_l[f, m − l]
     end
   end
   feats.layer, feats.pos, feats.feature = layer, pos, idx
-  feats.activation = fs_values(fs, layer, pos, idx)
+  feats.activation = torch.cat(acts)
   return feats, errors
 end
 
@@ -239,32 +242,16 @@ local function rows(c, feats, errors, tokvecs, grads, tgrad, T)
   local B = tgrad:size(1)
   local n = #feats.layer
   local dev = tgrad.device
-  local function index(list) return torch.tensor(list):long():to(dev) end
   local out = torch.zeros({B, n + (L + 1) * T}, {device = dev})
   -- features: Σ_{m ≥ l} <grad_m[pos], a · W_dec_l[f, m − l]>
-  if n > 0 then
-    local col = torch.zeros({B, n}, {device = dev})
-    local by_layer = {}
-    for i = 1, n do
-      local l = feats.layer[i]
-      by_layer[l] = by_layer[l] or {}
-      table.insert(by_layer[l], i)
+  for l, src in pairs(feats.sources) do
+    local writes, at = src.writes:to(dev), src.pos:to(dev)
+    local acc = torch.zeros({B, src.count}, {device = dev})
+    for j = 1, writes:size(2) do
+      local g = grads[l + j - 1]:index_select(2, at)  -- (B, count, D)
+      acc = acc + (g * writes:select(2, j):unsqueeze(1)):sum(-1)
     end
-    for l, list in pairs(by_layer) do
-      local which = index(list)
-      local pos = index(feats.pos):index_select(1, which)
-      local fidx = index(feats.feature):index_select(1, which)
-      local a = feats.activation:float():to(dev):index_select(1, which)
-      local W = c:decoder(l):detach():float():to(dev):index_select(1, fidx)  -- (k, width, D)
-      local acc = torch.zeros({B, #list}, {device = dev})
-      for j = 1, W:size(2) do
-        local m = l + j - 1
-        local g = grads[m]:index_select(2, pos)  -- (B, k, D)
-        acc = acc + (g * (W:select(2, j) * a:view(-1, 1)):unsqueeze(1)):sum(-1)
-      end
-      for j, i in ipairs(list) do col:select(2, i):copy_(acc:select(2, j)) end
-    end
-    out:narrow(2, 1, n):copy_(col)
+    out:narrow(2, src.first, src.count):copy_(acc)
   end
   for m = 1, L do
     out:narrow(2, n + (m - 1) * T + 1, T):copy_((grads[m] * errors[m]:float():to(dev):unsqueeze(1)):sum(-1))
