@@ -182,6 +182,12 @@ test('bad options and inputs are errors naming the argument', function()
   raises_part(function() sae.attribute(model, c, ids) end, 'sae.attribute: the model has replace at h.2.attn attached')
   ablation:remove()
   eq(sae.attribute(model, c, ids, {max_n_logits = 1}).logit_tokens:size(1), 1, 'removed, the model is attributed again')
+  local G2 = require(pretrained.families.gemma2)
+  local gemma = G2.build(G2.check({model_type = 'gemma2', vocab_size = V, hidden_size = 16, intermediate_size = 32,
+    num_hidden_layers = 3, num_attention_heads = 4, num_key_value_heads = 2, head_dim = 4, max_position_embeddings = 16,
+    final_logit_softcapping = 2}, 'test'))
+  raises(function() sae.attribute(gemma, c, ids) end,
+    'sae.attribute: the model soft-caps its logits (final_softcap); the logits are not linear in the stream')
   local two = sae.clt{n_layers = 2, d_model = 16, d_transcoder = 4, input_hook = 'mlp.hook_in', output_hook = 'mlp.hook_out'}
   raises(function() sae.attribute(model, two, ids) end, 'sae.attribute: the transcoders have 2 layers, the model 3')
 end)
