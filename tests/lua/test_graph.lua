@@ -164,6 +164,39 @@ for _, kind in ipairs{'gpt2', 'llama'} do
   end
 end
 
+test("pruned as circuit-tracer's prune_graph: tokens and logits kept, every kept feature fed and read, fewer kept at lower thresholds",
+function()
+  local model = family('llama')
+  local c = transcoders('jumprelu', 16)
+  local g = sae.attribute(model, c, ids, {max_n_logits = 3, desired_logit_prob = 0.9})
+  local n, K, N = g.active_features:size(1), g.logit_tokens:size(1), g.adjacency_matrix:size(1)
+  local p = sae.prune_graph(g)
+  local kept = p.node_mask:long():sum():item()
+  eq(p.node_mask:narrow(1, N - K - T + 1, K + T):all():item(), true, 'tokens and logits kept')
+  eq(kept > K + T and kept < N, true, ('some features or errors kept, not all: %d of %d'):format(kept, N))
+  local edges = p.edge_mask
+  local off = p.node_mask:logical_not()
+  eq(edges:masked_select(off:view(-1, 1):expand(N, N)):any():item(), false, 'no kept edge into a dropped node')
+  eq(edges:masked_select(off:view(1, -1):expand(N, N)):any():item(), false, 'no kept edge out of a dropped node')
+  for i = 1, n do
+    if p.node_mask[i]:item() then
+      eq(edges[i]:any():item() and edges:select(2, i):any():item(), true, 'kept feature ' .. i .. ' is fed and read')
+    end
+  end
+  eq(edges:logical_and(g.adjacency_matrix:eq(0)):any():item(), false, 'kept edges are edges')
+  close(p.cumulative_scores:max(), 1, 1e-6, 'the least influential node closes the cumulative share')
+  local tight = sae.prune_graph(g, {node_threshold = 0.5, edge_threshold = 0.9})
+  eq(tight.node_mask:long():sum():item() < kept, true, 'a lower node threshold keeps fewer nodes')
+  eq(tight.node_mask:logical_and(p.node_mask:logical_not()):any():item(), false, 'and only nodes the looser one kept')
+  local replacement, completeness = sae.graph_scores(g)
+  eq(replacement > 0 and replacement < 1 and completeness > 0 and completeness < 1, true,
+    ('scores in (0, 1): %.4f, %.4f'):format(replacement, completeness))
+  raises(function() sae.prune_graph(g, {node_threshold = 1.2}) end, 'sae.prune_graph: node_threshold must be a number in [0, 1], got 1.2')
+  raises(function() sae.prune_graph(g, {edge_treshold = 0.9}) end,
+    "sae.prune_graph: unknown option 'edge_treshold', did you mean 'edge_threshold'? (expected edge_threshold, node_threshold)")
+  raises(function() sae.graph_scores({}) end, 'sae.graph_scores: graph must be what sae.attribute returns, got table')
+end)
+
 test('bad options and inputs are errors naming the argument', function()
   local model = family('gpt2')
   local c = transcoders('relu', 5)

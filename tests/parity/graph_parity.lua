@@ -1,7 +1,8 @@
 -- The anatomy side of test_graph_parity.py: loads the tiny model folders
 -- written by transformers and the transcoders written by circuit-tracer,
--- builds the attribution graph of the prompt with sae.attribute, and writes
--- its tensors (node indices as anatomy's, from 1).
+-- builds the attribution graph of the prompt with sae.attribute, prunes it
+-- (sae.prune_graph) and scores it (sae.graph_scores), and writes their
+-- tensors (node indices as anatomy's, from 1).
 --   anatomy graph_parity.lua OUT IDS MAX_N_LOGITS DESIRED_LOGIT_PROB BATCH_SIZE NAME|MODEL_DIR|CLT_DIR|INPUT_HOOK|OUTPUT_HOOK...
 local out = arg[1]
 local ids = {}
@@ -18,6 +19,12 @@ for i = 6, #arg do
     'logit_probabilities'} do
     results[name .. '.' .. k] = g[k]
   end
+  local pruned = sae.prune_graph(g, {node_threshold = 0.8, edge_threshold = 0.98})
+  results[name .. '.node_mask'] = pruned.node_mask:long()
+  results[name .. '.edge_mask'] = pruned.edge_mask:long()
+  results[name .. '.cumulative_scores'] = pruned.cumulative_scores
+  local replacement, completeness = sae.graph_scores(g)
+  results[name .. '.scores'] = torch.tensor({replacement, completeness})
   print(('%s: %s, %d features, %d logits, %d nodes'):format(name, tostring(c), g.active_features:size(1),
     g.logit_tokens:size(1), g.adjacency_matrix:size(1)))
 end

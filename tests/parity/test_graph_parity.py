@@ -10,7 +10,9 @@ LayerNorm's weight, before an RMSNorm's) and writing hook_mlp_out.
 circuit-tracer's attribute(ids, model, max_n_logits, desired_logit_prob,
 batch_size) against anatomy's sae.attribute on the folders: the nodes (active
 features, the logits) the same, their activations and probabilities and
-every entry of the adjacency matrix within 1e-4.
+every entry of the adjacency matrix within 1e-4; its prune_graph against
+sae.prune_graph (the same kept nodes and edges, cumulative scores within
+1e-4) and compute_graph_scores against sae.graph_scores.
 circuit-tracer lives in build/venv-ct (scripts/setup --tests); this test runs
 itself there, and exits 77 (skipped) where there is none.
 Usage: test_graph_parity.py ANATOMY_EXECUTABLE
@@ -32,6 +34,7 @@ from tokenizers import Tokenizer, models as tok_models  # noqa: E402
 from transformer_lens import HookedTransformerConfig  # noqa: E402
 from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights, convert_llama_weights  # noqa: E402
 from circuit_tracer import attribute  # noqa: E402
+from circuit_tracer.graph import compute_graph_scores, prune_graph  # noqa: E402
 from circuit_tracer.replacement_model.replacement_model_transformerlens import TransformerLensReplacementModel  # noqa: E402
 from circuit_tracer.transcoder.activation_functions import JumpReLU  # noqa: E402
 from circuit_tracer.transcoder.cross_layer_transcoder import CrossLayerTranscoder, load_clt  # noqa: E402
@@ -187,6 +190,15 @@ def main():
             report.check("%s: logit probabilities" % name, got[name + ".logit_probabilities"], g.logit_probabilities)
             A, B = got[name + ".adjacency_matrix"], g.adjacency_matrix
             report.check("%s: adjacency matrix (%d nodes)" % (name, B.shape[0]), A, B)
+            pruned = prune_graph(g, node_threshold=0.8, edge_threshold=0.98)
+            node_mask, edge_mask = got[name + ".node_mask"].bool(), got[name + ".edge_mask"].bool()
+            report.expect("%s: pruned, the same %d of %d nodes" % (name, int(pruned.node_mask.sum()), B.shape[0]),
+                          torch.equal(node_mask, pruned.node_mask))
+            report.expect("%s: pruned, the same %d edges" % (name, int(pruned.edge_mask.sum())),
+                          torch.equal(edge_mask, pruned.edge_mask))
+            report.check("%s: cumulative influence scores" % name, got[name + ".cumulative_scores"], pruned.cumulative_scores)
+            report.check("%s: replacement and completeness scores" % name, got[name + ".scores"],
+                         torch.tensor(compute_graph_scores(g)))
             report.expect("%s: the graph has feature-to-feature and feature-to-logit edges" % name,
                           bool((B[:len(want_feats), :len(want_feats)] != 0).any()) and
                           bool((B[-len(logit_ids):, :len(want_feats)] != 0).any()))

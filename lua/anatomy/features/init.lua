@@ -43,6 +43,8 @@ sae.from_pretrained = by_release.from_pretrained
 
 -- attribution graphs, as circuit-tracer's attribute (features/graph.lua)
 sae.attribute = require('anatomy.features.graph').attribute
+local graph_prune = require('anatomy.features.graph_prune')
+sae.prune_graph, sae.graph_scores = graph_prune.prune_graph, graph_prune.graph_scores
 
 local function check_cfg(cfg, where)
   cfg = options.check(cfg, {'d_in', 'd_sae', 'kind', 'k', 'point', 'model_name', 'apply_b_dec_to_input', 'threshold',
