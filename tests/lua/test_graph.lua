@@ -170,6 +170,24 @@ function()
   local c = transcoders('jumprelu', 16)
   local g = sae.attribute(model, c, ids, {max_n_logits = 3, desired_logit_prob = 0.9})
   local n, K, N = g.active_features:size(1), g.logit_tokens:size(1), g.adjacency_matrix:size(1)
+  -- max_feature_nodes: the rows and columns of the features visited are the full graph's
+  local capped = sae.attribute(model, c, ids, {max_n_logits = 3, desired_logit_prob = 0.9, max_feature_nodes = 12,
+    update_interval = 1, batch_size = 4})
+  local sel = capped.selected_features
+  eq(sel:size(1), 12, 'twelve features visited')
+  local keep = {}
+  for _, i in ipairs(sel:tolist()) do keep[#keep + 1] = i end
+  for j = n + 1, N do keep[#keep + 1] = j end
+  local idx = torch.tensor(keep):long():cpu()
+  local want = g.adjacency_matrix:index_select(1, idx):index_select(2, idx)
+  close(capped.adjacency_matrix, want, 1e-5, 'the capped graph is the full one on the visited features')
+  -- the first visited are the features the logits' rows weigh most, through their own edges
+  local direct = g.adjacency_matrix:narrow(1, N - K + 1, K):narrow(2, 1, n):abs()
+  direct = (direct / g.adjacency_matrix:narrow(1, N - K + 1, K):abs():sum(2, true)):t():matmul(g.logit_probabilities:view(-1, 1)):view(-1)
+  local _, top = direct:sort(1, true)
+  local chosen = {}
+  for _, i in ipairs(sel:tolist()) do chosen[i] = true end
+  for r = 1, 4 do eq(chosen[top[r]:item()], true, 'a feature among the 4 the logits weigh most is visited') end
   local p = sae.prune_graph(g)
   local kept = p.node_mask:long():sum():item()
   eq(p.node_mask:narrow(1, N - K - T + 1, K + T):all():item(), true, 'tokens and logits kept')
@@ -201,11 +219,13 @@ test('bad options and inputs are errors naming the argument', function()
   local model = family('gpt2')
   local c = transcoders('relu', 5)
   raises(function() sae.attribute(model, c, ids, {max_n_logit = 3}) end,
-    "sae.attribute: unknown option 'max_n_logit', did you mean 'max_n_logits'? (expected batch_size, desired_logit_prob, max_n_logits)")
+    "sae.attribute: unknown option 'max_n_logit', did you mean 'max_n_logits'? (expected batch_size, desired_logit_prob, max_feature_nodes, max_n_logits, update_interval)")
   raises(function() sae.attribute(model, c, ids, {max_n_logits = 0}) end,
     'sae.attribute: max_n_logits must be a whole number >= 1, got 0')
   raises(function() sae.attribute(model, c, ids, {batch_size = 0 / 0}) end,
     'sae.attribute: batch_size must be a whole number >= 1, got nan')
+  raises(function() sae.attribute(model, c, ids, {max_feature_nodes = 2.5}) end,
+    'sae.attribute: max_feature_nodes must be a whole number >= 1, got 2.5')
   raises(function() sae.attribute(model, c, ids, {desired_logit_prob = 1.5}) end,
     'sae.attribute: desired_logit_prob must be a number in (0, 1], got 1.5')
   raises(function() sae.attribute(model, c, {1, 99}) end, 'sae.attribute: ids must lie in 1..24 (the vocabulary), got 1..99')

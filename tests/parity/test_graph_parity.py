@@ -10,7 +10,8 @@ LayerNorm's weight, before an RMSNorm's) and writing hook_mlp_out.
 circuit-tracer's attribute(ids, model, max_n_logits, desired_logit_prob,
 batch_size) against anatomy's sae.attribute on the folders: the nodes (active
 features, the logits) the same, their activations and probabilities and
-every entry of the adjacency matrix within 1e-4; its prune_graph against
+every entry of the adjacency matrix within 1e-4, also with max_feature_nodes
+(the same features visited by influence); its prune_graph against
 sae.prune_graph (the same kept nodes and edges, cumulative scores within
 1e-4) and compute_graph_scores against sae.graph_scores.
 circuit-tracer lives in build/venv-ct (scripts/setup --tests); this test runs
@@ -49,6 +50,7 @@ L, D, F, V, HEADS = 3, 16, 12, 40, 4
 IN_HOOK, OUT_HOOK = "mlp.hook_in", "mlp.hook_out"
 PROMPT = [0, 7, 3, 19, 25, 3, 11]  # Hugging Face's ids; 0 the BOS, as circuit-tracer wants first
 OPTS = dict(max_n_logits=6, desired_logit_prob=0.8, batch_size=5)
+MAX_FEATURE_NODES = 40  # and a second graph of each with max_feature_nodes (update_interval 2)
 CPU = torch.device("cpu")
 
 
@@ -158,7 +160,8 @@ def main():
         out = os.path.join(tmp, "anatomy.safetensors")
         ids = ",".join(str(i + 1) for i in PROMPT)  # anatomy's ids count from 1
         p = subprocess.run([exe, "--threads=1", os.path.join(HERE, "graph_parity.lua"), out, ids,
-                            str(OPTS["max_n_logits"]), repr(OPTS["desired_logit_prob"]), str(OPTS["batch_size"])]
+                            str(OPTS["max_n_logits"]), repr(OPTS["desired_logit_prob"]), str(OPTS["batch_size"]),
+                            str(MAX_FEATURE_NODES)]
                            + ["|".join((name, models[kind][0], path, hook_in, hook_out))
                               for name, kind, path, hook_in, hook_out, _ in made], capture_output=True, text=True)
         print(p.stdout + p.stderr)
@@ -199,6 +202,12 @@ def main():
             report.check("%s: cumulative influence scores" % name, got[name + ".cumulative_scores"], pruned.cumulative_scores)
             report.check("%s: replacement and completeness scores" % name, got[name + ".scores"],
                          torch.tensor(compute_graph_scores(g)))
+            capped = attribute(prompt, model, max_feature_nodes=MAX_FEATURE_NODES, update_interval=2, **OPTS)
+            report.expect("%s, max_feature_nodes %d: the same features visited" % (name, MAX_FEATURE_NODES),
+                          torch.equal(got[name + ".capped.selected_features"] - 1, capped.selected_features.long()))
+            report.check("%s, max_feature_nodes %d: adjacency matrix (%d nodes)" % (name, MAX_FEATURE_NODES,
+                                                                                     capped.adjacency_matrix.shape[0]),
+                         got[name + ".capped.adjacency_matrix"], capped.adjacency_matrix)
             report.expect("%s: the graph has feature-to-feature and feature-to-logit edges" % name,
                           bool((B[:len(want_feats), :len(want_feats)] != 0).any()) and
                           bool((B[-len(logit_ids):, :len(want_feats)] != 0).any()))

@@ -31,18 +31,21 @@ local splice = require('anatomy.features.clt_splice')
 local M = {}
 
 local WHERE = 'sae.attribute'
-M.defaults = {max_n_logits = 10, desired_logit_prob = 0.95, batch_size = 512}
+M.defaults = {max_n_logits = 10, desired_logit_prob = 0.95, batch_size = 512, update_interval = 4}
 
 local function check_opts(opts)
-  opts = options.check(opts, {'max_n_logits', 'desired_logit_prob', 'batch_size'}, WHERE, 3)
+  opts = options.check(opts, {'max_n_logits', 'desired_logit_prob', 'batch_size', 'max_feature_nodes', 'update_interval'},
+    WHERE, 3)
   local o = {}
   for k, v in pairs(M.defaults) do o[k] = v end
   for k, v in pairs(opts) do o[k] = v end
-  for _, k in ipairs{'max_n_logits', 'batch_size'} do
+  for _, k in ipairs{'max_n_logits', 'batch_size', 'max_feature_nodes', 'update_interval'} do
     local v = o[k]
+    if v == nil and k == 'max_feature_nodes' then goto continue end
     if type(v) ~= 'number' or v ~= v or v < 1 or v ~= math.floor(v) or v == math.huge then
       error(('%s: %s must be a whole number >= 1, got %s'):format(WHERE, k, tostring(v)), 3)
     end
+    ::continue::
   end
   local p = o.desired_logit_prob
   if type(p) ~= 'number' or p ~= p or p <= 0 or p > 1 then
@@ -260,12 +263,32 @@ local function rows(c, feats, errors, tokvecs, grads, tgrad, T)
   return out
 end
 
--- sae.attribute(model, transcoders, ids, {max_n_logits = 10, desired_logit_prob = 0.95, batch_size = 512}) -> graph:
--- circuit-tracer's attribute(prompt, model, ...) before pruning (docs/graphs.md). ids: one prompt's token ids (a
+-- circuit-tracer's compute_partial_influences: each node's influence on the
+-- logits through the rows computed so far (E, row_node[r] the node of row
+-- r), by power iteration over the row-normalised absolute rows
+local function partial_influences(E, probs, row_node)
+  local norm = E:abs()
+  norm = norm / norm:sum(2, true):clamp_min(1e-8)
+  local ncols, K = E:size(2), probs:size(1)
+  local prod = torch.zeros({ncols}, {device = 'cpu'})
+  prod:narrow(1, ncols - K + 1, K):copy_(probs:float():cpu())
+  local idx = torch.tensor({unpack(row_node, 1, E:size(1))}):long():cpu()
+  local total = torch.zeros({ncols}, {device = 'cpu'})
+  for _ = 1, 128 do
+    prod = prod:index_select(1, idx):view(1, -1):matmul(norm):view(-1)
+    if not prod:ne(0):any():item() then return total end
+    total = total + prod
+  end
+  error(WHERE .. ': the partial influences did not converge in 128 steps', 3)
+end
+
+-- sae.attribute(model, transcoders, ids, {max_n_logits = 10, desired_logit_prob = 0.95, batch_size = 512, max_feature_nodes,
+-- update_interval = 4}) -> graph: circuit-tracer's attribute(prompt, model, ...) (docs/graphs.md; max_feature_nodes: only
+-- that many features, visited by their influence on the logits, get rows and columns). ids: one prompt's token ids (a
 -- LongTensor (T) or (1, T), or a table), a BOS first (its features and errors are no nodes); transcoders: a sae.CLT
 -- (cross-layer or a per-layer set). graph: adjacency_matrix (N, N), rows targets and columns sources, nodes in
 -- circuit-tracer's order (active features, error nodes layer by layer, token embeddings, logits); active_features
--- (n, 3) (layer, position, feature), activation_values (n), selected_features (n), logit_tokens (K),
+-- (n, 3) (layer, position, feature), activation_values (n), selected_features (the feature nodes), logit_tokens (K),
 -- logit_probabilities (K), input_tokens (T), n_layers, n_pos; every index from 1 (circuit-tracer's are these less 1).
 function M.attribute(model, c, ids, opts)
   if type(model) ~= 'table' or type(model.unembedding) ~= 'function' then
@@ -289,27 +312,73 @@ function M.attribute(model, c, ids, opts)
   local K = logit_tokens:size(1)
   local offset = n + (L + 1) * T
   local N = offset + K
-  local A = torch.zeros({N, N}, {device = 'cpu'})
   local tokvecs = state.tokens[1]:detach()
-  local all = {}
-  for i = 1, K do all[#all + 1] = {kind = 'logit', pos = T, vec = logit_vecs[i], row = offset + i} end
-  for i = 1, n do
-    local l, f = feats.layer[i], feats.feature[i]
-    all[#all + 1] = {kind = 'feature', layer = l, pos = feats.pos[i], vec = c.W_enc[l][f]:detach(), row = i}
-  end
-  for s = 1, #all, o.batch_size do
-    local batch = {}
-    for i = s, math.min(s + o.batch_size - 1, #all) do batch[#batch + 1] = all[i] end
+  local max_f = math.min(o.max_feature_nodes or n, n)
+  -- rows as circuit-tracer fills them: the logits', then each feature's as it is visited
+  local E = torch.zeros({max_f + K, N}, {device = 'cpu'})
+  local row_node, st = {}, 0
+  local function run(batch, nodes_of)
     local grads, tgrad = backward(model, c, locs, frozen, final, embed, ids, batch)
     local r = rows(c, feats, errors, tokvecs, grads, tgrad, T):cpu()
-    for b, tgt in ipairs(batch) do A[tgt.row]:narrow(1, 1, offset):copy_(r[b]) end
+    for b = 1, #batch do
+      st = st + 1
+      E[st]:narrow(1, 1, offset):copy_(r[b])
+      row_node[st] = nodes_of[b]
+    end
   end
-  local active, selected = {}, {}
-  for i = 1, n do active[i], selected[i] = {feats.layer[i], feats.pos[i], feats.feature[i]}, i end
+  for s = 1, K, o.batch_size do
+    local batch, of = {}, {}
+    for i = s, math.min(s + o.batch_size - 1, K) do
+      batch[#batch + 1], of[#of + 1] = {kind = 'logit', pos = T, vec = logit_vecs[i]}, offset + i
+    end
+    run(batch, of)
+  end
+  local visited, n_visited = {}, 0
+  while n_visited < max_f do
+    local pending = {}
+    if max_f == n then
+      for i = 1, n do pending[i] = i end
+    else  -- the unvisited features most influential on the logits through the rows so far
+      local influences = partial_influences(E:narrow(1, 1, st), logit_probs, row_node)
+      local _, rank = influences:narrow(1, 1, n):sort(1, true)
+      local size = math.min(o.update_interval * o.batch_size, max_f - n_visited)
+      for _, i in ipairs(rank:tolist()) do
+        if not visited[i] then pending[#pending + 1] = i end
+        if #pending == size then break end
+      end
+    end
+    for s = 1, #pending, o.batch_size do
+      local batch, of = {}, {}
+      for j = s, math.min(s + o.batch_size - 1, #pending) do
+        local i = pending[j]
+        local l, f = feats.layer[i], feats.feature[i]
+        batch[#batch + 1], of[#of + 1] = {kind = 'feature', layer = l, pos = feats.pos[i], vec = c.W_enc[l][f]:detach()}, i
+        visited[i] = true
+      end
+      n_visited = n_visited + #batch
+      run(batch, of)
+    end
+  end
+  local selected = {}
+  for i = 1, n do if visited[i] then selected[#selected + 1] = i end end
+  if max_f < n then  -- the columns of the features visited, then every other node's
+    local cols = {}
+    for _, i in ipairs(selected) do cols[#cols + 1] = i end
+    for j = n + 1, N do cols[#cols + 1] = j end
+    E = E:index_select(2, torch.tensor(cols):long():cpu())
+  end
+  local _, order = torch.tensor(row_node):long():cpu():sort(1)  -- features by node, then the logits
+  E = E:index_select(1, order)
+  local size = E:size(2)
+  local A = torch.zeros({size, size}, {device = 'cpu'})
+  if max_f > 0 then A:narrow(1, 1, max_f):copy_(E:narrow(1, 1, max_f)) end
+  A:narrow(1, size - K + 1, K):copy_(E:narrow(1, max_f + 1, K))
+  local active = {}
+  for i = 1, n do active[i] = {feats.layer[i], feats.pos[i], feats.feature[i]} end
   active = (n > 0 and torch.tensor(active):long() or torch.zeros(0, 3):long()):cpu()
   return {
     input_tokens = ids:cpu():clone(), active_features = active, activation_values = feats.activation:float():cpu(),
-    selected_features = (n > 0 and torch.tensor(selected):long() or torch.zeros(0):long()):cpu(), adjacency_matrix = A,
+    selected_features = (#selected > 0 and torch.tensor(selected):long() or torch.zeros(0):long()):cpu(), adjacency_matrix = A,
     logit_tokens = logit_tokens:long():cpu(), logit_probabilities = logit_probs:float():cpu(), n_layers = L, n_pos = T,
   }
 end
