@@ -124,6 +124,18 @@ function H.raises_part(fn, part)
   end
 end
 
+-- A transcoder's (sae.clt) weights drawn from `seed`: every parameter
+-- N(0, 0.3^2), thresholds uniform in [0, 0.2), around the pre-activations'
+-- scale; returns it.
+function H.randomize_transcoders(c, seed)
+  torch.manual_seed(seed)
+  torch.no_grad(function()
+    for _, p in ipairs(c:parameters()) do p:copy_(torch.randn(p:size()) * 0.3) end
+    if c.threshold then c.threshold:copy_(torch.rand(c.threshold:size()) * 0.2) end
+  end)
+  return c
+end
+
 -- bit-identical tensors: the largest difference is printed when it is not 0
 function H.identical(got, want, what)
   local d = (got - want):abs():max():item()

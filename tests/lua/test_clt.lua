@@ -19,15 +19,7 @@ local quick = {width = 32, steps = 40, batch = 128, seq = 16, sequences = 8, qui
 local function with(t, extra) return H.merged(t, extra) end
 local ids = corpus:tokens('val'):narrow(1, 1, 24):view(2, 12):to(model:device())
 
--- random weights everywhere, thresholds around the pre-activations' scale
-local function randomize(c, seed)
-  torch.manual_seed(seed)
-  torch.no_grad(function()
-    for _, p in ipairs(c:parameters()) do p:copy_(torch.randn(p:size()) * 0.3) end
-    if c.threshold then c.threshold:copy_(torch.rand(c.threshold:size()) * 0.2) end
-  end)
-  return c
-end
+local randomize = H.randomize_transcoders  -- random weights everywhere, thresholds around the pre-activations' scale
 
 -- every layer's reconstruction written out: b_dec[m] + Σ_{l ≤ m} f_l W_dec_l[:, m − l] (+ x_m W_skip[m]ᵀ)
 local function formula(c, f, x)

@@ -33,14 +33,8 @@ local function family(kind)
 end
 
 local function transcoders(kind, seed)
-  torch.manual_seed(seed)
-  local c = sae.clt{n_layers = 3, d_model = 16, d_transcoder = 10, kind = kind, input_hook = 'mlp.hook_in',
-    output_hook = 'mlp.hook_out'}
-  torch.no_grad(function()
-    for _, p in ipairs(c:parameters()) do p:copy_(torch.randn(p:size()) * 0.3) end
-    if c.threshold then c.threshold:copy_(torch.rand(c.threshold:size()) * 0.2) end
-  end)
-  return c
+  return H.randomize_transcoders(sae.clt{n_layers = 3, d_model = 16, d_transcoder = 10, kind = kind,
+    input_hook = 'mlp.hook_in', output_hook = 'mlp.hook_out'}, seed)
 end
 
 -- The model with its patterns, norm divisors and MLP outputs held at the

@@ -46,6 +46,21 @@ def loopback_hub(tmp, cache="hub-cache", extra=None):
     return hub
 
 
+def randomize(module, seed, threshold_type=None):
+    """Every parameter of a peer's module drawn N(0, 0.3^2) from `seed`; the
+    thresholds of its `threshold_type` submodules (circuit-tracer's JumpReLU)
+    uniform in [0, 0.3), around the pre-activations' scale."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        for m in module.modules():
+            if threshold_type is not None and isinstance(m, threshold_type):
+                m.threshold.copy_(torch.rand_like(m.threshold) * 0.3)
+
+
 class Report:
     """Comparisons of anatomy's tensors with the peer's: |got - want| <= tol."""
 

@@ -50,22 +50,12 @@ N = 40
 CPU = torch.device("cpu")
 
 
-def randomize(module, seed):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn_like(p) * 0.3)
-        for m in module.modules():
-            if isinstance(m, JumpReLU):
-                m.threshold.copy_(torch.rand_like(m.threshold) * 0.3)
-
-
 def circuit_tracer_written(folder):
     """circuit-tracer's transcoders, random weights, saved with to_safetensors: (name, module, path)."""
     made = []
     for i, act in enumerate(("jump_relu", "relu")):
         clt = CrossLayerTranscoder(L, F, D, activation_function=act, lazy_decoder=False, device=CPU, dtype=torch.float32)
-        randomize(clt, 10 + i)
+        peer_env.randomize(clt, 10 + i, JumpReLU)
         path = os.path.join(folder, "clt_" + act)
         clt.to_safetensors(path)
         made.append(("CLT " + act, clt, path))
@@ -75,7 +65,7 @@ def circuit_tracer_written(folder):
             fn = JumpReLU(torch.zeros(F), 0.1) if act == "jump_relu" else torch.nn.functional.relu
             layers[layer] = SingleLayerTranscoder(D, F, fn, layer, skip_connection=skip, device=CPU, dtype=torch.float32)
         tset = TranscoderSet(layers, feature_input_hook="ln2.hook_normalized", feature_output_hook="hook_mlp_out")
-        randomize(tset, 20 + i)
+        peer_env.randomize(tset, 20 + i, JumpReLU)
         path = os.path.join(folder, "set_%s%s" % (act, "_skip" if skip else ""))
         tset.to_safetensors(path)
         made.append(("set %s%s" % (act, " W_skip" if skip else ""), tset, path))

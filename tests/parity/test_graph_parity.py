@@ -101,16 +101,6 @@ def llama(folder):
     return hf, cfg, convert_llama_weights(hf, cfg)
 
 
-def randomize(module, seed):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn_like(p) * 0.3)
-        for m in module.modules():
-            if isinstance(m, JumpReLU):
-                m.threshold.copy_(torch.rand_like(m.threshold) * 0.3)
-
-
 def transcoders(folder):
     """(name, model, folder, input hook, output hook, reload): circuit-tracer's transcoders written to folder, for the
     model named; reload() reads them back as circuit-tracer does."""
@@ -119,7 +109,7 @@ def transcoders(folder):
     def clt(name, model, act, seed, hooks=(IN_HOOK, OUT_HOOK)):
         c = CrossLayerTranscoder(L, F, D, activation_function=act, lazy_decoder=False, feature_input_hook=hooks[0],
                                  feature_output_hook=hooks[1], device=CPU, dtype=torch.float32)
-        randomize(c, seed)
+        peer_env.randomize(c, seed, JumpReLU)
         path = os.path.join(folder, name)
         c.to_safetensors(path)
         made.append((name, model, path) + tuple(hooks) + (lambda: load_clt(
@@ -130,7 +120,7 @@ def transcoders(folder):
         layers = {layer: SingleLayerTranscoder(D, F, torch.nn.functional.relu, layer, skip_connection=True, device=CPU,
                                                dtype=torch.float32) for layer in range(L)}
         t = TranscoderSet(layers, feature_input_hook=IN_HOOK, feature_output_hook=OUT_HOOK)
-        randomize(t, seed)
+        peer_env.randomize(t, seed, JumpReLU)
         path = os.path.join(folder, name)
         t.to_safetensors(path)
         made.append((name, model, path, IN_HOOK, OUT_HOOK, lambda: load_transcoder_set(
