@@ -235,6 +235,14 @@ test('bad options and inputs are errors naming the argument', function()
     final_logit_softcapping = 2}, 'test'))
   raises(function() sae.attribute(gemma, c, ids) end,
     'sae.attribute: the model soft-caps its logits (final_softcap); the logits are not linear in the stream')
+  -- the graph is a sae.Graph: its methods are the module's functions
+  local g = sae.attribute(model, c, ids, {max_n_logits = 2})
+  eq(require('anatomy.nn').typename(g), 'sae.Graph', 'a sae.Graph')
+  eq(g.model, model, 'it keeps its model')
+  eq(g.transcoders, c, 'and its transcoders')
+  eq(tostring(g):match('^sae%.Graph%(%d+ positions, 3 layers'), 'sae.Graph(' .. #ids .. ' positions, 3 layers', tostring(g))
+  close(g:prune().cumulative_scores, sae.prune_graph(g).cumulative_scores, 0, 'g:prune is sae.prune_graph')
+  eq({g:scores()}, {sae.graph_scores(g)}, 'g:scores is sae.graph_scores')
   local two = sae.clt{n_layers = 2, d_model = 16, d_transcoder = 4, input_hook = 'mlp.hook_in', output_hook = 'mlp.hook_out'}
   raises(function() sae.attribute(model, two, ids) end, 'sae.attribute: the transcoders have 2 layers, the model 3')
 end)

@@ -27,6 +27,7 @@ local hooks = require('anatomy.probe.hooks')
 local probe = require('anatomy.probe')
 local nn = require('anatomy.nn')
 local splice = require('anatomy.features.clt_splice')
+local Graph = require('anatomy.features.Graph')
 
 local M = {}
 
@@ -283,7 +284,7 @@ local function partial_influences(E, probs, row_node)
 end
 
 -- sae.attribute(model, transcoders, ids, {max_n_logits = 10, desired_logit_prob = 0.95, batch_size = 512, max_feature_nodes,
--- update_interval = 4}) -> graph: circuit-tracer's attribute(prompt, model, ...) (docs/graphs.md; max_feature_nodes: only
+-- update_interval = 4}) -> sae.Graph: circuit-tracer's attribute(prompt, model, ...) (docs/graphs.md; max_feature_nodes: only
 -- that many features, visited by their influence on the logits, get rows and columns). ids: one prompt's token ids (a
 -- LongTensor (T) or (1, T), or a table), a BOS first (its features and errors are no nodes); transcoders: a sae.CLT
 -- (cross-layer or a per-layer set). graph: adjacency_matrix (N, N), rows targets and columns sources, nodes in
@@ -376,7 +377,8 @@ function M.attribute(model, c, ids, opts)
   local active = {}
   for i = 1, n do active[i] = {feats.layer[i], feats.pos[i], feats.feature[i]} end
   active = (n > 0 and torch.tensor(active):long() or torch.zeros(0, 3):long()):cpu()
-  return {
+  return Graph.new{
+    model = model, transcoders = c,
     input_tokens = ids:cpu():clone(), active_features = active, activation_values = feats.activation:float():cpu(),
     selected_features = (#selected > 0 and torch.tensor(selected):long() or torch.zeros(0):long()):cpu(), adjacency_matrix = A,
     logit_tokens = logit_tokens:long():cpu(), logit_probabilities = logit_probs:float():cpu(), n_layers = L, n_pos = T,

@@ -43,6 +43,7 @@ sae.from_pretrained = by_release.from_pretrained
 
 -- attribution graphs, as circuit-tracer's attribute (features/graph.lua)
 sae.attribute = require('anatomy.features.graph').attribute
+sae.Graph = require('anatomy.features.Graph')
 local graph_prune = require('anatomy.features.graph_prune')
 sae.prune_graph, sae.graph_scores = graph_prune.prune_graph, graph_prune.graph_scores
 

@@ -1,0 +1,33 @@
+-- sae.Graph: what sae.attribute returns, an attribution graph of one prompt
+-- (features/graph.lua builds it; docs/graphs.md). Its fields are
+-- circuit-tracer's (adjacency_matrix, active_features, activation_values,
+-- selected_features, logit_tokens, logit_probabilities, input_tokens,
+-- n_layers, n_pos), every index from 1; it keeps the model and transcoders
+-- it was built from (g.model, g.transcoders) for the methods that rerun
+-- them. Each method lives in its own file:
+--   g:prune(opts), g:scores()        graph_prune.lua
+local Graph = {__typename = 'sae.Graph'}
+Graph.__index = Graph
+
+-- Graph.new(fields) -> graph: fields as sae.attribute fills them
+function Graph.new(fields)
+  return setmetatable(fields, Graph)
+end
+
+function Graph:__tostring()
+  local n = self.active_features:size(1)
+  return ('sae.Graph(%d positions, %d layers, %d active features, %d feature nodes, %d logits, %d nodes)'):format(
+    self.n_pos, self.n_layers, n, self.selected_features:size(1), self.logit_tokens:size(1), self.adjacency_matrix:size(1))
+end
+
+-- g:prune({node_threshold = 0.8, edge_threshold = 0.98}) -> {node_mask, edge_mask, cumulative_scores}: sae.prune_graph(g, opts)
+function Graph:prune(opts)
+  return require('anatomy.features.graph_prune').prune_graph(self, opts)
+end
+
+-- g:scores() -> replacement, completeness: sae.graph_scores(g)
+function Graph:scores()
+  return require('anatomy.features.graph_prune').graph_scores(self)
+end
+
+return Graph
