@@ -140,6 +140,42 @@ def transcoders(folder):
     return made
 
 
+def compare(report, name, got, model, prompt):
+    """circuit-tracer's attribute(prompt, model), its prune_graph and compute_graph_scores, and with
+    max_feature_nodes, against anatomy's tensors in got under name (graph_parity.lua's): reported."""
+    g = attribute(prompt, model, **OPTS)
+    want_feats = g.active_features.long()
+    report.expect("%s: the same %d active features (layer, position, feature)" % (name, len(want_feats)),
+                  torch.equal(got[name + ".active_features"] - 1, want_feats))
+    report.check("%s: activations" % name, got[name + ".activation_values"], g.activation_values)
+    report.expect("%s: the same selected features" % name,
+                  torch.equal(got[name + ".selected_features"] - 1, g.selected_features.long()))
+    logit_ids = torch.tensor([t.vocab_idx for t in g.logit_targets])
+    report.expect("%s: the same %d logits %s" % (name, len(logit_ids), logit_ids.tolist()),
+                  torch.equal(got[name + ".logit_tokens"] - 1, logit_ids))
+    report.check("%s: logit probabilities" % name, got[name + ".logit_probabilities"], g.logit_probabilities)
+    A, B = got[name + ".adjacency_matrix"], g.adjacency_matrix
+    report.check("%s: adjacency matrix (%d nodes)" % (name, B.shape[0]), A, B)
+    pruned = prune_graph(g, node_threshold=0.8, edge_threshold=0.98)
+    node_mask, edge_mask = got[name + ".node_mask"].bool(), got[name + ".edge_mask"].bool()
+    report.expect("%s: pruned, the same %d of %d nodes" % (name, int(pruned.node_mask.sum()), B.shape[0]),
+                  torch.equal(node_mask, pruned.node_mask))
+    report.expect("%s: pruned, the same %d edges" % (name, int(pruned.edge_mask.sum())),
+                  torch.equal(edge_mask, pruned.edge_mask))
+    report.check("%s: cumulative influence scores" % name, got[name + ".cumulative_scores"], pruned.cumulative_scores)
+    report.check("%s: replacement and completeness scores" % name, got[name + ".scores"],
+                 torch.tensor(compute_graph_scores(g)))
+    capped = attribute(prompt, model, max_feature_nodes=MAX_FEATURE_NODES, update_interval=2, **OPTS)
+    report.expect("%s, max_feature_nodes %d: the same features visited" % (name, MAX_FEATURE_NODES),
+                  torch.equal(got[name + ".capped.selected_features"] - 1, capped.selected_features.long()))
+    report.check("%s, max_feature_nodes %d: adjacency matrix (%d nodes)" % (name, MAX_FEATURE_NODES,
+                                                                             capped.adjacency_matrix.shape[0]),
+                 got[name + ".capped.adjacency_matrix"], capped.adjacency_matrix)
+    report.expect("%s: the graph has feature-to-feature and feature-to-logit edges" % name,
+                  bool((B[:len(want_feats), :len(want_feats)] != 0).any()) and
+                  bool((B[-len(logit_ids):, :len(want_feats)] != 0).any()))
+
+
 def main():
     exe = sys.argv[1]
     report = peer_env.Report("circuit-tracer", TOL, width=56)
@@ -170,37 +206,7 @@ def main():
             with torch.no_grad():
                 report.check("%s: TransformerLens's logits against transformers'" % name, model(prompt[None]),
                          hf(prompt[None]).logits)
-            g = attribute(prompt, model, **OPTS)
-            want_feats = g.active_features.long()
-            report.expect("%s: the same %d active features (layer, position, feature)" % (name, len(want_feats)),
-                          torch.equal(got[name + ".active_features"] - 1, want_feats))
-            report.check("%s: activations" % name, got[name + ".activation_values"], g.activation_values)
-            report.expect("%s: the same selected features" % name,
-                          torch.equal(got[name + ".selected_features"] - 1, g.selected_features.long()))
-            logit_ids = torch.tensor([t.vocab_idx for t in g.logit_targets])
-            report.expect("%s: the same %d logits %s" % (name, len(logit_ids), logit_ids.tolist()),
-                          torch.equal(got[name + ".logit_tokens"] - 1, logit_ids))
-            report.check("%s: logit probabilities" % name, got[name + ".logit_probabilities"], g.logit_probabilities)
-            A, B = got[name + ".adjacency_matrix"], g.adjacency_matrix
-            report.check("%s: adjacency matrix (%d nodes)" % (name, B.shape[0]), A, B)
-            pruned = prune_graph(g, node_threshold=0.8, edge_threshold=0.98)
-            node_mask, edge_mask = got[name + ".node_mask"].bool(), got[name + ".edge_mask"].bool()
-            report.expect("%s: pruned, the same %d of %d nodes" % (name, int(pruned.node_mask.sum()), B.shape[0]),
-                          torch.equal(node_mask, pruned.node_mask))
-            report.expect("%s: pruned, the same %d edges" % (name, int(pruned.edge_mask.sum())),
-                          torch.equal(edge_mask, pruned.edge_mask))
-            report.check("%s: cumulative influence scores" % name, got[name + ".cumulative_scores"], pruned.cumulative_scores)
-            report.check("%s: replacement and completeness scores" % name, got[name + ".scores"],
-                         torch.tensor(compute_graph_scores(g)))
-            capped = attribute(prompt, model, max_feature_nodes=MAX_FEATURE_NODES, update_interval=2, **OPTS)
-            report.expect("%s, max_feature_nodes %d: the same features visited" % (name, MAX_FEATURE_NODES),
-                          torch.equal(got[name + ".capped.selected_features"] - 1, capped.selected_features.long()))
-            report.check("%s, max_feature_nodes %d: adjacency matrix (%d nodes)" % (name, MAX_FEATURE_NODES,
-                                                                                     capped.adjacency_matrix.shape[0]),
-                         got[name + ".capped.adjacency_matrix"], capped.adjacency_matrix)
-            report.expect("%s: the graph has feature-to-feature and feature-to-logit edges" % name,
-                          bool((B[:len(want_feats), :len(want_feats)] != 0).any()) and
-                          bool((B[-len(logit_ids):, :len(want_feats)] != 0).any()))
+            compare(report, name, got, model, prompt)
     report.finish()
 
 
