@@ -10,6 +10,7 @@ local points = require('anatomy.probe.points')
 local charts = require('anatomy.render.charts')
 local page = require('anatomy.render.page')
 local fs = require('anatomy.io.fs')
+local nn = require('anatomy.nn')
 local inspect = {}
 
 local esc = charts.esc
@@ -65,14 +66,20 @@ local TopActivations = {}
 TopActivations.__index = TopActivations
 
 -- sae.top_activations(model, s, corpus, {features, k = 20, context = 16,
--- after = 4, batches = 32, batch = 16, seq, split = 'val', point}) -> the k
+-- after = 4, batches = 32, batch = 16, seq, split = 'val', point, layer}) -> the k
 -- contexts where each feature fires hardest, over consecutive windows of
 -- the split: r[feature] = {{value, row, position, before, token, after}, ...}
 -- (before: up to `context` tokens before the activating one, after: `after`
 -- tokens following it, as text). Prints with the token marked «so»; r.counts[feature]: tokens it fired on, r.tokens: tokens scanned.
+-- s may be a sae.CLT with layer = l: that layer's features, at the point its encoder reads.
 function inspect.top_activations(model, s, corpus, opts)
   local where = 'sae.top_activations'
-  opts = options.check(opts, {'features', 'k', 'context', 'after', 'batches', 'batch', 'seq', 'split', 'point'}, where, 2)
+  opts = options.check(opts, {'features', 'k', 'context', 'after', 'batches', 'batch', 'seq', 'split', 'point', 'layer'}, where, 2)
+  if nn.typename(s) == 'sae.CLT' then  -- one layer's encoder, read as an SAE's (features/clt_eval.lua)
+    s = require('anatomy.features.clt_eval').layer(model, s, opts.layer, where, 3)
+  elseif opts.layer ~= nil then
+    error(('%s: layer is for a sae.CLT (which layer\'s features); an SAE has one point'):format(where), 2)
+  end
   local o = {where = where, split = opts.split or 'val'}
   if o.split ~= 'val' and o.split ~= 'train' then error(("%s: split must be 'train' or 'val', got %s"):format(where, tostring(o.split)), 2) end
   o.features = feature_list(opts.features, s.cfg.d_sae, where)
@@ -195,7 +202,7 @@ function TopActivations:page(feature)
   local parts = {}
   local density = self.counts[feature] / self.tokens
   parts[#parts + 1] = ('<p>At %s: fires on %d of %d tokens (density %.3g); %s.</p>'):format(esc(self.point),
-    self.counts[feature], self.tokens, density, s.cfg.kind .. ' SAE, ' .. s.cfg.d_sae .. ' features')
+    self.counts[feature], self.tokens, density, s.cfg.description or (s.cfg.kind .. ' SAE, ' .. s.cfg.d_sae .. ' features'))
   local vals = self.values[self:index(feature)] or {}
   if #vals > 0 then
     local lo, hi = math.huge, -math.huge

@@ -138,9 +138,14 @@ Evaluation.__index = Evaluation
 -- zeroing the point does not raise the loss), dead (share of features that
 -- never fire on these tokens), dense (share firing on more than 10% of
 -- them), density (F, each feature's share of tokens), histogram (of log10
--- density over the live features), tokens.
+-- density over the live features), tokens. s a sae.CLT: its numbers layer
+-- by layer and the loss with every MLP replaced (features/clt_eval.lua).
 function splice.evaluate(model, s, corpus, opts)
   local where = 'sae.evaluate'
+  if nn.typename(s) == 'sae.CLT' then  -- layer by layer: features/clt_eval.lua
+    local e = require('anatomy.features.clt_eval').evaluate(model, s, corpus, opts, 3)
+    return e
+  end
   check_sae(s, where)
   if type(corpus) ~= 'table' and type(corpus) ~= 'userdata' or not corpus.tokens then
     error(('%s: corpus must be a data.Corpus, got %s'):format(where, type(corpus)), 2)
