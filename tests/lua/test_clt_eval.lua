@@ -79,4 +79,25 @@ test("sae.top_activations of a CLT's layer: that layer's encoder on the MLP inpu
     "sae.top_activations: layer is for a sae.CLT (which layer's features); an SAE has one point")
 end)
 
+test("the autopsy with a CLT: every layer's row carries that layer's numbers from sae.evaluate", function()
+  local a = autopsy.run(model, corpus, {saes = {c}, batch = 4, seq = 16, metrics = {'grad_norm', 'erank'}})
+  local e = sae.evaluate(model, c, corpus, {batches = 1, batch = 4, seq = 16})
+  local seen = 0
+  for _, r in ipairs(a.rows) do
+    local l = tonumber(r.name:match('^blocks%.(%d+)$'))
+    if l then
+      close(r.sae_l0, e.layers[l].l0, 1e-9, r.name .. ' L0')
+      close(r.sae_ev, e.layers[l].explained_variance, 1e-9, r.name .. ' explained variance')
+      eq({r.sae_alive, r.sae_d_sae}, {e.layers[l].alive, 32}, r.name .. ' features alive')
+      eq(r.sae_ce_recovered, nil, r.name .. ': no per-layer CE loss recovered')
+      seen = seen + 1
+    end
+  end
+  eq(seen, 3, 'a row for each layer')
+  eq(a.missing.sae_ce_recovered, ("a CLT replaces every MLP at once: its CE loss recovered is the whole CLT's, %.4f, not a layer's")
+    :format(e.ce_recovered), 'the whole CLT\'s CE loss recovered in the note')
+  local two = sae.clt{n_layers = 2, d_model = 16, d_transcoder = 4}
+  raises(function() autopsy.run(model, corpus, {saes = {two}}) end, 'autopsy.run: saes[1] is a CLT of 2 layers, and the model has 3')
+end)
+
 H.done()

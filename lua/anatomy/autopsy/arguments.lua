@@ -66,7 +66,8 @@ function args.padded_source(model, source, opts)
 end
 
 -- The saes option: SAEs (sae.train, sae.load) each at a point inside one
--- block; checked before anything runs. Returns each with its block's row name.
+-- block, or CLTs of as many layers as the model; checked before anything
+-- runs. Returns each SAE with its block's row name, a CLT once a layer.
 function args.check_saes(model, saes, source)
   if saes == nil then return nil end
   if type(saes) ~= 'table' or #saes == 0 then error(('autopsy.run: saes must be a list of SAEs, got %s'):format(type(saes)), 3) end
@@ -76,6 +77,13 @@ function args.check_saes(model, saes, source)
   local layers = measure.layers(model)
   local out = {}
   for i, s in ipairs(saes) do
+    if nn.typename(s) == 'sae.CLT' then  -- a row for each of its layers
+      if s.cfg.n_layers ~= #layers then
+        error(('autopsy.run: saes[%d] is a CLT of %d layers, and the model has %d'):format(i, s.cfg.n_layers, #layers), 3)
+      end
+      for l, layer in ipairs(layers) do out[#out + 1] = {clt = s, layer = l, row = layer[1]} end
+      goto continue
+    end
     if type(s) ~= 'table' or not s.cfg or not s.encode then
       error(('autopsy.run: saes[%d] must be an SAE (sae.train, sae.load), got %s'):format(i, nn.typename(s)), 3)
     end
@@ -90,7 +98,8 @@ function args.check_saes(model, saes, source)
       for j, l in ipairs(layers) do names[j] = l[1] end
       error(('autopsy.run: saes[%d] reads %s, inside none of the layers (%s)'):format(i, point, table.concat(names, ', ')), 3)
     end
-    out[i] = {sae = s, row = row}
+    out[#out + 1] = {sae = s, row = row}
+    ::continue::
   end
   return out
 end

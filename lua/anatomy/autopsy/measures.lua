@@ -95,10 +95,10 @@ measures.rows = {
   -- with SAEs (autopsy.run{saes = {...}}): shown on the rows of the layers they read
   {name = 'sae_alive', phase = 'saes', table = 'present', csv = true,
     text = function(r) return r.sae_alive and ('%d/%d'):format(r.sae_alive, r.sae_d_sae) or '-' end,
-    meaning = 'SAE in the layer: features that fired on the evaluation tokens (of its d_sae)'},
+    meaning = 'SAE in the layer (or a CLT\'s layer): features that fired on the evaluation tokens (of its d_sae)'},
   {name = 'sae_l0', phase = 'saes', table = 'present', csv = true, meaning = 'SAE in the layer: features active per token'},
   {name = 'sae_ev', phase = 'saes', table = 'present', csv = true,
-    meaning = 'SAE in the layer: explained variance of its reconstruction, 1 - sum |x - x_hat|^2 / sum |x - mean|^2'},
+    meaning = 'SAE in the layer: explained variance of its reconstruction, 1 - sum |x - x_hat|^2 / sum |x - mean|^2 (a CLT: of the layer\'s MLP output)'},
   {name = 'sae_ce_recovered', phase = 'saes', table = 'present', csv = true,
     meaning = 'SAE in the layer: (loss zero-ablated - loss spliced) / (loss zero-ablated - clean loss), the reconstruction in place of the point'},
   -- a layer holding a mixture of experts (an nn.MoE, found by autopsy/moe.lua whatever the family): shown on its rows.

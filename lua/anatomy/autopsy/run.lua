@@ -408,23 +408,6 @@ local function removal(s, a)
   end
 end
 
--- Each SAE evaluated (sae.evaluate, on as many val batches as the autopsy
--- read) and its numbers put on its layer's row.
-local function sae_rows(s, a, saes)
-  local evaluate = require('anatomy.features.splice').evaluate
-  for _, e in ipairs(saes) do
-    local ev = evaluate(s.model, e.sae, s.source, {batches = s.steps, batch = s.opts.batch or 8, seq = s.seq})
-    for _, r in ipairs(a.rows) do
-      if r.name == e.row then
-        r.sae_alive = e.sae.cfg.d_sae - math.floor(ev.dead * e.sae.cfg.d_sae + 0.5)
-        r.sae_d_sae = e.sae.cfg.d_sae
-        r.sae_l0, r.sae_ev, r.sae_ce_recovered = ev.l0, ev.explained_variance, ev.ce_recovered
-        if not ev.ce_recovered then s.missing.sae_ce_recovered = ev.notes[1] end
-      end
-    end
-  end
-end
-
 -- autopsy.run(model, data, {metrics = {...}, steps = 1, batch = 8, seq, thresholds, k, history, probe_text, config, tokenizer, lens, saes})
 -- data: a corpus (batches from its val split), {inputs, targets}, or a
 -- list of texts (with tokenizer, or the model's own) or of 1-D ids of any
@@ -441,7 +424,8 @@ end
 -- and tuned_kl (the same read through the tuned lens). saes: SAEs of the
 -- model (sae.train, sae.load), each evaluated on the corpus's val split
 -- (sae.evaluate): its layer's row gains sae_alive, sae_l0, sae_ev and
--- sae_ce_recovered, how many features the layer uses beside its erank.
+-- sae_ce_recovered, how many features the layer uses beside its erank; a
+-- sae.CLT fills every layer's row (autopsy/saes.lua).
 local function run(model, source, opts)
   probe.require_clean(model, 'autopsy.run', 2)
   opts = options.check(opts, {'metrics', 'steps', 'batch', 'seq', 'thresholds', 'k', 'history', 'probe_text', 'config', 'tokenizer', 'lens',
@@ -483,7 +467,7 @@ local function run(model, source, opts)
       for _, r in ipairs(s.block_rows) do any = any or r.entropy ~= nil end
       if not any then s.missing.entropy = 'no block publishes an attention pattern (an attention block defines keep_pattern(keep, grad) and pattern())' end
     end
-    if saes then sae_rows(s, a, saes) end
+    if saes then require('anatomy.autopsy.saes').rows(s, a, saes) end
     a.missing = s.missing
     verdicts.assign(a, s.thresholds)
     return a
