@@ -6,6 +6,7 @@
 -- it was built from (g.model, g.transcoders) for the methods that rerun
 -- them. Each method lives in its own file:
 --   g:prune(opts), g:scores()        graph_prune.lua
+--   g:json(path, opts)               graph_json.lua
 local Graph = {__typename = 'sae.Graph'}
 Graph.__index = Graph
 
@@ -29,5 +30,8 @@ end
 function Graph:scores()
   return require('anatomy.features.graph_prune').graph_scores(self)
 end
+
+-- g:json(path, {slug, scan, node_threshold = 0.8, edge_threshold = 0.98, tokenizer}) -> file: circuit-tracer's graph files (graph_json.lua)
+function Graph:json(path, opts) return require('anatomy.features.graph_json').json(self, path, opts) end
 
 return Graph
