@@ -46,6 +46,7 @@ sae.attribute = require('anatomy.features.graph').attribute
 sae.Graph = require('anatomy.features.Graph')
 local graph_prune = require('anatomy.features.graph_prune')
 sae.prune_graph, sae.graph_scores = graph_prune.prune_graph, graph_prune.graph_scores
+sae.intervene = require('anatomy.features.graph_intervene').intervene  -- circuit-tracer's feature_intervention
 
 local function check_cfg(cfg, where)
   cfg = options.check(cfg, {'d_in', 'd_sae', 'kind', 'k', 'point', 'model_name', 'apply_b_dec_to_input', 'threshold',
