@@ -7,6 +7,7 @@
 -- them. Each method lives in its own file:
 --   g:prune(opts), g:scores()        graph_prune.lua
 --   g:json(path, opts)               graph_json.lua
+--   g:report(path, opts)             graph_report.lua
 --   g:ablate(features, opts), g:steer(interventions, opts)   graph_intervene.lua
 local Graph = {__typename = 'sae.Graph'}
 Graph.__index = Graph
@@ -34,6 +35,9 @@ end
 
 -- g:json(path, {slug, scan, node_threshold = 0.8, edge_threshold = 0.98, tokenizer}) -> file: circuit-tracer's graph files (graph_json.lua)
 function Graph:json(path, opts) return require('anatomy.features.graph_json').json(self, path, opts) end
+
+-- g:report(path, opts) -> path: the pruned graph as a self-contained HTML page (graph_report.lua, its options there)
+function Graph:report(path, opts) return require('anatomy.features.graph_report').report(self, path, opts) end
 
 -- g:ablate(features, opts) -> result: the features set to 0 and the model rerun (graph_intervene.lua)
 function Graph:ablate(features, opts) local r = require('anatomy.features.graph_intervene').ablate(self, features, opts); return r end

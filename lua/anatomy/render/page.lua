@@ -1,16 +1,18 @@
 -- The HTML page every result shares: one style, a self-contained page
--- (no scripts, nothing fetched), the provenance block at its top, and the
--- page scoped into a <div> for a notebook. The autopsy's report, comparisons,
--- patching grids and figures all render through it.
+-- (nothing fetched; no scripts but an attribution graph's few lines,
+-- render/attribution.lua), the provenance block at its top, and the page
+-- scoped into a <div> for a notebook. The autopsy's report, comparisons,
+-- patching grids, figures and graph reports all render through it.
 local esc = require('anatomy.render.charts').esc
 local provenance = require('anatomy.render.provenance')  -- a record as text
 local page = {}
 
--- The run's provenance at the top: one labelled line each (provenance.fields).
-local function provenance_html(rec)
+-- The run's provenance at the top: one labelled line each (provenance.fields),
+-- then extra's {label, text} lines (what the result itself was made from).
+local function provenance_html(rec, extra)
   local out = {'<dl class="provenance">'}
-  for _, f in ipairs(provenance.fields(rec)) do
-    out[#out + 1] = ('<dt>%s</dt><dd>%s</dd>'):format(esc(f[1]), esc(f[2]))
+  for _, list in ipairs({provenance.fields(rec), extra or {}}) do
+    for _, f in ipairs(list) do out[#out + 1] = ('<dt>%s</dt><dd>%s</dd>'):format(esc(f[1]), esc(f[2])) end
   end
   out[#out + 1] = '</dl>'
   return table.concat(out)
