@@ -10,7 +10,9 @@
 --   2. the graph (sae.attribute on the text), pruned as circuit-tracer
 --      prunes it, its replacement and completeness scores;
 --   3. the features most influential on the logits, each with its top
---      contexts over the validation text and a page (feature_L<l>_<f>.html).
+--      contexts over the validation text and a page (feature_L<l>_<f>.html);
+--   4. the graph's files (circuit-tracer's, for its server and Neuronpedia)
+--      and its HTML report, each feature there linked to its page.
 --   anatomy --threads=1 examples/graph.lua [--steps=3000] [--clt_steps=2000] [--smoke=true] [--out=out/graph]
 local cfg = experiment.config({data = '', dim = 64, heads = 2, layers = 6, ffn = 128, norm = 'pre', seq = 64, steps = 3000, batch = 32,
   lr = 3e-3, warmup = 50, seed = 1337, kind = 'jumprelu', width = 256, l0 = 1e-2, clt_steps = 2000, clt_batch = 512,
@@ -93,7 +95,7 @@ for l, fs_ in pairs(by_layer) do
   scans[l] = sae.top_activations(model, c, corpus, {layer = l, features = fs_, k = 12, context = 24, seq = cfg.seq})
   print('\n' .. tostring(scans[l]))
 end
-local feature_rows = {}
+local feature_rows, pages = {}, {}
 for i, node in ipairs(top) do
   local a = g.selected_features[node]:item()
   local row = g.active_features[a]
@@ -102,11 +104,17 @@ for i, node in ipairs(top) do
   local best = scan[f][1]
   local name = ('feature_L%d_%d.html'):format(l, f)
   scan:save(f, cfg.out .. '/' .. name)
+  pages[l .. ':' .. f] = name
   feature_rows[i] = {tostring(l), tostring(f), ('%d `%s`'):format(p, show(corpus:decode({g.input_tokens[p]:item()}))),
     ('%.3f'):format(g.activation_values[a]:item()), ('%.4f'):format(share[node]),
     ('%.2f%%'):format(100 * scan.counts[f] / scan.tokens),
     best and ('`%s[%s]%s`'):format(show(best.before), show(best.token), show(best.after)) or '-'}
 end
+
+-- 4. the graph's files and its report, the features with a page linked to it
+g:json(cfg.out .. '/graph_files', {slug = 'katharina', scan = 'anatomy-example-gpt-clt', tokenizer = corpus})
+g:report(cfg.out .. '/graph.html', {tokenizer = corpus, title = ('"%s" through a %s CLT'):format(show(cfg.prompt), cfg.kind),
+  feature_url = function(l, f) return pages[l .. ':' .. f] or '' end})
 
 -- the claims
 local r = experiment.results(('An attribution graph of a 6-layer GPT (dim %d, trained here on %s) through a cross-layer transcoder')
@@ -143,7 +151,8 @@ r:note(('CLT: %s, %d features a layer (%d in all), cross-layer (each layer\'s fe
   md({'layer', 'L0', 'features alive', 'explained variance of its MLP output'}, per_layer)))
 r:note(('The graph of "%s" (%d characters; the first, a newline, is the position circuit-tracer leaves out): %d active features, '
   .. '%d error nodes, %d token nodes, %d logits (%s), %d nodes and %d nonzero edges, built in %.1f s of CPU time. Pruned as '
-  .. 'circuit-tracer prunes (node threshold 0.8, edge threshold 0.98): %d nodes (%d features, %d error nodes) and %d edges.'):format(show(cfg.prompt), T, n, L * T, T, K,
+  .. 'circuit-tracer prunes (node threshold 0.8, edge threshold 0.98): %d nodes (%d features, %d error nodes) and %d edges. '
+  .. 'Files: graph_files/ (circuit-tracer\'s graph files), graph.html (the report; the features above link to their pages).'):format(show(cfg.prompt), T, n, L * T, T, K,
   table.concat(logits, ', '), N, edges, graph_seconds, kept_nodes, kept_features, kept_errors, kept_edges))
 r:note('The features most influential on the logits (influence: the node\'s share of the graph\'s total influence, circuit-tracer\'s '
   .. 'node influence), where each is active in the prompt, its density over the validation text and the context where it fires '
