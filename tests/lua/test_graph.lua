@@ -209,11 +209,59 @@ function()
   raises(function() sae.graph_scores({}) end, 'sae.graph_scores: graph must be what sae.attribute returns, got table')
 end)
 
+-- A byte-level tokenizer of the model's 24 tokens: 'a' .. 'w', then <|endoftext|> (24, 1-based), which
+-- tokenizer_config.json (`config`, when given) may name
+local function tokenizer(config)
+  local fs, json = require('anatomy.io.fs'), require('anatomy.io.json')
+  local vocab = {}
+  for i = 0, V - 2 do vocab[string.char(97 + i)] = i end
+  local dir = H.tmpdir()
+  fs.write_atomic(dir .. '/tokenizer.json', json.encode({version = '1.0', normalizer = json.null, post_processor = json.null,
+    added_tokens = {{id = V - 1, content = '<|endoftext|>', special = true, lstrip = false, rstrip = false,
+      single_word = false, normalized = false}},
+    pre_tokenizer = {type = 'ByteLevel', add_prefix_space = false, trim_offsets = true, use_regex = true},
+    decoder = {type = 'ByteLevel'}, model = {type = 'BPE', dropout = json.null, vocab = vocab, merges = {}}}))
+  if config then fs.write_atomic(dir .. '/tokenizer_config.json', json.encode(config)) end
+  return require('anatomy.data').tokenizer(dir)
+end
+
+test("a text prompt: the tokenizer's ids with its BOS first (circuit-tracer's ensure_tokenized), the graph of those ids",
+function()
+  local model = family('gpt2')
+  local c = transcoders('jumprelu', 7)
+  local tok = tokenizer({bos_token = '<|endoftext|>'})
+  local g = sae.attribute(model, c, 'badcab', {tokenizer = tok, max_n_logits = 3})
+  local want = {V, 2, 1, 4, 3, 1, 2}  -- <|endoftext|> b a d c a b
+  eq(g.input_tokens:tolist(), want, 'the BOS, then the text')
+  local by_ids = sae.attribute(model, c, want, {max_n_logits = 3})
+  eq(g.active_features:tolist(), by_ids.active_features:tolist(), 'the same features')
+  close(g.adjacency_matrix, by_ids.adjacency_matrix, 0, 'the same graph as its ids')
+  eq(g.logit_tokens:tolist(), by_ids.logit_tokens:tolist(), 'the same logits')
+  rawset(model, 'tokenizer', tok)  -- the model's own tokenizer, as models.from_pretrained sets it
+  eq(sae.attribute(model, c, 'badcab', {max_n_logits = 1}).input_tokens:tolist(), want, "the model's tokenizer")
+  rawset(model, 'tokenizer', nil)
+  eq(sae.attribute(model, c, '<|endoftext|>ab', {tokenizer = tok, max_n_logits = 1}).input_tokens:tolist(), {V, 1, 2},
+    'a text starting with a special token gets no second one')
+  eq(sae.attribute(model, c, 'badc', {tokenizer = tokenizer({eos_token = '<|endoftext|>'}), max_n_logits = 1})
+    .input_tokens:tolist(), {V, 2, 1, 4, 3}, 'no bos_token named: its eos_token first')
+  eq(sae.attribute(model, c, 'badc', {tokenizer = tokenizer(), max_n_logits = 1}).input_tokens:tolist(), {2, 1, 4, 3},
+    'no special token named (transformers makes none of the file\'s special): nothing first')
+  local chars = require('anatomy.data').from_string('abcdefghijklmnopqrstuvw')  -- 23 chars: no special token
+  eq(sae.attribute(model, c, 'cab', {tokenizer = chars, max_n_logits = 1}).input_tokens:tolist(), chars:encode('cab'):tolist(),
+    'a char corpus: nothing first, its first char is the left-out position')
+  raises(function() sae.attribute(model, c, 'badcab') end,
+    'sae.attribute: a text prompt needs a tokenizer: pass {tokenizer = tok} (a data.tokenizer or a corpus), '
+    .. 'or use a model from models.from_pretrained')
+  raises(function() sae.attribute(model, c, 'ab', {tokenizer = 'char'}) end,
+    'sae.attribute: tokenizer must be a data.tokenizer or a corpus (one with :encode), got string')
+  raises(function() sae.attribute(model, c, '', {tokenizer = tok}) end, 'sae.attribute: the prompt "" has no tokens')
+end)
+
 test('bad options and inputs are errors naming the argument', function()
   local model = family('gpt2')
   local c = transcoders('relu', 5)
   raises(function() sae.attribute(model, c, ids, {max_n_logit = 3}) end,
-    "sae.attribute: unknown option 'max_n_logit', did you mean 'max_n_logits'? (expected batch_size, desired_logit_prob, max_feature_nodes, max_n_logits, update_interval)")
+    "sae.attribute: unknown option 'max_n_logit', did you mean 'max_n_logits'? (expected batch_size, desired_logit_prob, max_feature_nodes, max_n_logits, tokenizer, update_interval)")
   raises(function() sae.attribute(model, c, ids, {max_n_logits = 0}) end,
     'sae.attribute: max_n_logits must be a whole number >= 1, got 0')
   raises(function() sae.attribute(model, c, ids, {batch_size = 0 / 0}) end,

@@ -8,9 +8,23 @@
 --   g:prune(opts), g:scores()        graph_prune.lua
 --   g:json(path, opts)               graph_json.lua
 --   g:report(path, opts)             graph_report.lua
+--   g:qk(layer, head, opts)          graph_qk.lua
 --   g:ablate(features, opts), g:steer(interventions, opts)   graph_intervene.lua
+local torch = require('anatomy.torch')
 local Graph = {__typename = 'sae.Graph'}
-Graph.__index = Graph
+
+-- g.adjacency_matrix (N, N) is made from its nonzero rows, g.adjacency_rows (the feature nodes', then the logits'; N
+-- columns), when it is first read: dense, it grows with the square of the tokens (46 GB at 8k; docs/graphs.md, Memory)
+function Graph.__index(g, k)
+  local R = k == 'adjacency_matrix' and rawget(g, 'adjacency_rows')
+  if not R then return Graph[k] end
+  local N, f, K = R:size(2), g.selected_features:size(1), g.logit_tokens:size(1)
+  local A = torch.zeros({N, N}, {device = 'cpu'})
+  if f > 0 then A:narrow(1, 1, f):copy_(R:narrow(1, 1, f)) end
+  A:narrow(1, N - K + 1, K):copy_(R:narrow(1, f + 1, K))
+  rawset(g, 'adjacency_matrix', A)
+  return A
+end
 
 -- Graph.new(fields) -> graph: fields as sae.attribute fills them
 function Graph.new(fields)
@@ -20,7 +34,8 @@ end
 function Graph:__tostring()
   local n = self.active_features:size(1)
   return ('sae.Graph(%d positions, %d layers, %d active features, %d feature nodes, %d logits, %d nodes)'):format(
-    self.n_pos, self.n_layers, n, self.selected_features:size(1), self.logit_tokens:size(1), self.adjacency_matrix:size(1))
+    self.n_pos, self.n_layers, n, self.selected_features:size(1), self.logit_tokens:size(1),
+    (rawget(self, 'adjacency_rows') or self.adjacency_matrix):size(2))
 end
 
 -- g:prune({node_threshold = 0.8, edge_threshold = 0.98}) -> {node_mask, edge_mask, cumulative_scores}: sae.prune_graph(g, opts)
@@ -44,5 +59,8 @@ function Graph:ablate(features, opts) local r = require('anatomy.features.graph_
 
 -- g:steer(interventions, opts) -> result: features set to a value or scaled, the model rerun (graph_intervene.lua)
 function Graph:steer(interventions, opts) local r = require('anatomy.features.graph_intervene').steer(self, interventions, opts); return r end
+
+-- g:qk(layer, head, {query_pos, key_pos, top_k = 20}) -> sae.QK: a head's score split over the sources' pairs (graph_qk.lua)
+function Graph:qk(layer, head, opts) local r = require('anatomy.features.graph_qk').qk(self, layer, head, opts); return r end
 
 return Graph

@@ -28,6 +28,7 @@ local probe = require('anatomy.probe')
 local nn = require('anatomy.nn')
 local splice = require('anatomy.features.clt_splice')
 local Graph = require('anatomy.features.Graph')
+local attention = require('anatomy.features.graph_attention')
 
 local M = {}
 
@@ -35,7 +36,8 @@ local WHERE = 'sae.attribute'
 M.defaults = {max_n_logits = 10, desired_logit_prob = 0.95, batch_size = 512, update_interval = 4}
 
 local function check_opts(opts)
-  opts = options.check(opts, {'max_n_logits', 'desired_logit_prob', 'batch_size', 'max_feature_nodes', 'update_interval'},
+  opts = options.check(opts, {'max_n_logits', 'desired_logit_prob', 'batch_size', 'max_feature_nodes', 'update_interval',
+    'tokenizer'},
     WHERE, 3)
   local o = {}
   for k, v in pairs(M.defaults) do o[k] = v end
@@ -135,43 +137,67 @@ local function clean_run(model, locs, final, embed, ids)
   return state
 end
 
--- The active features, their encoder and scaled decoder rows, and the
--- error vectors (L, T, D), from the clean run's MLP inputs and outputs
+-- Items a chunk, so that a chunk of items of `per` floats each stays near
+-- M.chunk floats (2^24, 64 MiB), whatever T (tests make it small)
+M.chunk = 2 ^ 24
+local function chunk_size(per, total)
+  return math.max(1, math.min(total, math.floor(M.chunk / math.max(per, 1))))
+end
+
+-- The active features, their positions, features and activations, and the
+-- error vectors (L, T, D), from the clean run's MLP inputs and outputs,
+-- a chunk of positions at a time (every layer's (P, F) activations of a
+-- chunk at once, as the errors need them; none kept beyond the active ones)
 local function nodes(c, state, T)
-  local L = c.cfg.n_layers
-  local fs, feats = {}, {}
-  for l = 1, L do
-    local f = c:encode_layer(state.x[l][1], l):detach()  -- (T, F)
-    f[1]:zero_()  -- circuit-tracer's zero_positions: the first position's features are no nodes
-    fs[l] = f
-  end
-  local errors = {}
+  local L, F = c.cfg.n_layers, c.cfg.d_transcoder
+  local P = chunk_size(L * F, T)
+  local errors, found = {}, {}
   for m = 1, L do
-    local recon = c:decode_layer(fs, m, state.x[m][1]:to(c.W_enc.dtype))
-    local e = state.out[m][1]:to(recon.dtype) - recon
-    e[1]:zero_()
-    errors[m] = e:detach()
+    errors[m] = torch.zeros({T, c.cfg.d_model}, {dtype = c.W_enc.dtype, device = c.W_enc.device})
+    found[m] = {p = {}, f = {}, a = {}}
   end
-  local layer, pos, idx, acts = {}, {}, {}, {}
-  local F = c.cfg.d_transcoder
-  feats.sources = {}  -- a layer's features: nodes first .. first + count - 1, their positions and written rows
-  for l = 1, L do
-    local on = fs[l]:ne(0)  -- row-major: position, then feature
-    local dev = on.device
-    local p = torch.arange(1, T + 1):to(dev):view(T, 1):expand(T, F):masked_select(on)
-    local f = torch.arange(1, F + 1):to(dev):view(1, F):expand(T, F):masked_select(on)
-    local a = fs[l]:masked_select(on)
+  torch.no_grad(function() for t0 = 1, T, P do
+    local n = math.min(P, T - t0 + 1)
+    local xs = {}
+    for l = 1, L do
+      xs[l] = state.x[l][1]:narrow(1, t0, n):to(c.W_enc.dtype)
+      local f = c:encode_layer(xs[l], l):detach()  -- (n, F)
+      if t0 == 1 then f[1]:zero_() end  -- circuit-tracer's zero_positions: the first position's features are no nodes
+      local on = f:ne(0)  -- row-major: position, then feature
+      local dev = on.device
+      local r = found[l]
+      r.p[#r.p + 1] = torch.arange(t0, t0 + n):to(dev):view(n, 1):expand(n, F):masked_select(on)
+      r.f[#r.f + 1] = torch.arange(1, F + 1):to(dev):view(1, F):expand(n, F):masked_select(on)
+      r.a[#r.a + 1] = f:masked_select(on)
+    end
+    for m = 1, L do  -- the reconstruction from the active features alone: a · W_dec_l[f, m − l] added at their positions
+      local recon = c.b_dec:select(1, m):view(1, -1):expand(n, c.cfg.d_model):contiguous()
+      for l = 1, m do
+        local W, r = c:decoder(l), found[l]
+        local p, f, a = r.p[#r.p], r.f[#r.f], r.a[#r.a]
+        if m - l < W:size(2) and p:size(1) > 0 then
+          local src = W:select(2, m - l + 1):index_select(1, f:to(W.device)) * a:to(W.device):view(-1, 1)
+          recon = recon:scatter_add(1, (p - t0 + 1):to(W.device):view(-1, 1):expand(p:size(1), c.cfg.d_model), src)
+        end
+      end
+      if c.W_skip then recon = recon + xs[m]:matmul(c.W_skip:select(1, m):t()) end
+      errors[m]:narrow(1, t0, n):copy_(state.out[m][1]:narrow(1, t0, n):to(recon.dtype) - recon)
+    end
+  end end)
+  local feats = {layer = {}, pos = {}, feature = {}, sources = {}}
+  local layer, pos, idx, acts = feats.layer, feats.pos, feats.feature, {}
+  for m = 1, L do errors[m][1]:zero_() end
+  for l = 1, L do  -- a layer's features: nodes first .. first + count - 1, their positions, features and activations
+    local r = found[l]
+    local p, f, a = torch.cat(r.p), torch.cat(r.f), torch.cat(r.a)
     acts[#acts + 1] = a
     local first = #layer + 1
     local plist, flist = p:tolist(), f:tolist()
     for i = 1, #plist do layer[#layer + 1], pos[#pos + 1], idx[#idx + 1] = l, plist[i], flist[i] end
     if #plist > 0 then
-      local W = c:decoder(l):detach():index_select(1, f:to(c.W_enc.device))  -- (count, width, D)
-      feats.sources[l] = {first = first, count = #plist, pos = p,
-        writes = (W * a:to(W.device):view(-1, 1, 1)):float()}  -- a · W_dec_l[f, m − l]
+      feats.sources[l] = {first = first, count = #plist, pos = p, feature = f:to(c.W_enc.device), activation = a}
     end
   end
-  feats.layer, feats.pos, feats.feature = layer, pos, idx
   feats.activation = torch.cat(acts)
   return feats, errors
 end
@@ -203,7 +229,12 @@ local function backward(model, c, locs, frozen, final, embed, ids, batch)
   local state = {x = {}, same = {}}
   local leaves, tok_leaf = {}, nil
   local hs = capture_inputs(model, locs, state)
-  for _, name in ipairs(frozen) do hs[#hs + 1] = hooks.replace(model, name, function(t) return t:detach() end) end
+  local blocks = {}  -- the frozen attention's gradient reaches v alone, no pattern kept (graph_attention.lua)
+  for m = 1, L do blocks[m] = points.part(model, m, 'attn', 3) end
+  local handled = attention.attach(model, blocks, hs)
+  for _, name in ipairs(frozen) do
+    if not handled[name] then hs[#hs + 1] = hooks.replace(model, name, function(t) return t:detach() end) end
+  end
   for m, loc in ipairs(locs) do
     hs[#hs + 1] = hooks.replace(model, loc.output, function(t, _, input)
       if state.same[m] then state.x[m] = input end
@@ -224,7 +255,7 @@ local function backward(model, c, locs, frozen, final, embed, ids, batch)
       hooks.with(hooks.group(hs), function() model(ids:view(1, -1):expand(B, T):contiguous()) end)
       local total
       for b, tgt in ipairs(batch) do
-        local h = tgt.kind == 'logit' and state.final or state.x[tgt.layer]
+        local h = tgt.read and tgt.read() or tgt.kind == 'logit' and state.final or state.x[tgt.layer]  -- read: graph_qk's
         local term = h[b][tgt.pos]:to(tgt.vec.dtype):dot(tgt.vec:to(h.device))
         total = total and total + term or term
       end
@@ -240,22 +271,31 @@ local function backward(model, c, locs, frozen, final, embed, ids, batch)
 end
 
 -- The rows (B, n_f + (L + 1)·T) of a batch from its gradients, computed
--- where the gradients are and returned on the CPU
+-- where the gradients are and returned on the CPU. A feature's entry is
+-- Σ_{m ≥ l} <grad_m[pos], a · W_dec_l[f, m − l]>, its writes made a chunk
+-- of features at a time (about 2^24 floats of B + 1 copies), not kept
 local function rows(c, feats, errors, tokvecs, grads, tgrad, T)
   local L = c.cfg.n_layers
-  local B = tgrad:size(1)
+  local B, D = tgrad:size(1), tgrad:size(3)
   local n = #feats.layer
   local dev = tgrad.device
   local out = torch.zeros({B, n + (L + 1) * T}, {device = dev})
-  -- features: Σ_{m ≥ l} <grad_m[pos], a · W_dec_l[f, m − l]>
   for l, src in pairs(feats.sources) do
-    local writes, at = src.writes:to(dev), src.pos:to(dev)
-    local acc = torch.zeros({B, src.count}, {device = dev})
-    for j = 1, writes:size(2) do
-      local g = grads[l + j - 1]:index_select(2, at)  -- (B, count, D)
-      acc = acc + (g * writes:select(2, j):unsqueeze(1)):sum(-1)
+    local W = c:decoder(l)
+    local width = W:size(2)
+    local size = chunk_size((B + 1) * width * D, src.count)
+    for s = 1, src.count, size do
+      local k = math.min(size, src.count - s + 1)
+      local f, a = src.feature:narrow(1, s, k), src.activation:narrow(1, s, k)
+      local writes = (W:detach():index_select(1, f) * a:to(W.device):view(-1, 1, 1)):float():to(dev)  -- (k, width, D)
+      local at = src.pos:narrow(1, s, k):to(dev)
+      local acc = torch.zeros({B, k}, {device = dev})
+      for j = 1, width do
+        local g = grads[l + j - 1]:index_select(2, at)  -- (B, k, D)
+        acc = acc + (g * writes:select(2, j):unsqueeze(1)):sum(-1)
+      end
+      out:narrow(2, src.first + s - 1, k):copy_(acc)
     end
-    out:narrow(2, src.first, src.count):copy_(acc)
   end
   for m = 1, L do
     out:narrow(2, n + (m - 1) * T + 1, T):copy_((grads[m] * errors[m]:float():to(dev):unsqueeze(1)):sum(-1))
@@ -286,7 +326,8 @@ end
 -- sae.attribute(model, transcoders, ids, {max_n_logits = 10, desired_logit_prob = 0.95, batch_size = 512, max_feature_nodes,
 -- update_interval = 4}) -> sae.Graph: circuit-tracer's attribute(prompt, model, ...) (docs/graphs.md; max_feature_nodes: only
 -- that many features, visited by their influence on the logits, get rows and columns). ids: one prompt's token ids (a
--- LongTensor (T) or (1, T), or a table), a BOS first (its features and errors are no nodes); transcoders: a sae.CLT
+-- LongTensor (T) or (1, T), or a table), a BOS first (its features and errors are no nodes), or a text (tokenized by
+-- opts.tokenizer or the model's, a BOS put first as circuit-tracer's ensure_tokenized: graph_prompt.lua); transcoders: a sae.CLT
 -- (cross-layer or a per-layer set). graph: adjacency_matrix (N, N), rows targets and columns sources, nodes in
 -- circuit-tracer's order (active features, error nodes layer by layer, token embeddings, logits); active_features
 -- (n, 3) (layer, position, feature), activation_values (n), selected_features (the feature nodes), logit_tokens (K),
@@ -299,7 +340,7 @@ function M.attribute(model, c, ids, opts)
     error(('%s: transcoders must be a sae.CLT (sae.clt, sae.load_clt), got %s'):format(WHERE, nn.typename(c) or type(c)), 2)
   end
   local o = check_opts(opts)
-  ids = check_ids(model, ids)
+  ids = check_ids(model, require('anatomy.features.graph_prompt').ids(model, ids, o.tokenizer, WHERE, 2))
   hooks.require_clean(model, WHERE, 2)  -- an ablation or splice left attached would be attributed as the model
   if model.config and (model.config.final_softcap or 0) ~= 0 then
     error(WHERE .. ': the model soft-caps its logits (final_softcap); the logits are not linear in the stream', 2)
@@ -308,6 +349,7 @@ function M.attribute(model, c, ids, opts)
   local locs, frozen, final, embed = layout(model, c)
   local state = clean_run(model, locs, final, embed, ids)
   local feats, errors = nodes(c, state, T)
+  state.x, state.out = nil, nil  -- (L, T, D) each: the errors hold what is needed
   local n = #feats.layer
   local logit_tokens, logit_probs, logit_vecs = targets(model, state.logits, o)
   local K = logit_tokens:size(1)
@@ -343,7 +385,7 @@ function M.attribute(model, c, ids, opts)
       local influences = partial_influences(E:narrow(1, 1, st), logit_probs, row_node)
       local _, rank = influences:narrow(1, 1, n):sort(1, true)
       local size = math.min(o.update_interval * o.batch_size, max_f - n_visited)
-      for _, i in ipairs(rank:tolist()) do
+      for _, i in ipairs(rank:narrow(1, 1, math.min(n, n_visited + size)):tolist()) do  -- holds size unvisited
         if not visited[i] then pending[#pending + 1] = i end
         if #pending == size then break end
       end
@@ -362,27 +404,32 @@ function M.attribute(model, c, ids, opts)
   end
   local selected = {}
   for i = 1, n do if visited[i] then selected[#selected + 1] = i end end
-  if max_f < n then  -- the columns of the features visited, then every other node's
-    local cols = {}
-    for _, i in ipairs(selected) do cols[#cols + 1] = i end
-    for j = n + 1, N do cols[#cols + 1] = j end
-    E = E:index_select(2, torch.tensor(cols):long():cpu())
-  end
+  -- the adjacency's nonzero rows: the visited features' by node, then the logits'; the columns of the features visited,
+  -- then every other node's (circuit-tracer's selection), copied from E a chunk of rows at a time. The dense (N, N)
+  -- matrix is made from them when g.adjacency_matrix is first read (Graph.lua)
+  local cols = {}
+  for _, i in ipairs(selected) do cols[#cols + 1] = i end
+  local rest = torch.arange(n + 1, N + 1):long():cpu()
+  local colidx = #cols > 0 and torch.cat({torch.tensor(cols):long():cpu(), rest}) or rest
   local _, order = torch.tensor(row_node):long():cpu():sort(1)  -- features by node, then the logits
-  E = E:index_select(1, order)
-  local size = E:size(2)
-  local A = torch.zeros({size, size}, {device = 'cpu'})
-  if max_f > 0 then A:narrow(1, 1, max_f):copy_(E:narrow(1, 1, max_f)) end
-  A:narrow(1, size - K + 1, K):copy_(E:narrow(1, max_f + 1, K))
-  local active = {}
-  for i = 1, n do active[i] = {feats.layer[i], feats.pos[i], feats.feature[i]} end
-  active = (n > 0 and torch.tensor(active):long() or torch.zeros(0, 3):long()):cpu()
+  local R = torch.zeros({st, colidx:size(1)}, {device = 'cpu'})
+  local step = chunk_size(colidx:size(1), st)
+  for s = 1, st, step do
+    local k = math.min(step, st - s + 1)
+    R:narrow(1, s, k):copy_(E:index_select(1, order:narrow(1, s, k)):index_select(2, colidx))
+  end
+  E = nil
+  local active = (n > 0 and torch.tensor({feats.layer, feats.pos, feats.feature}):long():t():contiguous()
+    or torch.zeros(0, 3):long()):cpu()
   return Graph.new{
     model = model, transcoders = c,
     input_tokens = ids:cpu():clone(), active_features = active, activation_values = feats.activation:float():cpu(),
-    selected_features = (#selected > 0 and torch.tensor(selected):long() or torch.zeros(0):long()):cpu(), adjacency_matrix = A,
+    selected_features = (#selected > 0 and torch.tensor(selected):long() or torch.zeros(0):long()):cpu(), adjacency_rows = R,
     logit_tokens = logit_tokens:long():cpu(), logit_probabilities = logit_probs:float():cpu(), n_layers = L, n_pos = T,
   }
 end
+
+-- for graph_qk.lua, which runs the same replacement model toward an attention's queries and keys
+M.internal = {layout = layout, capture_inputs = capture_inputs, clean_run = clean_run, nodes = nodes, backward = backward, rows = rows}
 
 return M
