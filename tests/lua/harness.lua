@@ -124,6 +124,26 @@ function H.raises_part(fn, part)
   end
 end
 
+-- A tiny language model of Hugging Face's 'gpt2' or 'llama' family (3
+-- layers, width 16, 4 heads (a Llama's over 2 key/value heads), 24 tokens),
+-- built after torch.manual_seed(seed) and every parameter moved by
+-- N(0, 0.2^2) (norms' weights away from 1, biases from 0), in eval mode:
+-- the model the attribution-graph tests share.
+function H.tiny_lm(kind, seed)
+  local pretrained = require('anatomy.models.pretrained')
+  local F = require(pretrained.families[kind])
+  local c = kind == 'gpt2' and {model_type = 'gpt2', vocab_size = 24, n_positions = 16, n_embd = 16, n_layer = 3, n_head = 4}
+    or {model_type = 'llama', vocab_size = 24, hidden_size = 16, intermediate_size = 32, num_hidden_layers = 3,
+      num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16}
+  torch.manual_seed(seed)
+  local m = F.build(F.check(c, 'test'))
+  torch.no_grad(function()
+    for _, p in ipairs(m:parameters()) do p:add_(torch.randn(p:size()) * 0.2) end
+  end)
+  m:eval()
+  return m
+end
+
 -- A transcoder's (sae.clt) weights drawn from `seed`: every parameter
 -- N(0, 0.3^2), thresholds uniform in [0, 0.2), around the pre-activations'
 -- scale; returns it.

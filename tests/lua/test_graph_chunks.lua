@@ -9,26 +9,12 @@
 package.path = (arg[0]:match('^(.*)/') or '.') .. '/?.lua;' .. package.path
 local H = require('harness')
 local test, eq, close = H.test, H.eq, H.close
-local pretrained = require('anatomy.models.pretrained')
 local graph = require('anatomy.features.graph')
 local attention = require('anatomy.features.graph_attention')
 
-local V = 24
 local ids = {1, 5, 9, 2, 17, 9, 3, 11}
 
-local function family(kind)
-  local F = require(pretrained.families[kind])
-  local c = kind == 'gpt2' and {model_type = 'gpt2', vocab_size = V, n_positions = 16, n_embd = 16, n_layer = 3, n_head = 4}
-    or {model_type = 'llama', vocab_size = V, hidden_size = 16, intermediate_size = 32, num_hidden_layers = 3,
-      num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16}
-  torch.manual_seed(kind == 'gpt2' and 3 or 4)
-  local m = F.build(F.check(c, 'test'))
-  torch.no_grad(function()
-    for _, p in ipairs(m:parameters()) do p:add_(torch.randn(p:size()) * 0.2) end
-  end)
-  m:eval()
-  return m
-end
+local function family(kind) return H.tiny_lm(kind, kind == 'gpt2' and 3 or 4) end
 
 local function with_chunks(g_chunk, a_chunk, fn)
   local g0, a0 = graph.chunk, attention.chunk

@@ -17,19 +17,7 @@ local pretrained = require('anatomy.models.pretrained')
 local V, T = 24, 6
 local ids = {1, 5, 9, 2, 17, 9}
 
-local function family(kind)
-  local F = require(pretrained.families[kind])
-  local c = kind == 'gpt2' and {model_type = 'gpt2', vocab_size = V, n_positions = 16, n_embd = 16, n_layer = 3, n_head = 4}
-    or {model_type = 'llama', vocab_size = V, hidden_size = 16, intermediate_size = 32, num_hidden_layers = 3,
-      num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 16}
-  torch.manual_seed(kind == 'gpt2' and 1 or 2)
-  local m = F.build(F.check(c, 'test'))
-  torch.no_grad(function()
-    for _, p in ipairs(m:parameters()) do p:add_(torch.randn(p:size()) * 0.2) end  -- biases and norm weights away from 0 and 1
-  end)
-  m:eval()
-  return m
-end
+local function family(kind) return H.tiny_lm(kind, kind == 'gpt2' and 1 or 2) end
 
 local function transcoders(seed)
   return H.randomize_transcoders(sae.clt{n_layers = 3, d_model = 16, d_transcoder = 10, kind = 'relu',
