@@ -265,12 +265,28 @@ test('bad options and inputs are errors naming the argument', function()
   raises_part(function() sae.attribute(model, c, ids) end, 'sae.attribute: the model has replace at h.2.attn attached')
   ablation:remove()
   eq(sae.attribute(model, c, ids, {max_n_logits = 1}).logit_tokens:size(1), 1, 'removed, the model is attributed again')
+  -- a Gemma 2 that soft-caps its logits: as circuit-tracer, the logits and probabilities are the capped ones, the
+  -- edges those into the logits before the cap (the same as without the cap)
   local G2 = require(pretrained.families.gemma2)
-  local gemma = G2.build(G2.check({model_type = 'gemma2', vocab_size = V, hidden_size = 16, intermediate_size = 32,
-    num_hidden_layers = 3, num_attention_heads = 4, num_key_value_heads = 2, head_dim = 4, max_position_embeddings = 16,
-    final_logit_softcapping = 2}, 'test'))
-  raises(function() sae.attribute(gemma, c, ids) end,
-    'sae.attribute: the model soft-caps its logits (final_softcap); the logits are not linear in the stream')
+  local function gemma(cap)
+    torch.manual_seed(7)
+    local m = G2.build(G2.check({model_type = 'gemma2', vocab_size = V, hidden_size = 16, intermediate_size = 32,
+      num_hidden_layers = 3, num_attention_heads = 4, num_key_value_heads = 2, head_dim = 4, max_position_embeddings = 16,
+      final_logit_softcapping = cap}, 'test'))
+    m:eval()
+    return m
+  end
+  local capped_model, free_model = gemma(2), gemma(require('anatomy.io.json').null)
+  local gc = sae.attribute(capped_model, c, ids, {max_n_logits = 3, desired_logit_prob = 1})
+  local gf = sae.attribute(free_model, c, ids, {max_n_logits = 3, desired_logit_prob = 1})
+  eq(gc.logit_tokens:tolist(), gf.logit_tokens:tolist(), 'the cap keeps the order of the logits')
+  close(gc.adjacency_matrix, gf.adjacency_matrix, 0, 'the edges are those before the cap')
+  local capped_logits = torch.no_grad(function() return capped_model(torch.tensor(ids):long():view(1, -1)) end)[1][#ids]:float():cpu()
+  close(gc.logit_probabilities, capped_logits:softmax(1):index_select(1, gc.logit_tokens), 1e-6,
+    'the probabilities are the capped logits\'')
+  if (gc.logit_probabilities - gf.logit_probabilities):abs():max():item() < 1e-3 then
+    error('the cap should change the probabilities')
+  end
   -- the graph is a sae.Graph: its methods are the module's functions
   local g = sae.attribute(model, c, ids, {max_n_logits = 2})
   eq(require('anatomy.nn').typename(g), 'sae.Graph', 'a sae.Graph')

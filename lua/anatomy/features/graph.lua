@@ -342,9 +342,8 @@ function M.attribute(model, c, ids, opts)
   local o = check_opts(opts)
   ids = check_ids(model, require('anatomy.features.graph_prompt').ids(model, ids, o.tokenizer, WHERE, 2))
   hooks.require_clean(model, WHERE, 2)  -- an ablation or splice left attached would be attributed as the model
-  if model.config and (model.config.final_softcap or 0) ~= 0 then
-    error(WHERE .. ': the model soft-caps its logits (final_softcap); the logits are not linear in the stream', 2)
-  end
+  -- a model that soft-caps its logits (Gemma 2's final_softcap): the logits and their probabilities are chosen from
+  -- the capped logits and the edges go to the logits before the cap, as circuit-tracer attributes them
   local T, L = ids:size(1), c.cfg.n_layers
   local locs, frozen, final, embed = layout(model, c)
   local state = clean_run(model, locs, final, embed, ids)
