@@ -147,7 +147,14 @@ test('bad inputs are errors naming the function, the argument and both sides', f
   raises(function() sae.intervene(model, c, ids, {}, {freeze_attention = 1}) end,
     'sae.intervene: freeze_attention must be true or false, got 1')
   raises(function() sae.intervene(model, c, {1, 99}, {}) end, 'sae.intervene: ids must lie in 1..24 (the vocabulary), got 1..99')
-  raises_part(function() sae.intervene(model, c, 'a text', {}) end, 'sae.intervene: ids must be token ids, got a text')
+  raises_part(function() sae.intervene(model, c, 'a text', {}) end, 'sae.intervene: a text prompt needs a tokenizer')
+  -- a text is tokenized as sae.attribute tokenizes it (no special token named: no BOS put first)
+  local chars = require('anatomy.data').from_string('abcdefghijklmnopqrstuvwx')
+  local by_text = sae.intervene(model, c, 'badcab', {{2, 3, 1, 2.5}}, {tokenizer = chars})
+  local by_ids = sae.intervene(model, c, chars:encode('badcab'), {{2, 3, 1, 2.5}})
+  close(by_text.logits, by_ids.logits, 0, 'a text gives its ids\' rerun')
+  raises(function() sae.intervene(model, c, 'ab', {}, {tokenizer = 'char'}) end,
+    'sae.intervene: tokenizer must be a data.tokenizer or a corpus (one with :encode), got string')
   raises(function() g:ablate({n + 1}) end, ('g:ablate: features[1] must index g.active_features, 1..%d, got %d'):format(n, n + 1))
   raises(function() g:ablate({}) end, 'g:ablate: features must be a non-empty list, got table')
   raises(function() g:steer({{1, 2, 3, 1.0, scale = 2}}) end, 'g:steer: interventions[1]: give value or scale, one of them')

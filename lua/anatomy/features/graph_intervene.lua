@@ -34,15 +34,10 @@ local function whole_in(v, lo, hi)
   return type(v) == 'number' and v == v and v % 1 == 0 and v >= lo and v <= hi
 end
 
--- ids: a LongTensor (T) or (1, T), or a table of ids (anatomy's, from 1).
--- A text is refused rather than tokenized here: sae.attribute's text
--- prompts get circuit-tracer's BOS rule, and a graph built from one reruns
--- its own input_tokens (g:ablate, g:steer)
+-- ids: a LongTensor (T) or (1, T), or a table of ids (anatomy's, from 1);
+-- sae.intervene has tokenized a text already, as sae.attribute does
 local function check_ids(model, ids, where, level)
-  if type(ids) == 'string' then
-    error(('%s: ids must be token ids, got a text (tokenize it, or build the graph from it with sae.attribute and use '
-      .. 'g:ablate or g:steer, which rerun its input_tokens)'):format(where), level)
-  elseif type(ids) == 'table' and not torch.is_tensor(ids) then
+  if type(ids) == 'table' and not torch.is_tensor(ids) then
     if #ids == 0 then error(where .. ': ids must not be empty', level) end
     ids = torch.tensor(ids):long()
   end
@@ -266,11 +261,21 @@ local function intervene(model, c, ids, interventions, opts, where, level)
 end
 
 -- sae.intervene(model, transcoders, ids, interventions, {constrained_layers, freeze_attention = true,
--- apply_activation_function = true}) -> {logits (T, V), activations (L, T, F)}: circuit-tracer's
+-- apply_activation_function = true, tokenizer}) -> {logits (T, V), activations (L, T, F)}: circuit-tracer's
 -- feature_intervention(ids, interventions, ...) (the header above; every index from 1). activations: each layer's
 -- features in the rerun as its MLP input gives them (an intervened feature shows what its input gives, not the value
 -- set), the first position's zero.
+-- ids may be a text, tokenized as sae.attribute tokenizes it (opts.tokenizer or the model's; graph_prompt.lua).
 function M.intervene(model, c, ids, interventions, opts)
+  if type(opts) == 'table' and opts.tokenizer ~= nil or type(ids) == 'string' then
+    local tok = type(opts) == 'table' and opts.tokenizer or nil
+    if type(opts) == 'table' then
+      local rest = {}
+      for k, v in pairs(opts) do if k ~= 'tokenizer' then rest[k] = v end end
+      opts = rest
+    end
+    ids = require('anatomy.features.graph_prompt').ids(model, ids, tok, 'sae.intervene', 2)
+  end
   local r = intervene(model, c, ids, interventions, opts, 'sae.intervene', 3)
   return r
 end
