@@ -51,14 +51,6 @@ local function check_scan(scan)
   error(('%s: scan must be a string or a list of strings, got %s'):format(WHERE, type(scan)), 3)
 end
 
-local function check_threshold(v, name, default)
-  if v == nil then return default end
-  if type(v) ~= 'number' or v ~= v or v < 0 or v > 1 then
-    error(('%s: %s must be a number in [0, 1], got %s'):format(WHERE, name, tostring(v)), 3)
-  end
-  return v
-end
-
 local function check_tokenizer(g, tok)
   if tok == nil then
     tok = type(g.model) == 'table' and rawget(g.model, 'tokenizer') or nil
@@ -181,8 +173,8 @@ function M.json(g, path, opts)
       WHERE, type(slug) == 'string' and ("'" .. slug .. "'") or tostring(slug)), 2)
   end
   local scan, transcoder_list = check_scan(opts.scan)
-  local node_threshold = check_threshold(opts.node_threshold, 'node_threshold', 0.8)
-  local edge_threshold = check_threshold(opts.edge_threshold, 'edge_threshold', 0.98)
+  local node_threshold = graph_prune.threshold(opts.node_threshold, 'node_threshold', 0.8, WHERE, 2)
+  local edge_threshold = graph_prune.threshold(opts.edge_threshold, 'edge_threshold', 0.98, WHERE, 2)
   local tok = check_tokenizer(g, opts.tokenizer)
   local pruned = graph_prune.prune_graph(g, {node_threshold = node_threshold, edge_threshold = edge_threshold})
   local N = g.adjacency_matrix:size(1)

@@ -51,10 +51,16 @@ local function find_threshold(scores, threshold)
   return sorted[at]:item()
 end
 
-local function check_threshold(v, name, where)
+-- M.threshold(v, name, default, where, level) -> v (default when nil): a
+-- pruning threshold, a number in [0, 1], else an error naming it at `level`
+-- counted from the caller (1: the caller's own line); g:json and g:report
+-- check theirs with it too
+function M.threshold(v, name, default, where, level)
+  if v == nil then return default end
   if type(v) ~= 'number' or v ~= v or v < 0 or v > 1 then
-    error(('%s: %s must be a number in [0, 1], got %s'):format(where, name, tostring(v)), 3)
+    error(('%s: %s must be a number in [0, 1], got %s'):format(where, name, tostring(v)), level + 1)
   end
+  return v
 end
 
 -- sae.prune_graph(graph, {node_threshold = 0.8, edge_threshold = 0.98}) -> {node_mask (N), edge_mask (N, N),
@@ -66,9 +72,8 @@ function M.prune_graph(g, opts)
   local where = 'sae.prune_graph'
   check_graph(g, where, 2)
   opts = options.check(opts, {'node_threshold', 'edge_threshold'}, where, 2)
-  local node_threshold, edge_threshold = opts.node_threshold or 0.8, opts.edge_threshold or 0.98
-  check_threshold(node_threshold, 'node_threshold', where)
-  check_threshold(edge_threshold, 'edge_threshold', where)
+  local node_threshold = M.threshold(opts.node_threshold, 'node_threshold', 0.8, where, 2)
+  local edge_threshold = M.threshold(opts.edge_threshold, 'edge_threshold', 0.98, where, 2)
   local A = g.adjacency_matrix:float():cpu()
   local N = A:size(1)
   local K, T, n = g.logit_probabilities:size(1), g.input_tokens:size(1), g.selected_features:size(1)

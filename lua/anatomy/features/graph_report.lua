@@ -17,14 +17,6 @@ local M = {}
 local WHERE = 'g:report'
 local esc = require('anatomy.render.svg').esc
 
-local function check_threshold(v, name, default)
-  if v == nil then return default end
-  if type(v) ~= 'number' or v ~= v or v < 0 or v > 1 then
-    error(('%s: %s must be a number in [0, 1], got %s'):format(WHERE, name, tostring(v)), 4)
-  end
-  return v
-end
-
 -- feature_url: a function(layer, feature) -> url, or a string with {layer} and {feature} in it
 local function url_maker(u)
   if u == nil then return nil end
@@ -48,8 +40,8 @@ end
 
 local function check_opts(opts)
   opts = options.check(opts, {'node_threshold', 'edge_threshold', 'title', 'tokenizer', 'feature_url', 'max_nodes'}, WHERE, 3)
-  local o = {node_threshold = check_threshold(opts.node_threshold, 'node_threshold', 0.8),
-    edge_threshold = check_threshold(opts.edge_threshold, 'edge_threshold', 0.98), url = url_maker(opts.feature_url),
+  local o = {node_threshold = prune.threshold(opts.node_threshold, 'node_threshold', 0.8, WHERE, 3),
+    edge_threshold = prune.threshold(opts.edge_threshold, 'edge_threshold', 0.98, WHERE, 3), url = url_maker(opts.feature_url),
     max_nodes = options.whole(opts.max_nodes, 'max_nodes', WHERE, 500, 1, 4), title = opts.title, tokenizer = opts.tokenizer}
   if o.title ~= nil and type(o.title) ~= 'string' then error(('%s: title must be a string, got %s'):format(WHERE, type(o.title)), 3) end
   local tok = o.tokenizer
